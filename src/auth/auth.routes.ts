@@ -1,0 +1,122 @@
+import type { FastifyInstance, FastifyRequest } from 'fastify';
+import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
+import { Type } from 'typebox';
+import { BadRequestError, NotFoundError } from '../platform/errors/errors.js';
+import { errorResponses } from '../platform/http/schemas.js';
+import type { UsersRepository } from '../profile/users.repository.js';
+import { toAuthUser } from '../profile/user.presenter.js';
+import type { AuthGuards } from './auth.guard.js';
+import { principalOf } from './auth.guard.js';
+import {
+  AuthResponse,
+  AuthUserResponse,
+  LoginBody,
+  RefreshBody,
+  RegisterBody,
+  ResetPasswordBody,
+  SendCodeBody,
+  SendCodeResponse,
+  TokenResponse,
+} from './auth.schema.js';
+import type { AuthService, RequestContext } from './auth.service.js';
+import type { JWK } from 'jose';
+
+export interface AuthRouteDeps {
+  auth: AuthService;
+  users: UsersRepository;
+  guards: AuthGuards;
+  jwks: JWK[];
+}
+
+const context = (request: FastifyRequest): RequestContext => ({
+  ip: request.ip ?? null,
+  userAgent: request.headers['user-agent'] ?? null,
+});
+
+export function authRoutes(deps: AuthRouteDeps) {
+  return async (root: FastifyInstance): Promise<void> => {
+    const app = root.withTypeProvider<TypeBoxTypeProvider>();
+    const tags = ['auth'];
+
+    app.post(
+      '/api/v1/auth/send-code',
+      { schema: { tags, body: SendCodeBody, response: { 200: SendCodeResponse, ...errorResponses(400, 409, 429, 503) } } },
+      async (request) => {
+        const { scene, identifierType, identifier } = request.body;
+        return deps.auth.sendCode(scene, identifierType, identifier, context(request));
+      },
+    );
+
+    app.post(
+      '/api/v1/auth/register',
+      { schema: { tags, body: RegisterBody, response: { 200: AuthResponse, ...errorResponses(400, 409, 429) } } },
+      async (request) => {
+        const { user, token } = await deps.auth.register(request.body, context(request));
+        return { user: toAuthUser(user), token };
+      },
+    );
+
+    app.post(
+      '/api/v1/auth/login',
+      { schema: { tags, body: LoginBody, response: { 200: AuthResponse, ...errorResponses(400, 401, 429) } } },
+      async (request) => {
+        const { identifierType, identifier, password, code } = request.body;
+        if ((password === undefined) === (code === undefined)) {
+          throw new BadRequestError('body needs exactly one of password and code');
+        }
+        const result =
+          password !== undefined
+            ? await deps.auth.loginWithPassword(identifierType, identifier, password, context(request))
+            : await deps.auth.loginWithCode(identifierType, identifier, code ?? '', context(request));
+        return { user: toAuthUser(result.user), token: result.token };
+      },
+    );
+
+    app.post(
+      '/api/v1/auth/token/refresh',
+      { schema: { tags, body: RefreshBody, response: { 200: TokenResponse, ...errorResponses(400, 401) } } },
+      async (request) => deps.auth.refresh(request.body.refreshToken, context(request)),
+    );
+
+    app.post(
+      '/api/v1/auth/logout',
+      { schema: { tags, body: RefreshBody, response: { 204: Type.Null(), ...errorResponses(400, 401) } } },
+      async (request, reply) => {
+        await deps.auth.logout(request.body.refreshToken);
+        return reply.status(204).send(null);
+      },
+    );
+
+    app.post(
+      '/api/v1/auth/password/reset',
+      { schema: { tags, body: ResetPasswordBody, response: { 204: Type.Null(), ...errorResponses(400, 429) } } },
+      async (request, reply) => {
+        const { identifierType, identifier, code, newPassword } = request.body;
+        await deps.auth.resetPassword(identifierType, identifier, code, newPassword, context(request));
+        return reply.status(204).send(null);
+      },
+    );
+
+    app.get(
+      '/api/v1/auth/me',
+      {
+        preHandler: deps.guards.required,
+        schema: { tags, security: [{ bearerAuth: [] }], response: { 200: AuthUserResponse, ...errorResponses(401, 404) } },
+      },
+      async (request) => {
+        const user = await deps.users.findById(principalOf(request).userId);
+        if (!user) throw new NotFoundError('User not found');
+        return toAuthUser(user);
+      },
+    );
+
+    app.get(
+      '/.well-known/jwks.json',
+      { schema: { tags, response: { 200: Type.Object({ keys: Type.Array(Type.Record(Type.String(), Type.Unknown())) }) } } },
+      async (_request, reply) => {
+        void reply.header('cache-control', 'public, max-age=300');
+        return { keys: deps.jwks };
+      },
+    );
+  };
+}

@@ -1,0 +1,225 @@
+import { randomBytes } from 'node:crypto';
+import {
+  AppError,
+  BadRequestError,
+  ConflictError,
+  RateLimitedError,
+  UniqueViolationError,
+} from '../platform/errors/errors.js';
+import type { RateLimiter } from '../platform/ratelimit/ratelimit.js';
+import type { UserRow, UsersRepository } from '../profile/users.repository.js';
+import type { Authenticator } from './authenticator.js';
+import type { IdentifierType, Scene } from './code-sender/code-sender.js';
+import { normalizeIdentifier } from './identifiers.js';
+import type { LoginAttempt, LoginAuditRepository } from './login-audit.repository.js';
+import { meetsPasswordPolicy, type PasswordHasher } from './passwords.js';
+import type { SessionStore } from './sessions.js';
+import type { TokenSigner } from './tokens.js';
+import { CODE_TTL_SECONDS, type VerificationService } from './verification.js';
+
+export interface RequestContext {
+  ip: string | null;
+  userAgent: string | null;
+}
+
+export interface TokenPair {
+  accessToken: string;
+  accessTokenExpiresAt: string;
+  refreshToken: string;
+  refreshTokenExpiresAt: string;
+}
+
+export interface AuthLimits {
+  /** Password logins per identifier per window. */
+  passwordPerIdentifier: number;
+  /** Code sends and password logins per client address per window. */
+  perIp: number;
+  windowMs: number;
+}
+
+export class AuthError extends AppError {}
+
+const invalidCredentials = () => new AuthError('INVALID_CREDENTIALS', 'Wrong account or password', 401);
+const refreshInvalid = () => new AuthError('REFRESH_TOKEN_INVALID', 'The refresh token is invalid, expired or revoked', 401);
+const passwordPolicy = () =>
+  new AuthError('PASSWORD_POLICY_VIOLATION', 'The password needs at least 8 characters with a letter and a digit', 400);
+
+/**
+ * Sign-up, sign-in, token rotation, sign-out and password reset. Answers never tell whether an
+ * account exists except where the contract requires it (registering an identifier already taken).
+ */
+export class AuthService {
+  constructor(
+    private readonly users: UsersRepository,
+    private readonly audit: LoginAuditRepository,
+    private readonly verification: VerificationService,
+    private readonly hasher: PasswordHasher,
+    private readonly signer: TokenSigner,
+    private readonly sessions: SessionStore,
+    private readonly authenticator: Authenticator,
+    private readonly limiter: RateLimiter,
+    private readonly limits: AuthLimits,
+    private readonly defaultAvatar: string,
+    private readonly now: () => number = Date.now,
+  ) {}
+
+  async sendCode(scene: Scene, type: IdentifierType, rawIdentifier: string, ctx: RequestContext) {
+    const identifier = normalizeIdentifier(type, rawIdentifier);
+    await this.limitIp('send', ctx);
+    const existing = await this.users.findByIdentifier(type, identifier);
+    if (scene === 'REGISTER' && existing) throw new ConflictError('This identifier is already registered', 'IDENTIFIER_EXISTS');
+    const deliver = scene === 'REGISTER' || existing !== undefined;
+    await this.verification.send(scene, type, identifier, deliver);
+    return { identifier, scene, expireSeconds: CODE_TTL_SECONDS };
+  }
+
+  async register(
+    input: { identifierType: IdentifierType; identifier: string; code: string; password?: string | undefined; agreeTerms: boolean },
+    ctx: RequestContext,
+  ) {
+    if (input.agreeTerms !== true) throw new AuthError('TERMS_NOT_ACCEPTED', 'The terms must be accepted', 400);
+    const identifier = normalizeIdentifier(input.identifierType, input.identifier);
+    if (input.password !== undefined && !meetsPasswordPolicy(input.password)) throw passwordPolicy();
+    if (await this.users.findByIdentifier(input.identifierType, identifier)) {
+      throw new ConflictError('This identifier is already registered', 'IDENTIFIER_EXISTS');
+    }
+    await this.verification.verify('REGISTER', identifier, input.code);
+    const passwordHash = input.password === undefined ? null : await this.hasher.hash(input.password);
+    const user = await this.createUser(input.identifierType, identifier, passwordHash);
+    await this.record({ userId: user.id, identifier, channel: 'REGISTER', success: true, reason: null }, ctx);
+    return { user, token: await this.issue(user.id) };
+  }
+
+  async loginWithPassword(type: IdentifierType, rawIdentifier: string, password: string, ctx: RequestContext) {
+    const identifier = normalizeIdentifier(type, rawIdentifier);
+    await this.limitIp('login', ctx);
+    const perIdentifier = await this.limiter.hit(`login:id:${identifier}`, this.limits.passwordPerIdentifier, this.limits.windowMs);
+    if (!perIdentifier.allowed) {
+      await this.record({ userId: null, identifier, channel: 'PASSWORD', success: false, reason: 'RATE_LIMITED' }, ctx);
+      throw new RateLimitedError('Too many sign-in attempts; try again later', perIdentifier.retryAfterMs / 1000);
+    }
+    const user = await this.users.findByIdentifier(type, identifier);
+    if (!user || user.password_hash === null) {
+      await this.hasher.burn(password);
+      await this.record({ userId: user?.id ?? null, identifier, channel: 'PASSWORD', success: false, reason: 'INVALID_CREDENTIALS' }, ctx);
+      throw invalidCredentials();
+    }
+    if (!(await this.hasher.verify(password, user.password_hash))) {
+      await this.record({ userId: user.id, identifier, channel: 'PASSWORD', success: false, reason: 'INVALID_CREDENTIALS' }, ctx);
+      throw invalidCredentials();
+    }
+    await this.limiter.reset(`login:id:${identifier}`);
+    await this.record({ userId: user.id, identifier, channel: 'PASSWORD', success: true, reason: null }, ctx);
+    return { user, token: await this.issue(user.id) };
+  }
+
+  async loginWithCode(type: IdentifierType, rawIdentifier: string, code: string, ctx: RequestContext) {
+    const identifier = normalizeIdentifier(type, rawIdentifier);
+    try {
+      await this.verification.verify('LOGIN', identifier, code);
+    } catch (err) {
+      const reason = err instanceof AppError ? err.code : 'ERROR';
+      await this.record({ userId: null, identifier, channel: 'CODE', success: false, reason }, ctx);
+      throw err;
+    }
+    const user = await this.users.findByIdentifier(type, identifier);
+    if (!user) {
+      // A code is only ever sent to existing accounts for LOGIN; this is a deleted account.
+      await this.record({ userId: null, identifier, channel: 'CODE', success: false, reason: 'INVALID_CREDENTIALS' }, ctx);
+      throw invalidCredentials();
+    }
+    await this.record({ userId: user.id, identifier, channel: 'CODE', success: true, reason: null }, ctx);
+    return { user, token: await this.issue(user.id) };
+  }
+
+  async refresh(refreshToken: string, ctx: RequestContext): Promise<TokenPair> {
+    const claims = await this.signer.verify(refreshToken, 'refresh');
+    if (!claims) throw refreshInvalid();
+    const outcome = await this.sessions.takeRefresh(claims.sid, claims.jti, claims.userId, claims.ver);
+    if (outcome !== 'ok') {
+      if (outcome === 'reused') this.authenticator.forgetSession(claims.sid);
+      await this.record(
+        { userId: claims.userId, identifier: `user:${claims.userId}`, channel: 'REFRESH', success: false, reason: outcome === 'reused' ? 'REFRESH_TOKEN_REUSED' : 'REFRESH_TOKEN_INVALID' },
+        ctx,
+      );
+      throw refreshInvalid();
+    }
+    return this.issueInSession(claims.userId, claims.sid, claims.ver);
+  }
+
+  async logout(refreshToken: string): Promise<void> {
+    const claims = await this.signer.verify(refreshToken, 'refresh');
+    if (!claims) throw refreshInvalid();
+    await this.sessions.end(claims.sid);
+    this.authenticator.forgetSession(claims.sid);
+  }
+
+  async resetPassword(type: IdentifierType, rawIdentifier: string, code: string, newPassword: string, ctx: RequestContext) {
+    const identifier = normalizeIdentifier(type, rawIdentifier);
+    if (!meetsPasswordPolicy(newPassword)) throw passwordPolicy();
+    await this.verification.verify('RESET_PASSWORD', identifier, code);
+    const user = await this.users.findByIdentifier(type, identifier);
+    if (!user) throw new BadRequestError('No valid code; ask for a new one', 'VERIFICATION_NOT_FOUND');
+    await this.users.update(user.id, { password_hash: await this.hasher.hash(newPassword), updated_at: this.now() });
+    await this.sessions.endAll(user.id);
+    this.authenticator.forgetAllSessions();
+    await this.record({ userId: user.id, identifier, channel: 'RESET', success: true, reason: null }, ctx);
+  }
+
+  private async issue(userId: number): Promise<TokenPair> {
+    const { sid, ver } = await this.sessions.open(userId);
+    return this.issueInSession(userId, sid, ver);
+  }
+
+  private async issueInSession(userId: number, sid: string, ver: number): Promise<TokenPair> {
+    const [access, refresh] = await Promise.all([
+      this.signer.sign('access', userId, sid, ver),
+      this.signer.sign('refresh', userId, sid, ver),
+    ]);
+    await this.sessions.allowRefresh(sid, refresh.jti);
+    return {
+      accessToken: access.token,
+      accessTokenExpiresAt: access.expiresAt.toISOString(),
+      refreshToken: refresh.token,
+      refreshTokenExpiresAt: refresh.expiresAt.toISOString(),
+    };
+  }
+
+  private async createUser(type: IdentifierType, identifier: string, passwordHash: string | null): Promise<UserRow> {
+    for (let attempt = 0; ; attempt++) {
+      const now = this.now();
+      try {
+        return await this.users.insert({
+          phone: type === 'PHONE' ? identifier : null,
+          email: type === 'EMAIL' ? identifier : null,
+          password_hash: passwordHash,
+          nickname: `知光用户${randomBytes(4).toString('hex')}`,
+          avatar: this.defaultAvatar,
+          bio: null,
+          zg_id: `zg_${randomBytes(5).toString('hex')}`,
+          gender: 'UNKNOWN',
+          birthday: null,
+          school: null,
+          tags_json: '[]',
+          created_at: now,
+          updated_at: now,
+        });
+      } catch (err) {
+        if (!(err instanceof UniqueViolationError)) throw err;
+        // The identifier was taken by a concurrent registration; a zg_id clash is just retried.
+        if (err.constraint?.includes('zg_id') && attempt < 5) continue;
+        throw new ConflictError('This identifier is already registered', 'IDENTIFIER_EXISTS');
+      }
+    }
+  }
+
+  private async limitIp(action: string, ctx: RequestContext): Promise<void> {
+    if (!ctx.ip) return;
+    const decision = await this.limiter.hit(`auth:${action}:ip:${ctx.ip}`, this.limits.perIp, this.limits.windowMs);
+    if (!decision.allowed) throw new RateLimitedError('Too many requests from this address; try again later', decision.retryAfterMs / 1000);
+  }
+
+  private record(attempt: Omit<LoginAttempt, 'ip' | 'userAgent'>, ctx: RequestContext): Promise<void> {
+    return this.audit.record({ ...attempt, ip: ctx.ip, userAgent: ctx.userAgent });
+  }
+}

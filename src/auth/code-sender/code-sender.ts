@@ -1,0 +1,34 @@
+/**
+ * Delivers a verification code to a person. `send` resolves once the message was handed to the
+ * delivery channel (mail server accepted it, or the line was logged) and rejects otherwise; the
+ * caller then withdraws the code, so a person is never told a code went out when it did not.
+ */
+export type IdentifierType = 'PHONE' | 'EMAIL';
+export type Scene = 'REGISTER' | 'LOGIN' | 'RESET_PASSWORD';
+
+export interface CodeMessage {
+  identifierType: IdentifierType;
+  identifier: string;
+  scene: Scene;
+  code: string;
+  expireSeconds: number;
+}
+
+export interface CodeSender {
+  send(message: CodeMessage): Promise<void>;
+  close?(): Promise<void>;
+}
+
+/** Routes each identifier type to its own sender (mail for email, SMS for phone). */
+export class RoutingCodeSender implements CodeSender {
+  constructor(private readonly byType: Record<IdentifierType, CodeSender>) {}
+
+  send(message: CodeMessage): Promise<void> {
+    return this.byType[message.identifierType].send(message);
+  }
+
+  async close(): Promise<void> {
+    const unique = new Set(Object.values(this.byType));
+    await Promise.all([...unique].map((s) => s.close?.()));
+  }
+}

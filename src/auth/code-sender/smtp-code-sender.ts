@@ -1,0 +1,48 @@
+import type { Transporter } from 'nodemailer';
+import type { CodeMessage, CodeSender } from './code-sender.js';
+
+const SUBJECTS: Record<CodeMessage['scene'], string> = {
+  REGISTER: '知光 · 注册验证码 / Zhiguang sign-up code',
+  LOGIN: '知光 · 登录验证码 / Zhiguang sign-in code',
+  RESET_PASSWORD: '知光 · 重置密码验证码 / Zhiguang password reset code',
+};
+
+/** Mails codes through an SMTP server; nodemailer is loaded only when this sender is built. */
+export class SmtpCodeSender implements CodeSender {
+  private constructor(
+    private readonly transport: Transporter,
+    private readonly from: string,
+  ) {}
+
+  static async create(url: string, from: string): Promise<SmtpCodeSender> {
+    const nodemailer = await import('nodemailer');
+    const parsed = new URL(url);
+    const transport = nodemailer.createTransport({
+      host: parsed.hostname,
+      port: Number(parsed.port || (parsed.protocol === 'smtps:' ? 465 : 587)),
+      secure: parsed.protocol === 'smtps:',
+      ...(parsed.username ? { auth: { user: decodeURIComponent(parsed.username), pass: decodeURIComponent(parsed.password) } } : {}),
+      connectionTimeout: 10_000,
+      greetingTimeout: 10_000,
+      socketTimeout: 20_000,
+    });
+    return new SmtpCodeSender(transport, from);
+  }
+
+  async send(message: CodeMessage): Promise<void> {
+    const minutes = Math.round(message.expireSeconds / 60);
+    await this.transport.sendMail({
+      from: this.from,
+      to: message.identifier,
+      subject: SUBJECTS[message.scene],
+      text:
+        `您的验证码是 ${message.code}，${minutes} 分钟内有效。\n` +
+        `Your Zhiguang verification code is ${message.code}. It expires in ${minutes} minutes.\n` +
+        `If you did not ask for it, ignore this mail.`,
+    });
+  }
+
+  async close(): Promise<void> {
+    this.transport.close();
+  }
+}

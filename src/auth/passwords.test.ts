@@ -1,0 +1,36 @@
+import { describe, expect, it } from 'vitest';
+import { PasswordHasher, meetsPasswordPolicy } from './passwords.js';
+
+describe(PasswordHasher.name, () => {
+  const sut = new PasswordHasher(10);
+
+  it('verifies the right password and refuses a wrong one', async () => {
+    const stored = await sut.hash('correct horse 1');
+    expect(stored).toMatch(/^scrypt\$10\$8\$1\$/);
+    expect(stored).not.toContain('correct horse');
+    expect(await sut.verify('correct horse 1', stored)).toBe(true);
+    expect(await sut.verify('correct horse 2', stored)).toBe(false);
+  });
+
+  it('salts every hash and keeps old hashes valid after the cost is raised', async () => {
+    const a = await sut.hash('same-pass-1');
+    const b = await sut.hash('same-pass-1');
+    expect(a).not.toBe(b);
+    expect(await new PasswordHasher(11).verify('same-pass-1', a)).toBe(true);
+  });
+
+  it('refuses malformed stored hashes', async () => {
+    expect(await sut.verify('x', 'plain')).toBe(false);
+    expect(await sut.verify('x', 'bcrypt$1$2$3$4$5')).toBe(false);
+  });
+});
+
+describe(meetsPasswordPolicy.name, () => {
+  it.each([
+    ['abc12345', true],
+    ['密码密码密码12', true],
+    ['abcdefgh', false],
+    ['12345678', false],
+    ['ab1', false],
+  ])('%s → %s', (password, ok) => expect(meetsPasswordPolicy(password)).toBe(ok));
+});

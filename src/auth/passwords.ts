@@ -1,0 +1,45 @@
+import { randomBytes, scrypt as scryptCb, timingSafeEqual, type ScryptOptions } from 'node:crypto';
+import { promisify } from 'node:util';
+
+const scrypt = promisify<string, Buffer, number, ScryptOptions, Buffer>(scryptCb);
+const KEY_LENGTH = 32;
+
+/**
+ * Password hashing with scrypt (memory-hard, built into Node). The stored form carries its own
+ * parameters — `scrypt$<log2N>$<r>$<p>$<salt b64>$<hash b64>` — so the cost can be raised later
+ * without breaking existing hashes.
+ */
+export class PasswordHasher {
+  constructor(private readonly log2N: number) {}
+
+  async hash(password: string): Promise<string> {
+    const salt = randomBytes(16);
+    const r = 8;
+    const p = 1;
+    const hash = await this.derive(password, salt, this.log2N, r, p);
+    return `scrypt$${this.log2N}$${r}$${p}$${salt.toString('base64')}$${hash.toString('base64')}`;
+  }
+
+  async verify(password: string, stored: string): Promise<boolean> {
+    const [scheme, n, r, p, salt, hash] = stored.split('$');
+    if (scheme !== 'scrypt' || !n || !r || !p || !salt || !hash) return false;
+    const expected = Buffer.from(hash, 'base64');
+    const actual = await this.derive(password, Buffer.from(salt, 'base64'), Number(n), Number(r), Number(p));
+    return actual.length === expected.length && timingSafeEqual(actual, expected);
+  }
+
+  /** Spends the same time as a real check, so an unknown account is not told apart by timing. */
+  async burn(password: string): Promise<void> {
+    await this.derive(password, Buffer.alloc(16), this.log2N, 8, 1);
+  }
+
+  private derive(password: string, salt: Buffer, log2N: number, r: number, p: number): Promise<Buffer> {
+    const N = 2 ** log2N;
+    return scrypt(password.normalize('NFKC'), salt, KEY_LENGTH, { N, r, p, maxmem: 256 * N * r + 1024 * 1024 });
+  }
+}
+
+/** At least 8 characters with a letter and a digit (the contract's policy). */
+export function meetsPasswordPolicy(password: string): boolean {
+  return password.length >= 8 && password.length <= 128 && /\p{L}/u.test(password) && /\d/.test(password);
+}

@@ -1,0 +1,71 @@
+import { randomUUID } from 'node:crypto';
+import type { KeyValueStore } from '../platform/kv/kv.js';
+
+/**
+ * Login sessions ("families" of refresh tokens) kept in the shared key-value store:
+ *
+ * - `auth:fam:{sid}`  → `{uid, ver}` while the session lives; deleting it ends the session for
+ *   access and refresh tokens alike.
+ * - `auth:rt:{jti}`   → sid for the one refresh token of the family that may still be used.
+ *   Rotation takes it with GETDEL, so of two concurrent refreshes exactly one wins.
+ * - `auth:rtu:{jti}`  → sid for refresh tokens already rotated away; presenting one again is
+ *   token theft or a replay, and ends the whole family.
+ * - `auth:uv:{uid}`   → the user's session version. Tokens carry the version they were issued
+ *   under; a password reset bumps it, ending every session of the user without scanning keys.
+ */
+export class SessionStore {
+  constructor(
+    private readonly kv: KeyValueStore,
+    private readonly refreshTtlMs: number,
+  ) {}
+
+  async userVersion(userId: number): Promise<number> {
+    return Number((await this.kv.get(`auth:uv:${userId}`)) ?? 0);
+  }
+
+  async open(userId: number): Promise<{ sid: string; ver: number }> {
+    const ver = await this.userVersion(userId);
+    const sid = randomUUID();
+    await this.kv.set(`auth:fam:${sid}`, JSON.stringify({ uid: userId, ver }), this.refreshTtlMs);
+    return { sid, ver };
+  }
+
+  /** Records `jti` as the family's current refresh token. */
+  async allowRefresh(sid: string, jti: string): Promise<void> {
+    await this.kv.set(`auth:rt:${jti}`, sid, this.refreshTtlMs);
+  }
+
+  /**
+   * Takes a refresh token for rotation. 'ok' for exactly one caller per token; 'reused' when the
+   * token was already rotated (the family is then ended); 'invalid' otherwise.
+   */
+  async takeRefresh(sid: string, jti: string, userId: number, ver: number): Promise<'ok' | 'reused' | 'invalid'> {
+    const taken = await this.kv.getDel(`auth:rt:${jti}`);
+    if (taken === null) {
+      if ((await this.kv.get(`auth:rtu:${jti}`)) !== null) {
+        await this.end(sid);
+        return 'reused';
+      }
+      return 'invalid';
+    }
+    await this.kv.set(`auth:rtu:${jti}`, sid, this.refreshTtlMs);
+    if (taken !== sid || !(await this.isActive(sid, userId, ver))) return 'invalid';
+    return 'ok';
+  }
+
+  async isActive(sid: string, userId: number, ver: number): Promise<boolean> {
+    const [family = null, current = null] = await this.kv.mget([`auth:fam:${sid}`, `auth:uv:${userId}`]);
+    if (family === null) return false;
+    const parsed = JSON.parse(family) as { uid: number; ver: number };
+    return parsed.uid === userId && parsed.ver === ver && Number(current ?? 0) === ver;
+  }
+
+  async end(sid: string): Promise<void> {
+    await this.kv.delete(`auth:fam:${sid}`);
+  }
+
+  /** Ends every session of the user (password reset). */
+  async endAll(userId: number): Promise<void> {
+    await this.kv.incr(`auth:uv:${userId}`);
+  }
+}

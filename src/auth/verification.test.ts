@@ -1,0 +1,115 @@
+import { mkdtempSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import { migrate, openSqlite, type Db } from '../platform/db/database.js';
+import { createSqliteKv } from '../platform/kv/create.js';
+import type { CodeMessage, CodeSender } from './code-sender/code-sender.js';
+import { VerificationService } from './verification.js';
+
+class RecordingSender implements CodeSender {
+  readonly sent: CodeMessage[] = [];
+  failNext = false;
+  async send(message: CodeMessage): Promise<void> {
+    if (this.failNext) {
+      this.failNext = false;
+      throw new Error('mail server down');
+    }
+    this.sent.push(message);
+  }
+  last(): string {
+    const code = this.sent.at(-1)?.code;
+    if (!code) throw new Error('nothing sent');
+    return code;
+  }
+}
+
+describe(VerificationService.name, () => {
+  let db: Db;
+  let now: number;
+  let sender: RecordingSender;
+  let sut: VerificationService;
+
+  beforeEach(async () => {
+    db = openSqlite(join(mkdtempSync(join(tmpdir(), 'zg-vc-')), 'db.sqlite'));
+    await migrate(db);
+    now = Date.UTC(2026, 0, 10, 8, 0, 0);
+    sender = new RecordingSender();
+    sut = new VerificationService(createSqliteKv(db, { now: () => now }), sender, () => now);
+  });
+  afterEach(async () => db.close());
+
+  const errorCode = (p: Promise<unknown>) => p.then(() => 'ok', (e: { code?: string }) => e.code ?? 'unknown');
+
+  it('sends six-digit codes that verify once', async () => {
+    await sut.send('LOGIN', 'EMAIL', 'a@b.cd', true);
+    const code = sender.last();
+    expect(code).toMatch(/^\d{6}$/);
+    expect(sender.sent[0]).toMatchObject({ identifier: 'a@b.cd', scene: 'LOGIN', expireSeconds: 300 });
+    expect(await errorCode(sut.verify('REGISTER', 'a@b.cd', code))).toBe('VERIFICATION_NOT_FOUND');
+    expect(await errorCode(sut.verify('LOGIN', 'a@b.cd', code))).toBe('ok');
+    expect(await errorCode(sut.verify('LOGIN', 'a@b.cd', code))).toBe('VERIFICATION_NOT_FOUND');
+  });
+
+  it('expires codes after five minutes', async () => {
+    await sut.send('LOGIN', 'EMAIL', 'a@b.cd', true);
+    now += 300_001;
+    expect(await errorCode(sut.verify('LOGIN', 'a@b.cd', sender.last()))).toBe('VERIFICATION_NOT_FOUND');
+  });
+
+  it('allows one send per 60 seconds', async () => {
+    await sut.send('LOGIN', 'EMAIL', 'a@b.cd', true);
+    now += 59_000;
+    expect(await errorCode(sut.send('LOGIN', 'EMAIL', 'a@b.cd', true))).toBe('VERIFICATION_RATE_LIMIT');
+    now += 1_001;
+    expect(await errorCode(sut.send('LOGIN', 'EMAIL', 'a@b.cd', true))).toBe('ok');
+    expect(sender.sent).toHaveLength(2);
+  });
+
+  it('allows ten sends a day and checks that before claiming the interval', async () => {
+    for (let i = 0; i < 10; i++) {
+      expect(await errorCode(sut.send('REGISTER', 'EMAIL', 'a@b.cd', true))).toBe('ok');
+      now += 61_000;
+    }
+    expect(await errorCode(sut.send('REGISTER', 'EMAIL', 'a@b.cd', true))).toBe('VERIFICATION_DAILY_LIMIT');
+    // other scenes and identifiers have their own budgets
+    expect(await errorCode(sut.send('LOGIN', 'EMAIL', 'a@b.cd', true))).toBe('ok');
+    now = Date.UTC(2026, 0, 11, 0, 0, 1);
+    expect(await errorCode(sut.send('REGISTER', 'EMAIL', 'a@b.cd', true))).toBe('ok');
+  });
+
+  it('kills the code after five wrong attempts', async () => {
+    await sut.send('LOGIN', 'EMAIL', 'a@b.cd', true);
+    const code = sender.last();
+    const wrong = code === '000000' ? '000001' : '000000';
+    for (let i = 0; i < 5; i++) expect(await errorCode(sut.verify('LOGIN', 'a@b.cd', wrong))).toBe('VERIFICATION_MISMATCH');
+    expect(await errorCode(sut.verify('LOGIN', 'a@b.cd', code))).toBe('VERIFICATION_TOO_MANY_ATTEMPTS');
+    // a new code starts a fresh count
+    now += 61_000;
+    await sut.send('LOGIN', 'EMAIL', 'a@b.cd', true);
+    expect(await errorCode(sut.verify('LOGIN', 'a@b.cd', sender.last()))).toBe('ok');
+  });
+
+  it('counts parallel guesses atomically', async () => {
+    await sut.send('LOGIN', 'EMAIL', 'a@b.cd', true);
+    const code = sender.last();
+    const wrong = code === '000000' ? '000001' : '000000';
+    const results = await Promise.all(Array.from({ length: 20 }, () => errorCode(sut.verify('LOGIN', 'a@b.cd', wrong))));
+    expect(results.filter((r) => r === 'VERIFICATION_MISMATCH')).toHaveLength(5);
+    expect(results.filter((r) => r === 'VERIFICATION_TOO_MANY_ATTEMPTS')).toHaveLength(15);
+    expect(await errorCode(sut.verify('LOGIN', 'a@b.cd', code))).toBe('VERIFICATION_TOO_MANY_ATTEMPTS');
+  });
+
+  it('withdraws a code that could not be delivered, so the person can ask again at once', async () => {
+    sender.failNext = true;
+    expect(await errorCode(sut.send('LOGIN', 'EMAIL', 'a@b.cd', true))).toBe('UNAVAILABLE');
+    expect(await errorCode(sut.send('LOGIN', 'EMAIL', 'a@b.cd', true))).toBe('ok');
+  });
+
+  it('runs the limits but creates no code when told not to deliver', async () => {
+    await sut.send('LOGIN', 'EMAIL', 'ghost@b.cd', false);
+    expect(sender.sent).toHaveLength(0);
+    expect(await errorCode(sut.send('LOGIN', 'EMAIL', 'ghost@b.cd', false))).toBe('VERIFICATION_RATE_LIMIT');
+    expect(await errorCode(sut.verify('LOGIN', 'ghost@b.cd', '123456'))).toBe('VERIFICATION_NOT_FOUND');
+  });
+});

@@ -1,0 +1,86 @@
+import { randomInt, timingSafeEqual } from 'node:crypto';
+import { AppError, RateLimitedError, UnavailableError } from '../platform/errors/errors.js';
+import type { KeyValueStore } from '../platform/kv/kv.js';
+import type { CodeSender, IdentifierType, Scene } from './code-sender/code-sender.js';
+
+export const CODE_TTL_SECONDS = 300;
+const SEND_INTERVAL_MS = 60_000;
+const DAILY_LIMIT = 10;
+const MAX_ATTEMPTS = 5;
+const DAY_MS = 86_400_000;
+
+export class VerificationError extends AppError {
+  constructor(code: 'VERIFICATION_NOT_FOUND' | 'VERIFICATION_MISMATCH', message: string) {
+    super(code, message, 400);
+  }
+}
+
+/**
+ * Six-digit codes per (scene, identifier): 5 minutes of life, one send per 60 s, 10 sends a day,
+ * 5 attempts. Attempts are counted with an atomic increment *before* the comparison, so parallel
+ * guesses cannot get past the limit; the code dies at the limit. The daily limit is checked before
+ * the send interval is claimed, so a refused send does not start an interval either.
+ */
+export class VerificationService {
+  constructor(
+    private readonly kv: KeyValueStore,
+    private readonly sender: CodeSender,
+    private readonly now: () => number = Date.now,
+  ) {}
+
+  /** `deliver: false` runs the same limits without creating or sending a code (unknown accounts). */
+  async send(scene: Scene, identifierType: IdentifierType, identifier: string, deliver: boolean): Promise<void> {
+    const id = `${scene}:${identifier}`;
+    const day = Math.floor(this.now() / DAY_MS);
+    const dailyKey = `vc:day:${id}:${day}`;
+    const sentToday = Number((await this.kv.get(dailyKey)) ?? 0);
+    if (sentToday >= DAILY_LIMIT) {
+      throw new RateLimitedError('Daily verification code limit reached', secondsUntil(DAY_MS - (this.now() % DAY_MS)), 'VERIFICATION_DAILY_LIMIT');
+    }
+    if (!(await this.kv.setIfAbsent(`vc:gap:${id}`, '1', SEND_INTERVAL_MS))) {
+      const left = (await this.kv.ttl(`vc:gap:${id}`)) ?? SEND_INTERVAL_MS;
+      throw new RateLimitedError('A code was sent recently; wait before asking again', secondsUntil(left), 'VERIFICATION_RATE_LIMIT');
+    }
+    await this.kv.incr(dailyKey, 1, DAY_MS + 3_600_000);
+    if (!deliver) return;
+
+    const code = String(randomInt(0, 1_000_000)).padStart(6, '0');
+    await this.kv.set(`vc:code:${id}`, code, CODE_TTL_SECONDS * 1000);
+    await this.kv.delete(`vc:tries:${id}`);
+    try {
+      await this.sender.send({ scene, identifierType, identifier, code, expireSeconds: CODE_TTL_SECONDS });
+    } catch (err) {
+      await this.kv.delete(`vc:code:${id}`);
+      await this.kv.delete(`vc:gap:${id}`);
+      throw new UnavailableError('The verification code could not be delivered; try again later', { cause: err });
+    }
+  }
+
+  /** Consumes the code when it matches; throws the contract's verification errors otherwise. */
+  async verify(scene: Scene, identifier: string, code: string): Promise<void> {
+    const id = `${scene}:${identifier}`;
+    const tries = await this.kv.incr(`vc:tries:${id}`, 1, CODE_TTL_SECONDS * 1000);
+    if (tries > MAX_ATTEMPTS) {
+      await this.kv.delete(`vc:code:${id}`);
+      throw new RateLimitedError('Too many wrong codes; ask for a new one', undefined, 'VERIFICATION_TOO_MANY_ATTEMPTS');
+    }
+    const stored = await this.kv.get(`vc:code:${id}`);
+    if (stored === null) throw new VerificationError('VERIFICATION_NOT_FOUND', 'No valid code; ask for a new one');
+    if (!sameCode(stored, code)) throw new VerificationError('VERIFICATION_MISMATCH', 'The code is wrong');
+    // Whoever takes the code first owns it; a concurrent second use finds nothing.
+    if ((await this.kv.getDel(`vc:code:${id}`)) !== stored) {
+      throw new VerificationError('VERIFICATION_NOT_FOUND', 'No valid code; ask for a new one');
+    }
+    await this.kv.delete(`vc:tries:${id}`);
+  }
+}
+
+function sameCode(a: string, b: string): boolean {
+  const x = Buffer.from(a);
+  const y = Buffer.from(b);
+  return x.length === y.length && timingSafeEqual(x, y);
+}
+
+function secondsUntil(ms: number): number {
+  return Math.max(1, Math.ceil(ms / 1000));
+}

@@ -1,0 +1,44 @@
+import { describe, expect, it } from 'vitest';
+import { ConfigError, loadConfig } from './config.js';
+
+describe(loadConfig.name, () => {
+  it('defaults to the embedded profile on port 8080 with ./data', () => {
+    const sut = loadConfig({});
+    expect(sut).toMatchObject({ profile: 'embedded', role: 'all', port: 8080, dataDir: './data', publicUrl: 'http://localhost:8080' });
+    expect(sut.jwt.accessTtlSeconds).toBe(900);
+    expect(sut.jwt.refreshTtlSeconds).toBe(604_800);
+  });
+
+  it('lists every problem at once instead of falling back', () => {
+    let error: unknown;
+    try {
+      loadConfig({ ZG_PROFILE: 'cluster', PORT: 'eighty', ZG_KAFKA_BROKERS: 'nohost' });
+    } catch (err) {
+      error = err;
+    }
+    expect(error).toBeInstanceOf(ConfigError);
+    const problems = (error as ConfigError).problems.join('\n');
+    for (const name of ['PORT', 'ZG_MYSQL_URL', 'ZG_REDIS_URL', 'ZG_KAFKA_BROKERS', 'ZG_JWT_PRIVATE_KEY', 'ZG_SMTP_URL']) {
+      expect(problems).toContain(name);
+    }
+  });
+
+  it('refuses an unknown profile rather than starting embedded', () => {
+    expect(() => loadConfig({ ZG_PROFILE: 'clustre' })).toThrow(/ZG_PROFILE/);
+  });
+
+  it('lets --role win over ZG_ROLE and validates it', () => {
+    expect(loadConfig({ ZG_ROLE: 'api' }, { role: 'worker' }).role).toBe('worker');
+    expect(() => loadConfig({}, { role: 'boss' })).toThrow(/ZG_ROLE/);
+  });
+
+  it('reads secrets from <VAR>_FILE', async () => {
+    const { mkdtempSync, writeFileSync } = await import('node:fs');
+    const { join } = await import('node:path');
+    const { tmpdir } = await import('node:os');
+    const dir = mkdtempSync(join(tmpdir(), 'zg-config-'));
+    writeFileSync(join(dir, 'redis'), 'redis://secret@127.0.0.1:6379\n');
+    expect(loadConfig({ ZG_REDIS_URL_FILE: join(dir, 'redis') }).redisUrl).toBe('redis://secret@127.0.0.1:6379');
+    expect(() => loadConfig({ ZG_REDIS_URL_FILE: join(dir, 'missing') })).toThrow(/ZG_REDIS_URL_FILE/);
+  });
+});

@@ -1,0 +1,205 @@
+import { readFileSync } from 'node:fs';
+
+/**
+ * The one place configuration is read. Every variable is declared once below with a description,
+ * parsed and validated together; `loadConfig` throws a `ConfigError` listing every problem at once
+ * rather than falling back to defaults that would let a cluster quietly come up embedded.
+ * Secrets may be given as `<VAR>_FILE`, a path whose contents are the value.
+ */
+
+export type Profile = 'embedded' | 'cluster';
+export type Role = 'api' | 'worker' | 'all';
+
+export interface Config {
+  profile: Profile;
+  role: Role;
+  host: string;
+  port: number;
+  /** Base URL clients use to reach this server; used for URLs the server signs for itself. */
+  publicUrl: string;
+  logLevel: string;
+  dataDir: string;
+  mysqlUrl: string | undefined;
+  redisUrl: string | undefined;
+  /** Prefix for every Redis key this deployment writes (several deployments may share a Redis). */
+  redisPrefix: string;
+  kafkaBrokers: string[];
+  /** Prefix for every Kafka topic and consumer group this deployment uses. */
+  kafkaPrefix: string;
+  kafkaPartitions: number;
+  jwt: {
+    privateKeyPem: string | undefined;
+    keyId: string | undefined;
+    issuer: string;
+    accessTtlSeconds: number;
+    refreshTtlSeconds: number;
+  };
+  /** How long a process may trust its cached view of a session before asking the store again. */
+  sessionCheckCacheMs: number;
+  /** scrypt cost parameter (log2 N) for new password hashes. */
+  passwordHashCost: number;
+  smtp: { url: string | undefined; from: string };
+  /** Guessing limits: password sign-ins per identifier, and code sends plus sign-ins per client address, per 15 minutes. */
+  authLimits: { passwordPerIdentifier: number; perIp: number; windowMs: number };
+  bodyLimitBytes: number;
+  avatarMaxBytes: number;
+  shutdownTimeoutMs: number;
+}
+
+export class ConfigError extends Error {
+  constructor(readonly problems: string[]) {
+    super(`Invalid configuration:\n  - ${problems.join('\n  - ')}`);
+    this.name = 'ConfigError';
+  }
+}
+
+interface VarSpec {
+  description: string;
+  default?: string;
+  secret?: boolean;
+}
+
+/** Every variable the service reads, with its one-line description (also the source for `.env.example`). */
+export const CONFIG_VARS = {
+  ZG_PROFILE: { description: 'embedded (SQLite, local files, one process) or cluster (MySQL, Redis, Kafka)', default: 'embedded' },
+  ZG_ROLE: { description: 'api, worker or all; the --role flag wins over this', default: 'all' },
+  HOST: { description: 'interface the HTTP server binds to', default: '0.0.0.0' },
+  PORT: { description: 'HTTP port', default: '8080' },
+  ZG_PUBLIC_URL: { description: 'base URL clients reach this server at (default http://localhost:PORT)' },
+  LOG_LEVEL: { description: 'pino log level: fatal, error, warn, info, debug, trace or silent', default: 'info' },
+  ZG_DATA_DIR: { description: 'embedded: directory for the SQLite file, keys and uploaded files', default: './data' },
+  ZG_MYSQL_URL: { description: 'cluster: mysql://user:password@host:port/database', secret: true },
+  ZG_REDIS_URL: { description: 'cluster: redis://[:password@]host:port[/db]', secret: true },
+  ZG_REDIS_PREFIX: { description: 'prefix of every Redis key', default: 'zg:' },
+  ZG_KAFKA_BROKERS: { description: 'cluster: comma-separated host:port list of Kafka bootstrap brokers' },
+  ZG_KAFKA_PREFIX: { description: 'prefix of every Kafka topic and consumer group', default: 'zg.' },
+  ZG_KAFKA_PARTITIONS: { description: 'partitions for topics the service creates', default: '6' },
+  ZG_JWT_PRIVATE_KEY: { description: 'RS256 private key (PKCS#8 PEM); embedded generates one under ZG_DATA_DIR if unset', secret: true },
+  ZG_JWT_KID: { description: 'key id published in the JWKS (default: the key thumbprint)' },
+  ZG_JWT_ISSUER: { description: 'iss claim of issued tokens; tokens from other issuers are rejected', default: 'zhiguang' },
+  ZG_ACCESS_TOKEN_TTL: { description: 'access token lifetime in seconds', default: '900' },
+  ZG_REFRESH_TOKEN_TTL: { description: 'refresh token lifetime in seconds', default: '604800' },
+  ZG_SESSION_CHECK_CACHE_MS: { description: 'how long a process trusts its cached session state (revocation delay across processes)', default: '1000' },
+  ZG_PASSWORD_HASH_COST: { description: 'scrypt cost as log2(N), 14 to 20', default: '15' },
+  ZG_SMTP_URL: { description: 'smtp://user:pass@host:port for verification mail; required on cluster; on embedded, e-mail codes are logged when unset', secret: true },
+  ZG_SMTP_FROM: { description: 'From address of verification mail', default: 'Zhiguang <no-reply@zhiguang.local>' },
+  ZG_AUTH_LOGIN_LIMIT: { description: 'password sign-in attempts per account per 15 minutes', default: '10' },
+  ZG_AUTH_IP_LIMIT: { description: 'code sends plus password sign-ins per client address per 15 minutes', default: '60' },
+  ZG_BODY_LIMIT_BYTES: { description: 'largest JSON body accepted', default: '1048576' },
+  ZG_AVATAR_MAX_BYTES: { description: 'largest avatar upload accepted', default: '5242880' },
+  ZG_SHUTDOWN_TIMEOUT_MS: { description: 'how long a graceful shutdown may take before the process exits anyway', default: '10000' },
+} satisfies Record<string, VarSpec>;
+
+type VarName = keyof typeof CONFIG_VARS;
+
+export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: { role?: string } = {}): Config {
+  const problems: string[] = [];
+
+  const raw = (name: VarName): string | undefined => {
+    const fileVar = env[`${name}_FILE`];
+    if (fileVar) {
+      try {
+        return readFileSync(fileVar, 'utf8').trim();
+      } catch (err) {
+        problems.push(`${name}_FILE: cannot read ${fileVar} (${(err as Error).message})`);
+        return undefined;
+      }
+    }
+    const value = env[name];
+    if (value !== undefined && value.trim() !== '') return value.trim();
+    const spec: VarSpec = CONFIG_VARS[name];
+    return spec.default;
+  };
+  const oneOf = <T extends string>(name: VarName, allowed: readonly T[], value = raw(name)): T => {
+    if (value !== undefined && (allowed as readonly string[]).includes(value)) return value as T;
+    problems.push(`${name}: must be one of ${allowed.join(', ')} (got ${JSON.stringify(value)})`);
+    return allowed[0] as T;
+  };
+  const int = (name: VarName, min: number, max: number): number => {
+    const value = raw(name);
+    const n = Number(value);
+    if (!Number.isInteger(n) || n < min || n > max) {
+      problems.push(`${name}: must be an integer from ${min} to ${max} (got ${JSON.stringify(value)})`);
+      return min;
+    }
+    return n;
+  };
+  const url = (name: VarName, protocols: string[], value = raw(name)): string | undefined => {
+    if (value === undefined) return undefined;
+    try {
+      const parsed = new URL(value);
+      if (!protocols.includes(parsed.protocol)) {
+        problems.push(`${name}: protocol must be ${protocols.join(' or ')}`);
+      }
+    } catch {
+      problems.push(`${name}: not a valid URL`);
+    }
+    return value;
+  };
+
+  const profile = oneOf<Profile>('ZG_PROFILE', ['embedded', 'cluster']);
+  const role = oneOf<Role>('ZG_ROLE', ['api', 'worker', 'all'], overrides.role ?? raw('ZG_ROLE'));
+  const port = int('PORT', 0, 65535);
+  const host = raw('HOST') ?? '0.0.0.0';
+  const publicUrl = url('ZG_PUBLIC_URL', ['http:', 'https:']) ?? `http://localhost:${port}`;
+  const logLevel = oneOf('LOG_LEVEL', ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']);
+  const mysqlUrl = url('ZG_MYSQL_URL', ['mysql:', 'mariadb:']);
+  const redisUrl = url('ZG_REDIS_URL', ['redis:', 'rediss:']);
+  const kafkaBrokers = (raw('ZG_KAFKA_BROKERS') ?? '')
+    .split(',')
+    .map((b) => b.trim())
+    .filter(Boolean);
+  for (const broker of kafkaBrokers) {
+    if (!/^[^:\s]+:\d{1,5}$/.test(broker)) problems.push(`ZG_KAFKA_BROKERS: "${broker}" is not host:port`);
+  }
+  if (profile === 'cluster') {
+    if (!mysqlUrl) problems.push('ZG_MYSQL_URL: required on the cluster profile');
+    if (!redisUrl) problems.push('ZG_REDIS_URL: required on the cluster profile');
+    if (kafkaBrokers.length === 0) problems.push('ZG_KAFKA_BROKERS: required on the cluster profile');
+  }
+  const smtpUrl = url('ZG_SMTP_URL', ['smtp:', 'smtps:']);
+  if (profile === 'cluster' && !smtpUrl) problems.push('ZG_SMTP_URL: required on the cluster profile (verification mail)');
+  const privateKeyPem = raw('ZG_JWT_PRIVATE_KEY')?.replace(/\\n/g, '\n');
+  if (profile === 'cluster' && !privateKeyPem) {
+    problems.push('ZG_JWT_PRIVATE_KEY: required on the cluster profile (every API process must sign with the same key)');
+  }
+  if (privateKeyPem && !privateKeyPem.includes('PRIVATE KEY')) {
+    problems.push('ZG_JWT_PRIVATE_KEY: expected a PEM-encoded private key');
+  }
+
+  const config: Config = {
+    profile,
+    role,
+    host,
+    port,
+    publicUrl: publicUrl.replace(/\/+$/, ''),
+    logLevel,
+    dataDir: raw('ZG_DATA_DIR') ?? './data',
+    mysqlUrl,
+    redisUrl,
+    redisPrefix: raw('ZG_REDIS_PREFIX') ?? 'zg:',
+    kafkaBrokers,
+    kafkaPrefix: raw('ZG_KAFKA_PREFIX') ?? 'zg.',
+    kafkaPartitions: int('ZG_KAFKA_PARTITIONS', 1, 1024),
+    jwt: {
+      privateKeyPem,
+      keyId: raw('ZG_JWT_KID'),
+      issuer: raw('ZG_JWT_ISSUER') ?? 'zhiguang',
+      accessTtlSeconds: int('ZG_ACCESS_TOKEN_TTL', 60, 86_400),
+      refreshTtlSeconds: int('ZG_REFRESH_TOKEN_TTL', 300, 90 * 86_400),
+    },
+    sessionCheckCacheMs: int('ZG_SESSION_CHECK_CACHE_MS', 0, 60_000),
+    passwordHashCost: int('ZG_PASSWORD_HASH_COST', 10, 20),
+    smtp: { url: smtpUrl, from: raw('ZG_SMTP_FROM') ?? '' },
+    authLimits: {
+      passwordPerIdentifier: int('ZG_AUTH_LOGIN_LIMIT', 1, 1_000_000),
+      perIp: int('ZG_AUTH_IP_LIMIT', 1, 1_000_000_000),
+      windowMs: 15 * 60_000,
+    },
+    bodyLimitBytes: int('ZG_BODY_LIMIT_BYTES', 1024, 64 * 1024 * 1024),
+    avatarMaxBytes: int('ZG_AVATAR_MAX_BYTES', 1024, 64 * 1024 * 1024),
+    shutdownTimeoutMs: int('ZG_SHUTDOWN_TIMEOUT_MS', 100, 600_000),
+  };
+  if (problems.length > 0) throw new ConfigError(problems);
+  return config;
+}

@@ -1,0 +1,62 @@
+import { mkdirSync } from 'node:fs';
+import { dirname } from 'node:path';
+import { Kysely } from 'kysely';
+import { Migrator, type MigrationProvider } from 'kysely/migration';
+import { createNodeSqliteDialect } from './node-sqlite-dialect.js';
+import { migrationsFor } from './migrations/index.js';
+import type { Database } from './schema.js';
+import { UniqueViolationError } from '../errors/errors.js';
+
+export type Dialect = 'sqlite' | 'mysql';
+
+/** The system-of-record database: a Kysely handle plus the facts code needs about its dialect. */
+export interface Db {
+  readonly kysely: Kysely<Database>;
+  readonly dialect: Dialect;
+  close(): Promise<void>;
+}
+
+export function openSqlite(path: string): Db {
+  if (path !== ':memory:') mkdirSync(dirname(path), { recursive: true });
+  const { dialect } = createNodeSqliteDialect(path);
+  const kysely = new Kysely<Database>({ dialect });
+  return { kysely, dialect: 'sqlite', close: () => kysely.destroy() };
+}
+
+/** mysql2 is loaded lazily so the embedded profile never needs it. */
+export async function openMysql(url: string, poolSize = 10): Promise<Db> {
+  const [{ createPool }, { MysqlDialect }] = await Promise.all([import('mysql2'), import('kysely')]);
+  const pool = createPool({
+    uri: url,
+    connectionLimit: poolSize,
+    supportBigNumbers: true,
+    charset: 'utf8mb4',
+    timezone: 'Z',
+  });
+  const kysely = new Kysely<Database>({ dialect: new MysqlDialect({ pool }) });
+  return { kysely, dialect: 'mysql', close: () => kysely.destroy() };
+}
+
+export async function migrate(db: Db): Promise<void> {
+  const provider: MigrationProvider = { getMigrations: () => Promise.resolve(migrationsFor(db.dialect)) };
+  const migrator = new Migrator({ db: db.kysely, provider });
+  const { error, results } = await migrator.migrateToLatest();
+  const failed = results?.find((r) => r.status === 'Error');
+  if (error || failed) {
+    throw new Error(`migration ${failed?.migrationName ?? ''} failed`, { cause: error });
+  }
+}
+
+/** Translates each dialect's unique-key violation into one error type; rethrows anything else. */
+export function translateDbError(err: unknown): never {
+  const e = err as { code?: string; errno?: number; message?: string };
+  if (e.code === 'ER_DUP_ENTRY' || e.errno === 1062) {
+    const match = /for key '([^']+)'/.exec(e.message ?? '');
+    throw new UniqueViolationError(match?.[1]?.split('.').pop(), { cause: err });
+  }
+  if (typeof e.message === 'string' && e.message.includes('UNIQUE constraint failed')) {
+    const match = /UNIQUE constraint failed: ([\w.]+)/.exec(e.message);
+    throw new UniqueViolationError(match?.[1]?.replace('.', '_'), { cause: err });
+  }
+  throw err;
+}

@@ -1,0 +1,78 @@
+import { sql, type Kysely } from 'kysely';
+import type { Migration } from 'kysely/migration';
+import type { Dialect } from '../database.js';
+
+/**
+ * Numbered, forward-only migrations, one list per dialect. A migration never changes once released;
+ * a change to the schema is a new entry at the end of both lists.
+ */
+type Step = (db: Kysely<unknown>) => Promise<void>;
+
+const exec =
+  (...statements: string[]): Step =>
+  async (db) => {
+    for (const statement of statements) await sql.raw(statement).execute(db);
+  };
+
+const sqlite: Record<string, Step> = {
+  '0001_accounts': exec(
+    `CREATE TABLE users (
+       id INTEGER PRIMARY KEY AUTOINCREMENT,
+       phone TEXT UNIQUE, email TEXT UNIQUE, password_hash TEXT,
+       nickname TEXT NOT NULL, avatar TEXT NOT NULL, bio TEXT,
+       zg_id TEXT NOT NULL UNIQUE, gender TEXT NOT NULL DEFAULT 'UNKNOWN',
+       birthday TEXT, school TEXT, tags_json TEXT NOT NULL DEFAULT '[]',
+       created_at INTEGER NOT NULL, updated_at INTEGER NOT NULL)`,
+    `CREATE TABLE login_audit (
+       id INTEGER PRIMARY KEY AUTOINCREMENT, user_id INTEGER, identifier TEXT NOT NULL,
+       channel TEXT NOT NULL, success INTEGER NOT NULL, reason TEXT, ip TEXT, user_agent TEXT,
+       created_at INTEGER NOT NULL)`,
+    `CREATE INDEX login_audit_user ON login_audit (user_id, created_at)`,
+  ),
+  '0002_platform': exec(
+    `CREATE TABLE kv (k TEXT PRIMARY KEY, v TEXT NOT NULL, expires_at INTEGER) WITHOUT ROWID`,
+    `CREATE INDEX kv_expires ON kv (expires_at) WHERE expires_at IS NOT NULL`,
+    `CREATE TABLE event_log (
+       "offset" INTEGER PRIMARY KEY AUTOINCREMENT, topic TEXT NOT NULL, key TEXT NOT NULL,
+       value TEXT NOT NULL, ts INTEGER NOT NULL)`,
+    `CREATE INDEX event_log_topic ON event_log (topic, "offset")`,
+    `CREATE TABLE consumer_offsets (
+       group_id TEXT NOT NULL, topic TEXT NOT NULL, next_offset INTEGER NOT NULL,
+       PRIMARY KEY (group_id, topic)) WITHOUT ROWID`,
+    `CREATE TABLE outbox (
+       id INTEGER PRIMARY KEY AUTOINCREMENT, topic TEXT NOT NULL, msg_key TEXT NOT NULL,
+       payload TEXT NOT NULL, created_at INTEGER NOT NULL)`,
+  ),
+};
+
+const mysql: Record<string, Step> = {
+  '0001_accounts': exec(
+    `CREATE TABLE users (
+       id BIGINT UNSIGNED NOT NULL AUTO_INCREMENT PRIMARY KEY,
+       phone VARCHAR(32) NULL, email VARCHAR(320) NULL, password_hash VARCHAR(255) NULL,
+       nickname VARCHAR(64) NOT NULL, avatar VARCHAR(1024) NOT NULL, bio VARCHAR(512) NULL,
+       zg_id VARCHAR(32) NOT NULL, gender VARCHAR(16) NOT NULL DEFAULT 'UNKNOWN',
+       birthday CHAR(10) NULL, school VARCHAR(128) NULL, tags_json TEXT NOT NULL,
+       created_at BIGINT NOT NULL, updated_at BIGINT NOT NULL,
+       UNIQUE KEY users_phone (phone), UNIQUE KEY users_email (email), UNIQUE KEY users_zg_id (zg_id)
+     ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin`,
+    `CREATE TABLE login_audit (
+       id BIGINT UNSIGNED NOT NULL AUTO_INCREMENT PRIMARY KEY, user_id BIGINT UNSIGNED NULL,
+       identifier VARCHAR(320) NOT NULL, channel VARCHAR(16) NOT NULL, success TINYINT NOT NULL,
+       reason VARCHAR(64) NULL, ip VARCHAR(64) NULL, user_agent VARCHAR(512) NULL,
+       created_at BIGINT NOT NULL, KEY login_audit_user (user_id, created_at)
+     ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin`,
+  ),
+  // kv, event_log and consumer_offsets live in Redis and Kafka on this dialect's profile.
+  '0002_platform': exec(
+    `CREATE TABLE outbox (
+       id BIGINT UNSIGNED NOT NULL AUTO_INCREMENT PRIMARY KEY, topic VARCHAR(255) NOT NULL,
+       msg_key VARCHAR(255) NOT NULL, payload MEDIUMTEXT NOT NULL, created_at BIGINT NOT NULL
+     ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin`,
+  ),
+};
+
+export function migrationsFor(dialect: Dialect): Record<string, Migration> {
+  const steps = dialect === 'sqlite' ? sqlite : mysql;
+  return Object.fromEntries(Object.entries(steps).map(([name, up]) => [name, { up }]));
+}

@@ -1,0 +1,74 @@
+import type { Generated } from 'kysely';
+
+/**
+ * Row types of every table, the same on both dialects. Times are epoch milliseconds (BIGINT),
+ * so no dialect's date handling leaks into the code.
+ */
+export interface UsersTable {
+  id: Generated<number>;
+  phone: string | null;
+  email: string | null;
+  password_hash: string | null;
+  nickname: string;
+  avatar: string;
+  bio: string | null;
+  zg_id: string;
+  gender: string;
+  birthday: string | null;
+  school: string | null;
+  tags_json: string;
+  created_at: number;
+  updated_at: number;
+}
+
+export interface LoginAuditTable {
+  id: Generated<number>;
+  user_id: number | null;
+  identifier: string;
+  channel: string;
+  success: number;
+  reason: string | null;
+  ip: string | null;
+  user_agent: string | null;
+  created_at: number;
+}
+
+/** Embedded key-value store (the cluster profile keeps these in Redis). */
+export interface KvTable {
+  k: string;
+  v: string;
+  expires_at: number | null;
+}
+
+/** Embedded event log: one append-only table; `offset` orders records across all topics. */
+export interface EventLogTable {
+  offset: Generated<number>;
+  topic: string;
+  key: string;
+  value: string;
+  ts: number;
+}
+
+export interface ConsumerOffsetsTable {
+  group_id: string;
+  topic: string;
+  next_offset: number;
+}
+
+/** Transactional outbox, in the system-of-record database on both profiles. */
+export interface OutboxTable {
+  id: Generated<number>;
+  topic: string;
+  msg_key: string;
+  payload: string;
+  created_at: number;
+}
+
+export interface Database {
+  users: UsersTable;
+  login_audit: LoginAuditTable;
+  kv: KvTable;
+  event_log: EventLogTable;
+  consumer_offsets: ConsumerOffsetsTable;
+  outbox: OutboxTable;
+}

@@ -1,0 +1,82 @@
+/**
+ * Event log: named topics of keyed records, consumed by consumer groups (SQLite table on embedded,
+ * Apache Kafka on cluster).
+ *
+ * Semantics every adapter guarantees (proved by `eventlog.contract.ts`):
+ * - `publish` resolves only after every record is durably acknowledged by the log; it rejects when
+ *   any record could not be written (callers must then buffer or repair; nothing is dropped silently).
+ * - Records with the same key are delivered in publish order. Records with different keys may interleave.
+ * - Delivery is at-least-once per consumer group: a batch's offsets are committed only after its
+ *   handler resolved; a batch whose handler threw, or that was in flight when its subscription or
+ *   process went away, is delivered again. Handlers must therefore be idempotent.
+ * - A new group starts from the earliest retained record unless `fromLatest` is set.
+ * - `endOffsets` captures, for a replay, where the log ends now; `readRange` reads from the earliest
+ *   record up to those offsets without touching any group's committed position.
+ * - Offsets are opaque per partition; compare only those from the same partition.
+ */
+export interface EventRecord {
+  key: string;
+  value: string;
+}
+
+export interface DeliveredRecord extends EventRecord {
+  topic: string;
+  partition: number;
+  /** Position within the partition; strictly increasing per partition. */
+  offset: bigint;
+  timestamp: number;
+}
+
+export interface Batch {
+  topic: string;
+  records: DeliveredRecord[];
+}
+
+export interface SubscribeOptions {
+  group: string;
+  topics: string[];
+  /** Most records handed to one handler call. */
+  maxBatch?: number;
+  /** Longest wait to fill a batch before handing over what there is. */
+  maxWaitMs?: number;
+  fromLatest?: boolean;
+  /**
+   * Handles one batch. When it resolves, the batch's offsets are committed for the group; when it
+   * throws, nothing is committed and the same records are delivered again (after a back-off).
+   */
+  handler: (batch: Batch) => Promise<void>;
+  /** Called with errors the subscription recovered from (handler failures, lost connections). */
+  onError?: (err: unknown) => void;
+}
+
+export interface Subscription {
+  /**
+   * Stops fetching, waits for the in-flight handler call (and its commit) to finish and leaves the
+   * group. Records fetched but not yet handed to the handler are left uncommitted.
+   */
+  close(): Promise<void>;
+}
+
+/** Map of `partition -> next offset` (one past the last record) per topic. */
+export type EndOffsets = Map<number, bigint>;
+
+export interface EventLog {
+  /** Creates topics that do not exist yet; idempotent. */
+  ensureTopics(topics: string[]): Promise<void>;
+  publish(topic: string, records: EventRecord[]): Promise<void>;
+  /**
+   * Resolves once the subscription has joined its group and fixed its starting position (so a
+   * `fromLatest` subscription sees every record published after this resolves); rejects when that
+   * first start fails. Later outages are retried in the background and reported to `onError`.
+   */
+  subscribe(options: SubscribeOptions): Promise<Subscription>;
+  endOffsets(topic: string): Promise<EndOffsets>;
+  /**
+   * Reads every record from the earliest retained one up to (excluding) `until`, in batches,
+   * in partition order, independent of any consumer group.
+   */
+  readRange(topic: string, until: EndOffsets, handler: (batch: Batch) => Promise<void>, maxBatch?: number): Promise<void>;
+  /** Can the log be reached now (for /readyz). */
+  ping(): Promise<boolean>;
+  close(): Promise<void>;
+}

@@ -1,0 +1,34 @@
+import type { FastifyInstance } from 'fastify';
+import { Type } from 'typebox';
+import type { Metrics } from '../metrics/metrics.js';
+
+export type ReadinessCheck = () => Promise<boolean>;
+
+/** Liveness, readiness, metrics and the OpenAPI document. */
+export function opsRoutes(metrics: Metrics, checks: Record<string, ReadinessCheck>, isDraining: () => boolean) {
+  return async (app: FastifyInstance): Promise<void> => {
+    const tags = ['operations'];
+    app.get('/healthz', { schema: { tags, response: { 200: Type.Object({ status: Type.String() }) } } }, async () => ({ status: 'ok' }));
+
+    app.get('/readyz', { schema: { tags } }, async (_request, reply) => {
+      const entries = await Promise.all(
+        Object.entries(checks).map(async ([name, check]) => {
+          const ok = await Promise.race([
+            check().catch(() => false),
+            new Promise<boolean>((resolve) => setTimeout(() => resolve(false), 2000).unref()),
+          ]);
+          return [name, ok ? 'ok' : 'down'] as const;
+        }),
+      );
+      const ready = !isDraining() && entries.every(([, state]) => state === 'ok');
+      return reply.status(ready ? 200 : 503).send({ status: ready ? 'ok' : isDraining() ? 'draining' : 'unavailable', checks: Object.fromEntries(entries) });
+    });
+
+    app.get('/metrics', { schema: { tags, hide: true } }, async (_request, reply) => {
+      void reply.header('content-type', metrics.registry.contentType);
+      return metrics.registry.metrics();
+    });
+
+    app.get('/openapi.json', { schema: { hide: true } }, async () => app.swagger());
+  };
+}

@@ -1,0 +1,30 @@
+import { Type } from 'typebox';
+import { Nullable } from '../platform/http/schemas.js';
+
+export const Gender = Type.Union([Type.Literal('MALE'), Type.Literal('FEMALE'), Type.Literal('OTHER'), Type.Literal('UNKNOWN')]);
+
+export const ProfilePatchBody = Type.Object({
+  nickname: Type.Optional(Type.String({ minLength: 1, maxLength: 64 })),
+  bio: Type.Optional(Type.String({ maxLength: 512 })),
+  gender: Type.Optional(Gender),
+  birthday: Type.Optional(Type.String({ pattern: '^\\d{4}-\\d{2}-\\d{2}$' })),
+  zgId: Type.Optional(Type.String({ pattern: '^[a-zA-Z0-9_]{4,32}$' })),
+  school: Type.Optional(Type.String({ maxLength: 128 })),
+  tagJson: Type.Optional(Type.String({ maxLength: 2048 })),
+});
+
+export const ProfileResponse = Type.Object({
+  id: Type.Integer(),
+  nickname: Type.String(),
+  avatar: Type.String(),
+  bio: Nullable(Type.String()),
+  zgId: Type.String(),
+  gender: Type.String(),
+  birthday: Nullable(Type.String()),
+  school: Nullable(Type.String()),
+  phone: Nullable(Type.String()),
+  email: Nullable(Type.String()),
+  tagJson: Type.String(),
+});
+
+export const UserIdParams = Type.Object({ userId: Type.Integer({ minimum: 1, maximum: Number.MAX_SAFE_INTEGER }) });

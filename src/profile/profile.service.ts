@@ -1,0 +1,93 @@
+import { randomBytes } from 'node:crypto';
+import type { Static } from 'typebox';
+import { BadRequestError, ConflictError, NotFoundError, PayloadTooLargeError, UniqueViolationError } from '../platform/errors/errors.js';
+import type { ObjectStorage } from '../platform/storage/object-storage.js';
+import type { ProfilePatchBody } from './profile.schema.js';
+import type { UserPatch, UserRow, UsersRepository } from './users.repository.js';
+
+type Patch = Static<typeof ProfilePatchBody>;
+
+const IMAGE_TYPES: { type: string; ext: string; magic: (b: Buffer) => boolean }[] = [
+  { type: 'image/png', ext: '.png', magic: (b) => b.subarray(0, 8).equals(Buffer.from([0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a])) },
+  { type: 'image/jpeg', ext: '.jpg', magic: (b) => b[0] === 0xff && b[1] === 0xd8 && b[2] === 0xff },
+  { type: 'image/gif', ext: '.gif', magic: (b) => b.subarray(0, 4).toString('latin1') === 'GIF8' },
+  { type: 'image/webp', ext: '.webp', magic: (b) => b.subarray(0, 4).toString('latin1') === 'RIFF' && b.subarray(8, 12).toString('latin1') === 'WEBP' },
+];
+
+/** Profile edits and avatars; the rules the contract puts on each field live here and in the schema. */
+export class ProfileService {
+  constructor(
+    private readonly users: UsersRepository,
+    private readonly storage: ObjectStorage,
+    private readonly avatarMaxBytes: number,
+    private readonly now: () => number = Date.now,
+  ) {}
+
+  async get(userId: number): Promise<UserRow> {
+    const user = await this.users.findById(userId);
+    if (!user) throw new NotFoundError('User not found');
+    return user;
+  }
+
+  async update(userId: number, patch: Patch): Promise<UserRow> {
+    const changes: UserPatch = {};
+    if (patch.nickname !== undefined) {
+      const nickname = patch.nickname.trim();
+      if (!nickname) throw new BadRequestError('body.nickname must not be blank');
+      changes.nickname = nickname;
+    }
+    if (patch.bio !== undefined) changes.bio = patch.bio;
+    if (patch.gender !== undefined) changes.gender = patch.gender;
+    if (patch.school !== undefined) changes.school = patch.school;
+    if (patch.zgId !== undefined) changes.zg_id = patch.zgId;
+    if (patch.birthday !== undefined) changes.birthday = this.checkBirthday(patch.birthday);
+    if (patch.tagJson !== undefined) changes.tags_json = checkTags(patch.tagJson);
+    if (Object.keys(changes).length === 0) throw new BadRequestError('body must contain at least one profile field');
+    changes.updated_at = this.now();
+    await this.get(userId);
+    try {
+      await this.users.update(userId, changes);
+    } catch (err) {
+      if (err instanceof UniqueViolationError) throw new ConflictError('This zgId is taken');
+      throw err;
+    }
+    return this.get(userId);
+  }
+
+  async setAvatar(userId: number, bytes: Buffer, declaredType: string): Promise<UserRow> {
+    if (bytes.length > this.avatarMaxBytes) throw new PayloadTooLargeError('The avatar is too large');
+    if (bytes.length === 0) throw new BadRequestError('file is empty');
+    const kind = IMAGE_TYPES.find((t) => t.magic(bytes));
+    if (!kind || (declaredType !== kind.type && !(declaredType === 'image/jpg' && kind.type === 'image/jpeg'))) {
+      throw new BadRequestError('file must be a PNG, JPEG, GIF or WebP image');
+    }
+    await this.get(userId);
+    const key = `avatars/${userId}/${randomBytes(8).toString('hex')}${kind.ext}`;
+    await this.storage.put(key, bytes, kind.type);
+    await this.users.update(userId, { avatar: this.storage.publicUrl(key), updated_at: this.now() });
+    return this.get(userId);
+  }
+
+  private checkBirthday(value: string): string {
+    const date = new Date(`${value}T00:00:00Z`);
+    if (Number.isNaN(date.getTime()) || date.toISOString().slice(0, 10) !== value) {
+      throw new BadRequestError('body.birthday is not a valid date');
+    }
+    if (date.getTime() > this.now()) throw new BadRequestError('body.birthday must not be in the future');
+    if (date.getUTCFullYear() < 1900) throw new BadRequestError('body.birthday is too far in the past');
+    return value;
+  }
+}
+
+function checkTags(tagJson: string): string {
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(tagJson);
+  } catch {
+    throw new BadRequestError('body.tagJson must be a JSON array of strings');
+  }
+  if (!Array.isArray(parsed) || parsed.length > 20 || !parsed.every((t) => typeof t === 'string' && t.length >= 1 && t.length <= 32)) {
+    throw new BadRequestError('body.tagJson must be a JSON array of at most 20 strings of 1 to 32 characters');
+  }
+  return JSON.stringify(parsed);
+}

@@ -1,0 +1,228 @@
+import { spawn, type ChildProcess } from 'node:child_process';
+import { generateKeyPairSync } from 'node:crypto';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join, resolve } from 'node:path';
+import { createInterface } from 'node:readline';
+import { SMTPServer } from 'smtp-server';
+import { createMysqlDatabase, services, uniqueName } from '../rig/resources.js';
+
+/**
+ * Runs the built server (`dist/main.js`) as a child process in either profile, with throwaway
+ * storage of its own, and reads what a person would: HTTP answers, log lines and delivered mail.
+ */
+export type ProfileName = 'embedded' | 'cluster';
+
+export interface Delivered {
+  identifier: string;
+  scene: string;
+  code: string;
+}
+
+export interface Server {
+  profile: ProfileName;
+  baseUrl: string;
+  /** The RS256 private key the server signs with (to forge tokens in security tests). */
+  privateKeyPem: string;
+  issuer: string;
+  /** Waits for the next code delivered to `identifier` after `since` (ms since epoch). */
+  codeFor(identifier: string, scene: string, since?: number): Promise<string>;
+  logLines(): Record<string, unknown>[];
+  stop(): Promise<void>;
+}
+
+const ROOT = resolve(import.meta.dirname, '../..');
+
+export async function startServer(profile: ProfileName, extraEnv: Record<string, string> = {}): Promise<Server> {
+  const delivered: (Delivered & { at: number })[] = [];
+  const waiters = new Set<() => void>();
+  const notify = () => waiters.forEach((w) => w());
+  const cleanups: (() => Promise<void>)[] = [];
+  const lines: Record<string, unknown>[] = [];
+  const privateKeyPem = generateKeyPairSync('rsa', { modulusLength: 2048 }).privateKey.export({ type: 'pkcs8', format: 'pem' }).toString();
+  const issuer = `zg-test-${profile}`;
+
+  const dataDir = mkdtempSync(join(tmpdir(), `zg-${profile}-`));
+  cleanups.push(async () => rmSync(dataDir, { recursive: true, force: true }));
+
+  const env: Record<string, string> = {
+    PATH: process.env.PATH ?? '',
+    HOME: process.env.HOME ?? '/tmp',
+    ZG_PROFILE: profile,
+    HOST: '127.0.0.1',
+    PORT: '0',
+    LOG_LEVEL: 'info',
+    ZG_DATA_DIR: dataDir,
+    ZG_JWT_PRIVATE_KEY: privateKeyPem,
+    ZG_JWT_ISSUER: issuer,
+    ZG_PASSWORD_HASH_COST: '12',
+    ZG_AUTH_IP_LIMIT: '100000',
+    ZG_SESSION_CHECK_CACHE_MS: '0',
+  };
+
+  if (profile === 'cluster') {
+    const database = await createMysqlDatabase();
+    cleanups.push(database.drop);
+    const smtp = new SMTPServer({
+      authOptional: true,
+      disabledCommands: ['STARTTLS'],
+      logger: false,
+      onData(stream, session, callback) {
+        const chunks: Buffer[] = [];
+        stream.on('data', (c: Buffer) => chunks.push(c));
+        stream.on('end', () => {
+          const text = Buffer.concat(chunks).toString('utf8');
+          const code = /verification code is (\d{6})/.exec(text)?.[1];
+          const scene = /sign-up/.test(text) ? 'REGISTER' : /password reset/.test(text) ? 'RESET_PASSWORD' : 'LOGIN';
+          for (const rcpt of session.envelope.rcptTo) {
+            if (code) delivered.push({ identifier: rcpt.address, scene, code, at: Date.now() });
+          }
+          notify();
+          callback();
+        });
+      },
+    });
+    await new Promise<void>((ok) => smtp.listen(0, '127.0.0.1', ok));
+    const smtpPort = (smtp.server.address() as { port: number }).port;
+    cleanups.push(() => new Promise<void>((ok) => smtp.close(() => ok())));
+    Object.assign(env, {
+      ZG_MYSQL_URL: database.url,
+      ZG_REDIS_URL: services.redisUrl(),
+      ZG_REDIS_PREFIX: `${uniqueName('bb')}:`,
+      ZG_KAFKA_BROKERS: services.kafkaBrokers().join(','),
+      ZG_KAFKA_PREFIX: `${uniqueName('bb')}.`,
+      ZG_KAFKA_PARTITIONS: '2',
+      ZG_SMTP_URL: `smtp://127.0.0.1:${smtpPort}`,
+    });
+  }
+  Object.assign(env, extraEnv);
+
+  const child: ChildProcess = spawn(process.execPath, [join(ROOT, 'dist/main.js')], { env, stdio: ['ignore', 'pipe', 'pipe'] });
+  let stderr = '';
+  child.stderr?.on('data', (d: Buffer) => (stderr += d.toString()));
+  const exited = new Promise<number | null>((ok) => child.once('exit', (code) => ok(code)));
+
+  const address = await new Promise<string>((ok, fail) => {
+    const timer = setTimeout(() => fail(new Error(`server did not start within 60 s\n${stderr}`)), 60_000);
+    void exited.then((code) => fail(new Error(`server exited with ${code}\n${stderr}`)));
+    createInterface({ input: child.stdout! }).on('line', (line) => {
+      let parsed: Record<string, unknown>;
+      try {
+        parsed = JSON.parse(line) as Record<string, unknown>;
+      } catch {
+        return;
+      }
+      lines.push(parsed);
+      if (parsed.msg === 'verification code' && typeof parsed.code === 'string') {
+        delivered.push({ identifier: String(parsed.identifier), scene: String(parsed.scene), code: parsed.code, at: Date.now() });
+        notify();
+      }
+      if (parsed.msg === 'zhiguang started' && typeof parsed.address === 'string') {
+        clearTimeout(timer);
+        ok(parsed.address);
+      }
+    });
+  });
+
+  return {
+    profile,
+    baseUrl: address,
+    privateKeyPem,
+    issuer,
+    logLines: () => lines,
+    async codeFor(identifier, scene, since = 0) {
+      const find = () => delivered.findLast((d) => d.identifier === identifier && d.scene === scene && d.at >= since)?.code;
+      const deadline = Date.now() + 10_000;
+      for (;;) {
+        const code = find();
+        if (code) return code;
+        if (Date.now() > deadline) throw new Error(`no ${scene} code delivered to ${identifier}`);
+        await new Promise<void>((ok) => {
+          const t = setTimeout(ok, 200);
+          waiters.add(() => {
+            clearTimeout(t);
+            ok();
+          });
+        });
+        waiters.clear();
+      }
+    },
+    async stop() {
+      if (child.exitCode === null) {
+        child.kill('SIGTERM');
+        const code = await Promise.race([exited, new Promise<'timeout'>((ok) => setTimeout(() => ok('timeout'), 15_000))]);
+        if (code === 'timeout') child.kill('SIGKILL');
+      }
+      for (const cleanup of cleanups.reverse()) await cleanup();
+    },
+  };
+}
+
+/** A small JSON client for one server. */
+export class Client {
+  constructor(private readonly baseUrl: string) {}
+
+  async call(
+    method: string,
+    path: string,
+    options: { body?: unknown; raw?: string | Buffer | FormData; token?: string | undefined; headers?: Record<string, string> } = {},
+  ): Promise<{ status: number; body: any; headers: Headers }> {
+    const headers: Record<string, string> = { ...options.headers };
+    if (options.token) headers.authorization = `Bearer ${options.token}`;
+    let body: string | Buffer | FormData | undefined;
+    if (options.raw !== undefined) body = options.raw;
+    else if (options.body !== undefined) {
+      body = JSON.stringify(options.body);
+      headers['content-type'] ??= 'application/json';
+    }
+    const init: RequestInit = { method, headers };
+    if (body !== undefined) init.body = body as NonNullable<RequestInit['body']>;
+    const response = await fetch(`${this.baseUrl}${path}`, init);
+    const text = await response.text();
+    let parsed: unknown = text;
+    try {
+      parsed = text ? JSON.parse(text) : null;
+    } catch {
+      // not JSON; keep the text
+    }
+    return { status: response.status, body: parsed, headers: response.headers };
+  }
+}
+
+let counter = 0;
+/** An identifier no other test uses. */
+export function newEmail(): string {
+  return `u${Date.now().toString(36)}${(counter++).toString(36)}${Math.random().toString(36).slice(2, 6)}@example.test`;
+}
+
+export function newPhone(): string {
+  return `1${String(Math.floor(Math.random() * 1e10)).padStart(10, '0')}`;
+}
+
+export interface SignedUp {
+  identifier: string;
+  password: string;
+  userId: number;
+  accessToken: string;
+  refreshToken: string;
+}
+
+/** Registers a fresh user through the public API, the way a person would. */
+export async function signUp(server: Server, client: Client, password = 'secret123'): Promise<SignedUp> {
+  const identifier = newEmail();
+  const since = Date.now();
+  const sent = await client.call('POST', '/api/v1/auth/send-code', { body: { scene: 'REGISTER', identifierType: 'EMAIL', identifier } });
+  if (sent.status !== 200) throw new Error(`send-code failed: ${sent.status} ${JSON.stringify(sent.body)}`);
+  const code = await server.codeFor(identifier, 'REGISTER', since);
+  const reg = await client.call('POST', '/api/v1/auth/register', {
+    body: { identifierType: 'EMAIL', identifier, code, password, agreeTerms: true },
+  });
+  if (reg.status !== 200) throw new Error(`register failed: ${reg.status} ${JSON.stringify(reg.body)}`);
+  return {
+    identifier,
+    password,
+    userId: reg.body.user.id,
+    accessToken: reg.body.token.accessToken,
+    refreshToken: reg.body.token.refreshToken,
+  };
+}

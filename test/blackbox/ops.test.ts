@@ -1,0 +1,52 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { Client, startServer, type ProfileName, type Server } from './harness.js';
+
+describe.each<ProfileName>(['embedded', 'cluster'])('operations (%s profile)', (profile) => {
+  let server: Server;
+  let client: Client;
+
+  beforeAll(async () => {
+    server = await startServer(profile);
+    client = new Client(server.baseUrl);
+  });
+  afterAll(async () => server?.stop());
+
+  it('reports liveness and readiness of every dependency', async () => {
+    expect((await client.call('GET', '/healthz')).body).toEqual({ status: 'ok' });
+    const ready = await client.call('GET', '/readyz');
+    expect(ready.status).toBe(200);
+    const expected = profile === 'embedded' ? ['database'] : ['database', 'kafka', 'redis'];
+    expect(Object.keys(ready.body.checks).sort()).toEqual(expected);
+    expect(Object.values(ready.body.checks).every((s) => s === 'ok')).toBe(true);
+  });
+
+  it('exports Prometheus metrics, including request durations by route', async () => {
+    await client.call('GET', '/healthz');
+    const res = await fetch(`${server.baseUrl}/metrics`);
+    const text = await res.text();
+    expect(res.headers.get('content-type')).toContain('text/plain');
+    expect(text).toMatch(/zg_http_request_duration_seconds_count\{method="GET",route="\/healthz",status="200"\} \d+/);
+    expect(text).toContain('process_cpu_seconds_total');
+  });
+
+  it('serves the OpenAPI document and its UI', async () => {
+    const doc = await client.call('GET', '/openapi.json');
+    expect(doc.status).toBe(200);
+    expect(doc.body.openapi).toMatch(/^3\./);
+    for (const path of ['/api/v1/auth/register', '/api/v1/auth/login', '/api/v1/auth/me', '/api/v1/profile', '/api/v1/profile/{userId}', '/.well-known/jwks.json']) {
+      expect(Object.keys(doc.body.paths)).toContain(path);
+    }
+    const ui = await fetch(`${server.baseUrl}/docs/`);
+    expect(ui.status).toBe(200);
+    expect(await ui.text()).toContain('<html');
+  });
+
+  it('carries a request id on every answer, also in errors', async () => {
+    const res = await client.call('GET', '/api/v1/auth/me', { headers: { 'x-request-id': 'trace-abc-123' } });
+    expect(res.headers.get('x-request-id')).toBe('trace-abc-123');
+    expect(res.body.requestId).toBe('trace-abc-123');
+    const cors = await fetch(`${server.baseUrl}/api/v1/auth/login`, { method: 'OPTIONS', headers: { origin: 'http://example.test', 'access-control-request-method': 'PATCH' } });
+    expect(cors.status).toBeLessThan(300);
+    expect(cors.headers.get('access-control-allow-methods')).toContain('PATCH');
+  });
+});

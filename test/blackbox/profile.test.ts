@@ -1,0 +1,106 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { Client, signUp, startServer, type ProfileName, type Server } from './harness.js';
+
+const PNG = Buffer.from(
+  'iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==',
+  'base64',
+);
+
+describe.each<ProfileName>(['embedded', 'cluster'])('profiles (%s profile)', (profile) => {
+  let server: Server;
+  let client: Client;
+
+  beforeAll(async () => {
+    server = await startServer(profile, { ZG_AVATAR_MAX_BYTES: '65536' });
+    client = new Client(server.baseUrl);
+  });
+  afterAll(async () => server?.stop());
+
+  it('edits a profile and shows the public view without phone or e-mail', async () => {
+    const alice = await signUp(server, client);
+    const bob = await signUp(server, client);
+    const zgId = `alice_${Date.now().toString(36)}`;
+    const patch = await client.call('PATCH', '/api/v1/profile', {
+      token: alice.accessToken,
+      body: { nickname: ' Alice ', bio: 'reads a lot', gender: 'FEMALE', birthday: '1999-02-03', zgId, school: 'Tongji', tagJson: '["go","rust"]', unknownField: 1 },
+    });
+    expect(patch.status).toBe(200);
+    expect(patch.body).toMatchObject({ id: alice.userId, nickname: 'Alice', bio: 'reads a lot', gender: 'FEMALE', birthday: '1999-02-03', zgId, school: 'Tongji', tagJson: '["go","rust"]', email: alice.identifier });
+    expect(patch.body.unknownField).toBeUndefined();
+
+    const publicView = await client.call('GET', `/api/v1/profile/${alice.userId}`, { token: bob.accessToken });
+    expect(publicView.status).toBe(200);
+    expect(publicView.body).toMatchObject({ id: alice.userId, nickname: 'Alice', zgId, phone: null, email: null });
+    const anonymous = await client.call('GET', `/api/v1/profile/${alice.userId}`);
+    expect(anonymous.body).toMatchObject({ nickname: 'Alice', phone: null, email: null });
+    const own = await client.call('GET', `/api/v1/profile/${alice.userId}`, { token: alice.accessToken });
+    expect(own.body.email).toBe(alice.identifier);
+    expect((await client.call('GET', '/api/v1/auth/me', { token: alice.accessToken })).body.zhId).toBe(zgId);
+
+    const taken = await client.call('PATCH', '/api/v1/profile', { token: bob.accessToken, body: { zgId } });
+    expect(taken.status).toBe(409);
+    expect(taken.body.code).toBe('CONFLICT');
+  });
+
+  it('refuses invalid profile edits and changes nothing', async () => {
+    const user = await signUp(server, client);
+    const before = (await client.call('GET', '/api/v1/auth/me', { token: user.accessToken })).body;
+    const future = new Date(Date.now() + 86_400_000 * 3).toISOString().slice(0, 10);
+    const bad = [
+      {},
+      { nickname: '' },
+      { nickname: 'x'.repeat(65) },
+      { bio: 'x'.repeat(513) },
+      { gender: 'ROBOT' },
+      { birthday: future },
+      { birthday: '2001-02-30' },
+      { zgId: 'ab' },
+      { zgId: 'has space' },
+      { school: 'x'.repeat(129) },
+      { tagJson: 'not json' },
+      { tagJson: '{"a":1}' },
+      { nickname: 42 },
+    ];
+    for (const body of bad) {
+      const res = await client.call('PATCH', '/api/v1/profile', { token: user.accessToken, body });
+      expect({ body, status: res.status, code: res.body.code }).toEqual({ body, status: 400, code: 'BAD_REQUEST' });
+    }
+    expect((await client.call('PATCH', '/api/v1/profile', { body: { nickname: 'x' } })).status).toBe(401);
+    expect((await client.call('GET', '/api/v1/auth/me', { token: user.accessToken })).body).toEqual(before);
+    expect((await client.call('GET', '/api/v1/profile/999999999')).status).toBe(404);
+    expect((await client.call('GET', '/api/v1/profile/abc')).status).toBe(400);
+  });
+
+  it('uploads an avatar and serves it back', async () => {
+    const user = await signUp(server, client);
+    const form = new FormData();
+    form.append('file', new Blob([PNG], { type: 'image/png' }), 'me.png');
+    const res = await client.call('POST', '/api/v1/profile/avatar', { token: user.accessToken, raw: form });
+    expect(res.status).toBe(200);
+    expect(res.body.avatar).toMatch(new RegExp(`/files/avatars/${user.userId}/[0-9a-f]{16}\\.png$`));
+    const image = await fetch(res.body.avatar.replace(/^https?:\/\/[^/]+/, server.baseUrl));
+    expect(image.status).toBe(200);
+    expect(image.headers.get('content-type')).toBe('image/png');
+    expect(Buffer.from(await image.arrayBuffer()).equals(PNG)).toBe(true);
+  });
+
+  it('refuses avatars that are not images, too large, or missing', async () => {
+    const user = await signUp(server, client);
+    const upload = async (bytes: Buffer, type: string, field = 'file') => {
+      const form = new FormData();
+      form.append(field, new Blob([bytes], { type }), 'x.bin');
+      return client.call('POST', '/api/v1/profile/avatar', { token: user.accessToken, raw: form });
+    };
+    const text = await upload(Buffer.from('hello'), 'image/png');
+    expect([text.status, text.body.code]).toEqual([400, 'BAD_REQUEST']);
+    const big = await upload(Buffer.concat([PNG, Buffer.alloc(70_000)]), 'image/png');
+    expect([big.status, big.body.code]).toEqual([413, 'PAYLOAD_TOO_LARGE']);
+    const wrongField = await upload(PNG, 'image/png', 'picture');
+    expect(wrongField.status).toBe(400);
+    const json = await client.call('POST', '/api/v1/profile/avatar', { token: user.accessToken, body: { file: 'x' } });
+    expect(json.status).toBeGreaterThanOrEqual(400);
+    expect(json.status).toBeLessThan(500);
+    const anonymous = await client.call('POST', '/api/v1/profile/avatar', { raw: new FormData() });
+    expect(anonymous.status).toBe(401);
+  });
+});

@@ -1,0 +1,54 @@
+import { randomBytes } from 'node:crypto';
+import { inject } from 'vitest';
+
+/**
+ * What a test may use of the shared services. The global setup has made sure each one is running
+ * and handed over its address; every test isolates itself by name (database, key prefix, topic prefix)
+ * and cleans up what it created.
+ */
+declare module 'vitest' {
+  export interface ProvidedContext {
+    redisUrl: string;
+    mysqlRootUrl: string;
+    kafkaBrokers: string;
+    runId: string;
+  }
+}
+
+export const services = {
+  redisUrl: (): string => inject('redisUrl'),
+  /** URL of the MariaDB server without a database; use `createMysqlDatabase` for a database of your own. */
+  mysqlRootUrl: (): string => inject('mysqlRootUrl'),
+  kafkaBrokers: (): string[] => inject('kafkaBrokers').split(','),
+  runId: (): string => inject('runId'),
+};
+
+/** A name unique to this run and call, safe for databases, key prefixes and topics. */
+export function uniqueName(kind: string): string {
+  return `zgt_${services.runId()}_${kind}_${randomBytes(3).toString('hex')}`;
+}
+
+export async function createMysqlDatabase(): Promise<{ url: string; name: string; drop: () => Promise<void> }> {
+  const { createConnection } = await import('mysql2/promise');
+  const name = uniqueName('db');
+  const conn = await createConnection({ uri: services.mysqlRootUrl() });
+  try {
+    await conn.query(`CREATE DATABASE \`${name}\` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin`);
+  } finally {
+    await conn.end();
+  }
+  const url = new URL(services.mysqlRootUrl());
+  url.pathname = `/${name}`;
+  return {
+    url: url.toString(),
+    name,
+    drop: async () => {
+      const c = await createConnection({ uri: services.mysqlRootUrl() });
+      try {
+        await c.query(`DROP DATABASE IF EXISTS \`${name}\``);
+      } finally {
+        await c.end();
+      }
+    },
+  };
+}
