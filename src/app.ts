@@ -39,7 +39,9 @@ export interface BuildOptions {
   now?: () => number;
 }
 
-const version = (JSON.parse(readFileSync(new URL('../package.json', import.meta.url), 'utf8')) as { version: string }).version;
+const version = (
+  JSON.parse(readFileSync(new URL('../package.json', import.meta.url), 'utf8')) as { version: string }
+).version;
 
 /** Wires the whole service for `config`: ports from the platform, services with only what they use, routes. */
 export async function buildApp(config: Config, options: BuildOptions = {}): Promise<App> {
@@ -59,7 +61,12 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
 
   const users = new UsersRepository(platform.db);
   const signingKey = await signingKeyFromPem(platform.signingKeyPem, config.jwt.keyId);
-  const signer = new TokenSigner(signingKey, config.jwt.issuer, { access: config.jwt.accessTtlSeconds, refresh: config.jwt.refreshTtlSeconds }, now);
+  const signer = new TokenSigner(
+    signingKey,
+    config.jwt.issuer,
+    { access: config.jwt.accessTtlSeconds, refresh: config.jwt.refreshTtlSeconds },
+    now,
+  );
   const sessions = new SessionStore(platform.kv, config.jwt.refreshTtlSeconds * 1000);
   const authenticator = new Authenticator(signer, sessions, config.sessionCheckCacheMs, 50_000, now);
   const guards = installAuthGuards(http, authenticator);

@@ -40,7 +40,13 @@ export function authRoutes(deps: AuthRouteDeps) {
 
     app.post(
       '/api/v1/auth/send-code',
-      { schema: { tags, body: SendCodeBody, response: { 200: SendCodeResponse, ...errorResponses(400, 409, 429, 503) } } },
+      {
+        schema: {
+          tags,
+          body: SendCodeBody,
+          response: { 200: SendCodeResponse, ...errorResponses(400, 409, 429, 503) },
+        },
+      },
       async (request) => {
         const { scene, identifierType, identifier } = request.body;
         return deps.auth.sendCode(scene, identifierType, identifier, context(request));
@@ -49,7 +55,13 @@ export function authRoutes(deps: AuthRouteDeps) {
 
     app.post(
       '/api/v1/auth/register',
-      { schema: { tags, body: RegisterBody, response: { 200: AuthResponse, ...errorResponses(400, 409, 429) } } },
+      {
+        schema: {
+          tags,
+          body: RegisterBody,
+          response: { 200: AuthResponse, ...errorResponses(400, 409, 429) },
+        },
+      },
       async (request) => {
         const { user, token } = await deps.auth.register(request.body, context(request));
         return { user: toAuthUser(user), token };
@@ -58,7 +70,9 @@ export function authRoutes(deps: AuthRouteDeps) {
 
     app.post(
       '/api/v1/auth/login',
-      { schema: { tags, body: LoginBody, response: { 200: AuthResponse, ...errorResponses(400, 401, 429) } } },
+      {
+        schema: { tags, body: LoginBody, response: { 200: AuthResponse, ...errorResponses(400, 401, 429) } },
+      },
       async (request) => {
         const { identifierType, identifier, password, code } = request.body;
         if ((password === undefined) === (code === undefined)) {
@@ -89,7 +103,13 @@ export function authRoutes(deps: AuthRouteDeps) {
 
     app.post(
       '/api/v1/auth/password/reset',
-      { schema: { tags, body: ResetPasswordBody, response: { 204: Type.Null(), ...errorResponses(400, 429) } } },
+      {
+        schema: {
+          tags,
+          body: ResetPasswordBody,
+          response: { 204: Type.Null(), ...errorResponses(400, 429) },
+        },
+      },
       async (request, reply) => {
         const { identifierType, identifier, code, newPassword } = request.body;
         await deps.auth.resetPassword(identifierType, identifier, code, newPassword, context(request));
@@ -101,7 +121,11 @@ export function authRoutes(deps: AuthRouteDeps) {
       '/api/v1/auth/me',
       {
         preHandler: deps.guards.required,
-        schema: { tags, security: [{ bearerAuth: [] }], response: { 200: AuthUserResponse, ...errorResponses(401, 404) } },
+        schema: {
+          tags,
+          security: [{ bearerAuth: [] }],
+          response: { 200: AuthUserResponse, ...errorResponses(401, 404) },
+        },
       },
       async (request) => {
         const user = await deps.users.findById(principalOf(request).userId);
@@ -112,7 +136,12 @@ export function authRoutes(deps: AuthRouteDeps) {
 
     app.get(
       '/.well-known/jwks.json',
-      { schema: { tags, response: { 200: Type.Object({ keys: Type.Array(Type.Record(Type.String(), Type.Unknown())) }) } } },
+      {
+        schema: {
+          tags,
+          response: { 200: Type.Object({ keys: Type.Array(Type.Record(Type.String(), Type.Unknown())) }) },
+        },
+      },
       async (_request, reply) => {
         void reply.header('cache-control', 'public, max-age=300');
         return { keys: deps.jwks };

@@ -2,14 +2,26 @@ import { Type } from 'typebox';
 import { Nullable } from '../platform/http/schemas.js';
 
 export const IdentifierType = Type.Union([Type.Literal('PHONE'), Type.Literal('EMAIL')]);
-export const Scene = Type.Union([Type.Literal('REGISTER'), Type.Literal('LOGIN'), Type.Literal('RESET_PASSWORD')]);
+export const Scene = Type.Union([
+  Type.Literal('REGISTER'),
+  Type.Literal('LOGIN'),
+  Type.Literal('RESET_PASSWORD'),
+]);
 const Identifier = Type.String({ minLength: 1, maxLength: 320 });
 const Code = Type.String({ minLength: 1, maxLength: 16 });
 const Password = Type.String({ minLength: 1, maxLength: 128 });
 const Token = Type.String({ minLength: 1, maxLength: 4096 });
 
-export const SendCodeBody = Type.Object({ scene: Scene, identifierType: IdentifierType, identifier: Identifier });
-export const SendCodeResponse = Type.Object({ identifier: Type.String(), scene: Scene, expireSeconds: Type.Integer() });
+export const SendCodeBody = Type.Object({
+  scene: Scene,
+  identifierType: IdentifierType,
+  identifier: Identifier,
+});
+export const SendCodeResponse = Type.Object({
+  identifier: Type.String(),
+  scene: Scene,
+  expireSeconds: Type.Integer(),
+});
 
 export const RegisterBody = Type.Object({
   identifierType: IdentifierType,
@@ -36,29 +48,25 @@ export const ResetPasswordBody = Type.Object({
   newPassword: Password,
 });
 
-export const TokenResponse = Type.Object(
-  {
-    accessToken: Type.String(),
-    accessTokenExpiresAt: Type.String({ format: 'date-time' }),
-    refreshToken: Type.String(),
-    refreshTokenExpiresAt: Type.String({ format: 'date-time' }),
-  },
-);
+export const TokenResponse = Type.Object({
+  accessToken: Type.String(),
+  accessTokenExpiresAt: Type.String({ format: 'date-time' }),
+  refreshToken: Type.String(),
+  refreshTokenExpiresAt: Type.String({ format: 'date-time' }),
+});
 
-export const AuthUserResponse = Type.Object(
-  {
-    id: Type.Integer(),
-    nickname: Type.String(),
-    avatar: Type.String(),
-    phone: Nullable(Type.String()),
-    email: Nullable(Type.String()),
-    zhId: Type.String(),
-    birthday: Nullable(Type.String()),
-    school: Nullable(Type.String()),
-    bio: Nullable(Type.String()),
-    gender: Type.String(),
-    tagJson: Type.String(),
-  },
-);
+export const AuthUserResponse = Type.Object({
+  id: Type.Integer(),
+  nickname: Type.String(),
+  avatar: Type.String(),
+  phone: Nullable(Type.String()),
+  email: Nullable(Type.String()),
+  zhId: Type.String(),
+  birthday: Nullable(Type.String()),
+  school: Nullable(Type.String()),
+  bio: Nullable(Type.String()),
+  gender: Type.String(),
+  tagJson: Type.String(),
+});
 
 export const AuthResponse = Type.Object({ user: AuthUserResponse, token: TokenResponse });

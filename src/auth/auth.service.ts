@@ -40,9 +40,14 @@ export interface AuthLimits {
 export class AuthError extends AppError {}
 
 const invalidCredentials = () => new AuthError('INVALID_CREDENTIALS', 'Wrong account or password', 401);
-const refreshInvalid = () => new AuthError('REFRESH_TOKEN_INVALID', 'The refresh token is invalid, expired or revoked', 401);
+const refreshInvalid = () =>
+  new AuthError('REFRESH_TOKEN_INVALID', 'The refresh token is invalid, expired or revoked', 401);
 const passwordPolicy = () =>
-  new AuthError('PASSWORD_POLICY_VIOLATION', 'The password needs at least 8 characters with a letter and a digit', 400);
+  new AuthError(
+    'PASSWORD_POLICY_VIOLATION',
+    'The password needs at least 8 characters with a letter and a digit',
+    400,
+  );
 
 /**
  * Sign-up, sign-in, token rotation, sign-out and password reset. Answers never tell whether an
@@ -67,17 +72,25 @@ export class AuthService {
     const identifier = normalizeIdentifier(type, rawIdentifier);
     await this.limitIp('send', ctx);
     const existing = await this.users.findByIdentifier(type, identifier);
-    if (scene === 'REGISTER' && existing) throw new ConflictError('This identifier is already registered', 'IDENTIFIER_EXISTS');
+    if (scene === 'REGISTER' && existing)
+      throw new ConflictError('This identifier is already registered', 'IDENTIFIER_EXISTS');
     const deliver = scene === 'REGISTER' || existing !== undefined;
     await this.verification.send(scene, type, identifier, deliver);
     return { identifier, scene, expireSeconds: CODE_TTL_SECONDS };
   }
 
   async register(
-    input: { identifierType: IdentifierType; identifier: string; code: string; password?: string | undefined; agreeTerms: boolean },
+    input: {
+      identifierType: IdentifierType;
+      identifier: string;
+      code: string;
+      password?: string | undefined;
+      agreeTerms: boolean;
+    },
     ctx: RequestContext,
   ) {
-    if (input.agreeTerms !== true) throw new AuthError('TERMS_NOT_ACCEPTED', 'The terms must be accepted', 400);
+    if (input.agreeTerms !== true)
+      throw new AuthError('TERMS_NOT_ACCEPTED', 'The terms must be accepted', 400);
     const identifier = normalizeIdentifier(input.identifierType, input.identifier);
     if (input.password !== undefined && !meetsPasswordPolicy(input.password)) throw passwordPolicy();
     if (await this.users.findByIdentifier(input.identifierType, identifier)) {
@@ -90,22 +103,49 @@ export class AuthService {
     return { user, token: await this.issue(user.id) };
   }
 
-  async loginWithPassword(type: IdentifierType, rawIdentifier: string, password: string, ctx: RequestContext) {
+  async loginWithPassword(
+    type: IdentifierType,
+    rawIdentifier: string,
+    password: string,
+    ctx: RequestContext,
+  ) {
     const identifier = normalizeIdentifier(type, rawIdentifier);
     await this.limitIp('login', ctx);
-    const perIdentifier = await this.limiter.hit(`login:id:${identifier}`, this.limits.passwordPerIdentifier, this.limits.windowMs);
+    const perIdentifier = await this.limiter.hit(
+      `login:id:${identifier}`,
+      this.limits.passwordPerIdentifier,
+      this.limits.windowMs,
+    );
     if (!perIdentifier.allowed) {
-      await this.record({ userId: null, identifier, channel: 'PASSWORD', success: false, reason: 'RATE_LIMITED' }, ctx);
-      throw new RateLimitedError('Too many sign-in attempts; try again later', perIdentifier.retryAfterMs / 1000);
+      await this.record(
+        { userId: null, identifier, channel: 'PASSWORD', success: false, reason: 'RATE_LIMITED' },
+        ctx,
+      );
+      throw new RateLimitedError(
+        'Too many sign-in attempts; try again later',
+        perIdentifier.retryAfterMs / 1000,
+      );
     }
     const user = await this.users.findByIdentifier(type, identifier);
     if (!user || user.password_hash === null) {
       await this.hasher.burn(password);
-      await this.record({ userId: user?.id ?? null, identifier, channel: 'PASSWORD', success: false, reason: 'INVALID_CREDENTIALS' }, ctx);
+      await this.record(
+        {
+          userId: user?.id ?? null,
+          identifier,
+          channel: 'PASSWORD',
+          success: false,
+          reason: 'INVALID_CREDENTIALS',
+        },
+        ctx,
+      );
       throw invalidCredentials();
     }
     if (!(await this.hasher.verify(password, user.password_hash))) {
-      await this.record({ userId: user.id, identifier, channel: 'PASSWORD', success: false, reason: 'INVALID_CREDENTIALS' }, ctx);
+      await this.record(
+        { userId: user.id, identifier, channel: 'PASSWORD', success: false, reason: 'INVALID_CREDENTIALS' },
+        ctx,
+      );
       throw invalidCredentials();
     }
     await this.limiter.reset(`login:id:${identifier}`);
@@ -125,7 +165,10 @@ export class AuthService {
     const user = await this.users.findByIdentifier(type, identifier);
     if (!user) {
       // A code is only ever sent to existing accounts for LOGIN; this is a deleted account.
-      await this.record({ userId: null, identifier, channel: 'CODE', success: false, reason: 'INVALID_CREDENTIALS' }, ctx);
+      await this.record(
+        { userId: null, identifier, channel: 'CODE', success: false, reason: 'INVALID_CREDENTIALS' },
+        ctx,
+      );
       throw invalidCredentials();
     }
     await this.record({ userId: user.id, identifier, channel: 'CODE', success: true, reason: null }, ctx);
@@ -139,7 +182,13 @@ export class AuthService {
     if (outcome !== 'ok') {
       if (outcome === 'reused') this.authenticator.forgetSession(claims.sid);
       await this.record(
-        { userId: claims.userId, identifier: `user:${claims.userId}`, channel: 'REFRESH', success: false, reason: outcome === 'reused' ? 'REFRESH_TOKEN_REUSED' : 'REFRESH_TOKEN_INVALID' },
+        {
+          userId: claims.userId,
+          identifier: `user:${claims.userId}`,
+          channel: 'REFRESH',
+          success: false,
+          reason: outcome === 'reused' ? 'REFRESH_TOKEN_REUSED' : 'REFRESH_TOKEN_INVALID',
+        },
         ctx,
       );
       throw refreshInvalid();
@@ -154,13 +203,22 @@ export class AuthService {
     this.authenticator.forgetSession(claims.sid);
   }
 
-  async resetPassword(type: IdentifierType, rawIdentifier: string, code: string, newPassword: string, ctx: RequestContext) {
+  async resetPassword(
+    type: IdentifierType,
+    rawIdentifier: string,
+    code: string,
+    newPassword: string,
+    ctx: RequestContext,
+  ) {
     const identifier = normalizeIdentifier(type, rawIdentifier);
     if (!meetsPasswordPolicy(newPassword)) throw passwordPolicy();
     await this.verification.verify('RESET_PASSWORD', identifier, code);
     const user = await this.users.findByIdentifier(type, identifier);
     if (!user) throw new BadRequestError('No valid code; ask for a new one', 'VERIFICATION_NOT_FOUND');
-    await this.users.update(user.id, { password_hash: await this.hasher.hash(newPassword), updated_at: this.now() });
+    await this.users.update(user.id, {
+      password_hash: await this.hasher.hash(newPassword),
+      updated_at: this.now(),
+    });
     await this.sessions.endAll(user.id);
     this.authenticator.forgetAllSessions();
     await this.record({ userId: user.id, identifier, channel: 'RESET', success: true, reason: null }, ctx);
@@ -185,7 +243,11 @@ export class AuthService {
     };
   }
 
-  private async createUser(type: IdentifierType, identifier: string, passwordHash: string | null): Promise<UserRow> {
+  private async createUser(
+    type: IdentifierType,
+    identifier: string,
+    passwordHash: string | null,
+  ): Promise<UserRow> {
     for (let attempt = 0; ; attempt++) {
       const now = this.now();
       try {
@@ -215,8 +277,16 @@ export class AuthService {
 
   private async limitIp(action: string, ctx: RequestContext): Promise<void> {
     if (!ctx.ip) return;
-    const decision = await this.limiter.hit(`auth:${action}:ip:${ctx.ip}`, this.limits.perIp, this.limits.windowMs);
-    if (!decision.allowed) throw new RateLimitedError('Too many requests from this address; try again later', decision.retryAfterMs / 1000);
+    const decision = await this.limiter.hit(
+      `auth:${action}:ip:${ctx.ip}`,
+      this.limits.perIp,
+      this.limits.windowMs,
+    );
+    if (!decision.allowed)
+      throw new RateLimitedError(
+        'Too many requests from this address; try again later',
+        decision.retryAfterMs / 1000,
+      );
   }
 
   private record(attempt: Omit<LoginAttempt, 'ip' | 'userAgent'>, ctx: RequestContext): Promise<void> {

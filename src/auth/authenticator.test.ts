@@ -10,28 +10,73 @@ import { TokenSigner } from './tokens.js';
 class MapKv implements KeyValueStore {
   readonly data = new Map<string, string>();
   calls = 0;
-  async get(k: string) { this.calls++; return this.data.get(k) ?? null; }
-  async mget(ks: readonly string[]) { this.calls++; return ks.map((k) => this.data.get(k) ?? null); }
-  async set(k: string, v: string) { this.calls++; this.data.set(k, v); }
-  async setIfAbsent(k: string, v: string) { this.calls++; if (this.data.has(k)) return false; this.data.set(k, v); return true; }
-  async getDel(k: string) { this.calls++; const v = this.data.get(k) ?? null; this.data.delete(k); return v; }
-  async delete(k: string) { this.calls++; return this.data.delete(k); }
-  async incr(k: string, by = 1) { this.calls++; const n = Number(this.data.get(k) ?? 0) + by; this.data.set(k, String(n)); return n; }
-  async ttl(k: string) { return this.data.has(k) ? -1 : null; }
+  async get(k: string) {
+    this.calls++;
+    return this.data.get(k) ?? null;
+  }
+  async mget(ks: readonly string[]) {
+    this.calls++;
+    return ks.map((k) => this.data.get(k) ?? null);
+  }
+  async set(k: string, v: string) {
+    this.calls++;
+    this.data.set(k, v);
+  }
+  async setIfAbsent(k: string, v: string) {
+    this.calls++;
+    if (this.data.has(k)) return false;
+    this.data.set(k, v);
+    return true;
+  }
+  async getDel(k: string) {
+    this.calls++;
+    const v = this.data.get(k) ?? null;
+    this.data.delete(k);
+    return v;
+  }
+  async delete(k: string) {
+    this.calls++;
+    return this.data.delete(k);
+  }
+  async incr(k: string, by = 1) {
+    this.calls++;
+    const n = Number(this.data.get(k) ?? 0) + by;
+    this.data.set(k, String(n));
+    return n;
+  }
+  async ttl(k: string) {
+    return this.data.has(k) ? -1 : null;
+  }
 }
 
 async function setup(sessionCheckMs = 1000) {
-  const pem = generateKeyPairSync('rsa', { modulusLength: 2048 }).privateKey.export({ type: 'pkcs8', format: 'pem' }).toString();
+  const pem = generateKeyPairSync('rsa', { modulusLength: 2048 })
+    .privateKey.export({ type: 'pkcs8', format: 'pem' })
+    .toString();
   let now = 1_800_000_000_000;
   const clock = () => now;
-  const signer = new TokenSigner(await signingKeyFromPem(pem), 'zg', { access: 900, refresh: 604_800 }, clock);
+  const signer = new TokenSigner(
+    await signingKeyFromPem(pem),
+    'zg',
+    { access: 900, refresh: 604_800 },
+    clock,
+  );
   const kv = new MapKv();
   const sessions = new SessionStore(kv, 604_800_000);
   const sut = new Authenticator(signer, sessions, sessionCheckMs, 100, clock);
   const { sid, ver } = await sessions.open(7);
   const access = await signer.sign('access', 7, sid, ver);
   const refresh = await signer.sign('refresh', 7, sid, ver);
-  return { sut, signer, sessions, kv, sid, access: access.token, refresh: refresh.token, advance: (ms: number) => (now += ms) };
+  return {
+    sut,
+    signer,
+    sessions,
+    kv,
+    sid,
+    access: access.token,
+    refresh: refresh.token,
+    advance: (ms: number) => (now += ms),
+  };
 }
 
 describe(Authenticator.name, () => {
@@ -86,7 +131,10 @@ describe(Authenticator.name, () => {
       const { sid, ver } = await sessions.open(100 + i);
       await sut.authenticate((await signer.sign('access', 100 + i, sid, ver)).token);
     }
-    const internals = sut as unknown as { verified: Map<string, unknown>; sessionChecks: Map<string, unknown> };
+    const internals = sut as unknown as {
+      verified: Map<string, unknown>;
+      sessionChecks: Map<string, unknown>;
+    };
     expect(internals.verified.size).toBeLessThanOrEqual(100);
     expect(internals.sessionChecks.size).toBeLessThanOrEqual(100);
   });
@@ -97,7 +145,9 @@ describe(SessionStore.name, () => {
     const { sessions, signer, sid } = await setup();
     const { jti } = await signer.sign('refresh', 7, sid, 0);
     await sessions.allowRefresh(sid, jti);
-    const outcomes = await Promise.all(Array.from({ length: 10 }, () => sessions.takeRefresh(sid, jti, 7, 0)));
+    const outcomes = await Promise.all(
+      Array.from({ length: 10 }, () => sessions.takeRefresh(sid, jti, 7, 0)),
+    );
     expect(outcomes.filter((o) => o === 'ok')).toHaveLength(1);
   });
 

@@ -17,7 +17,10 @@ export interface Principal {
  */
 export class Authenticator {
   private readonly verified = new Map<string, TokenClaims>();
-  private readonly sessionChecks = new Map<string, { active: boolean; at: number; userId: number; ver: number }>();
+  private readonly sessionChecks = new Map<
+    string,
+    { active: boolean; at: number; userId: number; ver: number }
+  >();
 
   constructor(
     private readonly signer: TokenSigner,
@@ -61,11 +64,21 @@ export class Authenticator {
   private async sessionActive(claims: TokenClaims): Promise<boolean> {
     const now = this.now();
     const cached = this.sessionChecks.get(claims.sid);
-    if (cached && cached.userId === claims.userId && cached.ver === claims.ver && now - cached.at < this.sessionCheckMs) {
+    if (
+      cached &&
+      cached.userId === claims.userId &&
+      cached.ver === claims.ver &&
+      now - cached.at < this.sessionCheckMs
+    ) {
       return cached.active;
     }
     const active = await this.sessions.isActive(claims.sid, claims.userId, claims.ver);
-    this.remember(this.sessionChecks, claims.sid, { active, at: now, userId: claims.userId, ver: claims.ver });
+    this.remember(this.sessionChecks, claims.sid, {
+      active,
+      at: now,
+      userId: claims.userId,
+      ver: claims.ver,
+    });
     return active;
   }
 

@@ -8,6 +8,9 @@ const EMAIL = /^[^\s@]{1,64}@[^\s@]+\.[^\s@]{2,}$/;
 export function normalizeIdentifier(type: IdentifierType, raw: string): string {
   const value = type === 'EMAIL' ? raw.trim().toLowerCase() : raw.trim();
   const ok = type === 'PHONE' ? PHONE.test(value) : EMAIL.test(value) && value.length <= 254;
-  if (!ok) throw new BadRequestError(`body.identifier is not a valid ${type === 'PHONE' ? 'phone number' : 'e-mail address'}`);
+  if (!ok)
+    throw new BadRequestError(
+      `body.identifier is not a valid ${type === 'PHONE' ? 'phone number' : 'e-mail address'}`,
+    );
   return value;
 }

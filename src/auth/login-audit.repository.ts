@@ -33,7 +33,10 @@ export class LoginAuditRepository {
       .execute();
   }
 
-  async forUser(userId: number, limit = 50): Promise<{ channel: string; success: number; reason: string | null }[]> {
+  async forUser(
+    userId: number,
+    limit = 50,
+  ): Promise<{ channel: string; success: number; reason: string | null }[]> {
     return this.db.kysely
       .selectFrom('login_audit')
       .select(['channel', 'success', 'reason'])
@@ -43,7 +46,10 @@ export class LoginAuditRepository {
       .execute();
   }
 
-  async forIdentifier(identifier: string, limit = 50): Promise<{ channel: string; success: number; reason: string | null }[]> {
+  async forIdentifier(
+    identifier: string,
+    limit = 50,
+  ): Promise<{ channel: string; success: number; reason: string | null }[]> {
     return this.db.kysely
       .selectFrom('login_audit')
       .select(['channel', 'success', 'reason'])

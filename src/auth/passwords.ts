@@ -35,7 +35,12 @@ export class PasswordHasher {
 
   private derive(password: string, salt: Buffer, log2N: number, r: number, p: number): Promise<Buffer> {
     const N = 2 ** log2N;
-    return scrypt(password.normalize('NFKC'), salt, KEY_LENGTH, { N, r, p, maxmem: 256 * N * r + 1024 * 1024 });
+    return scrypt(password.normalize('NFKC'), salt, KEY_LENGTH, {
+      N,
+      r,
+      p,
+      maxmem: 256 * N * r + 1024 * 1024,
+    });
   }
 }
 

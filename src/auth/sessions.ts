@@ -39,7 +39,12 @@ export class SessionStore {
    * Takes a refresh token for rotation. 'ok' for exactly one caller per token; 'reused' when the
    * token was already rotated (the family is then ended); 'invalid' otherwise.
    */
-  async takeRefresh(sid: string, jti: string, userId: number, ver: number): Promise<'ok' | 'reused' | 'invalid'> {
+  async takeRefresh(
+    sid: string,
+    jti: string,
+    userId: number,
+    ver: number,
+  ): Promise<'ok' | 'reused' | 'invalid'> {
     const taken = await this.kv.getDel(`auth:rt:${jti}`);
     if (taken === null) {
       if ((await this.kv.get(`auth:rtu:${jti}`)) !== null) {
@@ -48,9 +53,11 @@ export class SessionStore {
       }
       return 'invalid';
     }
+    // Check the family before marking the token as rotated: a concurrent caller that then sees the
+    // marker and ends the family cannot turn this winner's answer into a failure half-way.
+    const active = taken === sid && (await this.isActive(sid, userId, ver));
     await this.kv.set(`auth:rtu:${jti}`, sid, this.refreshTtlMs);
-    if (taken !== sid || !(await this.isActive(sid, userId, ver))) return 'invalid';
-    return 'ok';
+    return active ? 'ok' : 'invalid';
   }
 
   async isActive(sid: string, userId: number, ver: number): Promise<boolean> {

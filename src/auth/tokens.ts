@@ -57,7 +57,12 @@ export class TokenSigner {
       });
       const userId = Number(payload.sub);
       if (payload.typ !== typ || !Number.isSafeInteger(userId) || userId <= 0) return null;
-      if (typeof payload.sid !== 'string' || typeof payload.ver !== 'number' || typeof payload.jti !== 'string') return null;
+      if (
+        typeof payload.sid !== 'string' ||
+        typeof payload.ver !== 'number' ||
+        typeof payload.jti !== 'string'
+      )
+        return null;
       if (typeof payload.exp !== 'number') return null;
       return { userId, sid: payload.sid, ver: payload.ver, jti: payload.jti, typ, exp: payload.exp };
     } catch (err) {

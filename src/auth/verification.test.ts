@@ -39,7 +39,11 @@ describe(VerificationService.name, () => {
   });
   afterEach(async () => db.close());
 
-  const errorCode = (p: Promise<unknown>) => p.then(() => 'ok', (e: { code?: string }) => e.code ?? 'unknown');
+  const errorCode = (p: Promise<unknown>) =>
+    p.then(
+      () => 'ok',
+      (e: { code?: string }) => e.code ?? 'unknown',
+    );
 
   it('sends six-digit codes that verify once', async () => {
     await sut.send('LOGIN', 'EMAIL', 'a@b.cd', true);
@@ -82,7 +86,8 @@ describe(VerificationService.name, () => {
     await sut.send('LOGIN', 'EMAIL', 'a@b.cd', true);
     const code = sender.last();
     const wrong = code === '000000' ? '000001' : '000000';
-    for (let i = 0; i < 5; i++) expect(await errorCode(sut.verify('LOGIN', 'a@b.cd', wrong))).toBe('VERIFICATION_MISMATCH');
+    for (let i = 0; i < 5; i++)
+      expect(await errorCode(sut.verify('LOGIN', 'a@b.cd', wrong))).toBe('VERIFICATION_MISMATCH');
     expect(await errorCode(sut.verify('LOGIN', 'a@b.cd', code))).toBe('VERIFICATION_TOO_MANY_ATTEMPTS');
     // a new code starts a fresh count
     now += 61_000;
@@ -94,7 +99,9 @@ describe(VerificationService.name, () => {
     await sut.send('LOGIN', 'EMAIL', 'a@b.cd', true);
     const code = sender.last();
     const wrong = code === '000000' ? '000001' : '000000';
-    const results = await Promise.all(Array.from({ length: 20 }, () => errorCode(sut.verify('LOGIN', 'a@b.cd', wrong))));
+    const results = await Promise.all(
+      Array.from({ length: 20 }, () => errorCode(sut.verify('LOGIN', 'a@b.cd', wrong))),
+    );
     expect(results.filter((r) => r === 'VERIFICATION_MISMATCH')).toHaveLength(5);
     expect(results.filter((r) => r === 'VERIFICATION_TOO_MANY_ATTEMPTS')).toHaveLength(15);
     expect(await errorCode(sut.verify('LOGIN', 'a@b.cd', code))).toBe('VERIFICATION_TOO_MANY_ATTEMPTS');

@@ -29,17 +29,30 @@ export class VerificationService {
   ) {}
 
   /** `deliver: false` runs the same limits without creating or sending a code (unknown accounts). */
-  async send(scene: Scene, identifierType: IdentifierType, identifier: string, deliver: boolean): Promise<void> {
+  async send(
+    scene: Scene,
+    identifierType: IdentifierType,
+    identifier: string,
+    deliver: boolean,
+  ): Promise<void> {
     const id = `${scene}:${identifier}`;
     const day = Math.floor(this.now() / DAY_MS);
     const dailyKey = `vc:day:${id}:${day}`;
     const sentToday = Number((await this.kv.get(dailyKey)) ?? 0);
     if (sentToday >= DAILY_LIMIT) {
-      throw new RateLimitedError('Daily verification code limit reached', secondsUntil(DAY_MS - (this.now() % DAY_MS)), 'VERIFICATION_DAILY_LIMIT');
+      throw new RateLimitedError(
+        'Daily verification code limit reached',
+        secondsUntil(DAY_MS - (this.now() % DAY_MS)),
+        'VERIFICATION_DAILY_LIMIT',
+      );
     }
     if (!(await this.kv.setIfAbsent(`vc:gap:${id}`, '1', SEND_INTERVAL_MS))) {
       const left = (await this.kv.ttl(`vc:gap:${id}`)) ?? SEND_INTERVAL_MS;
-      throw new RateLimitedError('A code was sent recently; wait before asking again', secondsUntil(left), 'VERIFICATION_RATE_LIMIT');
+      throw new RateLimitedError(
+        'A code was sent recently; wait before asking again',
+        secondsUntil(left),
+        'VERIFICATION_RATE_LIMIT',
+      );
     }
     await this.kv.incr(dailyKey, 1, DAY_MS + 3_600_000);
     if (!deliver) return;
@@ -52,7 +65,9 @@ export class VerificationService {
     } catch (err) {
       await this.kv.delete(`vc:code:${id}`);
       await this.kv.delete(`vc:gap:${id}`);
-      throw new UnavailableError('The verification code could not be delivered; try again later', { cause: err });
+      throw new UnavailableError('The verification code could not be delivered; try again later', {
+        cause: err,
+      });
     }
   }
 
@@ -62,10 +77,15 @@ export class VerificationService {
     const tries = await this.kv.incr(`vc:tries:${id}`, 1, CODE_TTL_SECONDS * 1000);
     if (tries > MAX_ATTEMPTS) {
       await this.kv.delete(`vc:code:${id}`);
-      throw new RateLimitedError('Too many wrong codes; ask for a new one', undefined, 'VERIFICATION_TOO_MANY_ATTEMPTS');
+      throw new RateLimitedError(
+        'Too many wrong codes; ask for a new one',
+        undefined,
+        'VERIFICATION_TOO_MANY_ATTEMPTS',
+      );
     }
     const stored = await this.kv.get(`vc:code:${id}`);
-    if (stored === null) throw new VerificationError('VERIFICATION_NOT_FOUND', 'No valid code; ask for a new one');
+    if (stored === null)
+      throw new VerificationError('VERIFICATION_NOT_FOUND', 'No valid code; ask for a new one');
     if (!sameCode(stored, code)) throw new VerificationError('VERIFICATION_MISMATCH', 'The code is wrong');
     // Whoever takes the code first owns it; a concurrent second use finds nothing.
     if ((await this.kv.getDel(`vc:code:${id}`)) !== stored) {

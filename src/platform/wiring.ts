@@ -55,7 +55,10 @@ async function createEmbedded(config: Config, log: Logger): Promise<Platform> {
     await migrate(db);
     const events = new SqliteEventLog(db);
     closers.unshift(() => events.close());
-    const codeSender = new RoutingCodeSender({ EMAIL: await emailSender(config, log), PHONE: new LogCodeSender(log) });
+    const codeSender = new RoutingCodeSender({
+      EMAIL: await emailSender(config, log),
+      PHONE: new LogCodeSender(log),
+    });
     closers.unshift(async () => codeSender.close());
     return {
       db,
@@ -65,8 +68,17 @@ async function createEmbedded(config: Config, log: Logger): Promise<Platform> {
       outboxStore: new SqliteOutboxStore(db),
       storage: localStorage(config),
       codeSender,
-      signingKeyPem: config.jwt.privateKeyPem ?? loadOrCreatePem(join(config.dataDir, 'keys', 'jwt-private.pem')),
-      readiness: { database: () => db.kysely.selectFrom('users').select('id').limit(1).execute().then(() => true) },
+      signingKeyPem:
+        config.jwt.privateKeyPem ?? loadOrCreatePem(join(config.dataDir, 'keys', 'jwt-private.pem')),
+      readiness: {
+        database: () =>
+          db.kysely
+            .selectFrom('users')
+            .select('id')
+            .limit(1)
+            .execute()
+            .then(() => true),
+      },
       close: () => closeAll(closers),
     };
   } catch (err) {
@@ -83,15 +95,26 @@ async function createCluster(config: Config, log: Logger): Promise<Platform> {
     await migrate(db);
 
     const { Redis } = await import('ioredis');
-    const redis = new Redis(required(config.redisUrl, 'ZG_REDIS_URL'), { maxRetriesPerRequest: 2, enableAutoPipelining: true });
+    const redis = new Redis(required(config.redisUrl, 'ZG_REDIS_URL'), {
+      maxRetriesPerRequest: 2,
+      enableAutoPipelining: true,
+    });
     closers.unshift(async () => void (await redis.quit().catch(() => redis.disconnect())));
 
     const { KafkaEventLog } = await import('./eventlog/kafka-eventlog.js');
-    const events = new KafkaEventLog({ brokers: config.kafkaBrokers, prefix: config.kafkaPrefix, partitions: config.kafkaPartitions, clientId: 'zhiguang' });
+    const events = new KafkaEventLog({
+      brokers: config.kafkaBrokers,
+      prefix: config.kafkaPrefix,
+      partitions: config.kafkaPartitions,
+      clientId: 'zhiguang',
+    });
     closers.unshift(() => events.close());
     const { MysqlOutboxStore } = await import('./outbox/mysql-outbox-store.js');
 
-    const codeSender = new RoutingCodeSender({ EMAIL: await emailSender(config, log), PHONE: new LogCodeSender(log) });
+    const codeSender = new RoutingCodeSender({
+      EMAIL: await emailSender(config, log),
+      PHONE: new LogCodeSender(log),
+    });
     closers.unshift(async () => codeSender.close());
     return {
       db,
@@ -103,7 +126,13 @@ async function createCluster(config: Config, log: Logger): Promise<Platform> {
       codeSender,
       signingKeyPem: required(config.jwt.privateKeyPem, 'ZG_JWT_PRIVATE_KEY'),
       readiness: {
-        database: () => db.kysely.selectFrom('users').select('id').limit(1).execute().then(() => true),
+        database: () =>
+          db.kysely
+            .selectFrom('users')
+            .select('id')
+            .limit(1)
+            .execute()
+            .then(() => true),
         redis: () => redis.ping().then((r) => r === 'PONG'),
         kafka: () => events.ping(),
       },

@@ -22,8 +22,17 @@ export function profileRoutes(deps: ProfileRouteDeps) {
 
     app.patch(
       '/api/v1/profile',
-      { preHandler: deps.guards.required, schema: { tags, security, body: ProfilePatchBody, response: { 200: ProfileResponse, ...errorResponses(400, 401, 409) } } },
-      async (request) => toProfile(await deps.profiles.update(principalOf(request).userId, request.body), true),
+      {
+        preHandler: deps.guards.required,
+        schema: {
+          tags,
+          security,
+          body: ProfilePatchBody,
+          response: { 200: ProfileResponse, ...errorResponses(400, 401, 409) },
+        },
+      },
+      async (request) =>
+        toProfile(await deps.profiles.update(principalOf(request).userId, request.body), true),
     );
 
     app.post(
@@ -34,23 +43,35 @@ export function profileRoutes(deps: ProfileRouteDeps) {
           tags,
           security,
           consumes: ['multipart/form-data'],
-          description: 'multipart/form-data with one field `file`: a PNG, JPEG, GIF or WebP image of at most 5 MiB',
+          description:
+            'multipart/form-data with one field `file`: a PNG, JPEG, GIF or WebP image of at most 5 MiB',
           response: { 200: ProfileResponse, ...errorResponses(400, 401, 413) },
         },
       },
       async (request) => {
-        if (!request.isMultipart()) throw new BadRequestError('expected multipart/form-data with a file field');
+        if (!request.isMultipart())
+          throw new BadRequestError('expected multipart/form-data with a file field');
         const file = await request.file({ limits: { fileSize: deps.avatarMaxBytes, files: 1 } });
         if (!file || file.fieldname !== 'file') throw new BadRequestError('file is required');
         const bytes = await file.toBuffer();
         if (file.file.truncated) throw new PayloadTooLargeError('The avatar is too large');
-        return toProfile(await deps.profiles.setAvatar(principalOf(request).userId, bytes, file.mimetype), true);
+        return toProfile(
+          await deps.profiles.setAvatar(principalOf(request).userId, bytes, file.mimetype),
+          true,
+        );
       },
     );
 
     app.get(
       '/api/v1/profile/:userId',
-      { preHandler: deps.guards.optional, schema: { tags, params: UserIdParams, response: { 200: ProfileResponse, ...errorResponses(400, 401, 404) } } },
+      {
+        preHandler: deps.guards.optional,
+        schema: {
+          tags,
+          params: UserIdParams,
+          response: { 200: ProfileResponse, ...errorResponses(400, 401, 404) },
+        },
+      },
       async (request) => {
         const user = await deps.profiles.get(request.params.userId);
         return toProfile(user, request.principal?.userId === user.id);

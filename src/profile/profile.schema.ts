@@ -1,7 +1,12 @@
 import { Type } from 'typebox';
 import { Nullable } from '../platform/http/schemas.js';
 
-export const Gender = Type.Union([Type.Literal('MALE'), Type.Literal('FEMALE'), Type.Literal('OTHER'), Type.Literal('UNKNOWN')]);
+export const Gender = Type.Union([
+  Type.Literal('MALE'),
+  Type.Literal('FEMALE'),
+  Type.Literal('OTHER'),
+  Type.Literal('UNKNOWN'),
+]);
 
 export const ProfilePatchBody = Type.Object({
   nickname: Type.Optional(Type.String({ minLength: 1, maxLength: 64 })),
@@ -27,4 +32,6 @@ export const ProfileResponse = Type.Object({
   tagJson: Type.String(),
 });
 
-export const UserIdParams = Type.Object({ userId: Type.Integer({ minimum: 1, maximum: Number.MAX_SAFE_INTEGER }) });
+export const UserIdParams = Type.Object({
+  userId: Type.Integer({ minimum: 1, maximum: Number.MAX_SAFE_INTEGER }),
+});

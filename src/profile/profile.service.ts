@@ -1,6 +1,12 @@
 import { randomBytes } from 'node:crypto';
 import type { Static } from 'typebox';
-import { BadRequestError, ConflictError, NotFoundError, PayloadTooLargeError, UniqueViolationError } from '../platform/errors/errors.js';
+import {
+  BadRequestError,
+  ConflictError,
+  NotFoundError,
+  PayloadTooLargeError,
+  UniqueViolationError,
+} from '../platform/errors/errors.js';
 import type { ObjectStorage } from '../platform/storage/object-storage.js';
 import type { ProfilePatchBody } from './profile.schema.js';
 import type { UserPatch, UserRow, UsersRepository } from './users.repository.js';
@@ -8,10 +14,19 @@ import type { UserPatch, UserRow, UsersRepository } from './users.repository.js'
 type Patch = Static<typeof ProfilePatchBody>;
 
 const IMAGE_TYPES: { type: string; ext: string; magic: (b: Buffer) => boolean }[] = [
-  { type: 'image/png', ext: '.png', magic: (b) => b.subarray(0, 8).equals(Buffer.from([0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a])) },
+  {
+    type: 'image/png',
+    ext: '.png',
+    magic: (b) => b.subarray(0, 8).equals(Buffer.from([0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a])),
+  },
   { type: 'image/jpeg', ext: '.jpg', magic: (b) => b[0] === 0xff && b[1] === 0xd8 && b[2] === 0xff },
   { type: 'image/gif', ext: '.gif', magic: (b) => b.subarray(0, 4).toString('latin1') === 'GIF8' },
-  { type: 'image/webp', ext: '.webp', magic: (b) => b.subarray(0, 4).toString('latin1') === 'RIFF' && b.subarray(8, 12).toString('latin1') === 'WEBP' },
+  {
+    type: 'image/webp',
+    ext: '.webp',
+    magic: (b) =>
+      b.subarray(0, 4).toString('latin1') === 'RIFF' && b.subarray(8, 12).toString('latin1') === 'WEBP',
+  },
 ];
 
 /** Profile edits and avatars; the rules the contract puts on each field live here and in the schema. */
@@ -42,7 +57,8 @@ export class ProfileService {
     if (patch.zgId !== undefined) changes.zg_id = patch.zgId;
     if (patch.birthday !== undefined) changes.birthday = this.checkBirthday(patch.birthday);
     if (patch.tagJson !== undefined) changes.tags_json = checkTags(patch.tagJson);
-    if (Object.keys(changes).length === 0) throw new BadRequestError('body must contain at least one profile field');
+    if (Object.keys(changes).length === 0)
+      throw new BadRequestError('body must contain at least one profile field');
     changes.updated_at = this.now();
     await this.get(userId);
     try {
@@ -58,7 +74,10 @@ export class ProfileService {
     if (bytes.length > this.avatarMaxBytes) throw new PayloadTooLargeError('The avatar is too large');
     if (bytes.length === 0) throw new BadRequestError('file is empty');
     const kind = IMAGE_TYPES.find((t) => t.magic(bytes));
-    if (!kind || (declaredType !== kind.type && !(declaredType === 'image/jpg' && kind.type === 'image/jpeg'))) {
+    if (
+      !kind ||
+      (declaredType !== kind.type && !(declaredType === 'image/jpg' && kind.type === 'image/jpeg'))
+    ) {
       throw new BadRequestError('file must be a PNG, JPEG, GIF or WebP image');
     }
     await this.get(userId);
@@ -86,8 +105,14 @@ function checkTags(tagJson: string): string {
   } catch {
     throw new BadRequestError('body.tagJson must be a JSON array of strings');
   }
-  if (!Array.isArray(parsed) || parsed.length > 20 || !parsed.every((t) => typeof t === 'string' && t.length >= 1 && t.length <= 32)) {
-    throw new BadRequestError('body.tagJson must be a JSON array of at most 20 strings of 1 to 32 characters');
+  if (
+    !Array.isArray(parsed) ||
+    parsed.length > 20 ||
+    !parsed.every((t) => typeof t === 'string' && t.length >= 1 && t.length <= 32)
+  ) {
+    throw new BadRequestError(
+      'body.tagJson must be a JSON array of at most 20 strings of 1 to 32 characters',
+    );
   }
   return JSON.stringify(parsed);
 }

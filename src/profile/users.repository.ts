@@ -17,7 +17,11 @@ export class UsersRepository {
 
   async findByIds(ids: readonly number[]): Promise<UserRow[]> {
     if (ids.length === 0) return [];
-    return this.db.kysely.selectFrom('users').selectAll().where('id', 'in', [...ids]).execute();
+    return this.db.kysely
+      .selectFrom('users')
+      .selectAll()
+      .where('id', 'in', [...ids])
+      .execute();
   }
 
   async findByIdentifier(type: 'PHONE' | 'EMAIL', identifier: string): Promise<UserRow | undefined> {

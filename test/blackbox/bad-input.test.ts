@@ -9,28 +9,100 @@ interface RouteCase {
 }
 
 const ROUTES: RouteCase[] = [
-  { method: 'POST', path: '/api/v1/auth/send-code', auth: false, valid: { scene: 'LOGIN', identifierType: 'EMAIL', identifier: 'fuzz@example.test' } },
-  { method: 'POST', path: '/api/v1/auth/register', auth: false, valid: { identifierType: 'EMAIL', identifier: 'fuzz@example.test', code: '123456', password: 'abc12345', agreeTerms: true } },
-  { method: 'POST', path: '/api/v1/auth/login', auth: false, valid: { identifierType: 'EMAIL', identifier: 'fuzz@example.test', password: 'abc12345' } },
+  {
+    method: 'POST',
+    path: '/api/v1/auth/send-code',
+    auth: false,
+    valid: { scene: 'LOGIN', identifierType: 'EMAIL', identifier: 'fuzz@example.test' },
+  },
+  {
+    method: 'POST',
+    path: '/api/v1/auth/register',
+    auth: false,
+    valid: {
+      identifierType: 'EMAIL',
+      identifier: 'fuzz@example.test',
+      code: '123456',
+      password: 'abc12345',
+      agreeTerms: true,
+    },
+  },
+  {
+    method: 'POST',
+    path: '/api/v1/auth/login',
+    auth: false,
+    valid: { identifierType: 'EMAIL', identifier: 'fuzz@example.test', password: 'abc12345' },
+  },
   { method: 'POST', path: '/api/v1/auth/token/refresh', auth: false, valid: { refreshToken: 'x.y.z' } },
   { method: 'POST', path: '/api/v1/auth/logout', auth: false, valid: { refreshToken: 'x.y.z' } },
-  { method: 'POST', path: '/api/v1/auth/password/reset', auth: false, valid: { identifierType: 'EMAIL', identifier: 'fuzz@example.test', code: '123456', newPassword: 'abc12345' } },
-  { method: 'PATCH', path: '/api/v1/profile', auth: true, valid: { nickname: 'fuzzy', bio: 'b', gender: 'OTHER', birthday: '2000-01-01', zgId: 'fuzzy_1', school: 's', tagJson: '[]' } },
+  {
+    method: 'POST',
+    path: '/api/v1/auth/password/reset',
+    auth: false,
+    valid: {
+      identifierType: 'EMAIL',
+      identifier: 'fuzz@example.test',
+      code: '123456',
+      newPassword: 'abc12345',
+    },
+  },
+  {
+    method: 'PATCH',
+    path: '/api/v1/profile',
+    auth: true,
+    valid: {
+      nickname: 'fuzzy',
+      bio: 'b',
+      gender: 'OTHER',
+      birthday: '2000-01-01',
+      zgId: 'fuzzy_1',
+      school: 's',
+      tagJson: '[]',
+    },
+  },
   { method: 'POST', path: '/api/v1/profile/avatar', auth: true, valid: {} },
 ];
 
-const WRONG_VALUES: unknown[] = [null, 0, -1, 1.5, true, [], {}, ['a'], { a: 1 }, 'x'.repeat(5000), '', '\u0000', '../../etc/passwd'];
+const WRONG_VALUES: unknown[] = [
+  null,
+  0,
+  -1,
+  1.5,
+  true,
+  [],
+  {},
+  ['a'],
+  { a: 1 },
+  'x'.repeat(5000),
+  '',
+  '\u0000',
+  '../../etc/passwd',
+];
 
 /** Deterministic pseudo-random values, so a failure can be replayed. */
 function* randomBodies(seed: number, count: number): Generator<unknown> {
   let s = seed;
-  const next = () => ((s = (s * 1103515245 + 12345) & 0x7fffffff) / 0x7fffffff);
-  const atoms = () => [null, next() * 1e9, -next(), next() > 0.5, 'ü'.repeat(Math.floor(next() * 40)), '{"', '1e999', '\ud800'];
+  const next = () => (s = (s * 1103515245 + 12345) & 0x7fffffff) / 0x7fffffff;
+  const atoms = () => [
+    null,
+    next() * 1e9,
+    -next(),
+    next() > 0.5,
+    'ü'.repeat(Math.floor(next() * 40)),
+    '{"',
+    '1e999',
+    '\ud800',
+  ];
   const value = (depth: number): unknown => {
     const r = next();
     if (depth > 2 || r < 0.5) return atoms()[Math.floor(next() * 8)];
     if (r < 0.75) return Array.from({ length: Math.floor(next() * 4) }, () => value(depth + 1));
-    return Object.fromEntries(Array.from({ length: Math.floor(next() * 5) }, (_, i) => [['scene', 'identifier', 'code', 'password', 'nickname', 'zgId', `k${i}`][Math.floor(next() * 7)], value(depth + 1)]));
+    return Object.fromEntries(
+      Array.from({ length: Math.floor(next() * 5) }, (_, i) => [
+        ['scene', 'identifier', 'code', 'password', 'nickname', 'zgId', `k${i}`][Math.floor(next() * 7)],
+        value(depth + 1),
+      ]),
+    );
   };
   for (let i = 0; i < count; i++) yield value(0);
 }
@@ -48,12 +120,25 @@ describe.each<ProfileName>(['embedded', 'cluster'])('bad input (%s profile)', (p
   afterAll(async () => server?.stop());
 
   const expect4xx = (label: string, res: { status: number; body: any }) => {
-    expect({ label, status: res.status >= 400 && res.status < 500 ? '4xx' : res.status }).toEqual({ label, status: '4xx' });
-    expect({ label, shape: typeof res.body?.code === 'string' && typeof res.body?.message === 'string' && typeof res.body?.requestId === 'string' }).toEqual({ label, shape: true });
+    expect({ label, status: res.status >= 400 && res.status < 500 ? '4xx' : res.status }).toEqual({
+      label,
+      status: '4xx',
+    });
+    expect({
+      label,
+      shape:
+        typeof res.body?.code === 'string' &&
+        typeof res.body?.message === 'string' &&
+        typeof res.body?.requestId === 'string',
+    }).toEqual({ label, shape: true });
   };
 
   const send = (route: RouteCase, raw: string | Buffer, contentType = 'application/json') =>
-    client.call(route.method, route.path, { raw, token: route.auth ? user.accessToken : undefined, headers: { 'content-type': contentType } });
+    client.call(route.method, route.path, {
+      raw,
+      token: route.auth ? user.accessToken : undefined,
+      headers: { 'content-type': contentType },
+    });
 
   it('answers malformed JSON, wrong content types and oversized bodies with a 4xx', async () => {
     for (const route of ROUTES) {
@@ -61,7 +146,10 @@ describe.each<ProfileName>(['embedded', 'cluster'])('bad input (%s profile)', (p
         expect4xx(`${route.path} ${JSON.stringify(raw)}`, await send(route, raw));
       }
       expect4xx(`${route.path} text/plain`, await send(route, 'hello', 'text/plain'));
-      expect4xx(`${route.path} oversized`, await send(route, JSON.stringify({ ...route.valid, pad: 'x'.repeat(20_000) })));
+      expect4xx(
+        `${route.path} oversized`,
+        await send(route, JSON.stringify({ ...route.valid, pad: 'x'.repeat(20_000) })),
+      );
       const oversizedStatus = (await send(route, JSON.stringify({ pad: 'x'.repeat(20_000) }))).status;
       if (route.path !== '/api/v1/profile/avatar') expect(oversizedStatus).toBe(413);
     }
@@ -89,7 +177,11 @@ describe.each<ProfileName>(['embedded', 'cluster'])('bad input (%s profile)', (p
     for (const route of ROUTES) {
       for (const body of randomBodies(route.path.length * 7919, 60)) {
         const res = await send(route, JSON.stringify(body) ?? 'null');
-        expect({ route: route.path, body, status: res.status < 500 }).toEqual({ route: route.path, body, status: true });
+        expect({ route: route.path, body, status: res.status < 500 }).toEqual({
+          route: route.path,
+          body,
+          status: true,
+        });
         if (res.status >= 400) expect4xx(route.path, res);
       }
     }

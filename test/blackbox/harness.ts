@@ -26,20 +26,25 @@ export interface Server {
   privateKeyPem: string;
   issuer: string;
   /** Waits for the next code delivered to `identifier` after `since` (ms since epoch). */
-  codeFor(identifier: string, scene: string, since?: number): Promise<string>;
+  codeFor(identifier: string, scene: string, since?: number, timeoutMs?: number): Promise<string>;
   logLines(): Record<string, unknown>[];
   stop(): Promise<void>;
 }
 
 const ROOT = resolve(import.meta.dirname, '../..');
 
-export async function startServer(profile: ProfileName, extraEnv: Record<string, string> = {}): Promise<Server> {
+export async function startServer(
+  profile: ProfileName,
+  extraEnv: Record<string, string> = {},
+): Promise<Server> {
   const delivered: (Delivered & { at: number })[] = [];
   const waiters = new Set<() => void>();
   const notify = () => waiters.forEach((w) => w());
   const cleanups: (() => Promise<void>)[] = [];
   const lines: Record<string, unknown>[] = [];
-  const privateKeyPem = generateKeyPairSync('rsa', { modulusLength: 2048 }).privateKey.export({ type: 'pkcs8', format: 'pem' }).toString();
+  const privateKeyPem = generateKeyPairSync('rsa', { modulusLength: 2048 })
+    .privateKey.export({ type: 'pkcs8', format: 'pem' })
+    .toString();
   const issuer = `zg-test-${profile}`;
 
   const dataDir = mkdtempSync(join(tmpdir(), `zg-${profile}-`));
@@ -72,10 +77,15 @@ export async function startServer(profile: ProfileName, extraEnv: Record<string,
         stream.on('data', (c: Buffer) => chunks.push(c));
         stream.on('end', () => {
           const text = Buffer.concat(chunks).toString('utf8');
-          const code = /verification code is (\d{6})/.exec(text)?.[1];
-          const scene = /sign-up/.test(text) ? 'REGISTER' : /password reset/.test(text) ? 'RESET_PASSWORD' : 'LOGIN';
+          const match = /Your Zhiguang (sign-up|sign-in|password reset) verification code is (\d{6})/.exec(
+            text,
+          );
+          const scene = { 'sign-up': 'REGISTER', 'sign-in': 'LOGIN', 'password reset': 'RESET_PASSWORD' }[
+            match?.[1] ?? ''
+          ];
+          const code = match?.[2];
           for (const rcpt of session.envelope.rcptTo) {
-            if (code) delivered.push({ identifier: rcpt.address, scene, code, at: Date.now() });
+            if (code && scene) delivered.push({ identifier: rcpt.address, scene, code, at: Date.now() });
           }
           notify();
           callback();
@@ -97,7 +107,10 @@ export async function startServer(profile: ProfileName, extraEnv: Record<string,
   }
   Object.assign(env, extraEnv);
 
-  const child: ChildProcess = spawn(process.execPath, [join(ROOT, 'dist/main.js')], { env, stdio: ['ignore', 'pipe', 'pipe'] });
+  const child: ChildProcess = spawn(process.execPath, [join(ROOT, 'dist/main.js')], {
+    env,
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
   let stderr = '';
   child.stderr?.on('data', (d: Buffer) => (stderr += d.toString()));
   const exited = new Promise<number | null>((ok) => child.once('exit', (code) => ok(code)));
@@ -114,7 +127,12 @@ export async function startServer(profile: ProfileName, extraEnv: Record<string,
       }
       lines.push(parsed);
       if (parsed.msg === 'verification code' && typeof parsed.code === 'string') {
-        delivered.push({ identifier: String(parsed.identifier), scene: String(parsed.scene), code: parsed.code, at: Date.now() });
+        delivered.push({
+          identifier: String(parsed.identifier),
+          scene: String(parsed.scene),
+          code: parsed.code,
+          at: Date.now(),
+        });
         notify();
       }
       if (parsed.msg === 'zhiguang started' && typeof parsed.address === 'string') {
@@ -130,9 +148,10 @@ export async function startServer(profile: ProfileName, extraEnv: Record<string,
     privateKeyPem,
     issuer,
     logLines: () => lines,
-    async codeFor(identifier, scene, since = 0) {
-      const find = () => delivered.findLast((d) => d.identifier === identifier && d.scene === scene && d.at >= since)?.code;
-      const deadline = Date.now() + 10_000;
+    async codeFor(identifier, scene, since = 0, timeoutMs = 10_000) {
+      const find = () =>
+        delivered.findLast((d) => d.identifier === identifier && d.scene === scene && d.at >= since)?.code;
+      const deadline = Date.now() + timeoutMs;
       for (;;) {
         const code = find();
         if (code) return code;
@@ -150,7 +169,10 @@ export async function startServer(profile: ProfileName, extraEnv: Record<string,
     async stop() {
       if (child.exitCode === null) {
         child.kill('SIGTERM');
-        const code = await Promise.race([exited, new Promise<'timeout'>((ok) => setTimeout(() => ok('timeout'), 15_000))]);
+        const code = await Promise.race([
+          exited,
+          new Promise<'timeout'>((ok) => setTimeout(() => ok('timeout'), 15_000)),
+        ]);
         if (code === 'timeout') child.kill('SIGKILL');
       }
       for (const cleanup of cleanups.reverse()) await cleanup();
@@ -165,7 +187,12 @@ export class Client {
   async call(
     method: string,
     path: string,
-    options: { body?: unknown; raw?: string | Buffer | FormData; token?: string | undefined; headers?: Record<string, string> } = {},
+    options: {
+      body?: unknown;
+      raw?: string | Buffer | FormData;
+      token?: string | undefined;
+      headers?: Record<string, string>;
+    } = {},
   ): Promise<{ status: number; body: any; headers: Headers }> {
     const headers: Record<string, string> = { ...options.headers };
     if (options.token) headers.authorization = `Bearer ${options.token}`;
@@ -211,7 +238,9 @@ export interface SignedUp {
 export async function signUp(server: Server, client: Client, password = 'secret123'): Promise<SignedUp> {
   const identifier = newEmail();
   const since = Date.now();
-  const sent = await client.call('POST', '/api/v1/auth/send-code', { body: { scene: 'REGISTER', identifierType: 'EMAIL', identifier } });
+  const sent = await client.call('POST', '/api/v1/auth/send-code', {
+    body: { scene: 'REGISTER', identifierType: 'EMAIL', identifier },
+  });
   if (sent.status !== 200) throw new Error(`send-code failed: ${sent.status} ${JSON.stringify(sent.body)}`);
   const code = await server.codeFor(identifier, 'REGISTER', since);
   const reg = await client.call('POST', '/api/v1/auth/register', {

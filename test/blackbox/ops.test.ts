@@ -25,7 +25,9 @@ describe.each<ProfileName>(['embedded', 'cluster'])('operations (%s profile)', (
     const res = await fetch(`${server.baseUrl}/metrics`);
     const text = await res.text();
     expect(res.headers.get('content-type')).toContain('text/plain');
-    expect(text).toMatch(/zg_http_request_duration_seconds_count\{method="GET",route="\/healthz",status="200"\} \d+/);
+    expect(text).toMatch(
+      /zg_http_request_duration_seconds_count\{method="GET",route="\/healthz",status="200"\} \d+/,
+    );
     expect(text).toContain('process_cpu_seconds_total');
   });
 
@@ -33,7 +35,14 @@ describe.each<ProfileName>(['embedded', 'cluster'])('operations (%s profile)', (
     const doc = await client.call('GET', '/openapi.json');
     expect(doc.status).toBe(200);
     expect(doc.body.openapi).toMatch(/^3\./);
-    for (const path of ['/api/v1/auth/register', '/api/v1/auth/login', '/api/v1/auth/me', '/api/v1/profile', '/api/v1/profile/{userId}', '/.well-known/jwks.json']) {
+    for (const path of [
+      '/api/v1/auth/register',
+      '/api/v1/auth/login',
+      '/api/v1/auth/me',
+      '/api/v1/profile',
+      '/api/v1/profile/{userId}',
+      '/.well-known/jwks.json',
+    ]) {
       expect(Object.keys(doc.body.paths)).toContain(path);
     }
     const ui = await fetch(`${server.baseUrl}/docs/`);
@@ -45,7 +54,10 @@ describe.each<ProfileName>(['embedded', 'cluster'])('operations (%s profile)', (
     const res = await client.call('GET', '/api/v1/auth/me', { headers: { 'x-request-id': 'trace-abc-123' } });
     expect(res.headers.get('x-request-id')).toBe('trace-abc-123');
     expect(res.body.requestId).toBe('trace-abc-123');
-    const cors = await fetch(`${server.baseUrl}/api/v1/auth/login`, { method: 'OPTIONS', headers: { origin: 'http://example.test', 'access-control-request-method': 'PATCH' } });
+    const cors = await fetch(`${server.baseUrl}/api/v1/auth/login`, {
+      method: 'OPTIONS',
+      headers: { origin: 'http://example.test', 'access-control-request-method': 'PATCH' },
+    });
     expect(cors.status).toBeLessThan(300);
     expect(cors.headers.get('access-control-allow-methods')).toContain('PATCH');
   });

@@ -22,15 +22,42 @@ describe.each<ProfileName>(['embedded', 'cluster'])('profiles (%s profile)', (pr
     const zgId = `alice_${Date.now().toString(36)}`;
     const patch = await client.call('PATCH', '/api/v1/profile', {
       token: alice.accessToken,
-      body: { nickname: ' Alice ', bio: 'reads a lot', gender: 'FEMALE', birthday: '1999-02-03', zgId, school: 'Tongji', tagJson: '["go","rust"]', unknownField: 1 },
+      body: {
+        nickname: ' Alice ',
+        bio: 'reads a lot',
+        gender: 'FEMALE',
+        birthday: '1999-02-03',
+        zgId,
+        school: 'Tongji',
+        tagJson: '["go","rust"]',
+        unknownField: 1,
+      },
     });
     expect(patch.status).toBe(200);
-    expect(patch.body).toMatchObject({ id: alice.userId, nickname: 'Alice', bio: 'reads a lot', gender: 'FEMALE', birthday: '1999-02-03', zgId, school: 'Tongji', tagJson: '["go","rust"]', email: alice.identifier });
+    expect(patch.body).toMatchObject({
+      id: alice.userId,
+      nickname: 'Alice',
+      bio: 'reads a lot',
+      gender: 'FEMALE',
+      birthday: '1999-02-03',
+      zgId,
+      school: 'Tongji',
+      tagJson: '["go","rust"]',
+      email: alice.identifier,
+    });
     expect(patch.body.unknownField).toBeUndefined();
 
-    const publicView = await client.call('GET', `/api/v1/profile/${alice.userId}`, { token: bob.accessToken });
+    const publicView = await client.call('GET', `/api/v1/profile/${alice.userId}`, {
+      token: bob.accessToken,
+    });
     expect(publicView.status).toBe(200);
-    expect(publicView.body).toMatchObject({ id: alice.userId, nickname: 'Alice', zgId, phone: null, email: null });
+    expect(publicView.body).toMatchObject({
+      id: alice.userId,
+      nickname: 'Alice',
+      zgId,
+      phone: null,
+      email: null,
+    });
     const anonymous = await client.call('GET', `/api/v1/profile/${alice.userId}`);
     expect(anonymous.body).toMatchObject({ nickname: 'Alice', phone: null, email: null });
     const own = await client.call('GET', `/api/v1/profile/${alice.userId}`, { token: alice.accessToken });
@@ -63,7 +90,11 @@ describe.each<ProfileName>(['embedded', 'cluster'])('profiles (%s profile)', (pr
     ];
     for (const body of bad) {
       const res = await client.call('PATCH', '/api/v1/profile', { token: user.accessToken, body });
-      expect({ body, status: res.status, code: res.body.code }).toEqual({ body, status: 400, code: 'BAD_REQUEST' });
+      expect({ body, status: res.status, code: res.body.code }).toEqual({
+        body,
+        status: 400,
+        code: 'BAD_REQUEST',
+      });
     }
     expect((await client.call('PATCH', '/api/v1/profile', { body: { nickname: 'x' } })).status).toBe(401);
     expect((await client.call('GET', '/api/v1/auth/me', { token: user.accessToken })).body).toEqual(before);
@@ -97,7 +128,10 @@ describe.each<ProfileName>(['embedded', 'cluster'])('profiles (%s profile)', (pr
     expect([big.status, big.body.code]).toEqual([413, 'PAYLOAD_TOO_LARGE']);
     const wrongField = await upload(PNG, 'image/png', 'picture');
     expect(wrongField.status).toBe(400);
-    const json = await client.call('POST', '/api/v1/profile/avatar', { token: user.accessToken, body: { file: 'x' } });
+    const json = await client.call('POST', '/api/v1/profile/avatar', {
+      token: user.accessToken,
+      body: { file: 'x' },
+    });
     expect(json.status).toBeGreaterThanOrEqual(400);
     expect(json.status).toBeLessThan(500);
     const anonymous = await client.call('POST', '/api/v1/profile/avatar', { raw: new FormData() });

@@ -1,10 +1,66 @@
+/**
+ * Vitest global setup: makes sure Redis, MariaDB and the Kafka test broker answer (starting the local
+ * ones when they do not), hands their addresses and a fresh run id to the tests (see resources.ts), and
+ * at the end removes every database, key, topic and consumer group named `zgt_<runId>_…`.
+ *
+ * A service that cannot be had fails the run here, loudly. The broker is left running afterwards: it
+ * is reused by the next run (scripts/kafka-broker.sh stop ends it).
+ */
 import { randomBytes } from 'node:crypto';
 import type { TestProject } from 'vitest/node';
+import { ensureKafka, ensureMysql, ensureRedis } from './services.js';
 
-// Minimal placeholder: hands over the default local service addresses. Replaced by the full rig.
-export default function setup(project: TestProject): void {
-  project.provide('redisUrl', process.env.ZG_TEST_REDIS_URL ?? 'redis://127.0.0.1:6379');
-  project.provide('mysqlRootUrl', process.env.ZG_TEST_MYSQL_URL ?? 'mysql://root@127.0.0.1:3306');
-  project.provide('kafkaBrokers', process.env.ZG_TEST_KAFKA_BROKERS ?? '127.0.0.1:19092');
-  project.provide('runId', randomBytes(3).toString('hex'));
+interface ServiceAddresses {
+  redisUrl: string;
+  mysqlRootUrl: string;
+  kafkaBrokers: string;
+}
+
+async function ensureServices(): Promise<ServiceAddresses> {
+  const [redis, mysql, kafka] = await Promise.allSettled([ensureRedis(), ensureMysql(), ensureKafka()]);
+  if (redis.status === 'fulfilled' && mysql.status === 'fulfilled' && kafka.status === 'fulfilled') {
+    return { redisUrl: redis.value, mysqlRootUrl: mysql.value, kafkaBrokers: kafka.value };
+  }
+  const problems = [
+    ['Redis', redis],
+    ['MariaDB', mysql],
+    ['Kafka', kafka],
+  ] as const;
+  const lines = problems.flatMap(([name, result]) =>
+    result.status === 'rejected'
+      ? [`${name}: ${result.reason instanceof Error ? result.reason.message : String(result.reason)}`]
+      : [],
+  );
+  throw new Error(`The test services are not available:\n\n${lines.join('\n\n')}\n`);
+}
+
+// Vitest runs the global setup once for the root project and once per selected project, each in a
+// fresh module instance; the services are checked once per process.
+const servicesKey = Symbol.for('zhiguang.test-rig.services');
+type WithServices = typeof globalThis & { [servicesKey]?: Promise<ServiceAddresses> };
+
+function services(): Promise<ServiceAddresses> {
+  const holder = globalThis as WithServices;
+  holder[servicesKey] ??= ensureServices();
+  return holder[servicesKey];
+}
+
+export default async function setup(project: TestProject): Promise<() => Promise<void>> {
+  // The project runs on the Node.js it pins (the `node` dev dependency); a test run on another
+  // major version would prove nothing about the one users run.
+  if (!process.version.startsWith('v24.')) {
+    throw new Error(`Tests must run on the pinned Node.js 24 (got ${process.version}); run them through npm scripts.`);
+  }
+  const addresses = await services();
+  // 8 hex digits: valid in database names, Redis keys and Kafka topic names alike.
+  const runId = randomBytes(4).toString('hex');
+  project.provide('redisUrl', addresses.redisUrl);
+  project.provide('mysqlRootUrl', addresses.mysqlRootUrl);
+  project.provide('kafkaBrokers', addresses.kafkaBrokers);
+  project.provide('runId', runId);
+
+  return async () => {
+    const { cleanupRun } = await import('./cleanup.js');
+    await cleanupRun({ runId, ...addresses, kafkaBrokers: addresses.kafkaBrokers.split(',') });
+  };
 }

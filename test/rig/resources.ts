@@ -28,7 +28,11 @@ export function uniqueName(kind: string): string {
   return `zgt_${services.runId()}_${kind}_${randomBytes(3).toString('hex')}`;
 }
 
-export async function createMysqlDatabase(): Promise<{ url: string; name: string; drop: () => Promise<void> }> {
+export async function createMysqlDatabase(): Promise<{
+  url: string;
+  name: string;
+  drop: () => Promise<void>;
+}> {
   const { createConnection } = await import('mysql2/promise');
   const name = uniqueName('db');
   const conn = await createConnection({ uri: services.mysqlRootUrl() });

@@ -29,6 +29,6 @@ export class RoutingCodeSender implements CodeSender {
 
   async close(): Promise<void> {
     const unique = new Set(Object.values(this.byType));
-    await Promise.all([...unique].map((s) => s.close?.()));
+    await Promise.all([...unique].map(async (s) => s.close?.()));
   }
 }

@@ -10,7 +10,12 @@ export class LogCodeSender implements CodeSender {
 
   async send(message: CodeMessage): Promise<void> {
     this.log.info(
-      { identifier: message.identifier, identifierType: message.identifierType, scene: message.scene, code: message.code },
+      {
+        identifier: message.identifier,
+        identifierType: message.identifierType,
+        scene: message.scene,
+        code: message.code,
+      },
       'verification code',
     );
   }

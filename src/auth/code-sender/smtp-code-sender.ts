@@ -1,6 +1,12 @@
 import type { Transporter } from 'nodemailer';
 import type { CodeMessage, CodeSender } from './code-sender.js';
 
+const PURPOSES: Record<CodeMessage['scene'], string> = {
+  REGISTER: 'sign-up',
+  LOGIN: 'sign-in',
+  RESET_PASSWORD: 'password reset',
+};
+
 const SUBJECTS: Record<CodeMessage['scene'], string> = {
   REGISTER: '知光 · 注册验证码 / Zhiguang sign-up code',
   LOGIN: '知光 · 登录验证码 / Zhiguang sign-in code',
@@ -21,7 +27,9 @@ export class SmtpCodeSender implements CodeSender {
       host: parsed.hostname,
       port: Number(parsed.port || (parsed.protocol === 'smtps:' ? 465 : 587)),
       secure: parsed.protocol === 'smtps:',
-      ...(parsed.username ? { auth: { user: decodeURIComponent(parsed.username), pass: decodeURIComponent(parsed.password) } } : {}),
+      ...(parsed.username
+        ? { auth: { user: decodeURIComponent(parsed.username), pass: decodeURIComponent(parsed.password) } }
+        : {}),
       connectionTimeout: 10_000,
       greetingTimeout: 10_000,
       socketTimeout: 20_000,
@@ -37,7 +45,7 @@ export class SmtpCodeSender implements CodeSender {
       subject: SUBJECTS[message.scene],
       text:
         `您的验证码是 ${message.code}，${minutes} 分钟内有效。\n` +
-        `Your Zhiguang verification code is ${message.code}. It expires in ${minutes} minutes.\n` +
+        `Your Zhiguang ${PURPOSES[message.scene]} verification code is ${message.code}. It expires in ${minutes} minutes.\n` +
         `If you did not ask for it, ignore this mail.`,
     });
   }

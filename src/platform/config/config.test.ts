@@ -1,10 +1,19 @@
+import { mkdtempSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { ConfigError, loadConfig } from './config.js';
 
 describe(loadConfig.name, () => {
   it('defaults to the embedded profile on port 8080 with ./data', () => {
     const sut = loadConfig({});
-    expect(sut).toMatchObject({ profile: 'embedded', role: 'all', port: 8080, dataDir: './data', publicUrl: 'http://localhost:8080' });
+    expect(sut).toMatchObject({
+      profile: 'embedded',
+      role: 'all',
+      port: 8080,
+      dataDir: './data',
+      publicUrl: 'http://localhost:8080',
+    });
     expect(sut.jwt.accessTtlSeconds).toBe(900);
     expect(sut.jwt.refreshTtlSeconds).toBe(604_800);
   });
@@ -18,7 +27,14 @@ describe(loadConfig.name, () => {
     }
     expect(error).toBeInstanceOf(ConfigError);
     const problems = (error as ConfigError).problems.join('\n');
-    for (const name of ['PORT', 'ZG_MYSQL_URL', 'ZG_REDIS_URL', 'ZG_KAFKA_BROKERS', 'ZG_JWT_PRIVATE_KEY', 'ZG_SMTP_URL']) {
+    for (const name of [
+      'PORT',
+      'ZG_MYSQL_URL',
+      'ZG_REDIS_URL',
+      'ZG_KAFKA_BROKERS',
+      'ZG_JWT_PRIVATE_KEY',
+      'ZG_SMTP_URL',
+    ]) {
       expect(problems).toContain(name);
     }
   });
@@ -33,12 +49,11 @@ describe(loadConfig.name, () => {
   });
 
   it('reads secrets from <VAR>_FILE', async () => {
-    const { mkdtempSync, writeFileSync } = await import('node:fs');
-    const { join } = await import('node:path');
-    const { tmpdir } = await import('node:os');
     const dir = mkdtempSync(join(tmpdir(), 'zg-config-'));
     writeFileSync(join(dir, 'redis'), 'redis://secret@127.0.0.1:6379\n');
-    expect(loadConfig({ ZG_REDIS_URL_FILE: join(dir, 'redis') }).redisUrl).toBe('redis://secret@127.0.0.1:6379');
+    expect(loadConfig({ ZG_REDIS_URL_FILE: join(dir, 'redis') }).redisUrl).toBe(
+      'redis://secret@127.0.0.1:6379',
+    );
     expect(() => loadConfig({ ZG_REDIS_URL_FILE: join(dir, 'missing') })).toThrow(/ZG_REDIS_URL_FILE/);
   });
 });

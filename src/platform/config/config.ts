@@ -61,33 +61,64 @@ interface VarSpec {
 
 /** Every variable the service reads, with its one-line description (also the source for `.env.example`). */
 export const CONFIG_VARS = {
-  ZG_PROFILE: { description: 'embedded (SQLite, local files, one process) or cluster (MySQL, Redis, Kafka)', default: 'embedded' },
+  ZG_PROFILE: {
+    description: 'embedded (SQLite, local files, one process) or cluster (MySQL, Redis, Kafka)',
+    default: 'embedded',
+  },
   ZG_ROLE: { description: 'api, worker or all; the --role flag wins over this', default: 'all' },
   HOST: { description: 'interface the HTTP server binds to', default: '0.0.0.0' },
   PORT: { description: 'HTTP port', default: '8080' },
   ZG_PUBLIC_URL: { description: 'base URL clients reach this server at (default http://localhost:PORT)' },
-  LOG_LEVEL: { description: 'pino log level: fatal, error, warn, info, debug, trace or silent', default: 'info' },
-  ZG_DATA_DIR: { description: 'embedded: directory for the SQLite file, keys and uploaded files', default: './data' },
+  LOG_LEVEL: {
+    description: 'pino log level: fatal, error, warn, info, debug, trace or silent',
+    default: 'info',
+  },
+  ZG_DATA_DIR: {
+    description: 'embedded: directory for the SQLite file, keys and uploaded files',
+    default: './data',
+  },
   ZG_MYSQL_URL: { description: 'cluster: mysql://user:password@host:port/database', secret: true },
   ZG_REDIS_URL: { description: 'cluster: redis://[:password@]host:port[/db]', secret: true },
   ZG_REDIS_PREFIX: { description: 'prefix of every Redis key', default: 'zg:' },
   ZG_KAFKA_BROKERS: { description: 'cluster: comma-separated host:port list of Kafka bootstrap brokers' },
   ZG_KAFKA_PREFIX: { description: 'prefix of every Kafka topic and consumer group', default: 'zg.' },
   ZG_KAFKA_PARTITIONS: { description: 'partitions for topics the service creates', default: '6' },
-  ZG_JWT_PRIVATE_KEY: { description: 'RS256 private key (PKCS#8 PEM); embedded generates one under ZG_DATA_DIR if unset', secret: true },
+  ZG_JWT_PRIVATE_KEY: {
+    description: 'RS256 private key (PKCS#8 PEM); embedded generates one under ZG_DATA_DIR if unset',
+    secret: true,
+  },
   ZG_JWT_KID: { description: 'key id published in the JWKS (default: the key thumbprint)' },
-  ZG_JWT_ISSUER: { description: 'iss claim of issued tokens; tokens from other issuers are rejected', default: 'zhiguang' },
+  ZG_JWT_ISSUER: {
+    description: 'iss claim of issued tokens; tokens from other issuers are rejected',
+    default: 'zhiguang',
+  },
   ZG_ACCESS_TOKEN_TTL: { description: 'access token lifetime in seconds', default: '900' },
   ZG_REFRESH_TOKEN_TTL: { description: 'refresh token lifetime in seconds', default: '604800' },
-  ZG_SESSION_CHECK_CACHE_MS: { description: 'how long a process trusts its cached session state (revocation delay across processes)', default: '1000' },
+  ZG_SESSION_CHECK_CACHE_MS: {
+    description: 'how long a process trusts its cached session state (revocation delay across processes)',
+    default: '1000',
+  },
   ZG_PASSWORD_HASH_COST: { description: 'scrypt cost as log2(N), 14 to 20', default: '15' },
-  ZG_SMTP_URL: { description: 'smtp://user:pass@host:port for verification mail; required on cluster; on embedded, e-mail codes are logged when unset', secret: true },
-  ZG_SMTP_FROM: { description: 'From address of verification mail', default: 'Zhiguang <no-reply@zhiguang.local>' },
+  ZG_SMTP_URL: {
+    description:
+      'smtp://user:pass@host:port for verification mail; required on cluster; on embedded, e-mail codes are logged when unset',
+    secret: true,
+  },
+  ZG_SMTP_FROM: {
+    description: 'From address of verification mail',
+    default: 'Zhiguang <no-reply@zhiguang.local>',
+  },
   ZG_AUTH_LOGIN_LIMIT: { description: 'password sign-in attempts per account per 15 minutes', default: '10' },
-  ZG_AUTH_IP_LIMIT: { description: 'code sends plus password sign-ins per client address per 15 minutes', default: '60' },
+  ZG_AUTH_IP_LIMIT: {
+    description: 'code sends plus password sign-ins per client address per 15 minutes',
+    default: '60',
+  },
   ZG_BODY_LIMIT_BYTES: { description: 'largest JSON body accepted', default: '1048576' },
   ZG_AVATAR_MAX_BYTES: { description: 'largest avatar upload accepted', default: '5242880' },
-  ZG_SHUTDOWN_TIMEOUT_MS: { description: 'how long a graceful shutdown may take before the process exits anyway', default: '10000' },
+  ZG_SHUTDOWN_TIMEOUT_MS: {
+    description: 'how long a graceful shutdown may take before the process exits anyway',
+    default: '10000',
+  },
 } satisfies Record<string, VarSpec>;
 
 type VarName = keyof typeof CONFIG_VARS;
@@ -158,10 +189,13 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: { ro
     if (kafkaBrokers.length === 0) problems.push('ZG_KAFKA_BROKERS: required on the cluster profile');
   }
   const smtpUrl = url('ZG_SMTP_URL', ['smtp:', 'smtps:']);
-  if (profile === 'cluster' && !smtpUrl) problems.push('ZG_SMTP_URL: required on the cluster profile (verification mail)');
+  if (profile === 'cluster' && !smtpUrl)
+    problems.push('ZG_SMTP_URL: required on the cluster profile (verification mail)');
   const privateKeyPem = raw('ZG_JWT_PRIVATE_KEY')?.replace(/\\n/g, '\n');
   if (profile === 'cluster' && !privateKeyPem) {
-    problems.push('ZG_JWT_PRIVATE_KEY: required on the cluster profile (every API process must sign with the same key)');
+    problems.push(
+      'ZG_JWT_PRIVATE_KEY: required on the cluster profile (every API process must sign with the same key)',
+    );
   }
   if (privateKeyPem && !privateKeyPem.includes('PRIVATE KEY')) {
     problems.push('ZG_JWT_PRIVATE_KEY: expected a PEM-encoded private key');

@@ -69,7 +69,10 @@ export class UnavailableError extends AppError {
 
 /** A unique key was violated; adapters translate each dialect's driver error into this. */
 export class UniqueViolationError extends Error {
-  constructor(readonly constraint: string | undefined, options?: { cause?: unknown }) {
+  constructor(
+    readonly constraint: string | undefined,
+    options?: { cause?: unknown },
+  ) {
     super(`unique constraint violated${constraint ? `: ${constraint}` : ''}`, options);
     this.name = 'UniqueViolationError';
   }

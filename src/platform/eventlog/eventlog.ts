@@ -75,7 +75,12 @@ export interface EventLog {
    * Reads every record from the earliest retained one up to (excluding) `until`, in batches,
    * in partition order, independent of any consumer group.
    */
-  readRange(topic: string, until: EndOffsets, handler: (batch: Batch) => Promise<void>, maxBatch?: number): Promise<void>;
+  readRange(
+    topic: string,
+    until: EndOffsets,
+    handler: (batch: Batch) => Promise<void>,
+    maxBatch?: number,
+  ): Promise<void>;
   /** Can the log be reached now (for /readyz). */
   ping(): Promise<boolean>;
   close(): Promise<void>;

@@ -26,7 +26,7 @@ function validationMessage(err: FastifyError): string {
   const first = err.validation?.[0];
   if (!first) return err.message;
   const context = err.validationContext ?? 'request';
-  const params = first.params as Record<string, unknown>;
+  const params = first.params;
   if (first.keyword === 'required') return `${context}.${String(params.missingProperty)} is required`;
   if (first.keyword === 'additionalProperties') {
     return `${context}.${String(params.additionalProperty)} is not allowed`;
@@ -37,34 +37,42 @@ function validationMessage(err: FastifyError): string {
 
 /** Maps every error to the contract's shape; 5xx answers never carry internals. */
 export function installErrorHandling(app: FastifyInstance): void {
-  app.setErrorHandler((error: FastifyError | AppError | Error, request: FastifyRequest, reply: FastifyReply) => {
-    const requestId = String(request.id);
-    if (error instanceof AppError) {
-      if (error instanceof RateLimitedError && error.retryAfterSeconds !== undefined) {
-        void reply.header('retry-after', String(Math.max(1, Math.ceil(error.retryAfterSeconds))));
+  app.setErrorHandler(
+    (error: FastifyError | AppError | Error, request: FastifyRequest, reply: FastifyReply) => {
+      const requestId = String(request.id);
+      if (error instanceof AppError) {
+        if (error instanceof RateLimitedError && error.retryAfterSeconds !== undefined) {
+          void reply.header('retry-after', String(Math.max(1, Math.ceil(error.retryAfterSeconds))));
+        }
+        if (error.status >= 500) request.log.error({ err: error }, 'request failed');
+        return reply.status(error.status).send({ code: error.code, message: error.message, requestId });
       }
-      if (error.status >= 500) request.log.error({ err: error }, 'request failed');
-      return reply.status(error.status).send({ code: error.code, message: error.message, requestId });
-    }
-    const fe = error as FastifyError;
-    if (fe.validation) {
-      return reply.status(400).send({ code: 'BAD_REQUEST', message: validationMessage(fe), requestId });
-    }
-    const status = typeof fe.statusCode === 'number' ? fe.statusCode : 500;
-    if (status >= 400 && status < 500) {
-      const code = FRAMEWORK_CODES[status] ?? 'BAD_REQUEST';
-      return reply.status(status).send({ code, message: fe.message, requestId });
-    }
-    request.log.error({ err: error }, 'unhandled error');
-    const unavailable = status === 503;
-    return reply.status(unavailable ? 503 : 500).send({
-      code: unavailable ? 'UNAVAILABLE' : 'INTERNAL_ERROR',
-      message: unavailable ? 'Service temporarily unavailable' : 'Internal error',
-      requestId,
-    });
-  });
+      const fe = error as FastifyError;
+      if (fe.validation) {
+        return reply.status(400).send({ code: 'BAD_REQUEST', message: validationMessage(fe), requestId });
+      }
+      const status = typeof fe.statusCode === 'number' ? fe.statusCode : 500;
+      if (status >= 400 && status < 500) {
+        const code = FRAMEWORK_CODES[status] ?? 'BAD_REQUEST';
+        return reply.status(status).send({ code, message: fe.message, requestId });
+      }
+      request.log.error({ err: error }, 'unhandled error');
+      const unavailable = status === 503;
+      return reply.status(unavailable ? 503 : 500).send({
+        code: unavailable ? 'UNAVAILABLE' : 'INTERNAL_ERROR',
+        message: unavailable ? 'Service temporarily unavailable' : 'Internal error',
+        requestId,
+      });
+    },
+  );
 
   app.setNotFoundHandler((request, reply) =>
-    reply.status(404).send({ code: 'NOT_FOUND', message: `No route ${request.method} ${request.url.split('?')[0]}`, requestId: String(request.id) }),
+    reply
+      .status(404)
+      .send({
+        code: 'NOT_FOUND',
+        message: `No route ${request.method} ${request.url.split('?')[0]}`,
+        requestId: String(request.id),
+      }),
   );
 }

@@ -5,10 +5,18 @@ import type { Metrics } from '../metrics/metrics.js';
 export type ReadinessCheck = () => Promise<boolean>;
 
 /** Liveness, readiness, metrics and the OpenAPI document. */
-export function opsRoutes(metrics: Metrics, checks: Record<string, ReadinessCheck>, isDraining: () => boolean) {
+export function opsRoutes(
+  metrics: Metrics,
+  checks: Record<string, ReadinessCheck>,
+  isDraining: () => boolean,
+) {
   return async (app: FastifyInstance): Promise<void> => {
     const tags = ['operations'];
-    app.get('/healthz', { schema: { tags, response: { 200: Type.Object({ status: Type.String() }) } } }, async () => ({ status: 'ok' }));
+    app.get(
+      '/healthz',
+      { schema: { tags, response: { 200: Type.Object({ status: Type.String() }) } } },
+      async () => ({ status: 'ok' }),
+    );
 
     app.get('/readyz', { schema: { tags } }, async (_request, reply) => {
       const entries = await Promise.all(
@@ -21,7 +29,12 @@ export function opsRoutes(metrics: Metrics, checks: Record<string, ReadinessChec
         }),
       );
       const ready = !isDraining() && entries.every(([, state]) => state === 'ok');
-      return reply.status(ready ? 200 : 503).send({ status: ready ? 'ok' : isDraining() ? 'draining' : 'unavailable', checks: Object.fromEntries(entries) });
+      return reply
+        .status(ready ? 200 : 503)
+        .send({
+          status: ready ? 'ok' : isDraining() ? 'draining' : 'unavailable',
+          checks: Object.fromEntries(entries),
+        });
     });
 
     app.get('/metrics', { schema: { tags, hide: true } }, async (_request, reply) => {

@@ -1,8 +1,10 @@
 import { Type, type TSchema } from 'typebox';
 
-export const ErrorSchema = Type.Object(
-  { code: Type.String(), message: Type.String(), requestId: Type.String() },
-);
+export const ErrorSchema = Type.Object({
+  code: Type.String(),
+  message: Type.String(),
+  requestId: Type.String(),
+});
 
 /** Nullable helper: fast-json-stringify and ajv both understand anyOf with null. */
 export const Nullable = <T extends TSchema>(schema: T) => Type.Union([schema, Type.Null()]);

@@ -17,26 +17,33 @@ export function filesRoutes(storage: ObjectStorage) {
   return async (root: FastifyInstance): Promise<void> => {
     const app = root.withTypeProvider<TypeBoxTypeProvider>();
     app.get(DEFAULT_AVATAR_PATH, { schema: { hide: true } }, async (_request, reply) =>
-      reply.header('content-type', 'image/svg+xml').header('cache-control', 'public, max-age=86400').send(DEFAULT_AVATAR_SVG),
+      reply
+        .header('content-type', 'image/svg+xml')
+        .header('cache-control', 'public, max-age=86400')
+        .send(DEFAULT_AVATAR_SVG),
     );
 
-    app.get('/files/*', { schema: { hide: true, params: Type.Object({ '*': Type.String() }) } }, async (request, reply) => {
-      const key = request.params['*'];
-      if (!PUBLIC_PREFIXES.some((p) => key.startsWith(p))) throw new NotFoundError();
-      try {
-        assertSafeKey(key);
-      } catch {
-        throw new NotFoundError();
-      }
-      const found = await storage.get(key);
-      if (!found) throw new NotFoundError();
-      return reply
-        .header('content-type', found.object.contentType)
-        .header('content-length', String(found.object.size))
-        .header('etag', found.object.etag)
-        .header('cache-control', 'public, max-age=31536000, immutable')
-        .header('x-content-type-options', 'nosniff')
-        .send(found.body);
-    });
+    app.get(
+      '/files/*',
+      { schema: { hide: true, params: Type.Object({ '*': Type.String() }) } },
+      async (request, reply) => {
+        const key = request.params['*'];
+        if (!PUBLIC_PREFIXES.some((p) => key.startsWith(p))) throw new NotFoundError();
+        try {
+          assertSafeKey(key);
+        } catch {
+          throw new NotFoundError();
+        }
+        const found = await storage.get(key);
+        if (!found) throw new NotFoundError();
+        return reply
+          .header('content-type', found.object.contentType)
+          .header('content-length', String(found.object.size))
+          .header('etag', found.object.etag)
+          .header('cache-control', 'public, max-age=31536000, immutable')
+          .header('x-content-type-options', 'nosniff')
+          .send(found.body);
+      },
+    );
   };
 }

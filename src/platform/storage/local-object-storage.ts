@@ -18,7 +18,11 @@ export class LocalObjectStorage implements ObjectStorage {
   async put(key: string, body: Buffer, contentType: string): Promise<StoredObject> {
     const path = this.pathOf(key);
     await mkdir(dirname(path), { recursive: true });
-    const meta: StoredObject = { size: body.length, etag: `"${createHash('md5').update(body).digest('hex')}"`, contentType };
+    const meta: StoredObject = {
+      size: body.length,
+      etag: `"${createHash('md5').update(body).digest('hex')}"`,
+      contentType,
+    };
     const tmp = `${path}.${randomBytes(6).toString('hex')}.tmp`;
     await writeFile(`${tmp}.meta`, JSON.stringify(meta));
     await writeFile(tmp, body);

@@ -23,5 +23,6 @@ export interface ObjectStorage {
 const SAFE_KEY = /^(?!.*(?:^|\/)\.\.?(?:\/|$))[A-Za-z0-9._\-/]{1,512}$/;
 
 export function assertSafeKey(key: string): void {
-  if (!SAFE_KEY.test(key) || key.startsWith('/') || key.includes('//')) throw new Error(`unsafe object key: ${key}`);
+  if (!SAFE_KEY.test(key) || key.startsWith('/') || key.includes('//'))
+    throw new Error(`unsafe object key: ${key}`);
 }

@@ -1,0 +1,114 @@
+import { mkdtempSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import pino from 'pino';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { buildApp, type App } from '../app.js';
+import { loadConfig } from '../platform/config/config.js';
+import { LoginAuditRepository } from './login-audit.repository.js';
+import { AuthService } from './auth.service.js';
+
+describe(AuthService.name, () => {
+  let app: App;
+  const codes: { identifier: string; code: string }[] = [];
+
+  beforeAll(async () => {
+    const dataDir = mkdtempSync(join(tmpdir(), 'zg-auth-'));
+    const logger = pino(
+      { level: 'info' },
+      {
+        write(line: string) {
+          const entry = JSON.parse(line) as { msg?: string; identifier?: string; code?: string };
+          if (entry.msg === 'verification code' && entry.identifier && entry.code)
+            codes.push({ identifier: entry.identifier, code: entry.code });
+        },
+      },
+    );
+    app = await buildApp(loadConfig({ ZG_DATA_DIR: dataDir, ZG_PASSWORD_HASH_COST: '10', PORT: '0' }), {
+      logger,
+    });
+  });
+  afterAll(async () => app?.close());
+
+  const post = async (url: string, payload: unknown, ip = '10.0.0.1') =>
+    app.http.inject({
+      method: 'POST',
+      url,
+      payload: payload as Record<string, unknown>,
+      remoteAddress: ip,
+      headers: { 'user-agent': 'vitest' },
+    });
+
+  it('audits every sign-in attempt, failed or not, with its channel and reason', async () => {
+    const identifier = 'audit@example.test';
+    await post('/api/v1/auth/send-code', { scene: 'REGISTER', identifierType: 'EMAIL', identifier });
+    const code = codes.findLast((c) => c.identifier === identifier)?.code;
+    const reg = await post('/api/v1/auth/register', {
+      identifierType: 'EMAIL',
+      identifier,
+      code,
+      password: 'abc12345',
+      agreeTerms: true,
+    });
+    expect(reg.statusCode).toBe(200);
+    const userId = reg.json<{ user: { id: number } }>().user.id;
+
+    expect(
+      (await post('/api/v1/auth/login', { identifierType: 'EMAIL', identifier, password: 'wrong-123' }))
+        .statusCode,
+    ).toBe(401);
+    expect(
+      (await post('/api/v1/auth/login', { identifierType: 'EMAIL', identifier, password: 'abc12345' }))
+        .statusCode,
+    ).toBe(200);
+    expect(
+      (await post('/api/v1/auth/login', { identifierType: 'EMAIL', identifier, code: '000000' })).statusCode,
+    ).toBe(400);
+    expect(
+      (
+        await post('/api/v1/auth/login', {
+          identifierType: 'EMAIL',
+          identifier: 'nobody@example.test',
+          password: 'abc12345',
+        })
+      ).statusCode,
+    ).toBe(401);
+
+    const audit = new LoginAuditRepository(app.platform.db);
+    const rows = await audit.forIdentifier(identifier);
+    expect(rows.map((r) => [r.channel, r.success, r.reason])).toEqual([
+      ['CODE', 0, 'VERIFICATION_NOT_FOUND'],
+      ['PASSWORD', 1, null],
+      ['PASSWORD', 0, 'INVALID_CREDENTIALS'],
+      ['REGISTER', 1, null],
+    ]);
+    expect((await audit.forUser(userId)).length).toBe(3);
+    expect(await audit.forIdentifier('nobody@example.test')).toEqual([
+      { channel: 'PASSWORD', success: 0, reason: 'INVALID_CREDENTIALS' },
+    ]);
+  });
+
+  it('limits code sends per client address', async () => {
+    const config = app.config.authLimits;
+    const results: number[] = [];
+    for (let i = 0; i < config.perIp + 1; i++) {
+      const res = await post(
+        '/api/v1/auth/send-code',
+        { scene: 'LOGIN', identifierType: 'EMAIL', identifier: `ip${i}@example.test` },
+        '10.9.9.9',
+      );
+      results.push(res.statusCode);
+    }
+    expect(results.slice(0, config.perIp).every((s) => s === 200)).toBe(true);
+    expect(results.at(-1)).toBe(429);
+    expect(
+      (
+        await post(
+          '/api/v1/auth/send-code',
+          { scene: 'LOGIN', identifierType: 'EMAIL', identifier: 'other@example.test' },
+          '10.9.9.10',
+        )
+      ).statusCode,
+    ).toBe(200);
+  });
+});

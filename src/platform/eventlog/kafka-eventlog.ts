@@ -1,0 +1,736 @@
+import { randomUUID } from 'node:crypto';
+import {
+  Admin,
+  Consumer,
+  FetchIsolationLevels,
+  IS_CONTROL,
+  ListOffsetTimestamps,
+  MessagesStreamFallbackModes,
+  MessagesStreamModes,
+  ProduceAcks,
+  Producer,
+  stringDeserializers,
+  stringSerializers,
+  type Message,
+  type MessagesStream,
+} from '@platformatic/kafka';
+import type {
+  Batch,
+  DeliveredRecord,
+  EndOffsets,
+  EventLog,
+  EventRecord,
+  SubscribeOptions,
+  Subscription,
+} from './eventlog.js';
+
+export interface KafkaEventLogOptions {
+  brokers: string[];
+  /** Prepended to every topic and group name; callers never see it. */
+  prefix?: string;
+  /** Partitions of topics created by `ensureTopics`. */
+  partitions?: number;
+  /** Replication factor of created topics; -1 leaves it to the broker's default. */
+  replicationFactor?: number;
+  clientId?: string;
+  connectTimeoutMs?: number;
+  /** Bound of one request to the broker. */
+  requestTimeoutMs?: number;
+  /** Retries of one operation inside the client before it gives up. */
+  retries?: number;
+  retryDelayMs?: number;
+  /** Upper bound of one `publish`, whatever the client does internally. */
+  publishTimeoutMs?: number;
+  sessionTimeoutMs?: number;
+  heartbeatIntervalMs?: number;
+  /** First and longest wait before a subscription retries after a failure. */
+  retryBackoffMs?: { min: number; max: number };
+}
+
+type Settings = Required<Omit<KafkaEventLogOptions, 'brokers'>> & { brokers: string[] };
+type StringConsumer = Consumer<string, string, string, string>;
+type StringStream = MessagesStream<string, string, string, string>;
+type StringMessage = Message<string, string, string, string>;
+
+const DEFAULT_MAX_BATCH = 100;
+const DEFAULT_MAX_WAIT_MS = 100;
+const FETCH_MAX_BYTES = 8 * 1024 * 1024;
+
+/**
+ * Event log on Apache Kafka. Records are keyed, so the default partitioner keeps a key on one
+ * partition and its records in order; the producer is idempotent with acks from all in-sync replicas.
+ *
+ * A subscription is one group member reading one `MessagesStream` with auto-commit off. The stream
+ * fetches ahead of the handler, so its in-memory position cannot be rewound: after a handler failure
+ * the stream is thrown away and a new one starts from the group's committed offsets; after a lost
+ * connection or group membership the whole consumer is recreated.
+ */
+export class KafkaEventLog implements EventLog {
+  private readonly s: Settings;
+  private readonly producer: Producer<string, string, string, string>;
+  private readonly admin: Admin;
+  private reader: StringConsumer | undefined;
+  private readonly subscriptions = new Set<KafkaSubscription>();
+  private closed = false;
+
+  constructor(options: KafkaEventLogOptions) {
+    if (options.brokers.length === 0) throw new Error('KafkaEventLog needs at least one broker');
+    this.s = {
+      brokers: options.brokers,
+      prefix: options.prefix ?? '',
+      partitions: options.partitions ?? 6,
+      replicationFactor: options.replicationFactor ?? -1,
+      clientId: options.clientId ?? 'zhiguang',
+      connectTimeoutMs: options.connectTimeoutMs ?? 3_000,
+      requestTimeoutMs: options.requestTimeoutMs ?? 10_000,
+      retries: options.retries ?? 3,
+      retryDelayMs: options.retryDelayMs ?? 250,
+      publishTimeoutMs: options.publishTimeoutMs ?? 15_000,
+      sessionTimeoutMs: options.sessionTimeoutMs ?? 10_000,
+      heartbeatIntervalMs: options.heartbeatIntervalMs ?? 1_000,
+      retryBackoffMs: options.retryBackoffMs ?? { min: 200, max: 10_000 },
+    };
+    this.producer = new Producer({
+      ...this.clientOptions('producer'),
+      serializers: stringSerializers,
+      idempotent: true,
+      acks: ProduceAcks.ALL,
+    });
+    this.admin = new Admin(this.clientOptions('admin'));
+  }
+
+  /**
+   * Options every client shares. `retries` stays at 2 or more: the client turns a lower value into
+   * "retry forever" for an idempotent producer, and publish would then hang through an outage.
+   */
+  private clientOptions(role: string): {
+    clientId: string;
+    bootstrapBrokers: string[];
+    connectTimeout: number;
+    requestTimeout: number;
+    timeout: number;
+    retries: number;
+    retryDelay: number;
+  } {
+    return {
+      clientId: `${this.s.clientId}-${role}`,
+      bootstrapBrokers: this.s.brokers,
+      connectTimeout: this.s.connectTimeoutMs,
+      requestTimeout: this.s.requestTimeoutMs,
+      timeout: this.s.requestTimeoutMs,
+      retries: Math.max(2, this.s.retries),
+      retryDelay: this.s.retryDelayMs,
+    };
+  }
+
+  /** Used by subscriptions. */
+  get settings(): Readonly<Settings> {
+    return this.s;
+  }
+
+  /** The broker-side name of a topic or group. */
+  name(topic: string): string {
+    return this.s.prefix + topic;
+  }
+
+  unprefix(topic: string): string {
+    return topic.startsWith(this.s.prefix) ? topic.slice(this.s.prefix.length) : topic;
+  }
+
+  async ensureTopics(topics: string[]): Promise<void> {
+    const names = [...new Set(topics.map((t) => this.name(t)))];
+    if (names.length === 0) return;
+    try {
+      await this.admin.createTopics({
+        topics: names,
+        partitions: this.s.partitions,
+        replicas: this.s.replicationFactor,
+      });
+    } catch (err) {
+      if (!everyError(err, (e) => e.apiId === 'TOPIC_ALREADY_EXISTS')) throw err;
+    }
+    await this.waitForLeaders(names);
+  }
+
+  /** Removes topics (tests and tooling); missing ones are ignored. */
+  async deleteTopics(topics: string[]): Promise<void> {
+    const names = [...new Set(topics.map((t) => this.name(t)))];
+    if (names.length === 0) return;
+    try {
+      await this.admin.deleteTopics({ topics: names });
+    } catch (err) {
+      if (!everyError(err, (e) => e.apiId === 'UNKNOWN_TOPIC_OR_PARTITION' || e.apiId === 'UNKNOWN_TOPIC_ID'))
+        throw err;
+    }
+  }
+
+  /** Removes consumer groups with their committed offsets (tests and tooling); missing ones are ignored. */
+  async deleteGroups(groups: string[]): Promise<void> {
+    const names = [...new Set(groups.map((g) => this.name(g)))];
+    if (names.length === 0) return;
+    try {
+      await this.admin.deleteGroups({ groups: names });
+    } catch (err) {
+      if (!everyError(err, (e) => e.apiId === 'GROUP_ID_NOT_FOUND')) throw err;
+    }
+  }
+
+  async publish(topic: string, records: EventRecord[]): Promise<void> {
+    if (this.closed) throw new Error('event log is closed');
+    if (records.length === 0) return;
+    const name = this.name(topic);
+    await withTimeout(
+      this.producer.send({ messages: records.map((r) => ({ topic: name, key: r.key, value: r.value })) }),
+      this.s.publishTimeoutMs,
+      `publish to ${topic} timed out`,
+    );
+  }
+
+  async subscribe(options: SubscribeOptions): Promise<Subscription> {
+    if (this.closed) throw new Error('event log is closed');
+    if (options.topics.length === 0) throw new Error('subscribe needs at least one topic');
+    const sub = new KafkaSubscription(this, options, () => this.subscriptions.delete(sub));
+    this.subscriptions.add(sub);
+    try {
+      await sub.start();
+    } catch (err) {
+      this.subscriptions.delete(sub);
+      throw err;
+    }
+    return sub;
+  }
+
+  async endOffsets(topic: string): Promise<EndOffsets> {
+    const name = this.name(topic);
+    const offsets = await this.readerConsumer().listOffsets({
+      topics: [name],
+      timestamp: ListOffsetTimestamps.LATEST,
+    });
+    const partitions = offsets.get(name) ?? [];
+    return new Map(partitions.map((offset, partition) => [partition, offset]));
+  }
+
+  /**
+   * Fetches partition by partition with plain Fetch requests, so no group is joined and no
+   * offset is committed anywhere.
+   */
+  async readRange(
+    topic: string,
+    until: EndOffsets,
+    handler: (batch: Batch) => Promise<void>,
+    maxBatch = 500,
+  ): Promise<void> {
+    const name = this.name(topic);
+    const reader = this.readerConsumer();
+    const earliest =
+      (await reader.listOffsets({ topics: [name], timestamp: ListOffsetTimestamps.EARLIEST })).get(name) ??
+      [];
+    let buffer: DeliveredRecord[] = [];
+    const flush = async (): Promise<void> => {
+      if (buffer.length === 0) return;
+      const records = buffer;
+      buffer = [];
+      await handler({ topic, records });
+    };
+    for (const partition of [...until.keys()].sort((a, b) => a - b)) {
+      const end = until.get(partition)!;
+      let position = earliest[partition] ?? 0n;
+      let idleFetches = 0;
+      while (position < end) {
+        const metadata = await reader.metadata({ topics: [name] });
+        const meta = metadata.topics.get(name);
+        const leader = meta?.partitions[partition]?.leader;
+        if (!meta || leader === undefined || leader < 0)
+          throw new Error(`no leader for ${topic}/${partition}`);
+        const response = await reader.fetch({
+          node: leader,
+          topics: [
+            {
+              topicId: meta.id,
+              partitions: [
+                {
+                  partition,
+                  fetchOffset: position,
+                  partitionMaxBytes: FETCH_MAX_BYTES,
+                  currentLeaderEpoch: -1,
+                  lastFetchedEpoch: -1,
+                },
+              ],
+            },
+          ],
+          maxWaitTime: 100,
+          minBytes: 1,
+          maxBytes: FETCH_MAX_BYTES,
+        });
+        const before = position;
+        for (const topicResponse of response.responses) {
+          for (const part of topicResponse.partitions) {
+            if (part.partitionIndex !== partition) continue;
+            for (const batch of part.records ?? []) {
+              if ((batch.attributes & IS_CONTROL) === 0) {
+                for (const record of batch.records) {
+                  const offset = batch.firstOffset + BigInt(record.offsetDelta);
+                  if (offset < position || offset >= end) continue;
+                  buffer.push({
+                    topic,
+                    partition,
+                    offset,
+                    key: record.key?.toString('utf8') ?? '',
+                    value: record.value?.toString('utf8') ?? '',
+                    timestamp: Number(batch.firstTimestamp + record.timestampDelta),
+                  });
+                  if (buffer.length >= maxBatch) await flush();
+                }
+              }
+              const next = batch.firstOffset + BigInt(batch.lastOffsetDelta) + 1n;
+              if (next > position) position = next;
+            }
+          }
+        }
+        if (position === before && ++idleFetches > 50) {
+          throw new Error(`reading ${topic}/${partition} made no progress at offset ${position}`);
+        }
+        if (position !== before) idleFetches = 0;
+      }
+    }
+    await flush();
+  }
+
+  async ping(): Promise<boolean> {
+    try {
+      await withTimeout(this.admin.metadata({ topics: [], forceUpdate: true }), 3_000, 'ping timed out');
+      return true;
+    } catch {
+      return false;
+    }
+  }
+
+  async close(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    await Promise.all([...this.subscriptions].map((s) => s.close()));
+    await Promise.allSettled([
+      withTimeout(this.producer.close(true), 10_000, 'closing the producer timed out'),
+      withTimeout(this.admin.close(), 10_000, 'closing the admin client timed out'),
+      this.reader
+        ? withTimeout(this.reader.close(true), 10_000, 'closing the reader timed out')
+        : Promise.resolve(),
+    ]);
+  }
+
+  createConsumer(group: string, maxWaitMs: number, maxBatch: number): StringConsumer {
+    return new Consumer({
+      ...this.clientOptions('consumer'),
+      groupId: this.name(group),
+      deserializers: stringDeserializers,
+      autocommit: false,
+      sessionTimeout: this.s.sessionTimeoutMs,
+      rebalanceTimeout: Math.max(this.s.sessionTimeoutMs, 30_000),
+      heartbeatInterval: this.s.heartbeatIntervalMs,
+      heartbeatStallTimeout: this.s.sessionTimeoutMs,
+      maxWaitTime: Math.min(Math.max(maxWaitMs, 50), 1_000),
+      highWaterMark: Math.max(2 * maxBatch, 64),
+      isolationLevel: FetchIsolationLevels.READ_COMMITTED,
+    });
+  }
+
+  private readerConsumer(): StringConsumer {
+    // Never joins its group: it only lists offsets and fetches.
+    this.reader ??= new Consumer({
+      ...this.clientOptions('reader'),
+      groupId: this.name(`__reader-${randomUUID()}`),
+      deserializers: stringDeserializers,
+      autocommit: false,
+      isolationLevel: FetchIsolationLevels.READ_COMMITTED,
+    });
+    return this.reader;
+  }
+
+  private async waitForLeaders(names: string[]): Promise<void> {
+    const deadline = Date.now() + Math.max(10_000, this.s.requestTimeoutMs);
+    for (;;) {
+      try {
+        const metadata = await this.admin.metadata({ topics: names, forceUpdate: true });
+        const ready = names.every((n) => {
+          const t = metadata.topics.get(n);
+          return t !== undefined && t.partitionsCount > 0 && t.partitions.every((p) => p.leader >= 0);
+        });
+        if (ready) return;
+      } catch (err) {
+        if (Date.now() > deadline) throw err;
+      }
+      if (Date.now() > deadline) throw new Error(`topics ${names.join(', ')} have no leaders yet`);
+      await delay(100);
+    }
+  }
+}
+
+class HandlerFailed extends Error {
+  constructor(cause: unknown) {
+    super('batch handler failed', { cause });
+  }
+}
+
+/**
+ * One group member. `run` owns the consumer and the stream; everything else only signals it.
+ */
+class KafkaSubscription implements Subscription {
+  private readonly topics: string[];
+  private readonly maxBatch: number;
+  private readonly maxWaitMs: number;
+  private consumer: StringConsumer | undefined;
+  private reader: StreamReader | undefined;
+  private closing = false;
+  private loop: Promise<void> | undefined;
+  private readonly sleeper = new Sleeper();
+  private pinned = false;
+  private consumerFailed = false;
+
+  constructor(
+    private readonly log: KafkaEventLog,
+    private readonly options: SubscribeOptions,
+    private readonly onClosed: () => void,
+  ) {
+    this.topics = [...new Set(options.topics.map((t) => log.name(t)))];
+    this.maxBatch = Math.max(1, options.maxBatch ?? DEFAULT_MAX_BATCH);
+    this.maxWaitMs = Math.max(0, options.maxWaitMs ?? DEFAULT_MAX_WAIT_MS);
+  }
+
+  async start(): Promise<void> {
+    try {
+      await this.open();
+    } catch (err) {
+      await this.teardown(true);
+      throw err;
+    }
+    this.loop = this.run();
+  }
+
+  async close(): Promise<void> {
+    if (!this.closing) {
+      this.closing = true;
+      this.sleeper.stop();
+      this.reader?.interrupt();
+    }
+    await this.loop;
+  }
+
+  private async run(): Promise<void> {
+    let failures = 0;
+    try {
+      while (!this.closing) {
+        try {
+          if (!this.consumer || !this.reader) await this.open();
+          await this.pump(() => (failures = 0));
+        } catch (err) {
+          if (this.closing) break;
+          const handlerFailed = err instanceof HandlerFailed;
+          this.report(handlerFailed ? err.cause : err);
+          // A failed handler only needs a fresh stream; anything else may have left the consumer broken.
+          await this.teardown(!handlerFailed);
+          const wait = Math.min(
+            this.log.settings.retryBackoffMs.max,
+            this.log.settings.retryBackoffMs.min * 2 ** Math.min(failures, 16),
+          );
+          failures++;
+          await this.sleeper.sleep(wait);
+        }
+      }
+    } finally {
+      await this.teardown(true);
+      this.onClosed();
+    }
+  }
+
+  private async open(): Promise<void> {
+    if (this.consumer && this.consumerFailed) await this.teardown(true);
+    if (!this.consumer) {
+      this.consumerFailed = false;
+      const consumer = this.log.createConsumer(this.options.group, this.maxWaitMs, this.maxBatch);
+      this.consumer = consumer;
+      // An unhandled 'error' event would crash the process, and a failed rejoin also ends the
+      // heartbeats; the listeners stay attached (and go quiet) once this consumer is replaced.
+      consumer.on('error', (err: Error) => {
+        if (this.consumer !== consumer) return;
+        this.consumerFailed = true;
+        this.reader?.fail(err);
+      });
+      consumer.on('consumer:heartbeat:stalled', (payload) => {
+        if (this.consumer !== consumer) return;
+        this.consumerFailed = true;
+        this.reader?.fail(new Error('consumer heartbeat stalled', { cause: payload.lastError }));
+      });
+    }
+    const stream = await withTimeout(
+      this.consumer.consume({
+        topics: this.topics,
+        mode: MessagesStreamModes.COMMITTED,
+        fallbackMode: this.options.fromLatest
+          ? MessagesStreamFallbackModes.LATEST
+          : MessagesStreamFallbackModes.EARLIEST,
+        autocommit: false,
+      }),
+      this.log.settings.requestTimeoutMs + this.log.settings.sessionTimeoutMs,
+      'joining the consumer group timed out',
+    );
+    this.reader = new StreamReader(stream);
+    await this.reader.positioned(this.log.settings.requestTimeoutMs);
+    if (this.options.fromLatest && !this.pinned) {
+      await this.pinPositions(stream);
+      this.pinned = true;
+    }
+  }
+
+  /**
+   * A `fromLatest` group with no commits would otherwise start from the then-latest offsets again
+   * after every restart and skip whatever was published in between.
+   */
+  private async pinPositions(stream: StringStream): Promise<void> {
+    const consumer = this.consumer!;
+    const assignments = consumer.assignments ?? [];
+    if (assignments.length === 0) return;
+    const committed = await consumer.listCommittedOffsets({
+      topics: assignments.map((a) => ({ topic: a.topic, partitions: a.partitions })),
+    });
+    const offsets = [];
+    for (const { topic, partitions } of assignments) {
+      for (const partition of partitions) {
+        if ((committed.get(topic)?.[partition] ?? -1n) >= 0n) continue;
+        const offset = stream.offsetsToFetch.get(`${topic}:${partition}`);
+        if (offset !== undefined) offsets.push({ topic, partition, offset, leaderEpoch: -1 });
+      }
+    }
+    if (offsets.length > 0) {
+      await withTimeout(consumer.commit({ offsets }), this.log.settings.requestTimeoutMs, 'commit timed out');
+    }
+  }
+
+  private async pump(onProgress: () => void): Promise<void> {
+    const reader = this.reader!;
+    while (!this.closing) {
+      const messages = await reader.next(this.maxBatch, this.maxWaitMs);
+      if (messages.length === 0) continue;
+      for (const [topic, records] of groupByTopic(messages)) {
+        try {
+          await this.options.handler({
+            topic: this.log.unprefix(topic),
+            records: records.map((m) => ({
+              topic: this.log.unprefix(m.topic),
+              partition: m.partition,
+              offset: m.offset,
+              key: m.key ?? '',
+              value: m.value ?? '',
+              timestamp: Number(m.timestamp),
+            })),
+          });
+        } catch (err) {
+          throw new HandlerFailed(err);
+        }
+        await this.commit(records);
+      }
+      onProgress();
+    }
+  }
+
+  private async commit(records: StringMessage[]): Promise<void> {
+    const highest = new Map<string, StringMessage>();
+    for (const m of records) {
+      const key = `${m.topic}:${m.partition}`;
+      const seen = highest.get(key);
+      if (!seen || seen.offset < m.offset) highest.set(key, m);
+    }
+    const offsets = [...highest.values()].map((m) => ({
+      topic: m.topic,
+      partition: m.partition,
+      offset: m.offset + 1n,
+      leaderEpoch: m.leaderEpoch,
+    }));
+    await withTimeout(
+      this.consumer!.commit({ offsets }),
+      this.log.settings.requestTimeoutMs * 2,
+      'commit timed out',
+    );
+  }
+
+  private async teardown(consumerToo: boolean): Promise<void> {
+    const reader = this.reader;
+    this.reader = undefined;
+    if (reader) {
+      await withTimeout(reader.close(), 5_000, 'closing the stream timed out').catch(() => undefined);
+    }
+    if (!consumerToo) return;
+    const consumer = this.consumer;
+    this.consumer = undefined;
+    if (consumer) {
+      await withTimeout(
+        consumer.close(true),
+        this.log.settings.requestTimeoutMs,
+        'closing the consumer timed out',
+      ).catch(() => undefined);
+    }
+  }
+
+  private report(err: unknown): void {
+    try {
+      this.options.onError?.(err);
+    } catch {
+      // A failing error reporter must not stop the subscription.
+    }
+  }
+}
+
+/** Pulls batches out of a paused `MessagesStream`, waking on data, errors and interruptions. */
+class StreamReader {
+  private error: Error | undefined;
+  private ended = false;
+  private offsetsFixed = false;
+  private notify: (() => void) | undefined;
+  private interrupted = false;
+
+  constructor(private readonly stream: StringStream) {
+    stream.on('readable', () => this.poke());
+    stream.on('offsets', () => {
+      this.offsetsFixed = true;
+      this.poke();
+    });
+    stream.on('error', (err: Error) => this.fail(err));
+    stream.on('end', () => this.end());
+    stream.on('close', () => this.end());
+  }
+
+  fail(err: unknown): void {
+    this.error ??= err instanceof Error ? err : new Error(String(err));
+    this.poke();
+  }
+
+  interrupt(): void {
+    this.interrupted = true;
+    this.poke();
+  }
+
+  async positioned(timeoutMs: number): Promise<void> {
+    const deadline = Date.now() + timeoutMs;
+    while (!this.offsetsFixed) {
+      this.check();
+      const left = deadline - Date.now();
+      if (left <= 0) throw new Error('the consumer did not find its starting offsets in time');
+      await this.wait(left);
+    }
+  }
+
+  /** Up to `max` messages; waits at most `maxWaitMs` once the first one is there. Empty when interrupted. */
+  async next(max: number, maxWaitMs: number): Promise<StringMessage[]> {
+    const batch: StringMessage[] = [];
+    let deadline = 0;
+    while (batch.length < max) {
+      if (this.interrupted) return [];
+      const message = this.stream.read() as StringMessage | null;
+      if (message !== null) {
+        if (batch.length === 0) deadline = Date.now() + maxWaitMs;
+        batch.push(message);
+        continue;
+      }
+      this.check();
+      if (batch.length > 0) {
+        const left = deadline - Date.now();
+        if (left <= 0) break;
+        await this.wait(left);
+      } else {
+        await this.wait(undefined);
+      }
+    }
+    return batch;
+  }
+
+  async close(): Promise<void> {
+    this.interrupt();
+    if (!this.stream.destroyed) await this.stream.close();
+  }
+
+  private check(): void {
+    if (this.error !== undefined) throw this.error;
+    if (this.ended) throw new Error('the message stream ended');
+  }
+
+  private end(): void {
+    this.ended = true;
+    this.poke();
+  }
+
+  private poke(): void {
+    const n = this.notify;
+    this.notify = undefined;
+    n?.();
+  }
+
+  private wait(ms: number | undefined): Promise<void> {
+    if (this.interrupted || this.error !== undefined || this.ended) return Promise.resolve();
+    return new Promise((resolve) => {
+      const timer = ms === undefined ? undefined : setTimeout(() => this.poke(), ms);
+      this.notify = () => {
+        clearTimeout(timer);
+        resolve();
+      };
+    });
+  }
+}
+
+/** Back-off sleeps that `stop` cuts short, now and for good. */
+class Sleeper {
+  private wakeUp: (() => void) | undefined;
+  private stopped = false;
+
+  sleep(ms: number): Promise<void> {
+    if (this.stopped) return Promise.resolve();
+    return new Promise((resolve) => {
+      const finish = (): void => {
+        clearTimeout(timer);
+        this.wakeUp = undefined;
+        resolve();
+      };
+      const timer = setTimeout(finish, ms);
+      this.wakeUp = finish;
+    });
+  }
+
+  stop(): void {
+    this.stopped = true;
+    this.wakeUp?.();
+  }
+}
+
+function groupByTopic(messages: StringMessage[]): Map<string, StringMessage[]> {
+  const byTopic = new Map<string, StringMessage[]>();
+  for (const m of messages) {
+    const list = byTopic.get(m.topic);
+    if (list) list.push(m);
+    else byTopic.set(m.topic, [m]);
+  }
+  return byTopic;
+}
+
+interface ClientError {
+  apiId?: string;
+  errors?: unknown[];
+}
+
+/** True when the error, or every error it aggregates, satisfies `test`. */
+function everyError(err: unknown, test: (e: ClientError) => boolean): boolean {
+  const e = err as ClientError | null;
+  if (!e || typeof e !== 'object') return false;
+  if (Array.isArray(e.errors) && e.errors.length > 0)
+    return e.errors.every((inner) => everyError(inner, test));
+  return test(e);
+}
+
+function withTimeout<T>(promise: Promise<T>, ms: number, message: string): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const timeout = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new Error(message)), ms);
+  });
+  return Promise.race([promise, timeout]).finally(() => clearTimeout(timer));
+}
+
+function delay(ms: number): Promise<void> {
+  return new Promise((resolve) => setTimeout(resolve, ms));
+}

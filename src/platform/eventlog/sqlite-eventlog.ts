@@ -1,0 +1,337 @@
+import { sql } from 'kysely';
+import type { Db } from '../db/database.js';
+import type {
+  Batch,
+  DeliveredRecord,
+  EndOffsets,
+  EventLog,
+  EventRecord,
+  SubscribeOptions,
+  Subscription,
+} from './eventlog.js';
+
+export interface SqliteEventLogOptions {
+  /** How often an idle subscription looks for records published by other processes. */
+  idlePollMs?: number;
+  /** First and longest wait before a failed batch is delivered again. */
+  retryBackoffMs?: { min: number; max: number };
+}
+
+// Four bound values a row; stays well below SQLite's limit on variables per statement.
+const INSERT_CHUNK = 500;
+const DEFAULT_MAX_BATCH = 100;
+
+/**
+ * Event log in the embedded database: one table with a global autoincrement offset, one partition
+ * (0) per topic. SQLite serialises writers, so offsets become visible in order and a reader never
+ * passes over a row that commits later with a smaller offset.
+ *
+ * Within one instance a group is consumed by one subscription at a time; a second subscription of
+ * the same group waits until the first closes, like an extra member of a one-partition Kafka group.
+ */
+export class SqliteEventLog implements EventLog {
+  private readonly idlePollMs: number;
+  private readonly backoff: { min: number; max: number };
+  private readonly subscriptions = new Set<SqliteSubscription>();
+  private readonly groupQueues = new Map<string, SqliteSubscription[]>();
+  private closed = false;
+
+  constructor(
+    private readonly db: Db,
+    options: SqliteEventLogOptions = {},
+  ) {
+    if (db.dialect !== 'sqlite') throw new Error('SqliteEventLog needs the sqlite dialect');
+    this.idlePollMs = options.idlePollMs ?? 25;
+    this.backoff = options.retryBackoffMs ?? { min: 100, max: 5_000 };
+  }
+
+  async ensureTopics(_topics: string[]): Promise<void> {
+    // Topics are only a column here; nothing to create.
+  }
+
+  async publish(topic: string, records: EventRecord[]): Promise<void> {
+    if (this.closed) throw new Error('event log is closed');
+    if (records.length === 0) return;
+    const ts = Date.now();
+    const rows = records.map((r) => ({ topic, key: r.key, value: r.value, ts }));
+    await this.db.kysely.transaction().execute(async (trx) => {
+      for (let i = 0; i < rows.length; i += INSERT_CHUNK) {
+        await trx
+          .insertInto('event_log')
+          .values(rows.slice(i, i + INSERT_CHUNK))
+          .execute();
+      }
+    });
+    for (const sub of this.subscriptions) if (sub.topics.includes(topic)) sub.wake();
+  }
+
+  async subscribe(options: SubscribeOptions): Promise<Subscription> {
+    if (this.closed) throw new Error('event log is closed');
+    if (options.topics.length === 0) throw new Error('subscribe needs at least one topic');
+    if (options.fromLatest) await this.pinToLatest(options.group, options.topics);
+    const sub = new SqliteSubscription(this.db, options, this.idlePollMs, this.backoff, (s) =>
+      this.release(s),
+    );
+    this.subscriptions.add(sub);
+    const queue = this.groupQueues.get(options.group) ?? [];
+    queue.push(sub);
+    this.groupQueues.set(options.group, queue);
+    sub.start(queue[0] === sub);
+    return sub;
+  }
+
+  async endOffsets(topic: string): Promise<EndOffsets> {
+    const row = await this.db.kysely
+      .selectFrom('event_log')
+      .select((eb) => eb.fn.max<number | null>('offset').as('last'))
+      .where('topic', '=', topic)
+      .executeTakeFirst();
+    const last = row?.last;
+    return new Map([[0, last === null || last === undefined ? 0n : BigInt(last) + 1n]]);
+  }
+
+  async readRange(
+    topic: string,
+    until: EndOffsets,
+    handler: (batch: Batch) => Promise<void>,
+    maxBatch = 500,
+  ): Promise<void> {
+    const end = until.get(0);
+    if (end === undefined || end <= 0n) return;
+    let next = 0;
+    for (;;) {
+      const rows = await this.db.kysely
+        .selectFrom('event_log')
+        .selectAll()
+        .where('topic', '=', topic)
+        .where('offset', '>=', next)
+        .where('offset', '<', Number(end))
+        .orderBy('offset')
+        .limit(maxBatch)
+        .execute();
+      if (rows.length === 0) return;
+      await handler({ topic, records: rows.map(toDelivered) });
+      next = rows[rows.length - 1]!.offset + 1;
+      if (rows.length < maxBatch) return;
+    }
+  }
+
+  async ping(): Promise<boolean> {
+    try {
+      await sql`select 1`.execute(this.db.kysely);
+      return true;
+    } catch {
+      return false;
+    }
+  }
+
+  /** Closes every subscription; the database stays open (its owner closes it). */
+  async close(): Promise<void> {
+    this.closed = true;
+    await Promise.all([...this.subscriptions].map((s) => s.close()));
+  }
+
+  /** A group with no position yet starts after the newest record of any topic. */
+  private async pinToLatest(group: string, topics: string[]): Promise<void> {
+    const row = await this.db.kysely
+      .selectFrom('event_log')
+      .select((eb) => eb.fn.max<number | null>('offset').as('last'))
+      .executeTakeFirst();
+    const next = Number(row?.last ?? 0) + 1;
+    await this.db.kysely
+      .insertInto('consumer_offsets')
+      .values(topics.map((topic) => ({ group_id: group, topic, next_offset: next })))
+      .onConflict((oc) => oc.columns(['group_id', 'topic']).doNothing())
+      .execute();
+  }
+
+  private release(sub: SqliteSubscription): void {
+    this.subscriptions.delete(sub);
+    const queue = this.groupQueues.get(sub.group);
+    if (!queue) return;
+    const wasActive = queue[0] === sub;
+    const rest = queue.filter((s) => s !== sub);
+    if (rest.length === 0) this.groupQueues.delete(sub.group);
+    else this.groupQueues.set(sub.group, rest);
+    if (wasActive) rest[0]?.activate();
+  }
+}
+
+function toDelivered(row: {
+  offset: number;
+  topic: string;
+  key: string;
+  value: string;
+  ts: number;
+}): DeliveredRecord {
+  return {
+    topic: row.topic,
+    partition: 0,
+    offset: BigInt(row.offset),
+    key: row.key,
+    value: row.value,
+    timestamp: Number(row.ts),
+  };
+}
+
+class SqliteSubscription implements Subscription {
+  readonly group: string;
+  readonly topics: string[];
+  private readonly maxBatch: number;
+  private active = false;
+  private closing = false;
+  private loop: Promise<void> | undefined;
+  private wakeUp: (() => void) | undefined;
+  private pending = false;
+
+  constructor(
+    private readonly db: Db,
+    private readonly options: SubscribeOptions,
+    private readonly idlePollMs: number,
+    private readonly backoff: { min: number; max: number },
+    private readonly onClosed: (s: SqliteSubscription) => void,
+  ) {
+    this.group = options.group;
+    this.topics = [...new Set(options.topics)];
+    this.maxBatch = Math.max(1, options.maxBatch ?? DEFAULT_MAX_BATCH);
+  }
+
+  start(active: boolean): void {
+    this.active = active;
+    this.loop = this.run();
+  }
+
+  activate(): void {
+    this.active = true;
+    this.wake();
+  }
+
+  wake(): void {
+    this.pending = true;
+    const w = this.wakeUp;
+    this.wakeUp = undefined;
+    w?.();
+  }
+
+  async close(): Promise<void> {
+    if (!this.closing) {
+      this.closing = true;
+      this.wake();
+    }
+    await this.loop;
+  }
+
+  private async run(): Promise<void> {
+    let failures = 0;
+    let positions: Map<string, number> | undefined;
+    try {
+      while (!this.closing) {
+        if (!this.active) {
+          await this.sleep(undefined);
+          continue;
+        }
+        try {
+          positions ??= await this.loadPositions();
+          let full = false;
+          for (const topic of this.topics) {
+            if (this.closing) break;
+            const from = positions.get(topic) ?? 0;
+            const rows = await this.db.kysely
+              .selectFrom('event_log')
+              .selectAll()
+              .where('topic', '=', topic)
+              .where('offset', '>=', from)
+              .orderBy('offset')
+              .limit(this.maxBatch)
+              .execute();
+            if (rows.length === 0) continue;
+            try {
+              await this.options.handler({ topic, records: rows.map(toDelivered) });
+            } catch (err) {
+              throw new HandlerFailed(err);
+            }
+            const next = rows[rows.length - 1]!.offset + 1;
+            await this.commit(topic, next);
+            positions.set(topic, next);
+            failures = 0;
+            if (rows.length === this.maxBatch) full = true;
+          }
+          if (!full) await this.sleep(this.idlePollMs);
+        } catch (err) {
+          this.report(err instanceof HandlerFailed ? err.cause : err);
+          // The committed positions are the truth again after a failure.
+          positions = undefined;
+          const delay = Math.min(this.backoff.max, this.backoff.min * 2 ** Math.min(failures, 16));
+          failures++;
+          await this.sleep(delay, true);
+        }
+      }
+    } finally {
+      this.onClosed(this);
+    }
+  }
+
+  private async loadPositions(): Promise<Map<string, number>> {
+    const rows = await this.db.kysely
+      .selectFrom('consumer_offsets')
+      .select(['topic', 'next_offset'])
+      .where('group_id', '=', this.group)
+      .where('topic', 'in', this.topics)
+      .execute();
+    return new Map(rows.map((r) => [r.topic, Number(r.next_offset)]));
+  }
+
+  /** Monotonic upsert, so a repeated or late commit can never move the group backwards. */
+  private async commit(topic: string, next: number): Promise<void> {
+    await this.db.kysely
+      .insertInto('consumer_offsets')
+      .values({ group_id: this.group, topic, next_offset: next })
+      .onConflict((oc) =>
+        oc
+          .columns(['group_id', 'topic'])
+          .doUpdateSet({ next_offset: sql<number>`max(next_offset, excluded.next_offset)` }),
+      )
+      .execute();
+  }
+
+  private report(err: unknown): void {
+    try {
+      this.options.onError?.(err);
+    } catch {
+      // A failing error reporter must not stop the subscription.
+    }
+  }
+
+  /** Waits `ms` (or until woken); a back-off ignores publish wake-ups so a failing batch is not hammered. */
+  private sleep(ms: number | undefined, ignorePublishes = false): Promise<void> {
+    if (this.closing) return Promise.resolve();
+    if (!ignorePublishes && this.pending) {
+      this.pending = false;
+      return Promise.resolve();
+    }
+    return new Promise((resolve) => {
+      let timer: NodeJS.Timeout | undefined;
+      const finish = (): void => {
+        clearTimeout(timer);
+        if (this.wakeUp === onWake) this.wakeUp = undefined;
+        resolve();
+      };
+      const onWake = (): void => {
+        if (ignorePublishes && !this.closing) {
+          this.wakeUp = onWake;
+          return;
+        }
+        this.pending = false;
+        finish();
+      };
+      if (ms !== undefined) timer = setTimeout(finish, ms);
+      this.wakeUp = onWake;
+    });
+  }
+}
+
+class HandlerFailed extends Error {
+  constructor(cause: unknown) {
+    super('batch handler failed', { cause });
+  }
+}

@@ -1,0 +1,89 @@
+import type { Redis } from 'ioredis';
+import { checkIncrement, checkTtl, type KeyValueStore } from './kv.js';
+
+// EXISTS before INCRBY tells creation apart from an existing key without expiry; PEXPIRE NX alone
+// cannot, as it would add an expiry to such a key.
+const INCR_WITH_TTL = `
+local created = redis.call('EXISTS', KEYS[1]) == 0
+local n = redis.call('INCRBY', KEYS[1], ARGV[1])
+if created then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return n
+`;
+const INCR_COMMAND = 'zgKvIncrWithTtl';
+
+type IncrWithTtl = (key: string, by: number, ttlMs: number) => Promise<number>;
+
+/**
+ * Registers a Lua script on the client once (ioredis sends EVAL on a connection's first use and
+ * EVALSHA afterwards) and returns it as a typed function.
+ */
+export function defineScript<F>(redis: Redis, name: string, numberOfKeys: number, lua: string): F {
+  const commands = redis as unknown as Record<string, unknown>;
+  if (typeof commands[name] !== 'function') redis.defineCommand(name, { numberOfKeys, lua });
+  const fn = commands[name] as (...args: unknown[]) => unknown;
+  return fn.bind(redis) as F;
+}
+
+/**
+ * `KeyValueStore` over Redis. Every method is one command (one round trip); `incr` with a TTL is one
+ * Lua script so the TTL lands only when the script created the key.
+ */
+export class RedisKeyValueStore implements KeyValueStore {
+  private readonly incrWithTtl: IncrWithTtl;
+
+  constructor(
+    private readonly redis: Redis,
+    private readonly prefix: string,
+  ) {
+    this.incrWithTtl = defineScript<IncrWithTtl>(redis, INCR_COMMAND, 1, INCR_WITH_TTL);
+  }
+
+  private k(key: string): string {
+    return this.prefix + key;
+  }
+
+  get(key: string): Promise<string | null> {
+    return this.redis.get(this.k(key));
+  }
+
+  async mget(keys: readonly string[]): Promise<(string | null)[]> {
+    if (keys.length === 0) return [];
+    return this.redis.mget(keys.map((key) => this.k(key)));
+  }
+
+  async set(key: string, value: string, ttlMs?: number): Promise<void> {
+    const ttl = checkTtl(ttlMs);
+    if (ttl === undefined) await this.redis.set(this.k(key), value);
+    else await this.redis.set(this.k(key), value, 'PX', ttl);
+  }
+
+  async setIfAbsent(key: string, value: string, ttlMs?: number): Promise<boolean> {
+    const ttl = checkTtl(ttlMs);
+    const reply =
+      ttl === undefined
+        ? await this.redis.set(this.k(key), value, 'NX')
+        : await this.redis.set(this.k(key), value, 'PX', ttl, 'NX');
+    return reply === 'OK';
+  }
+
+  getDel(key: string): Promise<string | null> {
+    return this.redis.getdel(this.k(key));
+  }
+
+  async delete(key: string): Promise<boolean> {
+    return (await this.redis.del(this.k(key))) > 0;
+  }
+
+  async incr(key: string, by = 1, ttlMs?: number): Promise<number> {
+    checkIncrement(by);
+    const ttl = checkTtl(ttlMs);
+    if (ttl === undefined) return this.redis.incrby(this.k(key), by);
+    return this.incrWithTtl(this.k(key), by, ttl);
+  }
+
+  async ttl(key: string): Promise<number | null> {
+    const ms = await this.redis.pttl(this.k(key));
+    if (ms === -2) return null;
+    return ms;
+  }
+}

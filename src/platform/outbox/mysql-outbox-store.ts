@@ -1,0 +1,72 @@
+import type { Db } from '../db/database.js';
+import { toOutboxRow, type OutboxRow, type OutboxStore } from './outbox.js';
+
+/**
+ * Outbox on MariaDB/MySQL, shared by many relay processes. A claim is one transaction: lock the
+ * oldest rows nobody else holds (`FOR UPDATE SKIP LOCKED`), publish, delete, commit. A crashed relay
+ * loses its connection, the transaction rolls back and the rows become claimable again.
+ *
+ * SKIP LOCKED alone would let a second relay publish a later row of a key while the first still
+ * holds an earlier one, so rows with an older, still-present row of the same topic and key outside
+ * the claim are left for a later round.
+ */
+export class MysqlOutboxStore implements OutboxStore {
+  constructor(private readonly db: Db) {
+    if (db.dialect !== 'mysql') throw new Error('MysqlOutboxStore needs the mysql dialect');
+  }
+
+  async claim(limit: number, work: (rows: OutboxRow[]) => Promise<number[]>): Promise<number> {
+    return this.db.kysely
+      .transaction()
+      .setIsolationLevel('read committed')
+      .execute(async (trx) => {
+        const locked = (
+          await trx
+            .selectFrom('outbox')
+            .selectAll()
+            .orderBy('id')
+            .limit(limit)
+            .forUpdate()
+            .skipLocked()
+            .execute()
+        ).map(toOutboxRow);
+        if (locked.length === 0) return 0;
+
+        const mine = new Set(locked.map((r) => r.id));
+        const lastId = locked[locked.length - 1]!.id;
+        // A plain read: sees rows other relays hold (they are not deleted until those commit).
+        const older = await trx
+          .selectFrom('outbox')
+          .select(['id', 'topic', 'msg_key'])
+          .where('id', '<', lastId)
+          .where('msg_key', 'in', [...new Set(locked.map((r) => r.key))])
+          .execute();
+        const firstForeign = new Map<string, number>();
+        for (const row of older) {
+          const id = Number(row.id);
+          if (mine.has(id)) continue;
+          const k = slot(row.topic, row.msg_key);
+          const seen = firstForeign.get(k);
+          if (seen === undefined || id < seen) firstForeign.set(k, id);
+        }
+        const ready = locked.filter((r) => {
+          const foreign = firstForeign.get(slot(r.topic, r.key));
+          return foreign === undefined || r.id < foreign;
+        });
+        if (ready.length === 0) return 0;
+
+        const done = await work(ready);
+        // One primary-key equality per row: each is a unique lookup of a row this transaction
+        // already holds, so it never waits. A multi-row `IN` delete was seen to scan past its own
+        // rows and deadlock with other relays, rolling back a batch that was already published.
+        for (const id of [...done].sort((x, y) => x - y)) {
+          await trx.deleteFrom('outbox').where('id', '=', id).execute();
+        }
+        return ready.length;
+      });
+  }
+}
+
+function slot(topic: string, key: string): string {
+  return `${topic}\u0000${key}`;
+}
