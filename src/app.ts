@@ -22,6 +22,16 @@ import { createPlatform, type Platform } from './platform/wiring.js';
 import { ProfileService } from './profile/profile.service.js';
 import { profileRoutes } from './profile/profile.routes.js';
 import { UsersRepository } from './profile/users.repository.js';
+import { CounterAggregator } from './counter/aggregator.js';
+import { CounterMetrics } from './counter/counter.metrics.js';
+import { counterRoutes } from './counter/counter.routes.js';
+import { CounterService } from './counter/counter.service.js';
+import { CachedEntityDirectory } from './counter/entity-directory.js';
+import { CounterEventPublisher } from './counter/event-publisher.js';
+import { CounterReconciler, flushPending, repairUnpublished } from './counter/maintenance.js';
+import { COUNTER_TOPIC } from './counter/model.js';
+import { KnowpostVisibilityRepository } from './knowpost/visibility.repository.js';
+import { PeriodicTask } from './platform/workers/periodic.js';
 
 export interface App {
   config: Config;
@@ -85,19 +95,50 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
   );
   const profiles = new ProfileService(users, platform.storage, config.avatarMaxBytes, now);
 
+  const counterMetrics = new CounterMetrics(metrics.registry);
+  const visibility = new KnowpostVisibilityRepository(platform.db);
+  const directory = new CachedEntityDirectory((refs) => visibility.load(refs), config.entityCacheMs, 100_000, now);
+  const publisher = new CounterEventPublisher(platform.events, platform.counterStore, {
+    onPublished: (n) => counterMetrics.eventsPublished.inc(n),
+    onFailed: (n, err) => {
+      counterMetrics.eventsPublishFailed.inc(n);
+      log.warn({ err, events: n }, 'counter events not published yet; will retry, then repair from facts');
+    },
+  });
+  const counters = new CounterService(platform.counterStore, directory, publisher, counterMetrics, now);
+
   await http.register(opsRoutes(metrics, platform.readiness, () => draining));
   if (config.role !== 'worker') {
     await http.register(authRoutes({ auth, users, guards, jwks: [signingKey.publicJwk] }));
     await http.register(profileRoutes({ profiles, guards, avatarMaxBytes: config.avatarMaxBytes }));
     await http.register(filesRoutes(platform.storage));
+    await http.register(counterRoutes({ counters, guards }));
   }
 
+  const workerError = (name: string, err: unknown) => log.warn({ err, worker: name }, 'background work failed; will retry');
   const relay = new OutboxRelay({
     store: platform.outboxStore,
     events: platform.events,
-    onError: (err) => log.warn({ err }, 'outbox relay: publish failed, will retry'),
+    onError: (err) => workerError('outbox-relay', err),
   });
-  const workers = config.role === 'api' ? [] : [relay];
+  const reconciler = new CounterReconciler(platform.counterStore, counterMetrics);
+  const aggregator = new CounterAggregator(platform.events, platform.counterStore, counterMetrics, (err) => workerError('counter-agg', err), {
+    maxBatch: 5000,
+    maxWaitMs: 50,
+    onApplied: (events) => reconciler.touched(events),
+  });
+  const periodic = [
+    new PeriodicTask('counter-flush', config.counters.flushIntervalMs, () => flushPending(platform.counterStore, counterMetrics), workerError),
+    new PeriodicTask(
+      'counter-repair',
+      Math.max(100, Math.floor(config.counters.repairAfterMs / 3)),
+      () => repairUnpublished(platform.counterStore, counterMetrics, now(), config.counters.repairAfterMs),
+      workerError,
+    ),
+    new PeriodicTask('counter-reconcile', config.counters.reconcileIntervalMs, () => reconciler.runOnce(), workerError),
+  ];
+  const workers: { start(): void | Promise<void>; stop(): Promise<void> }[] =
+    config.role === 'api' ? [] : [relay, aggregator, ...periodic];
 
   return {
     config,
@@ -105,14 +146,16 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
     platform,
     log,
     async start() {
+      await platform.events.ensureTopics([COUNTER_TOPIC]);
       const address = await http.listen({ host: config.host, port: config.port });
-      for (const worker of workers) worker.start();
+      for (const worker of workers) await worker.start();
       log.info({ address, profile: config.profile, role: config.role }, 'zhiguang started');
       return address;
     },
     async close() {
       draining = true;
       await http.close();
+      await publisher.close();
       for (const worker of workers) await worker.stop();
       await platform.close();
     },

@@ -12,6 +12,8 @@ import type { OutboxStore } from './outbox/outbox.js';
 import { SqliteOutboxStore } from './outbox/sqlite-outbox-store.js';
 import type { ObjectStorage } from './storage/object-storage.js';
 import { LocalObjectStorage } from './storage/local-object-storage.js';
+import type { CounterStore } from '../counter/store/counter-store.js';
+import { SqliteCounterStore } from '../counter/store/sqlite-counter-store.js';
 import type { CodeSender } from '../auth/code-sender/code-sender.js';
 import { RoutingCodeSender } from '../auth/code-sender/code-sender.js';
 import { LogCodeSender } from '../auth/code-sender/log-code-sender.js';
@@ -29,6 +31,7 @@ export interface Platform {
   events: EventLog;
   outboxStore: OutboxStore;
   storage: ObjectStorage;
+  counterStore: CounterStore;
   codeSender: CodeSender;
   signingKeyPem: string;
   readiness: Record<string, () => Promise<boolean>>;
@@ -67,6 +70,7 @@ async function createEmbedded(config: Config, log: Logger): Promise<Platform> {
       events,
       outboxStore: new SqliteOutboxStore(db),
       storage: localStorage(config),
+      counterStore: new SqliteCounterStore(db),
       codeSender,
       signingKeyPem:
         config.jwt.privateKeyPem ?? loadOrCreatePem(join(config.dataDir, 'keys', 'jwt-private.pem')),
@@ -110,6 +114,7 @@ async function createCluster(config: Config, log: Logger): Promise<Platform> {
     });
     closers.unshift(() => events.close());
     const { MysqlOutboxStore } = await import('./outbox/mysql-outbox-store.js');
+    const { RedisCounterStore } = await import('../counter/store/redis-counter-store.js');
 
     const codeSender = new RoutingCodeSender({
       EMAIL: await emailSender(config, log),
@@ -123,6 +128,7 @@ async function createCluster(config: Config, log: Logger): Promise<Platform> {
       events,
       outboxStore: new MysqlOutboxStore(db),
       storage: localStorage(config),
+      counterStore: new RedisCounterStore(redis, { prefix: config.redisPrefix, groups: config.counters.groups }),
       codeSender,
       signingKeyPem: required(config.jwt.privateKeyPem, 'ZG_JWT_PRIVATE_KEY'),
       readiness: {

@@ -6,12 +6,20 @@ import { join, resolve } from 'node:path';
 import { createInterface } from 'node:readline';
 import { SMTPServer } from 'smtp-server';
 import { createMysqlDatabase, services, uniqueName } from '../rig/resources.js';
+import { openMysql, openSqlite } from '../../src/platform/db/database.js';
 
 /**
  * Runs the built server (`dist/main.js`) as a child process in either profile, with throwaway
  * storage of its own, and reads what a person would: HTTP answers, log lines and delivered mail.
  */
 export type ProfileName = 'embedded' | 'cluster';
+
+export interface FixturePost {
+  id: string;
+  authorId: number;
+  status?: 'draft' | 'published' | 'deleted';
+  visible?: string;
+}
 
 export interface Delivered {
   identifier: string;
@@ -28,6 +36,8 @@ export interface Server {
   /** Waits for the next code delivered to `identifier` after `since` (ms since epoch). */
   codeFor(identifier: string, scene: string, since?: number, timeoutMs?: number): Promise<string>;
   logLines(): Record<string, unknown>[];
+  /** Test fixture: writes a post row straight into the server's database (posts have no routes yet). */
+  insertPost(post: FixturePost): Promise<void>;
   stop(): Promise<void>;
 }
 
@@ -48,6 +58,7 @@ export async function startServer(
   const issuer = `zg-test-${profile}`;
 
   const dataDir = mkdtempSync(join(tmpdir(), `zg-${profile}-`));
+  let mysqlUrl: string | undefined;
   cleanups.push(async () => rmSync(dataDir, { recursive: true, force: true }));
 
   const env: Record<string, string> = {
@@ -96,7 +107,7 @@ export async function startServer(
     const smtpPort = (smtp.server.address() as { port: number }).port;
     cleanups.push(() => new Promise<void>((ok) => smtp.close(() => ok())));
     Object.assign(env, {
-      ZG_MYSQL_URL: database.url,
+      ZG_MYSQL_URL: (mysqlUrl = database.url),
       ZG_REDIS_URL: services.redisUrl(),
       ZG_REDIS_PREFIX: `${uniqueName('bb')}:`,
       ZG_KAFKA_BROKERS: services.kafkaBrokers().join(','),
@@ -148,6 +159,22 @@ export async function startServer(
     privateKeyPem,
     issuer,
     logLines: () => lines,
+    async insertPost(post) {
+      const row = {
+        id: post.id,
+        author_id: post.authorId,
+        status: post.status ?? 'published',
+        visible: post.visible ?? 'public',
+        created_at: Date.now(),
+        updated_at: Date.now(),
+      };
+      const db = mysqlUrl ? await openMysql(mysqlUrl, 1) : openSqlite(join(dataDir, 'zhiguang.db'));
+      try {
+        await db.kysely.insertInto('knowposts').values(row).execute();
+      } finally {
+        await db.close();
+      }
+    },
     async codeFor(identifier, scene, since = 0, timeoutMs = 10_000) {
       const find = () =>
         delivered.findLast((d) => d.identifier === identifier && d.scene === scene && d.at >= since)?.code;

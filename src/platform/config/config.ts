@@ -41,6 +41,16 @@ export interface Config {
   smtp: { url: string | undefined; from: string };
   /** Guessing limits: password sign-ins per identifier, and code sends plus sign-ins per client address, per 15 minutes. */
   authLimits: { passwordPerIdentifier: number; perIp: number; windowMs: number };
+  counters: {
+    /** Redis hash-tag groups the counter keys are spread over (cluster). */
+    groups: number;
+    flushIntervalMs: number;
+    /** An event not acknowledged by the event log for this long has its entity rebuilt from facts. */
+    repairAfterMs: number;
+    reconcileIntervalMs: number;
+  };
+  /** How long a process trusts what it learned of a post's visibility. */
+  entityCacheMs: number;
   bodyLimitBytes: number;
   avatarMaxBytes: number;
   shutdownTimeoutMs: number;
@@ -113,6 +123,11 @@ export const CONFIG_VARS = {
     description: 'code sends plus password sign-ins per client address per 15 minutes',
     default: '60',
   },
+  ZG_COUNTER_GROUPS: { description: 'cluster: hash-tag groups for counter keys (snapshot buckets); fixed for the life of a deployment', default: '4096' },
+  ZG_COUNTER_FLUSH_MS: { description: 'how often workers fold pending counter deltas into snapshots', default: '1000' },
+  ZG_COUNTER_REPAIR_AFTER_MS: { description: 'an unacknowledged counter event older than this has its entity rebuilt from facts', default: '3000' },
+  ZG_COUNTER_RECONCILE_MS: { description: 'how often the reconciler samples entities and heals drift', default: '30000' },
+  ZG_ENTITY_CACHE_MS: { description: 'how long a process caches whether a post exists and who may see it', default: '5000' },
   ZG_BODY_LIMIT_BYTES: { description: 'largest JSON body accepted', default: '1048576' },
   ZG_AVATAR_MAX_BYTES: { description: 'largest avatar upload accepted', default: '5242880' },
   ZG_SHUTDOWN_TIMEOUT_MS: {
@@ -230,6 +245,13 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: { ro
       perIp: int('ZG_AUTH_IP_LIMIT', 1, 1_000_000_000),
       windowMs: 15 * 60_000,
     },
+    counters: {
+      groups: int('ZG_COUNTER_GROUPS', 1, 1_048_576),
+      flushIntervalMs: int('ZG_COUNTER_FLUSH_MS', 10, 60_000),
+      repairAfterMs: int('ZG_COUNTER_REPAIR_AFTER_MS', 100, 3_600_000),
+      reconcileIntervalMs: int('ZG_COUNTER_RECONCILE_MS', 100, 86_400_000),
+    },
+    entityCacheMs: int('ZG_ENTITY_CACHE_MS', 0, 3_600_000),
     bodyLimitBytes: int('ZG_BODY_LIMIT_BYTES', 1024, 64 * 1024 * 1024),
     avatarMaxBytes: int('ZG_AVATAR_MAX_BYTES', 1024, 64 * 1024 * 1024),
     shutdownTimeoutMs: int('ZG_SHUTDOWN_TIMEOUT_MS', 100, 600_000),

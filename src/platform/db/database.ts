@@ -1,5 +1,6 @@
 import { mkdirSync } from 'node:fs';
 import { dirname } from 'node:path';
+import type { DatabaseSync } from 'node:sqlite';
 import { Kysely } from 'kysely';
 import { Migrator, type MigrationProvider } from 'kysely/migration';
 import { createNodeSqliteDialect } from './node-sqlite-dialect.js';
@@ -13,14 +14,19 @@ export type Dialect = 'sqlite' | 'mysql';
 export interface Db {
   readonly kysely: Kysely<Database>;
   readonly dialect: Dialect;
+  /**
+   * The embedded database's own handle, for hot paths that keep prepared statements. It is the
+   * connection Kysely uses, so work on it must hold Kysely's connection lock when it spans statements.
+   */
+  readonly raw?: DatabaseSync;
   close(): Promise<void>;
 }
 
 export function openSqlite(path: string): Db {
   if (path !== ':memory:') mkdirSync(dirname(path), { recursive: true });
-  const { dialect } = createNodeSqliteDialect(path);
+  const { dialect, raw } = createNodeSqliteDialect(path);
   const kysely = new Kysely<Database>({ dialect });
-  return { kysely, dialect: 'sqlite', close: () => kysely.destroy() };
+  return { kysely, dialect: 'sqlite', raw, close: () => kysely.destroy() };
 }
 
 /** mysql2 is loaded lazily so the embedded profile never needs it. */

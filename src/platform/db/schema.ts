@@ -64,6 +64,44 @@ export interface OutboxTable {
   created_at: number;
 }
 
+/** Embedded counter store (the cluster profile keeps these in Redis); see sqlite-counter-store.ts. */
+export interface CounterFactsTable {
+  etype: string;
+  eid: string;
+  metric: string;
+  user_id: number;
+}
+
+export interface CounterEntitiesTable {
+  etype: string;
+  eid: string;
+  seq: number;
+  applied: number;
+}
+
+export interface CounterPendingTable {
+  etype: string;
+  eid: string;
+  idx: number;
+  delta: number;
+}
+
+export interface CounterSnapshotsTable {
+  etype: string;
+  eid: string;
+  data: Uint8Array;
+}
+
+/** Posts; only what visibility needs so far (publishing adds the rest). */
+export interface KnowpostsTable {
+  id: string;
+  author_id: number;
+  status: string;
+  visible: string;
+  created_at: number;
+  updated_at: number;
+}
+
 export interface Database {
   users: UsersTable;
   login_audit: LoginAuditTable;
@@ -71,4 +109,9 @@ export interface Database {
   event_log: EventLogTable;
   consumer_offsets: ConsumerOffsetsTable;
   outbox: OutboxTable;
+  counter_facts: CounterFactsTable;
+  counter_entities: CounterEntitiesTable;
+  counter_pending: CounterPendingTable;
+  counter_snapshots: CounterSnapshotsTable;
+  knowposts: KnowpostsTable;
 }

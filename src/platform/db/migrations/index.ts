@@ -43,6 +43,29 @@ const sqlite: Record<string, Step> = {
        id INTEGER PRIMARY KEY AUTOINCREMENT, topic TEXT NOT NULL, msg_key TEXT NOT NULL,
        payload TEXT NOT NULL, created_at INTEGER NOT NULL)`,
   ),
+  '0003_counters': exec(
+    `CREATE TABLE counter_facts (
+       etype TEXT NOT NULL, eid TEXT NOT NULL, metric TEXT NOT NULL, user_id INTEGER NOT NULL,
+       PRIMARY KEY (etype, eid, metric, user_id)) WITHOUT ROWID`,
+    `CREATE TABLE counter_entities (
+       etype TEXT NOT NULL, eid TEXT NOT NULL,
+       seq INTEGER NOT NULL DEFAULT 0, applied INTEGER NOT NULL DEFAULT 0,
+       PRIMARY KEY (etype, eid)) WITHOUT ROWID`,
+    `CREATE TABLE counter_pending (
+       etype TEXT NOT NULL, eid TEXT NOT NULL, idx INTEGER NOT NULL, delta INTEGER NOT NULL,
+       PRIMARY KEY (etype, eid, idx)) WITHOUT ROWID`,
+    `CREATE TABLE counter_snapshots (
+       etype TEXT NOT NULL, eid TEXT NOT NULL, data BLOB NOT NULL,
+       PRIMARY KEY (etype, eid)) WITHOUT ROWID`,
+  ),
+  // Post ids are 64-bit snowflakes: TEXT here, because node:sqlite reads INTEGER as a double.
+  '0004_knowposts': exec(
+    `CREATE TABLE knowposts (
+       id TEXT NOT NULL PRIMARY KEY, author_id INTEGER NOT NULL,
+       status TEXT NOT NULL DEFAULT 'draft', visible TEXT NOT NULL DEFAULT 'public',
+       created_at INTEGER NOT NULL, updated_at INTEGER NOT NULL)`,
+    `CREATE INDEX knowposts_author ON knowposts (author_id, created_at)`,
+  ),
 };
 
 const mysql: Record<string, Step> = {
@@ -68,6 +91,15 @@ const mysql: Record<string, Step> = {
     `CREATE TABLE outbox (
        id BIGINT UNSIGNED NOT NULL AUTO_INCREMENT PRIMARY KEY, topic VARCHAR(255) NOT NULL,
        msg_key VARCHAR(255) NOT NULL, payload MEDIUMTEXT NOT NULL, created_at BIGINT NOT NULL
+     ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin`,
+  ),
+  // The cluster profile keeps counters in Redis; the entry keeps both lists numbered alike.
+  '0003_counters': exec(),
+  '0004_knowposts': exec(
+    `CREATE TABLE knowposts (
+       id BIGINT UNSIGNED NOT NULL PRIMARY KEY, author_id BIGINT UNSIGNED NOT NULL,
+       status VARCHAR(16) NOT NULL DEFAULT 'draft', visible VARCHAR(16) NOT NULL DEFAULT 'public',
+       created_at BIGINT NOT NULL, updated_at BIGINT NOT NULL, KEY knowposts_author (author_id, created_at)
      ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin`,
   ),
 };

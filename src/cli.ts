@@ -1,0 +1,82 @@
+import { parseArgs } from 'node:util';
+import { Registry } from 'prom-client';
+import { CounterMetrics } from './counter/counter.metrics.js';
+import { flushPending, rebuildAll, replayAll, verifyAll } from './counter/maintenance.js';
+import { COUNTER_TOPIC, parseEntityKey, type EntityRef } from './counter/model.js';
+import { ConfigError, loadConfig } from './platform/config/config.js';
+import { createLogger } from './platform/logging/logger.js';
+import { createPlatform } from './platform/wiring.js';
+
+const USAGE = `usage: zhiguang counters <command> [options]
+
+  counters verify [--fix]             compare every snapshot with its facts; --fix rebuilds the drifted ones
+  counters rebuild [--entity T:ID]…   rebuild snapshots from facts (all entities, or the ones named)
+  counters replay --yes               empty the counter store and rebuild it from counter-events,
+                                      earliest record to the end captured at the start (stop writers first)
+  counters flush                      fold all pending deltas into snapshots now
+
+Configuration comes from the environment, as for the server (see .env.example).`;
+
+/** The admin command line: maintenance jobs with progress on stderr and a JSON summary on stdout. */
+async function main(argv: string[]): Promise<number> {
+  const { values, positionals } = parseArgs({
+    args: argv,
+    allowPositionals: true,
+    options: { fix: { type: 'boolean' }, yes: { type: 'boolean' }, entity: { type: 'string', multiple: true }, help: { type: 'boolean', short: 'h' } },
+  });
+  const [area, command] = positionals;
+  if (values.help || area !== 'counters' || !command || !['verify', 'rebuild', 'replay', 'flush'].includes(command)) {
+    process.stderr.write(`${USAGE}\n`);
+    return values.help ? 0 : 2;
+  }
+  if (command === 'replay' && !values.yes) {
+    process.stderr.write('replay empties the counter store first; run it again with --yes to go ahead\n');
+    return 2;
+  }
+  let refs: EntityRef[] | null = null;
+  if (values.entity) {
+    refs = [];
+    for (const raw of values.entity) {
+      const ref = parseEntityKey(raw);
+      if (!ref) {
+        process.stderr.write(`not an entity: ${raw} (expected knowpost:<id>)\n`);
+        return 2;
+      }
+      refs.push(ref);
+    }
+  }
+
+  const config = loadConfig(process.env);
+  const log = createLogger(config.logLevel === 'info' ? 'warn' : config.logLevel);
+  const platform = await createPlatform(config, log);
+  const metrics = new CounterMetrics(new Registry());
+  const progress = (message: string) => process.stderr.write(`\r${message}\u001b[K`);
+  const started = Date.now();
+  try {
+    await platform.events.ensureTopics([COUNTER_TOPIC]);
+    let summary: unknown;
+    if (command === 'verify') {
+      const report = await verifyAll(platform.counterStore, values.fix ?? false, progress);
+      summary = { ...report, drifted: report.drifted.map((r) => `${r.etype}:${r.eid}`) };
+    } else if (command === 'rebuild') {
+      summary = { rebuilt: await rebuildAll(platform.counterStore, refs, progress) };
+    } else if (command === 'replay') {
+      summary = await replayAll(platform.counterStore, platform.events, progress);
+    } else {
+      summary = { folded: await flushPending(platform.counterStore, metrics, 512, 1_000_000) };
+    }
+    process.stderr.write('\n');
+    process.stdout.write(`${JSON.stringify({ command: `counters ${command}`, ...(summary as object), seconds: (Date.now() - started) / 1000 })}\n`);
+    return 0;
+  } finally {
+    await platform.close();
+  }
+}
+
+main(process.argv.slice(2)).then(
+  (code) => process.exit(code),
+  (err: unknown) => {
+    process.stderr.write(err instanceof ConfigError ? `${err.message}\n` : `zhiguang: ${err instanceof Error ? (err.stack ?? err.message) : String(err)}\n`);
+    process.exit(1);
+  },
+);

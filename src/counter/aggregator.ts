@@ -1,0 +1,80 @@
+import type { EventLog, Subscription } from '../platform/eventlog/eventlog.js';
+import type { CounterMetrics } from './counter.metrics.js';
+import { COUNTER_TOPIC, type CounterEvent } from './model.js';
+import type { CounterStore } from './store/counter-store.js';
+
+export const COUNTER_GROUP = 'counter-agg';
+
+/** Reads one record's event; a record that is not a counter event is reported and skipped. */
+export function parseCounterEvent(value: string): CounterEvent | null {
+  try {
+    const e = JSON.parse(value) as Partial<CounterEvent>;
+    if (
+      typeof e.entityType === 'string' &&
+      typeof e.entityId === 'string' &&
+      (e.metric === 'like' || e.metric === 'fav') &&
+      (e.delta === 1 || e.delta === -1) &&
+      typeof e.seq === 'number' &&
+      Number.isSafeInteger(e.seq) &&
+      e.seq > 0 &&
+      typeof e.userId === 'number'
+    ) {
+      return e as CounterEvent;
+    }
+  } catch {
+    // fall through
+  }
+  return null;
+}
+
+/**
+ * The `counter-agg` consumer: hands each batch of events to the store, which folds them per entity
+ * and applies the deltas together with the entities' applied marks in one atomic step per group.
+ * The batch's offsets are committed only after that; a crash before the commit redelivers the batch,
+ * and the applied marks make the second delivery a no-op.
+ */
+export class CounterAggregator {
+  private subscription: Subscription | undefined;
+
+  constructor(
+    private readonly events: EventLog,
+    private readonly store: CounterStore,
+    private readonly metrics: CounterMetrics,
+    private readonly onError: (err: unknown) => void,
+    private readonly options: { maxBatch: number; maxWaitMs: number; onApplied?: (events: CounterEvent[]) => void } = {
+      maxBatch: 5000,
+      maxWaitMs: 50,
+    },
+    private readonly now: () => number = Date.now,
+  ) {}
+
+  async start(): Promise<void> {
+    this.subscription = await this.events.subscribe({
+      group: COUNTER_GROUP,
+      topics: [COUNTER_TOPIC],
+      maxBatch: this.options.maxBatch,
+      maxWaitMs: this.options.maxWaitMs,
+      handler: async (batch) => {
+        const parsed: CounterEvent[] = [];
+        let newest = 0;
+        for (const record of batch.records) {
+          const event = parseCounterEvent(record.value);
+          if (event) parsed.push(event);
+          else this.onError(new Error(`skipping a malformed counter event at ${record.partition}:${record.offset}`));
+          newest = Math.max(newest, record.timestamp);
+        }
+        const { applied, skipped } = await this.store.applyEvents(parsed);
+        this.metrics.eventsApplied.inc({ outcome: 'applied' }, applied);
+        this.metrics.eventsApplied.inc({ outcome: 'skipped' }, skipped);
+        if (newest > 0) this.metrics.consumerLag.set(Math.max(0, this.now() - newest));
+        this.options.onApplied?.(parsed);
+      },
+      onError: this.onError,
+    });
+  }
+
+  async stop(): Promise<void> {
+    await this.subscription?.close();
+    this.subscription = undefined;
+  }
+}

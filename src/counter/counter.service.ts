@@ -1,0 +1,90 @@
+import { NotFoundError } from '../platform/errors/errors.js';
+import type { EntityDirectory } from './entity-directory.js';
+import type { CounterEventPublisher } from './event-publisher.js';
+import type { CounterMetrics } from './counter.metrics.js';
+import { POST_FIELDS, type Counts, type EntityRef, type FactMetric, type PostField } from './model.js';
+import type { CounterStore, Flags } from './store/counter-store.js';
+
+export type CountsView = Partial<Record<PostField, number>>;
+
+function view(counts: Counts, fields: readonly PostField[]): CountsView {
+  return Object.fromEntries(fields.map((f) => [f, counts[POST_FIELDS.indexOf(f)] ?? 0]));
+}
+
+/**
+ * Likes, favourites and counts as users see them. A toggle is one atomic store call; its event goes
+ * to the log off the request path. Reads parse snapshots and rebuild missing or malformed ones from
+ * facts (all fields at once, never zeros while a rebuild runs: the reader waits for it).
+ */
+export class CounterService {
+  /** Rebuilds in flight in this process, so concurrent readers of one entity share one. */
+  private readonly rebuilding = new Map<string, Promise<Counts>>();
+
+  constructor(
+    private readonly store: CounterStore,
+    private readonly directory: EntityDirectory,
+    private readonly publisher: CounterEventPublisher | null,
+    private readonly metrics: CounterMetrics,
+    private readonly now: () => number = Date.now,
+  ) {}
+
+  async toggle(ref: EntityRef, metric: FactMetric, userId: number, on: boolean): Promise<{ changed: boolean; state: boolean }> {
+    await this.assertVisible([ref], userId);
+    const result = await this.store.toggle(ref, metric, userId, on, this.now());
+    this.metrics.toggles.inc({ metric, changed: String(result.changed) });
+    if (result.event && !result.published) this.publisher?.enqueue(result.event);
+    return { changed: result.changed, state: result.state };
+  }
+
+  /** Counts of one entity; 404 when the caller may not see it. */
+  async counts(ref: EntityRef, viewerId: number | null, fields: readonly PostField[] = POST_FIELDS): Promise<CountsView> {
+    await this.assertVisible([ref], viewerId);
+    const [counts] = await this.snapshots([ref]);
+    return view(counts ?? [0, 0, 0, 0, 0], fields);
+  }
+
+  /** Counts of many entities in one round trip; null for those the caller may not see. */
+  async countsMany(refs: readonly EntityRef[], viewerId: number | null, fields: readonly PostField[] = POST_FIELDS): Promise<(CountsView | null)[]> {
+    const visible = await this.directory.visible(refs, viewerId);
+    const shown = refs.filter((_, i) => visible[i]);
+    const counts = await this.snapshots(shown);
+    let next = 0;
+    return visible.map((v) => (v ? view(counts[next++] ?? [0, 0, 0, 0, 0], fields) : null));
+  }
+
+  /** The caller's like and favourite flags for many entities; null for those the caller may not see. */
+  async flags(refs: readonly EntityRef[], userId: number): Promise<(Flags | null)[]> {
+    const visible = await this.directory.visible(refs, userId);
+    const shown = refs.filter((_, i) => visible[i]);
+    const flags = shown.length > 0 ? await this.store.flags(userId, shown) : [];
+    let next = 0;
+    return visible.map((v) => (v ? (flags[next++] ?? { like: false, fav: false }) : null));
+  }
+
+  /** Snapshots for the refs; missing or malformed ones are rebuilt from facts first. */
+  async snapshots(refs: readonly EntityRef[]): Promise<Counts[]> {
+    const found = await this.store.readSnapshots(refs);
+    return Promise.all(
+      found.map(async (counts, i) => {
+        if (counts) return counts;
+        return this.rebuildOnce(refs[i]!);
+      }),
+    );
+  }
+
+  private rebuildOnce(ref: EntityRef): Promise<Counts> {
+    const key = `${ref.etype}:${ref.eid}`;
+    let pending = this.rebuilding.get(key);
+    if (!pending) {
+      this.metrics.rebuilds.inc({ reason: 'read' });
+      pending = this.store.rebuild(ref).finally(() => this.rebuilding.delete(key));
+      this.rebuilding.set(key, pending);
+    }
+    return pending;
+  }
+
+  private async assertVisible(refs: readonly EntityRef[], viewerId: number | null): Promise<void> {
+    const visible = await this.directory.visible(refs, viewerId);
+    if (visible.some((v) => !v)) throw new NotFoundError('No such entity');
+  }
+}

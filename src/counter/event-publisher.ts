@@ -1,0 +1,97 @@
+import type { EventLog } from '../platform/eventlog/eventlog.js';
+import { COUNTER_TOPIC, type CounterEvent } from './model.js';
+import type { CounterStore } from './store/counter-store.js';
+
+export interface PublisherHooks {
+  onPublished?: (count: number) => void;
+  onFailed?: (count: number, err: unknown) => void;
+}
+
+/**
+ * Sends counter events to the event log off the request path: a toggle enqueues its event and
+ * answers; batches go out every `lingerMs` or at `maxBatch`. After the log acknowledged a batch, the
+ * store forgets the events' unpublished marks. A failed batch is retried with back-off; while the log
+ * is down at most `maxBuffered` events wait in memory and the rest are let go — never silently: their
+ * unpublished marks stay in the store, and the repair job rebuilds those entities from facts.
+ */
+export class CounterEventPublisher {
+  private queue: CounterEvent[] = [];
+  private timer: NodeJS.Timeout | undefined;
+  private inFlight: Promise<void> | undefined;
+  private backoffMs = 0;
+  private closed = false;
+
+  constructor(
+    private readonly events: EventLog,
+    private readonly store: CounterStore,
+    private readonly hooks: PublisherHooks = {},
+    private readonly options = { lingerMs: 5, maxBatch: 1000, maxBuffered: 100_000, maxBackoffMs: 5_000 },
+  ) {}
+
+  enqueue(event: CounterEvent): void {
+    if (this.closed) return;
+    this.queue.push(event);
+    if (this.queue.length > this.options.maxBuffered) this.queue.splice(0, this.queue.length - this.options.maxBuffered);
+    if (this.queue.length >= this.options.maxBatch && this.backoffMs === 0) this.kick(0);
+    else this.kick(this.backoffMs || this.options.lingerMs);
+  }
+
+  get buffered(): number {
+    return this.queue.length;
+  }
+
+  /** Sends what is queued (one attempt per batch) and stops taking events. */
+  async close(): Promise<void> {
+    this.closed = true;
+    if (this.timer) clearTimeout(this.timer);
+    this.timer = undefined;
+    await this.inFlight;
+    while (this.queue.length > 0) {
+      const sent = await this.sendBatch();
+      if (!sent) break;
+    }
+  }
+
+  private kick(delayMs: number): void {
+    if (this.timer || this.inFlight || this.closed) return;
+    this.timer = setTimeout(() => {
+      this.timer = undefined;
+      this.inFlight = this.drain().finally(() => {
+        this.inFlight = undefined;
+        if (this.queue.length > 0) this.kick(this.backoffMs || this.options.lingerMs);
+      });
+    }, delayMs);
+  }
+
+  private async drain(): Promise<void> {
+    while (this.queue.length > 0 && !this.closed) {
+      if (!(await this.sendBatch())) return;
+    }
+  }
+
+  /** True when the batch went out; on failure the batch is put back in front and back-off grows. */
+  private async sendBatch(): Promise<boolean> {
+    const batch = this.queue.splice(0, this.options.maxBatch);
+    try {
+      await this.events.publish(
+        COUNTER_TOPIC,
+        batch.map((e) => ({ key: `${e.entityType}:${e.entityId}`, value: JSON.stringify(e) })),
+      );
+    } catch (err) {
+      this.queue.unshift(...batch);
+      if (this.queue.length > this.options.maxBuffered) this.queue.length = this.options.maxBuffered;
+      this.backoffMs = Math.min(this.options.maxBackoffMs, Math.max(100, this.backoffMs * 2));
+      this.hooks.onFailed?.(batch.length, err);
+      return false;
+    }
+    this.backoffMs = 0;
+    this.hooks.onPublished?.(batch.length);
+    try {
+      await this.store.markPublished(batch);
+    } catch (err) {
+      // The events are in the log; a stale unpublished mark only costs a needless rebuild later.
+      this.hooks.onFailed?.(0, err);
+    }
+    return true;
+  }
+}

@@ -1,0 +1,102 @@
+import type { CounterEvent, Counts, EntityRef, FactMetric } from '../model.js';
+
+/**
+ * Everything the counter pipeline keeps about entities: fact sets, per-entity change numbers,
+ * pending deltas and snapshots. Embedded: SQLite tables. Cluster: Redis, where every key one script
+ * touches shares the hash tag of the entity's *group* (a hash of the entity onto `groups` slots),
+ * so a group's facts, pending deltas and snapshot bucket change together atomically, also on Redis
+ * Cluster.
+ *
+ * Exactness rests on one number per entity: `seq`, raised by one with every fact change, in the same
+ * atomic step, and carried by the change's event. Each entity also has an *applied* mark: the
+ * highest seq whose delta has reached its pending deltas or snapshot. Deltas of events at or below
+ * the mark are skipped, so redelivered or replayed events never count twice, and a rebuild from facts
+ * (which raises the mark to the current seq) never races with events still in flight.
+ *
+ * Semantics every adapter guarantees (proved by `counter-store.contract.ts`):
+ * - `toggle` is atomic and idempotent: `changed` is true exactly when the fact set changed; then the
+ *   entity's seq is raised and the change's event returned. Adding a present member or removing an
+ *   absent one changes nothing and returns no event.
+ * - A returned event is durable from the moment `toggle` resolves: embedded appends it to the event
+ *   log in the same transaction (`event.published` true); cluster records it as *unpublished* in the
+ *   same script, until `markPublished` is called after the event log acknowledged it. Unpublished
+ *   events older than a bound are found by `staleUnpublished` so their entities can be rebuilt.
+ * - `applyEvents` is atomic per group and idempotent. Per entity, the batch's events (deduplicated by
+ *   seq, in any order) are folded in memory into a run `fromSeq..toSeq`. A run that is entirely at or
+ *   below the applied mark is skipped; a contiguous run starting right after the mark is added to
+ *   pending deltas and the mark set to `toSeq`; anything else — a gap (an event not seen yet, e.g.
+ *   published late by another process) or a run straddling the mark — rebuilds the entity from facts
+ *   in the same atomic step (see `rebuild`), which is exact whatever the event log's order.
+ * - `flush` folds the pending deltas of up to `limit` dirty groups into snapshots, each group in one
+ *   atomic step (no window between reading and clearing). Several flushers may run at once. An entity
+ *   whose snapshot is missing or malformed when its deltas are folded is rebuilt from facts instead.
+ * - `readSnapshots` is one round trip for any number of entities; null marks a missing or malformed
+ *   snapshot. `rebuild` sets like and fav from fact cardinalities, keeps the other fields when the old
+ *   snapshot is readable (zero otherwise), drops the entity's pending deltas and raises its applied
+ *   mark to its current seq — atomically, so concurrent rebuilds of one entity cannot interleave.
+ * - `reset` empties the whole store (facts too); `replayFacts` re-applies the fact changes of events
+ *   in order (deterministic: the result depends only on the events) and raises seq counters to at
+ *   least each event's seq, so new changes continue above replayed ones.
+ */
+export interface ToggleResult {
+  changed: boolean;
+  /** Whether the user holds the metric after the call. */
+  state: boolean;
+  event: CounterEvent | null;
+  /** True when the store already appended the event to the event log (embedded); else the caller publishes it. */
+  published: boolean;
+}
+
+export interface Flags {
+  like: boolean;
+  fav: boolean;
+}
+
+export interface StaleEvent {
+  ref: EntityRef;
+  /** Opaque handle for `markPublished`-style removal after the repair. */
+  token: string;
+}
+
+/** One entity's state, read in one atomic step, for reconciliation. */
+export interface Inspection {
+  seq: number;
+  applied: number;
+  /** Whether the entity has deltas not yet folded into its snapshot. */
+  pending: boolean;
+  snapshot: Counts | null;
+  facts: Record<FactMetric, number>;
+}
+
+export interface CounterStore {
+  toggle(ref: EntityRef, metric: FactMetric, userId: number, on: boolean, now: number): Promise<ToggleResult>;
+  /** Which metrics `userId` holds for each entity, in order; one round trip. */
+  flags(userId: number, refs: readonly EntityRef[]): Promise<Flags[]>;
+  /** Cardinality of each fact set of the entity. */
+  factCounts(ref: EntityRef): Promise<Record<FactMetric, number>>;
+  readSnapshots(refs: readonly EntityRef[]): Promise<(Counts | null)[]>;
+  rebuild(ref: EntityRef): Promise<Counts>;
+  /**
+   * The entity's seq, applied mark, pending state, snapshot and fact counts as of one instant. When
+   * `seq === applied` and nothing is pending, the snapshot must equal the facts; anything else is drift.
+   */
+  inspect(ref: EntityRef): Promise<Inspection>;
+  applyEvents(events: readonly CounterEvent[]): Promise<{ applied: number; skipped: number }>;
+  /** Returns how many entities' deltas were folded. */
+  flush(limit: number): Promise<number>;
+  /** True when no group has pending deltas (the pipeline is quiet as far as the store knows). */
+  isQuiet(): Promise<boolean>;
+  /** Events toggled before `now - olderThanMs` and not yet marked published. */
+  staleUnpublished(now: number, olderThanMs: number, limit: number): Promise<StaleEvent[]>;
+  markPublished(events: readonly CounterEvent[]): Promise<void>;
+  /** Forget stale entries once their entities were rebuilt. */
+  dropUnpublished(entries: readonly StaleEvent[]): Promise<void>;
+  /** Up to `limit` entities that have facts or a snapshot, after `cursor` (opaque, '' to start). */
+  scanEntities(cursor: string, limit: number): Promise<{ refs: EntityRef[]; cursor: string | null }>;
+  /** Random entities with a snapshot (for the reconciler's sample). */
+  sampleEntities(limit: number): Promise<EntityRef[]>;
+  reset(): Promise<void>;
+  replayFacts(events: readonly CounterEvent[]): Promise<void>;
+  /** Overwrites (or with null deletes) a snapshot's raw bytes; for tests and repair tools only. */
+  writeRawSnapshot(ref: EntityRef, bytes: Buffer | null): Promise<void>;
+}

@@ -1,0 +1,291 @@
+import { setTimeout as sleep } from 'node:timers/promises';
+import { Redis } from 'ioredis';
+import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import { services, uniqueName } from '../../../test/rig/resources.js';
+import { entityKey, type CounterEvent, type EntityRef } from '../model.js';
+import { encodeSnapshot } from '../snapshot.js';
+import { defineCounterStoreContract } from './counter-store.contract.js';
+import { MAX_PACKED, RedisCounterStore, SHARD_USERS, type RedisCounterStoreOptions } from './redis-counter-store.js';
+
+async function deleteByPrefix(redis: Redis, prefix: string): Promise<void> {
+  const pattern = `${prefix.replace(/[*?[\]\\]/g, '\\$&')}*`;
+  let cursor = '0';
+  do {
+    const [next, keys] = await redis.scan(cursor, 'MATCH', pattern, 'COUNT', 1_000);
+    if (keys.length > 0) await redis.del(...keys);
+    cursor = next;
+  } while (cursor !== '0');
+}
+
+function redisFixture(options: Omit<RedisCounterStoreOptions, 'prefix'>) {
+  return async () => {
+    const redis = new Redis(services.redisUrl(), { maxRetriesPerRequest: 1 });
+    const prefix = `${uniqueName('c')}:`;
+    return {
+      sut: new RedisCounterStore(redis, { prefix, ...options }),
+      cleanup: async () => {
+        await deleteByPrefix(redis, prefix);
+        await redis.quit();
+      },
+    };
+  };
+}
+
+defineCounterStoreContract('redis (64 groups, sparse up to 20)', redisFixture({ groups: 64, sparseMax: 20 }));
+defineCounterStoreContract('redis (defaults)', redisFixture({}));
+
+const NOW = Date.parse('2030-01-01T00:00:00Z');
+const post = (eid: string): EntityRef => ({ etype: 'knowpost', eid });
+
+function hashTag(key: string): string | undefined {
+  return /\{([^}]*)\}/.exec(key)?.[1];
+}
+
+describe('RedisCounterStore (cluster specifics)', () => {
+  let redis: Redis;
+  let prefix: string;
+  const extra: Redis[] = [];
+
+  beforeEach(() => {
+    redis = new Redis(services.redisUrl(), { maxRetriesPerRequest: 1 });
+    prefix = `${uniqueName('c')}:`;
+  });
+  afterEach(async () => {
+    await deleteByPrefix(redis, prefix);
+    for (const r of extra.splice(0)) r.disconnect();
+    await redis.quit();
+  });
+
+  const open = (options: Omit<RedisCounterStoreOptions, 'prefix'> = {}, client = redis): RedisCounterStore =>
+    new RedisCounterStore(client, { prefix, ...options });
+
+  const member = (bytes: Buffer, offset: number): boolean =>
+    bytes.length === 4096
+      ? ((bytes[offset >> 3]! >> (7 - (offset & 7))) & 1) === 1
+      : Array.from({ length: bytes.length / 2 }, (_, i) => bytes.readUInt16BE(i * 2)).includes(offset);
+
+  it('converts sparse → sharded packed → bitmap and keeps membership exact throughout', async () => {
+    const store = open({ groups: 16, sparseMax: 20 });
+    const ref = post('7300000000000000001');
+    const sparse = store.factKey(ref, 'like', false);
+    const sharded = store.factKey(ref, 'like', true);
+    const model = new Set<number>();
+    const set = async (users: number[], on: boolean): Promise<void> => {
+      const results = await Promise.all(users.map((u) => store.toggle(ref, 'like', u, on, NOW)));
+      for (const [i, u] of users.entries()) {
+        expect(results[i]!.changed).toBe(on ? !model.has(u) : model.has(u));
+        if (on) model.add(u);
+        else model.delete(u);
+      }
+    };
+    const verify = async (probe: number[]): Promise<void> => {
+      expect(await store.factCounts(ref)).toEqual({ like: model.size, fav: 0 });
+      const flags = await Promise.all(probe.map((u) => store.flags(u, [ref])));
+      probe.forEach((u, i) => expect({ u, like: flags[i]![0]!.like }).toEqual({ u, like: model.has(u) }));
+    };
+    const range = (from: number, to: number): number[] => Array.from({ length: to - from }, (_, i) => from + i);
+
+    await set(range(0, 20), true);
+    expect(await redis.type(sparse)).toBe('set');
+    expect(await redis.object('ENCODING', sparse)).toBe('intset');
+    expect(await redis.exists(sharded)).toBe(0);
+    await verify(range(0, 30));
+
+    await set([20, SHARD_USERS + 5, 3 * SHARD_USERS + 32_767], true);
+    expect(await redis.exists(sparse)).toBe(0);
+    expect(await redis.hget(sharded, 'n')).toBe('23');
+    expect((await redis.hgetBuffer(sharded, '0'))!.length).toBe(21 * 2);
+    expect(member((await redis.hgetBuffer(sharded, '3'))!, 32_767)).toBe(true);
+    await verify([...range(0, 30), SHARD_USERS + 4, SHARD_USERS + 5, SHARD_USERS + 6, 4 * SHARD_USERS - 1]);
+
+    // Shard 0 up to the largest packed list, in a shuffled order so inserts land everywhere.
+    const fill = range(21, MAX_PACKED).sort(() => Math.random() - 0.5);
+    await set(fill, true);
+    const packed = (await redis.hgetBuffer(sharded, '0'))!;
+    expect(packed.length).toBe(MAX_PACKED * 2);
+    const offsets = Array.from({ length: MAX_PACKED }, (_, i) => packed.readUInt16BE(i * 2));
+    expect(offsets).toEqual(range(0, MAX_PACKED));
+
+    await set([5_000], true);
+    const bitmap = (await redis.hgetBuffer(sharded, '0'))!;
+    expect(bitmap.length).toBe(4096);
+    for (const u of [0, 7, 8, 2046, 2047, 4_999, 5_000, 5_001]) expect(member(bitmap, u)).toBe(model.has(u));
+    // The layout is Redis' own bit order, so GETBIT on a copy agrees.
+    await redis.set(`${prefix}bitmap-copy`, bitmap);
+    expect(await redis.getbit(`${prefix}bitmap-copy`, 5_000)).toBe(1);
+    expect(await redis.getbit(`${prefix}bitmap-copy`, 4_999)).toBe(0);
+    await set(range(6_000, 6_300), true);
+    await verify([...range(0, 2_100), ...range(4_990, 5_010), ...range(5_990, 6_310), SHARD_USERS + 5]);
+
+    await set(range(0, 2_100).filter((u) => u % 2 === 0), false);
+    await set([5_000, SHARD_USERS + 5], false);
+    await verify([...range(0, 2_100), ...range(4_990, 5_010), SHARD_USERS + 5]);
+
+    await set([...model], false);
+    expect(await store.factCounts(ref)).toEqual({ like: 0, fav: 0 });
+    expect(await redis.exists(sharded, sparse)).toBe(0);
+    await set([9], true);
+    expect(await redis.type(sparse)).toBe('set');
+    await verify([8, 9, 10]);
+  });
+
+  it('replays into either encoding with the same result as the toggles', async () => {
+    const store = open({ groups: 8, sparseMax: 10 });
+    const ref = post('42');
+    const events: CounterEvent[] = [];
+    for (let u = 0; u < 2_200; u++) events.push((await store.toggle(ref, 'fav', u * 3, true, NOW)).event!);
+    for (let u = 0; u < 2_200; u += 4) events.push((await store.toggle(ref, 'fav', u * 3, false, NOW)).event!);
+    const before = await store.factCounts(ref);
+    const probe = Array.from({ length: 400 }, (_, i) => i * 17);
+    const flagsBefore = await Promise.all(probe.map((u) => store.flags(u, [ref])));
+    await store.reset();
+    await store.replayFacts(events);
+    expect(await store.factCounts(ref)).toEqual(before);
+    expect(await Promise.all(probe.map((u) => store.flags(u, [ref])))).toEqual(flagsBefore);
+    expect((await store.inspect(ref)).seq).toBe(events.length);
+  });
+
+  it('declares only keys of the entity’s group, on every script', async () => {
+    const store = open({ groups: 64, sparseMax: 5 });
+    const monitor = await redis.monitor();
+    extra.push(monitor);
+    const calls: string[][] = [];
+    monitor.on('monitor', (_time: string, args: string[]) => {
+      if (/^eval(sha)?$/i.test(args[0] ?? '') && args.some((a) => a.startsWith(prefix))) calls.push(args);
+    });
+    await sleep(50);
+
+    const refs = [post('7300000000000000011'), post('7300000000000000012'), post('12')];
+    const events: CounterEvent[] = [];
+    for (const ref of refs) {
+      for (let u = 0; u < 8; u++) events.push((await store.toggle(ref, u % 2 ? 'like' : 'fav', u, true, NOW)).event!);
+    }
+    await store.applyEvents(events);
+    await store.writeRawSnapshot(refs[0]!, null);
+    while ((await store.flush(10)) > 0);
+    await store.flags(1, refs);
+    await store.factCounts(refs[0]!);
+    await store.rebuild(refs[1]!);
+    await store.inspect(refs[2]!);
+    await store.replayFacts(events.slice(0, 3));
+    await sleep(200);
+
+    expect(calls.length).toBeGreaterThanOrEqual(24 + 3 + 3 + 1 + 1 + 1 + 3);
+    for (const args of calls) {
+      const numKeys = Number(args[2]);
+      const keys = args.slice(3, 3 + numKeys);
+      const tags = new Set(keys.map(hashTag));
+      expect({ keys, tags: tags.size }).toEqual({ keys, tags: 1 });
+      // Key-name prefixes passed for keys built inside the script carry the same tag.
+      for (const arg of args.slice(3 + numKeys)) {
+        if (arg.startsWith(prefix)) expect(hashTag(arg)).toBe(hashTag(keys[0]!));
+      }
+      expect(keys.every((k) => k.startsWith(prefix))).toBe(true);
+    }
+    const toggleKeys = calls[0]!.slice(3, 3 + Number(calls[0]![2]));
+    expect(toggleKeys).toEqual([
+      store.factKey(refs[0]!, 'fav', false),
+      store.factKey(refs[0]!, 'fav', true),
+      store.groupKey('seq', store.groupOf(refs[0]!)),
+      store.groupKey('un', store.groupOf(refs[0]!)),
+    ]);
+  });
+
+  it('keeps every group with pending deltas in the dirty set while appliers and flushers race', async () => {
+    const clients = [1, 2, 3].map(() => new Redis(services.redisUrl(), { maxRetriesPerRequest: 1 }));
+    extra.push(...clients);
+    const appliers = [open({ groups: 32 }), open({ groups: 32 }, clients[0])];
+    const flushers = [open({ groups: 32 }, clients[1]), open({ groups: 32 }, clients[2])];
+    const store = appliers[0]!;
+    const refs = Array.from({ length: 60 }, (_, i) => post(String(7_300_000_000_000_000_000n + BigInt(i))));
+    const events: CounterEvent[] = [];
+    for (let n = 0; n < 1_500; n++) {
+      const r = await store.toggle(refs[n % refs.length]!, n % 3 ? 'like' : 'fav', n % 41, n % 7 !== 3, NOW);
+      if (r.event) events.push(r.event);
+    }
+    let done = false;
+    const apply = async (applier: RedisCounterStore, part: number): Promise<void> => {
+      for (let i = part * 10; i < events.length; i += 20) await applier.applyEvents(events.slice(i, i + 10));
+    };
+    const flushLoop = async (flusher: RedisCounterStore): Promise<void> => {
+      while (!done) {
+        await flusher.flush(4);
+        await sleep(0);
+      }
+    };
+    const flushing = Promise.all(flushers.map(flushLoop));
+    await Promise.all(appliers.map((a, i) => apply(a, i)));
+    done = true;
+    await flushing;
+
+    const dirty = new Set(await redis.smembers(`${prefix}c:dirty`));
+    for (let g = 0; g < 32; g++) {
+      if ((await redis.exists(store.groupKey('pd', g))) === 1) expect(dirty.has(String(g))).toBe(true);
+    }
+    while (!(await store.isQuiet())) await store.flush(32);
+    const snapshots = await store.readSnapshots(refs);
+    for (const [i, ref] of refs.entries()) {
+      const facts = await store.factCounts(ref);
+      expect([entityKey(ref), snapshots[i]]).toEqual([entityKey(ref), [0, facts.like, facts.fav, 0, 0]]);
+    }
+    expect(store.clampedFields).toBe(0);
+  });
+
+  it('counts folds that would go below zero', async () => {
+    const store = open({ groups: 4 });
+    const ref = post('77');
+    await store.toggle(ref, 'like', 1, true, NOW);
+    await store.rebuild(ref);
+    await store.writeRawSnapshot(ref, encodeSnapshot([0, 0, 0, 0, 0]));
+    await store.applyEvents([(await store.toggle(ref, 'like', 1, false, NOW)).event!]);
+    await store.flush(10);
+    expect(store.clampedFields).toBe(1);
+    expect(await store.readSnapshots([ref])).toEqual([[0, 0, 0, 0, 0]]);
+  });
+
+  it('rejects what would break the key layout', () => {
+    expect(() => open({ groups: 0 })).toThrow(RangeError);
+    expect(() => open({ sparseMax: MAX_PACKED + 1 })).toThrow(RangeError);
+    expect(() => new RedisCounterStore(redis, { prefix: 'a{b}:' })).toThrow(RangeError);
+  });
+
+  it('stores a like in a few bytes: intset while sparse, bitmap when dense', async () => {
+    const store = open({ groups: 64 });
+    const ids = new Set<number>();
+    const sparseRefs = Array.from({ length: 20 }, (_, i) => post(String(7_300_000_000_000_000_000n + BigInt(i) * 4_194_304n)));
+    const events: CounterEvent[] = [];
+    let seq = 0;
+    for (const ref of sparseRefs) {
+      ids.clear();
+      while (ids.size < 100) ids.add(Math.floor(Math.random() * 1_000_000));
+      for (const u of ids) events.push(fakeEvent(ref, u, ++seq));
+    }
+    await store.replayFacts(events);
+    let bytes = 0;
+    for (const ref of sparseRefs) bytes += (await redis.memory('USAGE', store.factKey(ref, 'like', false))) ?? 0;
+    const sparsePerLike = bytes / (sparseRefs.length * 100);
+    expect(sparsePerLike).toBeLessThanOrEqual(8);
+
+    const dense = post('7300000000000009999');
+    const denseEvents: CounterEvent[] = [];
+    for (let u = 0; u < 120_000; u++) if (u % 6 !== 5) denseEvents.push(fakeEvent(dense, u, u + 1));
+    await store.replayFacts(denseEvents);
+    expect(await store.factCounts(dense)).toEqual({ like: 100_000, fav: 0 });
+    const denseBytes = (await redis.memory('USAGE', store.factKey(dense, 'like', true), 'SAMPLES', 0)) ?? 0;
+    expect(denseBytes / 100_000).toBeLessThanOrEqual(0.25);
+  }, 60_000);
+});
+
+function fakeEvent(ref: EntityRef, userId: number, seq: number): CounterEvent {
+  return {
+    eventId: `${entityKey(ref)}:${seq}`,
+    entityType: ref.etype,
+    entityId: ref.eid,
+    metric: 'like',
+    idx: 1,
+    userId,
+    delta: 1,
+    ts: NOW,
+    seq,
+  };
+}

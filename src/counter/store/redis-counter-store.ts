@@ -1,0 +1,868 @@
+import type { ChainableCommander, Redis } from 'ioredis';
+import { defineScript } from '../../platform/kv/redis-kv.js';
+import {
+  entityKey,
+  eventFor,
+  FACT_METRICS,
+  parseEntityKey,
+  type CounterEvent,
+  type Counts,
+  type EntityRef,
+  type EntityType,
+  type FactMetric,
+} from '../model.js';
+import { decodeSnapshot } from '../snapshot.js';
+import type { CounterStore, Flags, Inspection, StaleEvent, ToggleResult } from './counter-store.js';
+
+export interface RedisCounterStoreOptions {
+  /** Prepended to every key; must not contain `{`, which would replace the group's hash tag. */
+  prefix: string;
+  /** Hash slots entities are spread over; each group's snapshot bucket should stay within the listpack limit (512 entries). */
+  groups?: number;
+  /** Members a fact set keeps as a plain SET before it is sharded; at most 512 keeps it intset-encoded. */
+  sparseMax?: number;
+}
+
+export const DEFAULT_GROUPS = 4096;
+export const DEFAULT_SPARSE_MAX = 500;
+/** Users per shard of a sharded fact set: 16-bit offsets, and a bitmap of 4096 bytes. */
+export const SHARD_USERS = 32_768;
+/** A packed shard holds at most this many offsets; the next one turns it into a bitmap. */
+export const MAX_PACKED = 2047;
+
+/**
+ * The type whose entities are stored under the bare id in group hashes: a decimal id that fits 64 bits
+ * is kept as an integer inside a listpack (10 bytes instead of ~28 for `knowpost:<id>`).
+ */
+const BARE_ETYPE: EntityType = 'knowpost';
+
+export function fnv1a32(text: string): number {
+  let hash = 0x811c9dc5;
+  for (let i = 0; i < text.length; i++) {
+    const code = text.charCodeAt(i);
+    if (code > 0x7f) return fnv1a32Bytes(Buffer.from(text, 'utf8'));
+    hash = Math.imul(hash ^ code, 0x01000193);
+  }
+  return hash >>> 0;
+}
+
+function fnv1a32Bytes(bytes: Uint8Array): number {
+  let hash = 0x811c9dc5;
+  for (const byte of bytes) hash = Math.imul(hash ^ byte, 0x01000193);
+  return hash >>> 0;
+}
+
+export function counterGroup(ref: EntityRef, groups: number): number {
+  return fnv1a32(entityKey(ref)) % groups;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Lua. Every script touches the keys of one group only, so it is atomic for that group and runs on
+// one node of a cluster. Fact sets live in one of two encodings, decided per (entity, metric):
+//   sparse:  SET of user ids (intset while small);
+//   sharded: HASH, field = floor(uid / 32768), value = sorted 16-bit big-endian offsets (at most
+//            2047 of them, so a packed value is never 4096 bytes long) or a 4096-byte bitmap (bit 0 =
+//            most significant bit of byte 0, as SETBIT numbers them); field `n` = cardinality.
+// A sharded key exists only while n > 0, so its existence alone decides the encoding.
+// ---------------------------------------------------------------------------------------------
+
+const FACTS_LUA = `
+local BITMAP = 4096
+local MAX_PACKED = ${MAX_PACKED}
+
+local function chars(bytes)
+  local parts = {}
+  for i = 1, #bytes, 1024 do
+    parts[#parts + 1] = string.char(unpack(bytes, i, math.min(i + 1023, #bytes)))
+  end
+  return table.concat(parts)
+end
+
+-- Lower bound of off in a packed shard: the 0-based index where it is or would be, and whether it is there.
+local function packed_find(s, off)
+  local lo, hi = 0, #s / 2
+  while lo < hi do
+    local mid = math.floor((lo + hi) / 2)
+    local p = mid * 2 + 1
+    if s:byte(p) * 256 + s:byte(p + 1) < off then lo = mid + 1 else hi = mid end
+  end
+  local p = lo * 2 + 1
+  return lo, p < #s and s:byte(p) * 256 + s:byte(p + 1) == off
+end
+
+local function to_bitmap(s)
+  local bytes = {}
+  for i = 1, BITMAP do bytes[i] = 0 end
+  for p = 1, #s, 2 do
+    local off = s:byte(p) * 256 + s:byte(p + 1)
+    local i = math.floor(off / 8) + 1
+    bytes[i] = bit.bor(bytes[i], bit.lshift(1, 7 - off % 8))
+  end
+  return chars(bytes)
+end
+
+local function shard_has(s, off)
+  if #s == BITMAP then
+    return bit.band(s:byte(math.floor(off / 8) + 1), bit.lshift(1, 7 - off % 8)) ~= 0
+  end
+  local _, found = packed_find(s, off)
+  return found
+end
+
+local function sharded_set(key, shard, off, on)
+  local s = redis.call('HGET', key, shard)
+  if s and #s == BITMAP then
+    local i = math.floor(off / 8) + 1
+    local b, m = s:byte(i), bit.lshift(1, 7 - off % 8)
+    if (bit.band(b, m) ~= 0) == on then return 0 end
+    if on then b = bit.bor(b, m) else b = bit.band(b, bit.bnot(m)) end
+    redis.call('HSET', key, shard, s:sub(1, i - 1) .. string.char(b) .. s:sub(i + 1))
+  else
+    s = s or ''
+    local idx, found = packed_find(s, off)
+    if found == on then return 0 end
+    local p = idx * 2
+    if on then
+      s = s:sub(1, p) .. string.char(math.floor(off / 256), off % 256) .. s:sub(p + 1)
+      if #s / 2 > MAX_PACKED then s = to_bitmap(s) end
+      redis.call('HSET', key, shard, s)
+    elseif #s == 2 then
+      redis.call('HDEL', key, shard)
+    else
+      redis.call('HSET', key, shard, s:sub(1, p) .. s:sub(p + 3))
+    end
+  end
+  if redis.call('HINCRBY', key, 'n', on and 1 or -1) <= 0 then redis.call('DEL', key) end
+  return 1
+end
+
+local function to_sharded(set_key, hash_key)
+  local shards, names = {}, {}
+  for _, m in ipairs(redis.call('SMEMBERS', set_key)) do
+    local u = tonumber(m)
+    local name = string.format('%d', math.floor(u / ${SHARD_USERS}))
+    if not shards[name] then shards[name] = {}; names[#names + 1] = name end
+    local offs = shards[name]
+    offs[#offs + 1] = u % ${SHARD_USERS}
+  end
+  local args, count = {}, 0
+  for _, name in ipairs(names) do
+    local offs = shards[name]
+    table.sort(offs)
+    local bytes = {}
+    for i, off in ipairs(offs) do
+      bytes[2 * i - 1] = math.floor(off / 256)
+      bytes[2 * i] = off % 256
+    end
+    local s = chars(bytes)
+    if #offs > MAX_PACKED then s = to_bitmap(s) end
+    args[#args + 1] = name
+    args[#args + 1] = s
+    count = count + #offs
+  end
+  args[#args + 1] = 'n'
+  args[#args + 1] = count
+  redis.call('HSET', hash_key, unpack(args))
+  redis.call('DEL', set_key)
+end
+
+local function has_fact(set_key, hash_key, uid, shard, off)
+  if redis.call('EXISTS', hash_key) == 1 then
+    local s = redis.call('HGET', hash_key, shard)
+    return s ~= false and shard_has(s, off)
+  end
+  return redis.call('SISMEMBER', set_key, uid) == 1
+end
+
+-- Returns 1 when the fact set changed.
+local function set_fact(set_key, hash_key, uid, shard, off, on, sparse_max)
+  if redis.call('EXISTS', hash_key) == 1 then return sharded_set(hash_key, shard, off, on) end
+  if not on then return redis.call('SREM', set_key, uid) end
+  local added = redis.call('SADD', set_key, uid)
+  if added == 1 and redis.call('SCARD', set_key) > sparse_max then to_sharded(set_key, hash_key) end
+  return added
+end
+
+local function fact_count(set_key, hash_key)
+  local n = redis.call('HGET', hash_key, 'n')
+  if n then return tonumber(n) end
+  return redis.call('SCARD', set_key)
+end
+
+local function unpack_snapshot(raw)
+  if raw and #raw == 20 then
+    local r, l, f, c, p = struct.unpack('>I4I4I4I4I4', raw)
+    return {r, l, f, c, p}
+  end
+  return nil
+end
+
+local function pack_snapshot(c)
+  return struct.pack('>I4I4I4I4I4', c[1], c[2], c[3], c[4], c[5])
+end
+
+-- After a rebuild from facts the mark becomes the current seq, so every event already issued is
+-- skipped. A mark above seq means seq went backwards (lost writes); seq is raised so that new
+-- changes are numbered above everything already counted.
+local function settle_mark(seq_key, ap_key, field)
+  local seq = redis.call('HGET', seq_key, field) or '0'
+  local ap = redis.call('HGET', ap_key, field) or '0'
+  if tonumber(ap) > tonumber(seq) then
+    redis.call('HSET', seq_key, field, ap)
+    seq = ap
+  end
+  if seq ~= '0' then redis.call('HSET', ap_key, field, seq) end
+end
+
+-- See CounterStore.rebuild.
+local function rebuild_entity(snap_key, pd_key, seq_key, ap_key, field, like_set, like_hash, fav_set, fav_hash)
+  local c = unpack_snapshot(redis.call('HGET', snap_key, field)) or {0, 0, 0, 0, 0}
+  c[2] = fact_count(like_set, like_hash)
+  c[3] = fact_count(fav_set, fav_hash)
+  redis.call('HSET', snap_key, field, pack_snapshot(c))
+  redis.call('HDEL', pd_key, field .. ':1', field .. ':2')
+  settle_mark(seq_key, ap_key, field)
+  return c
+end
+
+-- Fact keys of a group's entity named by its field in the group hashes. Scripts that learn which
+-- entities they need only as they run (apply, fold) build them from prefixes carrying the group's
+-- hash tag, so these undeclared keys share the slot of the declared ones.
+local function derived_fact_keys(sparse_prefix, sharded_prefix, bare_etype, field)
+  local e = field
+  if not string.find(field, ':', 1, true) then e = bare_etype .. ':' .. field end
+  return sparse_prefix .. e .. ':like', sharded_prefix .. e .. ':like',
+    sparse_prefix .. e .. ':fav', sharded_prefix .. e .. ':fav'
+end
+`;
+
+// Fact change, seq increment and the unpublished record in one step: an event exists exactly when
+// its change does. KEYS: like-or-fav set, its sharded hash, seq, unpublished.
+// ARGV: entity field, event id prefix, uid, shard, offset, on, sparseMax, now.
+const TOGGLE_LUA = `${FACTS_LUA}
+if set_fact(KEYS[1], KEYS[2], ARGV[3], ARGV[4], tonumber(ARGV[5]), ARGV[6] == '1', tonumber(ARGV[7])) == 0 then
+  return {0, 0}
+end
+local seq = redis.call('HINCRBY', KEYS[3], ARGV[1], 1)
+redis.call('ZADD', KEYS[4], ARGV[8], ARGV[2] .. ':' .. seq)
+return {1, seq}
+`;
+
+// The fact change of a logged event, without a new event; seq only ever rises.
+// KEYS: set, sharded hash, seq. ARGV: entity field, uid, shard, offset, on, sparseMax, event seq.
+const REPLAY_LUA = `${FACTS_LUA}
+set_fact(KEYS[1], KEYS[2], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5] == '1', tonumber(ARGV[6]))
+local seq = redis.call('HGET', KEYS[3], ARGV[1]) or '0'
+if tonumber(ARGV[7]) > tonumber(seq) then redis.call('HSET', KEYS[3], ARGV[1], ARGV[7]) end
+return 1
+`;
+
+// Atomic across both encodings: a conversion cannot hide a member between two reads.
+// KEYS: like set, like hash, fav set, fav hash. ARGV: uid, shard, offset.
+const FLAGS_LUA = `${FACTS_LUA}
+local off = tonumber(ARGV[3])
+return {
+  has_fact(KEYS[1], KEYS[2], ARGV[1], ARGV[2], off) and 1 or 0,
+  has_fact(KEYS[3], KEYS[4], ARGV[1], ARGV[2], off) and 1 or 0,
+}
+`;
+
+// KEYS: like set, like hash, fav set, fav hash.
+const COUNT_LUA = `${FACTS_LUA}
+return {fact_count(KEYS[1], KEYS[2]), fact_count(KEYS[3], KEYS[4])}
+`;
+
+// Per entity (ARGV after the three prefixes in sixes: field, fromSeq, toSeq, number of distinct
+// events, like delta, fav delta; a delta is '' when the batch has no event of that metric): a run
+// wholly at or below the applied mark is skipped (0); a gapless run starting right after the mark is
+// added to pending deltas and the mark set to its end (1); anything else, a gap or an overlap with
+// the mark, rebuilds the entity from facts (2), exact whatever order the events arrived in.
+// A zero net delta is still recorded, so the next flush writes (or rebuilds) the snapshot.
+// KEYS: applied, pending, snapshots, seq. ARGV: sparse fact prefix, sharded fact prefix, bare etype, ...
+const APPLY_LUA = `${FACTS_LUA}
+local status = {}
+for i = 4, #ARGV, 6 do
+  local field = ARGV[i]
+  local from, to, n = tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
+  local mark = tonumber(redis.call('HGET', KEYS[1], field) or '0')
+  if to <= mark then
+    status[#status + 1] = 0
+  elseif from == mark + 1 and to - from + 1 == n then
+    if ARGV[i + 4] ~= '' then redis.call('HINCRBY', KEYS[2], field .. ':1', ARGV[i + 4]) end
+    if ARGV[i + 5] ~= '' then redis.call('HINCRBY', KEYS[2], field .. ':2', ARGV[i + 5]) end
+    redis.call('HSET', KEYS[1], field, ARGV[i + 2])
+    -- Events above the entity's seq exist only after a reset; later changes must number above them.
+    if to > tonumber(redis.call('HGET', KEYS[4], field) or '0') then redis.call('HSET', KEYS[4], field, ARGV[i + 2]) end
+    status[#status + 1] = 1
+  else
+    local ls, lh, fs, fh = derived_fact_keys(ARGV[1], ARGV[2], ARGV[3], field)
+    rebuild_entity(KEYS[3], KEYS[2], KEYS[4], KEYS[1], field, ls, lh, fs, fh)
+    status[#status + 1] = 2
+  end
+end
+return status
+`;
+
+// Folds all pending deltas of the group into its snapshots and clears them, in one step. An entity
+// whose snapshot is missing or malformed is rebuilt from its facts instead.
+// KEYS: pending, snapshots, seq, applied. ARGV: sparse fact prefix, sharded fact prefix, bare etype.
+// Replies {entities folded, fields clamped at zero (a negative count is a bug upstream)}.
+const FOLD_LUA = `${FACTS_LUA}
+local pending = redis.call('HGETALL', KEYS[1])
+if #pending == 0 then return {0, 0} end
+local deltas, order = {}, {}
+for i = 1, #pending, 2 do
+  local field, idx = string.match(pending[i], '^(.*):(%d)$')
+  if field then
+    local d = deltas[field]
+    if not d then
+      d = {0, 0, 0, 0, 0}
+      deltas[field] = d
+      order[#order + 1] = field
+    end
+    local k = tonumber(idx) + 1
+    d[k] = d[k] + tonumber(pending[i + 1])
+  end
+end
+local clamped = 0
+for _, field in ipairs(order) do
+  local c = unpack_snapshot(redis.call('HGET', KEYS[2], field))
+  if c then
+    local d = deltas[field]
+    for k = 1, 5 do
+      local v = c[k] + d[k]
+      if v < 0 then
+        v = 0
+        clamped = clamped + 1
+      elseif v > 4294967295 then
+        v = 4294967295
+      end
+      c[k] = v
+    end
+    redis.call('HSET', KEYS[2], field, pack_snapshot(c))
+  else
+    local ls, lh, fs, fh = derived_fact_keys(ARGV[1], ARGV[2], ARGV[3], field)
+    rebuild_entity(KEYS[2], KEYS[1], KEYS[3], KEYS[4], field, ls, lh, fs, fh)
+  end
+end
+redis.call('DEL', KEYS[1])
+return {#order, clamped}
+`;
+
+// KEYS: like set, like hash, fav set, fav hash, snapshots, pending, seq, applied. ARGV: entity field.
+const REBUILD_LUA = `${FACTS_LUA}
+return rebuild_entity(KEYS[5], KEYS[6], KEYS[7], KEYS[8], ARGV[1], KEYS[1], KEYS[2], KEYS[3], KEYS[4])
+`;
+
+// One instant of an entity. Called through the Buffer variant, so the snapshot's bytes arrive intact.
+// KEYS: like set, like hash, fav set, fav hash, snapshots, pending, seq, applied. ARGV: entity field.
+const INSPECT_LUA = `${FACTS_LUA}
+local field = ARGV[1]
+local pending = redis.call('HEXISTS', KEYS[6], field .. ':1') + redis.call('HEXISTS', KEYS[6], field .. ':2')
+return {
+  tonumber(redis.call('HGET', KEYS[7], field) or '0'),
+  tonumber(redis.call('HGET', KEYS[8], field) or '0'),
+  pending,
+  fact_count(KEYS[1], KEYS[2]),
+  fact_count(KEYS[3], KEYS[4]),
+  redis.call('HGET', KEYS[5], field),
+}
+`;
+
+const CMD = {
+  toggle: 'zgCounterToggle',
+  replay: 'zgCounterReplay',
+  flags: 'zgCounterFlags',
+  count: 'zgCounterCount',
+  apply: 'zgCounterApply',
+  fold: 'zgCounterFold',
+  rebuild: 'zgCounterRebuild',
+  inspect: 'zgCounterInspect',
+} as const;
+
+type ScriptCall = (...args: (string | number)[]) => Promise<unknown>;
+type ScriptPipeline = ChainableCommander & Record<(typeof CMD)[keyof typeof CMD], (...args: (string | number)[]) => ChainableCommander>;
+
+/** Pipelines beyond this many commands are split, so one call never builds an unbounded reply. */
+const PIPELINE_CHUNK = 2_000;
+/** Groups read per pipeline by the background scans (unpublished, entities, samples). */
+const SCAN_CHUNK = 256;
+const DIRTY_CHECK_MAX = 256;
+
+/** One entity's events of an `applyEvents` batch, folded; a delta is null when the batch has no event of that metric. */
+interface EntityRun {
+  group: number;
+  field: string;
+  seqs: Set<number>;
+  from: number;
+  to: number;
+  like: number | null;
+  fav: number | null;
+}
+
+interface Addressed {
+  ref: EntityRef;
+  group: number;
+  field: string;
+}
+
+async function exec(pipeline: ChainableCommander): Promise<unknown[]> {
+  const replies = await pipeline.exec();
+  if (!replies) throw new Error('Redis pipeline was discarded');
+  return replies.map(([error, value]) => {
+    if (error) throw error;
+    return value;
+  });
+}
+
+/** The `…Buffer` twin ioredis defines with every script: bulk replies arrive as Buffers. */
+function bufferVariant(redis: Redis, name: string): ScriptCall {
+  const fn = (redis as unknown as Record<string, ScriptCall>)[`${name}Buffer`];
+  if (!fn) throw new Error(`script ${name} is not defined`);
+  return fn.bind(redis);
+}
+
+function toInt(value: unknown): number {
+  return typeof value === 'number' ? value : Number(value);
+}
+
+function checkUserId(userId: number): void {
+  if (!Number.isSafeInteger(userId) || userId < 0) throw new RangeError(`invalid user id: ${userId}`);
+}
+
+function checkRef(ref: EntityRef): void {
+  if (parseEntityKey(entityKey(ref)) === null) throw new RangeError(`invalid entity: ${entityKey(ref)}`);
+}
+
+function shuffle<T>(items: T[]): T[] {
+  for (let i = items.length - 1; i > 0; i--) {
+    const j = Math.floor(Math.random() * (i + 1));
+    [items[i], items[j]] = [items[j] as T, items[i] as T];
+  }
+  return items;
+}
+
+/**
+ * `CounterStore` on Redis. Per operation: `toggle`, `factCounts`, `rebuild`, `inspect`, `flags` (any
+ * page size), `readSnapshots` (any number), `applyEvents` (all groups of the batch) and
+ * `markPublished` take one round trip; `flush` two (plus one when an apply raced with it). The scans over all groups (`staleUnpublished`, `scanEntities`,
+ * `sampleEntities`, `reset`) are for background jobs and admin tools.
+ *
+ * The dirty set lives outside every group's slot, so it cannot change in a group's scripts. The
+ * invariant "a group with pending deltas is in dirty" holds by ordering instead: an apply adds its
+ * groups before and again after its scripts (same connection, so in that order), and a flusher
+ * removes a group only after folding it and then re-adds it if pending deltas reappeared. Whichever
+ * removal comes last is followed by that check or by the applier's second add.
+ */
+export class RedisCounterStore implements CounterStore {
+  readonly groups: number;
+  readonly sparseMax: number;
+  private readonly prefix: string;
+  private readonly dirtyKey: string;
+  private readonly toggleScript: ScriptCall;
+  private readonly countScript: ScriptCall;
+  private readonly rebuildScript: ScriptCall;
+  private readonly inspectScript: ScriptCall;
+  private clamped = 0;
+
+  constructor(
+    private readonly redis: Redis,
+    options: RedisCounterStoreOptions,
+  ) {
+    if (options.prefix.includes('{')) throw new RangeError('the key prefix must not contain "{"');
+    const groups = options.groups ?? DEFAULT_GROUPS;
+    const sparseMax = options.sparseMax ?? DEFAULT_SPARSE_MAX;
+    if (!Number.isInteger(groups) || groups < 1 || groups > 16_384) throw new RangeError(`invalid groups: ${groups}`);
+    if (!Number.isInteger(sparseMax) || sparseMax < 1 || sparseMax > MAX_PACKED) {
+      throw new RangeError(`invalid sparseMax: ${sparseMax}`);
+    }
+    this.prefix = options.prefix;
+    this.groups = groups;
+    this.sparseMax = sparseMax;
+    this.dirtyKey = `${this.prefix}c:dirty`;
+    this.toggleScript = defineScript<ScriptCall>(redis, CMD.toggle, 4, TOGGLE_LUA);
+    defineScript(redis, CMD.replay, 3, REPLAY_LUA);
+    defineScript(redis, CMD.flags, 4, FLAGS_LUA);
+    this.countScript = defineScript<ScriptCall>(redis, CMD.count, 4, COUNT_LUA);
+    defineScript(redis, CMD.apply, 4, APPLY_LUA);
+    defineScript(redis, CMD.fold, 4, FOLD_LUA);
+    this.rebuildScript = defineScript<ScriptCall>(redis, CMD.rebuild, 8, REBUILD_LUA);
+    defineScript(redis, CMD.inspect, 8, INSPECT_LUA);
+    this.inspectScript = bufferVariant(redis, CMD.inspect);
+  }
+
+  /** Snapshot fields clamped at zero by folds since this instance was created (non-zero means a bug upstream). */
+  get clampedFields(): number {
+    return this.clamped;
+  }
+
+  groupOf(ref: EntityRef): number {
+    return counterGroup(ref, this.groups);
+  }
+
+  /** Name of a group-level key: `seq`, `ap` (applied), `pd` (pending), `s` (snapshots) or `un` (unpublished). */
+  groupKey(kind: 'seq' | 'ap' | 'pd' | 's' | 'un', group: number): string {
+    return `${this.prefix}c:${kind}:{${group}}`;
+  }
+
+  /** The sparse (SET) or sharded (HASH) fact key of an entity's metric. */
+  factKey(ref: EntityRef, metric: FactMetric, sharded: boolean): string {
+    return `${this.factPrefix(this.groupOf(ref), sharded)}${entityKey(ref)}:${metric}`;
+  }
+
+  private factPrefix(group: number, sharded: boolean): string {
+    return `${this.prefix}c:${sharded ? 'fb' : 'f'}:{${group}}:`;
+  }
+
+  private fieldOf(ref: EntityRef): string {
+    return ref.etype === BARE_ETYPE ? ref.eid : entityKey(ref);
+  }
+
+  private refOfField(field: string): EntityRef | null {
+    return parseEntityKey(field.includes(':') ? field : `${BARE_ETYPE}:${field}`);
+  }
+
+  private address(ref: EntityRef): Addressed {
+    return { ref, group: this.groupOf(ref), field: this.fieldOf(ref) };
+  }
+
+  private factKeys(ref: EntityRef): string[] {
+    return FACT_METRICS.flatMap((metric) => [this.factKey(ref, metric, false), this.factKey(ref, metric, true)]);
+  }
+
+  private pipeline(): ScriptPipeline {
+    return this.redis.pipeline() as ScriptPipeline;
+  }
+
+  async toggle(ref: EntityRef, metric: FactMetric, userId: number, on: boolean, now: number): Promise<ToggleResult> {
+    checkRef(ref);
+    checkUserId(userId);
+    const group = this.groupOf(ref);
+    const reply = (await this.toggleScript(
+      this.factKey(ref, metric, false),
+      this.factKey(ref, metric, true),
+      this.groupKey('seq', group),
+      this.groupKey('un', group),
+      this.fieldOf(ref),
+      entityKey(ref),
+      userId,
+      Math.floor(userId / SHARD_USERS),
+      userId % SHARD_USERS,
+      on ? 1 : 0,
+      this.sparseMax,
+      now,
+    )) as [number, number];
+    if (reply[0] !== 1) return { changed: false, state: on, event: null, published: false };
+    return { changed: true, state: on, event: eventFor(ref, metric, userId, on ? 1 : -1, reply[1], now), published: false };
+  }
+
+  async flags(userId: number, refs: readonly EntityRef[]): Promise<Flags[]> {
+    checkUserId(userId);
+    if (refs.length === 0) return [];
+    const pipeline = this.pipeline();
+    const shard = Math.floor(userId / SHARD_USERS);
+    const offset = userId % SHARD_USERS;
+    for (const ref of refs) pipeline[CMD.flags](...this.factKeys(ref), userId, shard, offset);
+    const replies = (await exec(pipeline)) as [number, number][];
+    return replies.map(([like, fav]) => ({ like: like === 1, fav: fav === 1 }));
+  }
+
+  async factCounts(ref: EntityRef): Promise<Record<FactMetric, number>> {
+    const [like, fav] = (await this.countScript(...this.factKeys(ref))) as [number, number];
+    return { like, fav };
+  }
+
+  async readSnapshots(refs: readonly EntityRef[]): Promise<(Counts | null)[]> {
+    if (refs.length === 0) return [];
+    const byGroup = new Map<number, number[]>();
+    const addressed = refs.map((ref) => this.address(ref));
+    addressed.forEach((a, i) => {
+      const list = byGroup.get(a.group);
+      if (list) list.push(i);
+      else byGroup.set(a.group, [i]);
+    });
+    const pipeline = this.redis.pipeline();
+    for (const [group, indexes] of byGroup) {
+      pipeline.hmgetBuffer(this.groupKey('s', group), ...indexes.map((i) => (addressed[i] as Addressed).field));
+    }
+    const replies = (await exec(pipeline)) as (Buffer | null)[][];
+    const out: (Counts | null)[] = new Array<Counts | null>(refs.length).fill(null);
+    let r = 0;
+    for (const indexes of byGroup.values()) {
+      const values = replies[r++] ?? [];
+      indexes.forEach((i, k) => (out[i] = decodeSnapshot(values[k])));
+    }
+    return out;
+  }
+
+  async rebuild(ref: EntityRef): Promise<Counts> {
+    const { group, field } = this.address(ref);
+    const reply = (await this.rebuildScript(
+      ...this.factKeys(ref),
+      this.groupKey('s', group),
+      this.groupKey('pd', group),
+      this.groupKey('seq', group),
+      this.groupKey('ap', group),
+      field,
+    )) as number[];
+    return [reply[0] ?? 0, reply[1] ?? 0, reply[2] ?? 0, reply[3] ?? 0, reply[4] ?? 0];
+  }
+
+  async inspect(ref: EntityRef): Promise<Inspection> {
+    const { group, field } = this.address(ref);
+    const reply = (await this.inspectScript(
+      ...this.factKeys(ref),
+      this.groupKey('s', group),
+      this.groupKey('pd', group),
+      this.groupKey('seq', group),
+      this.groupKey('ap', group),
+      field,
+    )) as [number, number, number, number, number, Buffer | null];
+    return {
+      seq: reply[0],
+      applied: reply[1],
+      pending: reply[2] > 0,
+      snapshot: decodeSnapshot(reply[5]),
+      facts: { like: reply[3], fav: reply[4] },
+    };
+  }
+
+  async applyEvents(events: readonly CounterEvent[]): Promise<{ applied: number; skipped: number }> {
+    const runs = new Map<string, EntityRun>();
+    for (const event of events) {
+      const ref: EntityRef = { etype: event.entityType, eid: event.entityId };
+      const key = entityKey(ref);
+      let run = runs.get(key);
+      if (!run) {
+        run = { group: this.groupOf(ref), field: this.fieldOf(ref), seqs: new Set(), from: event.seq, to: event.seq, like: null, fav: null };
+        runs.set(key, run);
+      }
+      if (run.seqs.has(event.seq)) continue;
+      run.seqs.add(event.seq);
+      if (event.seq < run.from) run.from = event.seq;
+      if (event.seq > run.to) run.to = event.seq;
+      if (event.metric === 'like') run.like = (run.like ?? 0) + event.delta;
+      else run.fav = (run.fav ?? 0) + event.delta;
+    }
+    // A repeated seq is the same change delivered twice.
+    let skipped = events.length;
+    let applied = 0;
+    if (runs.size === 0) return { applied, skipped };
+    const byGroup = new Map<number, EntityRun[]>();
+    for (const run of runs.values()) {
+      skipped -= run.seqs.size;
+      const list = byGroup.get(run.group);
+      if (list) list.push(run);
+      else byGroup.set(run.group, [run]);
+    }
+    const groups = [...byGroup.keys()];
+    const pipeline = this.pipeline();
+    pipeline.sadd(this.dirtyKey, ...groups);
+    for (const [group, list] of byGroup) {
+      const args: (string | number)[] = [this.factPrefix(group, false), this.factPrefix(group, true), BARE_ETYPE];
+      for (const run of list) args.push(run.field, run.from, run.to, run.seqs.size, run.like ?? '', run.fav ?? '');
+      pipeline[CMD.apply](
+        this.groupKey('ap', group),
+        this.groupKey('pd', group),
+        this.groupKey('s', group),
+        this.groupKey('seq', group),
+        ...args,
+      );
+    }
+    pipeline.sadd(this.dirtyKey, ...groups);
+    const replies = await exec(pipeline);
+    let r = 1;
+    for (const list of byGroup.values()) {
+      const status = replies[r++] as number[];
+      list.forEach((run, k) => {
+        if (status[k] === 0) skipped += run.seqs.size;
+        else applied += run.seqs.size;
+      });
+    }
+    return { applied, skipped };
+  }
+
+  async flush(limit: number): Promise<number> {
+    if (!(limit >= 1)) return 0;
+    const groups = (await this.redis.srandmember(this.dirtyKey, Math.floor(limit))) as string[];
+    if (groups.length === 0) return 0;
+    const pipeline = this.pipeline();
+    for (const g of groups) {
+      const group = Number(g);
+      pipeline[CMD.fold](
+        this.groupKey('pd', group),
+        this.groupKey('s', group),
+        this.groupKey('seq', group),
+        this.groupKey('ap', group),
+        this.factPrefix(group, false),
+        this.factPrefix(group, true),
+        BARE_ETYPE,
+      );
+      pipeline.srem(this.dirtyKey, g);
+      pipeline.exists(this.groupKey('pd', group));
+    }
+    const replies = await exec(pipeline);
+    let folded = 0;
+    const reappeared: string[] = [];
+    groups.forEach((g, i) => {
+      const [entities, clamped] = replies[i * 3] as [number, number];
+      folded += entities;
+      this.clamped += clamped;
+      if (toInt(replies[i * 3 + 2]) > 0) reappeared.push(g);
+    });
+    if (reappeared.length > 0) await this.redis.sadd(this.dirtyKey, ...reappeared);
+    return folded;
+  }
+
+  async isQuiet(): Promise<boolean> {
+    const dirty = await this.redis.scard(this.dirtyKey);
+    if (dirty === 0) return true;
+    if (dirty > DIRTY_CHECK_MAX) return false;
+    // Dirty also holds groups whose applies were all skipped; only pending deltas count.
+    const groups = await this.redis.smembers(this.dirtyKey);
+    if (groups.length === 0) return true;
+    const pipeline = this.redis.pipeline();
+    for (const g of groups) pipeline.exists(this.groupKey('pd', Number(g)));
+    const replies = await exec(pipeline);
+    return replies.every((n) => toInt(n) === 0);
+  }
+
+  async staleUnpublished(now: number, olderThanMs: number, limit: number): Promise<StaleEvent[]> {
+    const out: StaleEvent[] = [];
+    if (!(limit >= 1)) return out;
+    const before = `(${now - olderThanMs}`;
+    for (let start = 0; start < this.groups && out.length < limit; start += SCAN_CHUNK) {
+      const pipeline = this.redis.pipeline();
+      const end = Math.min(this.groups, start + SCAN_CHUNK);
+      for (let g = start; g < end; g++) {
+        pipeline.zrangebyscore(this.groupKey('un', g), '-inf', before, 'LIMIT', 0, limit - out.length);
+      }
+      for (const members of (await exec(pipeline)) as string[][]) {
+        for (const token of members) {
+          if (out.length >= limit) break;
+          const ref = parseEntityKey(token.slice(0, token.lastIndexOf(':')));
+          if (ref) out.push({ ref, token });
+        }
+      }
+    }
+    return out;
+  }
+
+  async markPublished(events: readonly CounterEvent[]): Promise<void> {
+    await this.removeUnpublished(events.map((e) => ({ ref: { etype: e.entityType, eid: e.entityId }, token: e.eventId })));
+  }
+
+  async dropUnpublished(entries: readonly StaleEvent[]): Promise<void> {
+    await this.removeUnpublished(entries);
+  }
+
+  private async removeUnpublished(entries: readonly StaleEvent[]): Promise<void> {
+    if (entries.length === 0) return;
+    const byGroup = new Map<number, string[]>();
+    for (const { ref, token } of entries) {
+      const group = this.groupOf(ref);
+      const list = byGroup.get(group);
+      if (list) list.push(token);
+      else byGroup.set(group, [token]);
+    }
+    const pipeline = this.redis.pipeline();
+    for (const [group, tokens] of byGroup) pipeline.zrem(this.groupKey('un', group), ...tokens);
+    await exec(pipeline);
+  }
+
+  /** The cursor is `<group>` or `<group>|<last field returned>`; fields of a group come in sorted order. */
+  async scanEntities(cursor: string, limit: number): Promise<{ refs: EntityRef[]; cursor: string | null }> {
+    const bar = cursor.indexOf('|');
+    let group = cursor === '' ? 0 : Number(bar < 0 ? cursor : cursor.slice(0, bar));
+    let after: string | null = bar < 0 ? null : cursor.slice(bar + 1);
+    if (!Number.isInteger(group) || group < 0) throw new RangeError(`invalid cursor: ${cursor}`);
+    const refs: EntityRef[] = [];
+    const max = Math.max(1, Math.floor(limit));
+    while (group < this.groups) {
+      const end = Math.min(this.groups, group + SCAN_CHUNK);
+      const pipeline = this.redis.pipeline();
+      for (let g = group; g < end; g++) {
+        pipeline.hkeys(this.groupKey('s', g));
+        pipeline.hkeys(this.groupKey('seq', g));
+      }
+      const replies = (await exec(pipeline)) as string[][];
+      for (let g = group; g < end; g++) {
+        const i = (g - group) * 2;
+        const fields = [...new Set([...(replies[i] ?? []), ...(replies[i + 1] ?? [])])].sort();
+        for (const field of fields) {
+          if (after !== null && field <= after) continue;
+          const ref = this.refOfField(field);
+          if (!ref) continue;
+          refs.push(ref);
+          if (refs.length >= max) {
+            return { refs, cursor: `${g}|${field}` };
+          }
+        }
+        after = null;
+      }
+      group = end;
+    }
+    return { refs, cursor: null };
+  }
+
+  async sampleEntities(limit: number): Promise<EntityRef[]> {
+    const max = Math.floor(limit);
+    if (!(max >= 1)) return [];
+    const perGroup = Math.max(1, Math.ceil(max / 16));
+    const order = shuffle(Array.from({ length: this.groups }, (_, g) => g));
+    const seen = new Map<string, EntityRef>();
+    for (let start = 0; start < order.length && seen.size < max; start += SCAN_CHUNK) {
+      const pipeline = this.redis.pipeline();
+      const chunk = order.slice(start, start + SCAN_CHUNK);
+      for (const g of chunk) pipeline.hrandfield(this.groupKey('s', g), perGroup);
+      for (const fields of (await exec(pipeline)) as string[][]) {
+        for (const field of fields) {
+          const ref = this.refOfField(field);
+          if (ref) seen.set(entityKey(ref), ref);
+        }
+      }
+    }
+    return shuffle([...seen.values()]).slice(0, max);
+  }
+
+  async reset(): Promise<void> {
+    const pattern = `${this.prefix.replace(/[*?[\]\\]/g, '\\$&')}c:*`;
+    let cursor = '0';
+    do {
+      const [next, keys] = await this.redis.scan(cursor, 'MATCH', pattern, 'COUNT', 1_000);
+      if (keys.length > 0) await this.redis.unlink(...keys);
+      cursor = next;
+    } while (cursor !== '0');
+  }
+
+  async replayFacts(events: readonly CounterEvent[]): Promise<void> {
+    for (let start = 0; start < events.length; start += PIPELINE_CHUNK) {
+      const pipeline = this.pipeline();
+      for (const e of events.slice(start, start + PIPELINE_CHUNK)) {
+        const ref: EntityRef = { etype: e.entityType, eid: e.entityId };
+        checkRef(ref);
+        checkUserId(e.userId);
+        const group = this.groupOf(ref);
+        pipeline[CMD.replay](
+          this.factKey(ref, e.metric, false),
+          this.factKey(ref, e.metric, true),
+          this.groupKey('seq', group),
+          this.fieldOf(ref),
+          e.userId,
+          Math.floor(e.userId / SHARD_USERS),
+          e.userId % SHARD_USERS,
+          e.delta > 0 ? 1 : 0,
+          this.sparseMax,
+          e.seq,
+        );
+      }
+      await exec(pipeline);
+    }
+  }
+
+  async writeRawSnapshot(ref: EntityRef, bytes: Buffer | null): Promise<void> {
+    const { group, field } = this.address(ref);
+    if (bytes === null) await this.redis.hdel(this.groupKey('s', group), field);
+    else await this.redis.hset(this.groupKey('s', group), field, bytes);
+  }
+}
