@@ -31,6 +31,8 @@ import { CounterEventPublisher } from './counter/event-publisher.js';
 import { CounterReconciler, flushPending, repairUnpublished } from './counter/maintenance.js';
 import { COUNTER_TOPIC } from './counter/model.js';
 import { KnowpostVisibilityRepository } from './knowpost/visibility.repository.js';
+import { createDescriptionSuggester } from './knowpost/description/create.js';
+import { descriptionRoutes } from './knowpost/description.routes.js';
 import { PeriodicTask } from './platform/workers/periodic.js';
 
 export interface App {
@@ -113,6 +115,14 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
     await http.register(profileRoutes({ profiles, guards, avatarMaxBytes: config.avatarMaxBytes }));
     await http.register(filesRoutes(platform.storage));
     await http.register(counterRoutes({ counters, guards }));
+    await http.register(
+      descriptionRoutes({
+        describer: createDescriptionSuggester(config.ai, log.child({ module: 'knowpost-description' })),
+        guards,
+        limiter: platform.limiter,
+        perUserPerMinute: config.ai.perUserPerMinute,
+      }),
+    );
   }
 
   const workerError = (name: string, err: unknown) => log.warn({ err, worker: name }, 'background work failed; will retry');

@@ -49,6 +49,8 @@ export interface Config {
     repairAfterMs: number;
     reconcileIntervalMs: number;
   };
+  /** The model that writes post descriptions; without a key, descriptions are extractive summaries. */
+  ai: { apiKey: string | undefined; baseURL: string; model: string; timeoutMs: number; maxRetries: number; perUserPerMinute: number };
   /** How long a process trusts what it learned of a post's visibility. */
   entityCacheMs: number;
   bodyLimitBytes: number;
@@ -128,6 +130,12 @@ export const CONFIG_VARS = {
   ZG_COUNTER_REPAIR_AFTER_MS: { description: 'an unacknowledged counter event older than this has its entity rebuilt from facts', default: '3000' },
   ZG_COUNTER_RECONCILE_MS: { description: 'how often the reconciler samples entities and heals drift', default: '30000' },
   ZG_ENTITY_CACHE_MS: { description: 'how long a process caches whether a post exists and who may see it', default: '5000' },
+  ZG_AI_API_KEY: { description: 'API key of the OpenAI-compatible model that writes post descriptions; unset = offline extractive summaries only', secret: true },
+  ZG_AI_BASE_URL: { description: 'base URL of the OpenAI-compatible API (/chat/completions is appended)', default: 'https://api.deepseek.com' },
+  ZG_AI_MODEL: { description: 'chat model used for post descriptions', default: 'deepseek-chat' },
+  ZG_AI_TIMEOUT_MS: { description: 'longest a description suggestion waits for the model, retries included, before the extractive summary is used', default: '10000' },
+  ZG_AI_MAX_RETRIES: { description: 'further attempts after a connection error, 408, 409, 429 or 5xx, within the timeout', default: '1' },
+  ZG_AI_RATE_LIMIT: { description: 'description suggestions per user per minute', default: '20' },
   ZG_BODY_LIMIT_BYTES: { description: 'largest JSON body accepted', default: '1048576' },
   ZG_AVATAR_MAX_BYTES: { description: 'largest avatar upload accepted', default: '5242880' },
   ZG_SHUTDOWN_TIMEOUT_MS: {
@@ -252,6 +260,14 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: { ro
       reconcileIntervalMs: int('ZG_COUNTER_RECONCILE_MS', 100, 86_400_000),
     },
     entityCacheMs: int('ZG_ENTITY_CACHE_MS', 0, 3_600_000),
+    ai: {
+      apiKey: raw('ZG_AI_API_KEY'),
+      baseURL: url('ZG_AI_BASE_URL', ['http:', 'https:']) ?? 'https://api.deepseek.com',
+      model: raw('ZG_AI_MODEL') ?? 'deepseek-chat',
+      timeoutMs: int('ZG_AI_TIMEOUT_MS', 500, 60_000),
+      maxRetries: int('ZG_AI_MAX_RETRIES', 0, 5),
+      perUserPerMinute: int('ZG_AI_RATE_LIMIT', 1, 10_000),
+    },
     bodyLimitBytes: int('ZG_BODY_LIMIT_BYTES', 1024, 64 * 1024 * 1024),
     avatarMaxBytes: int('ZG_AVATAR_MAX_BYTES', 1024, 64 * 1024 * 1024),
     shutdownTimeoutMs: int('ZG_SHUTDOWN_TIMEOUT_MS', 100, 600_000),

@@ -1,0 +1,46 @@
+import type { FastifyInstance } from 'fastify';
+import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
+import { Type } from 'typebox';
+import type { AuthGuards } from '../auth/auth.guard.js';
+import { principalOf } from '../auth/auth.guard.js';
+import { RateLimitedError } from '../platform/errors/errors.js';
+import { errorResponses } from '../platform/http/schemas.js';
+import type { RateLimiter } from '../platform/ratelimit/ratelimit.js';
+import type { DescriptionSuggester } from './description/describer.js';
+
+export interface DescriptionRouteDeps {
+  describer: DescriptionSuggester;
+  guards: AuthGuards;
+  limiter: RateLimiter;
+  perUserPerMinute: number;
+}
+
+/** Suggests a post description of at most 50 characters; signed-in and rate limited, since a call may cost money. */
+export function descriptionRoutes(deps: DescriptionRouteDeps) {
+  return async (root: FastifyInstance): Promise<void> => {
+    const app = root.withTypeProvider<TypeBoxTypeProvider>();
+    app.post(
+      '/api/v1/knowposts/description/suggest',
+      {
+        preHandler: deps.guards.required,
+        schema: {
+          tags: ['knowposts'],
+          security: [{ bearerAuth: [] }],
+          body: Type.Object({ content: Type.String({ minLength: 1, maxLength: 200_000 }) }),
+          response: { 200: Type.Object({ description: Type.String({ maxLength: 50 }) }), ...errorResponses(400, 401, 429) },
+        },
+      },
+      async (request) => {
+        const { userId } = principalOf(request);
+        const decision = await deps.limiter.hit(`describe:${userId}`, deps.perUserPerMinute, 60_000);
+        if (!decision.allowed) throw new RateLimitedError('Too many description requests; try again shortly', decision.retryAfterMs / 1000);
+        const abort = new AbortController();
+        request.raw.once('close', () => {
+          if (!request.raw.complete) abort.abort();
+        });
+        const { description } = await deps.describer.suggest(request.body.content, abort.signal);
+        return { description };
+      },
+    );
+  };
+}

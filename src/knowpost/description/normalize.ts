@@ -1,0 +1,164 @@
+import { DESCRIPTION_MAX_LENGTH } from './describer.js';
+import {
+  codePointLength,
+  collapseWhitespace,
+  foldCompatibility,
+  isUnspacedChar,
+  markdownToText,
+} from './text.js';
+
+const LABELS = [
+  '描述',
+  '简介',
+  '簡介',
+  '摘要',
+  '概要',
+  '概述',
+  '概括',
+  '总结',
+  '總結',
+  '简述',
+  '導語',
+  '导语',
+  '标题',
+  '回答',
+  '答',
+  '一句话(?:描述|总结|简介|概括|摘要)?',
+  '文章(?:描述|摘要|简介|概要)',
+  '内容(?:描述|摘要|简介)',
+  '(?:short |meta |post )?description',
+  '(?:one[- ](?:line|sentence) )?summary',
+  'abstract',
+  'tl;? ?dr',
+  'answer',
+].join('|');
+const LABEL = new RegExp(
+  `^(?:【\\s*(?:${LABELS})\\s*】|\\[\\s*(?:${LABELS})\\s*\\]|(?:${LABELS})\\s*[:：])\\s*`,
+  'iu',
+);
+
+/** Opening quote → the closing quotes accepted for it (models mix curly and straight quotes). */
+const QUOTES: ReadonlyMap<string, readonly string[]> = new Map([
+  ['"', ['"', '”']],
+  ["'", ["'", '’']],
+  ['“', ['”', '"', '“']],
+  ['‘', ['’', "'", '‘']],
+  ['「', ['」']],
+  ['『', ['』']],
+  ['《', ['》']],
+  ['«', ['»']],
+]);
+const CLOSERS = new Set([...QUOTES.values()].flat());
+
+const TRAILING = new Set([...'。．.!！?？,，;；:：、…~～—–', ' ']);
+const LEADING = new Set([...',，;；:：、', ' ']);
+
+const SENTENCE_END = new Set([...'。！？!?；;…']);
+const CLAUSE_END = new Set([...'，,、：:—']);
+const WORD_CHAR = /^[\p{L}\p{N}]$/u;
+
+const graphemes = new Intl.Segmenter(undefined, { granularity: 'grapheme' });
+
+// Every character in TRAILING, LEADING and QUOTES is in the BMP, so code units can be compared directly.
+function stripTrailing(text: string): string {
+  let end = text.length;
+  while (end > 0 && TRAILING.has(text[end - 1] ?? '')) end--;
+  return text.slice(0, end);
+}
+
+function stripLeading(text: string): string {
+  let start = 0;
+  while (start < text.length && LEADING.has(text[start] ?? '')) start++;
+  return text.slice(start);
+}
+
+function isWrappedBy(inner: string, open: string, close: string): boolean {
+  if (open === close) return !inner.includes(open);
+  let depth = 0;
+  for (const char of inner) {
+    if (char === open) depth++;
+    else if (char === close) {
+      if (depth === 0) return false;
+      depth--;
+    }
+  }
+  return depth === 0;
+}
+
+function unwrapQuotes(text: string): string {
+  const first = text[0] ?? '';
+  const last = text[text.length - 1] ?? '';
+  const closers = QUOTES.get(first);
+  if (closers && text.length >= 2 && closers.includes(last)) {
+    const inner = text.slice(1, -1);
+    if (isWrappedBy(inner, first, last)) return inner;
+  }
+  // A quote left alone at either end (a cut-off answer) is no quotation.
+  if (closers && !closers.some((close) => text.includes(close, 1))) return text.slice(1);
+  if (CLOSERS.has(last) && !QUOTES.has(last)) {
+    const openers = [...QUOTES].filter(([, close]) => close.includes(last)).map(([open]) => open);
+    if (!openers.some((open) => text.includes(open))) return text.slice(0, -1);
+  }
+  return text;
+}
+
+function peel(text: string): string {
+  let current = text;
+  for (let round = 0; round < 8; round++) {
+    const before = current;
+    current = stripLeading(current).replace(LABEL, '');
+    current = stripTrailing(unwrapQuotes(current).trim());
+    if (current === before) break;
+  }
+  return current;
+}
+
+function isMidWord(before: string | undefined, after: string | undefined): boolean {
+  if (before === undefined || after === undefined) return false;
+  return WORD_CHAR.test(before) && WORD_CHAR.test(after) && !isUnspacedChar(before) && !isUnspacedChar(after);
+}
+
+/** The longest grapheme-whole prefix of at most `max` code points, ended at a boundary when one is near. */
+function cut(text: string, max: number): string {
+  if (text.length <= max || codePointLength(text) <= max) return text;
+  let prefix = '';
+  let count = 0;
+  for (const { segment } of graphemes.segment(text)) {
+    const size = codePointLength(segment);
+    if (count + size > max) break;
+    prefix += segment;
+    count += size;
+  }
+  const rest = text.slice(prefix.length);
+  const next = rest.codePointAt(0);
+  const nextChar = next === undefined ? undefined : String.fromCodePoint(next);
+  if (nextChar === undefined || /\s/.test(nextChar) || TRAILING.has(nextChar)) return stripTrailing(prefix);
+
+  const chars = [...prefix];
+  // Only the last ~30% is worth giving up for a cleaner ending.
+  const floor = Math.max(1, Math.ceil(chars.length * 0.7));
+  const findFromEnd = (accept: (char: string, following: string | undefined) => boolean): number => {
+    for (let i = chars.length - 1; i >= floor; i--) {
+      if (accept(chars[i] ?? '', chars[i + 1] ?? nextChar)) return i;
+    }
+    return -1;
+  };
+  let at = findFromEnd((c, f) => SENTENCE_END.has(c) || (c === '.' && f !== undefined && /\s/.test(f)));
+  if (at < 0) at = findFromEnd((c) => CLAUSE_END.has(c));
+  if (at < 0 && isMidWord(chars[chars.length - 1], nextChar)) at = findFromEnd((c) => /\s/.test(c));
+  const shortened = at > 0 ? stripTrailing(chars.slice(0, at).join('')) : '';
+  return shortened === '' ? stripTrailing(prefix) : shortened;
+}
+
+/**
+ * Turns model output, or any markdown, into a plain one-line description: NFKC (keeping full-width
+ * punctuation inside CJK text), markdown and code fences gone, whitespace collapsed, wrapping quotes,
+ * leading labels ("描述：", "Summary:") and trailing punctuation removed, then cut to at most `max`
+ * code points without splitting a character, preferably at a sentence, clause or word boundary.
+ */
+export function normalizeDescription(raw: string, max: number = DESCRIPTION_MAX_LENGTH): string {
+  const limit = Math.floor(max);
+  if (!(limit > 0)) return '';
+  const text = peel(collapseWhitespace(markdownToText(foldCompatibility(raw))));
+  return cut(text, limit);
+}
