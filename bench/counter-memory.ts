@@ -8,7 +8,8 @@
  * (b) one post with 1,000,000 likers among 1,200,000 ids: sharded bitmaps.          target ≤ 0.25 B/like
  * (c) 100,000 posts with snowflake ids, one like each, applied and flushed: snapshot buckets
  *     (target ≤ 30 B/entity), with the seq and applied hashes reported on their own; for a few
- *     group counts, since the bucket size per group decides the encoding.
+ *     group counts, since the bucket size per group decides the encoding (128 groups puts ~780
+ *     entities in a bucket, past the default listpack limit of 512, to show that cliff).
  *
  * Uses its own key prefix and deletes every key it wrote, also when it fails.
  */
@@ -87,7 +88,13 @@ async function sparsePosts(redis: Redis, prefix: string): Promise<Row> {
   }
   await store.replayFacts(events);
   const keys = refs.flatMap((ref) => [store.factKey(ref, 'like', false), store.factKey(ref, 'like', true)]);
-  return { scenario: '(a) 1,000 posts × 100 likers of 1M ids', items: events.length, unit: 'like', bytes: await memoryOf(redis, keys), target: 8 };
+  return {
+    scenario: '(a) 1,000 posts × 100 likers of 1M ids',
+    items: events.length,
+    unit: 'like',
+    bytes: await memoryOf(redis, keys),
+    target: 8,
+  };
 }
 
 async function densePost(redis: Redis, prefix: string): Promise<Row> {
@@ -105,7 +112,13 @@ async function densePost(redis: Redis, prefix: string): Promise<Row> {
   const { like } = await store.factCounts(ref);
   if (like !== likers.length) throw new Error(`dense post holds ${like} likes, expected ${likers.length}`);
   const keys = [store.factKey(ref, 'like', false), store.factKey(ref, 'like', true)];
-  return { scenario: '(b) 1 post × 1M likers of 1.2M ids', items: like, unit: 'like', bytes: await memoryOf(redis, keys), target: 0.25 };
+  return {
+    scenario: '(b) 1 post × 1M likers of 1.2M ids',
+    items: like,
+    unit: 'like',
+    bytes: await memoryOf(redis, keys),
+    target: 0.25,
+  };
 }
 
 async function snapshots(redis: Redis, prefix: string, groups: number): Promise<Row[]> {
@@ -113,11 +126,17 @@ async function snapshots(redis: Redis, prefix: string, groups: number): Promise<
   const start = NOW - 365 * 86_400_000;
   const refs: EntityRef[] = Array.from({ length: 100_000 }, (_, i) => ({
     etype: 'knowpost',
-    eid: snowflake(start + Math.floor(i * 315_000 + Math.random() * 300_000), Math.floor(Math.random() * 32), Math.floor(Math.random() * 4)),
+    eid: snowflake(
+      start + Math.floor(i * 315_000 + Math.random() * 300_000),
+      Math.floor(Math.random() * 32),
+      Math.floor(Math.random() * 4),
+    ),
   }));
   const events: CounterEvent[] = [];
   for (let i = 0; i < refs.length; i += 1_000) {
-    const results = await Promise.all(refs.slice(i, i + 1_000).map((ref, k) => store.toggle(ref, 'like', i + k, true, NOW)));
+    const results = await Promise.all(
+      refs.slice(i, i + 1_000).map((ref, k) => store.toggle(ref, 'like', i + k, true, NOW)),
+    );
     for (const r of results) if (r.event) events.push(r.event);
   }
   await store.markPublished(events);
@@ -127,9 +146,36 @@ async function snapshots(redis: Redis, prefix: string, groups: number): Promise<
   const encoding = await redis.object('ENCODING', store.groupKey('s', 0));
   const label = `(c) 100k posts, ${groups} groups`;
   return [
-    { scenario: `${label}: snapshots (${String(encoding)})`, items: refs.length, unit: 'entity', bytes: await memoryOf(redis, all.map((g) => store.groupKey('s', g))), target: 30 },
-    { scenario: `${label}: seq hashes`, items: refs.length, unit: 'entity', bytes: await memoryOf(redis, all.map((g) => store.groupKey('seq', g))), target: null },
-    { scenario: `${label}: applied hashes`, items: refs.length, unit: 'entity', bytes: await memoryOf(redis, all.map((g) => store.groupKey('ap', g))), target: null },
+    {
+      scenario: `${label}: snapshots (${String(encoding)})`,
+      items: refs.length,
+      unit: 'entity',
+      bytes: await memoryOf(
+        redis,
+        all.map((g) => store.groupKey('s', g)),
+      ),
+      target: 30,
+    },
+    {
+      scenario: `${label}: seq hashes`,
+      items: refs.length,
+      unit: 'entity',
+      bytes: await memoryOf(
+        redis,
+        all.map((g) => store.groupKey('seq', g)),
+      ),
+      target: null,
+    },
+    {
+      scenario: `${label}: applied hashes`,
+      items: refs.length,
+      unit: 'entity',
+      bytes: await memoryOf(
+        redis,
+        all.map((g) => store.groupKey('ap', g)),
+      ),
+      target: null,
+    },
   ];
 }
 
@@ -137,9 +183,25 @@ function print(rows: readonly Row[]): void {
   const lines = rows.map((r) => {
     const per = r.bytes / r.items;
     const verdict = r.target === null ? '' : per <= r.target ? `≤ ${r.target} ok` : `> ${r.target} MISSED`;
-    return [r.scenario.padEnd(52), String(r.items).padStart(9), r.unit.padEnd(7), String(r.bytes).padStart(11), per.toFixed(3).padStart(9), verdict];
+    return [
+      r.scenario.padEnd(52),
+      String(r.items).padStart(9),
+      r.unit.padEnd(7),
+      String(r.bytes).padStart(11),
+      per.toFixed(3).padStart(9),
+      verdict,
+    ];
   });
-  console.log(['scenario'.padEnd(52), 'items'.padStart(9), 'unit'.padEnd(7), 'bytes'.padStart(11), 'B/unit'.padStart(9), 'target'].join('  '));
+  console.log(
+    [
+      'scenario'.padEnd(52),
+      'items'.padStart(9),
+      'unit'.padEnd(7),
+      'bytes'.padStart(11),
+      'B/unit'.padStart(9),
+      'target',
+    ].join('  '),
+  );
   for (const line of lines) console.log(line.join('  '));
 }
 
@@ -155,11 +217,11 @@ async function main(): Promise<void> {
     await deleteByPrefix(redis, `${prefix}a:`);
     rows.push(await densePost(redis, `${prefix}b:`));
     await deleteByPrefix(redis, `${prefix}b:`);
-    for (const groups of [4096, 1024, 256]) {
+    for (const groups of [4096, 1024, 256, 128]) {
       rows.push(...(await snapshots(redis, `${prefix}c${groups}:`, groups)));
       await deleteByPrefix(redis, `${prefix}c${groups}:`);
     }
-    console.log(`Redis ${version}, ${(config as string[]).join(' ')}; ${((Date.now() - started) / 1000).toFixed(1)} s\n`);
+    console.log(`Redis ${version}, ${config.join(' ')}; ${((Date.now() - started) / 1000).toFixed(1)} s\n`);
     print(rows);
   } finally {
     await deleteByPrefix(redis, prefix);

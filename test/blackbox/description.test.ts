@@ -13,7 +13,7 @@ describe.each<ProfileName>(['embedded', 'cluster'])('description suggestions (%s
   let server: Server;
   let client: Client;
   let fakeModel: HttpServer;
-  const asked: { model?: string; auth?: string }[] = [];
+  const asked: { model: string | undefined; auth: string | undefined }[] = [];
 
   beforeAll(async () => {
     // An OpenAI-compatible endpoint on loopback: the embedded run uses it, the cluster run has no key.

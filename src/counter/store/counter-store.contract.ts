@@ -1,5 +1,12 @@
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
-import { entityKey, FIELD_INDEX, type CounterEvent, type Counts, type EntityRef, type FactMetric } from '../model.js';
+import {
+  entityKey,
+  FIELD_INDEX,
+  type CounterEvent,
+  type Counts,
+  type EntityRef,
+  type FactMetric,
+} from '../model.js';
 import { encodeSnapshot } from '../snapshot.js';
 import type { CounterStore, ToggleResult } from './counter-store.js';
 
@@ -12,7 +19,10 @@ const NOW = Date.parse('2030-01-01T00:00:00Z');
 const SNOWFLAKE_BASE = 7_300_000_000_000_000_000n;
 
 /** Posts with realistic 64-bit snowflake ids (beyond a double's exact range). */
-const post = (n: number): EntityRef => ({ etype: 'knowpost', eid: String(SNOWFLAKE_BASE + BigInt(n) * 4_194_304n) });
+const post = (n: number): EntityRef => ({
+  etype: 'knowpost',
+  eid: String(SNOWFLAKE_BASE + BigInt(n) * 4_194_304n),
+});
 
 /** Deterministic pseudo-random numbers, so a failing run can be repeated. */
 function rng(seed: number): () => number {
@@ -30,9 +40,9 @@ function eventsOf(results: readonly ToggleResult[]): CounterEvent[] {
   return results.flatMap((r) => (r.event ? [r.event] : []));
 }
 
-/** Fact-backed snapshot as the facts say it must be, other fields given. */
-function expected(facts: Record<FactMetric, number>, base: Counts = [0, 0, 0, 0, 0]): Counts {
-  const counts: Counts = [...base];
+/** The snapshot of an entity whose only counts are its facts. */
+function expected(facts: Record<FactMetric, number>): Counts {
+  const counts: Counts = [0, 0, 0, 0, 0];
   counts[FIELD_INDEX.like] = facts.like;
   counts[FIELD_INDEX.fav] = facts.fav;
   return counts;
@@ -43,10 +53,7 @@ function expected(facts: Record<FactMetric, number>, base: Counts = [0, 0, 0, 0,
  * returns an empty store of its own; tests only assume what the port promises, so an adapter that
  * publishes on toggle (embedded) and one that leaves publishing to the caller (cluster) both pass.
  */
-export function defineCounterStoreContract(
-  name: string,
-  factory: () => Promise<CounterStoreFixture>,
-): void {
+export function defineCounterStoreContract(name: string, factory: () => Promise<CounterStoreFixture>): void {
   describe(`CounterStore contract: ${name}`, () => {
     let fx: CounterStoreFixture;
     let store: CounterStore;
@@ -107,7 +114,11 @@ export function defineCounterStoreContract(
       it('numbers changes per entity across metrics and users, and keeps the metrics apart', async () => {
         const [a, b] = [post(1), post(2)];
         expect((await store.toggle(a, 'like', 1, true, NOW)).event?.seq).toBe(1);
-        expect((await store.toggle(a, 'fav', 1, true, NOW)).event).toMatchObject({ seq: 2, metric: 'fav', idx: FIELD_INDEX.fav });
+        expect((await store.toggle(a, 'fav', 1, true, NOW)).event).toMatchObject({
+          seq: 2,
+          metric: 'fav',
+          idx: FIELD_INDEX.fav,
+        });
         expect((await store.toggle(a, 'like', 2, true, NOW)).event?.seq).toBe(3);
         expect((await store.toggle(b, 'fav', 2, true, NOW)).event?.seq).toBe(1);
         expect(await store.factCounts(a)).toEqual({ like: 2, fav: 1 });
@@ -254,7 +265,9 @@ export function defineCounterStoreContract(
 
       it('counts a redelivered batch once', async () => {
         const ref = post(23);
-        const events = eventsOf(await Promise.all([1, 2, 3, 4].map((u) => store.toggle(ref, 'like', u, true, NOW))));
+        const events = eventsOf(
+          await Promise.all([1, 2, 3, 4].map((u) => store.toggle(ref, 'like', u, true, NOW))),
+        );
         expect(await store.applyEvents(events)).toEqual({ applied: 4, skipped: 0 });
         expect(await store.applyEvents(events)).toEqual({ applied: 0, skipped: 4 });
         await flushAll();
@@ -325,7 +338,9 @@ export function defineCounterStoreContract(
 
       it('rebuilds an entity from facts when its snapshot is missing at flush time', async () => {
         const ref = post(27);
-        const first = eventsOf(await Promise.all([1, 2, 3].map((u) => store.toggle(ref, 'like', u, true, NOW))));
+        const first = eventsOf(
+          await Promise.all([1, 2, 3].map((u) => store.toggle(ref, 'like', u, true, NOW))),
+        );
         await store.applyEvents(first);
         await flushAll();
         await store.writeRawSnapshot(ref, encodeSnapshot([3, 1, 1, 1, 1]));
@@ -375,7 +390,15 @@ export function defineCounterStoreContract(
         const results: ToggleResult[] = [];
         for (let n = 0; n < 400; n++) {
           const ref = refs[Math.floor(random() * refs.length)]!;
-          results.push(await store.toggle(ref, random() < 0.6 ? 'like' : 'fav', Math.floor(random() * 12), random() < 0.7, NOW));
+          results.push(
+            await store.toggle(
+              ref,
+              random() < 0.6 ? 'like' : 'fav',
+              Math.floor(random() * 12),
+              random() < 0.7,
+              NOW,
+            ),
+          );
         }
         const events = eventsOf(results);
         const batches: CounterEvent[][] = [];
@@ -395,7 +418,9 @@ export function defineCounterStoreContract(
     describe('rebuild', () => {
       it('skips old events still in flight after a rebuild', async () => {
         const ref = post(40);
-        const events = eventsOf(await Promise.all([1, 2, 3].map((u) => store.toggle(ref, 'like', u, true, NOW))));
+        const events = eventsOf(
+          await Promise.all([1, 2, 3].map((u) => store.toggle(ref, 'like', u, true, NOW))),
+        );
         expect(await store.rebuild(ref)).toEqual([0, 3, 0, 0, 0]);
         expect(await store.inspect(ref)).toMatchObject({ seq: 3, applied: 3, pending: false });
         expect(await store.applyEvents(events)).toEqual({ applied: 0, skipped: 3 });
@@ -465,7 +490,8 @@ export function defineCounterStoreContract(
       it('pages through every entity with facts or a snapshot exactly once', async () => {
         const withFacts = Array.from({ length: 15 }, (_, i) => post(300 + i));
         const withSnapshot = Array.from({ length: 10 }, (_, i) => post(400 + i));
-        for (const [i, ref] of withFacts.entries()) await store.toggle(ref, i % 2 ? 'like' : 'fav', i, true, NOW);
+        for (const [i, ref] of withFacts.entries())
+          await store.toggle(ref, i % 2 ? 'like' : 'fav', i, true, NOW);
         for (const ref of withSnapshot) await store.writeRawSnapshot(ref, encodeSnapshot([1, 0, 0, 0, 0]));
 
         const seen: string[] = [];
@@ -505,7 +531,15 @@ export function defineCounterStoreContract(
         const results: ToggleResult[] = [];
         for (let n = 0; n < 200; n++) {
           const ref = refs[Math.floor(random() * refs.length)]!;
-          results.push(await store.toggle(ref, random() < 0.5 ? 'like' : 'fav', Math.floor(random() * 30), random() < 0.7, NOW));
+          results.push(
+            await store.toggle(
+              ref,
+              random() < 0.5 ? 'like' : 'fav',
+              Math.floor(random() * 30),
+              random() < 0.7,
+              NOW,
+            ),
+          );
         }
         const events = eventsOf(results);
         await store.applyEvents(events);

@@ -5,7 +5,14 @@ import { services, uniqueName } from '../../../test/rig/resources.js';
 import { entityKey, type CounterEvent, type EntityRef } from '../model.js';
 import { encodeSnapshot } from '../snapshot.js';
 import { defineCounterStoreContract } from './counter-store.contract.js';
-import { MAX_PACKED, RedisCounterStore, SHARD_USERS, type RedisCounterStoreOptions } from './redis-counter-store.js';
+import {
+  counterGroup,
+  fnv1a32,
+  MAX_PACKED,
+  RedisCounterStore,
+  SHARD_USERS,
+  type RedisCounterStoreOptions,
+} from './redis-counter-store.js';
 
 async function deleteByPrefix(redis: Redis, prefix: string): Promise<void> {
   const pattern = `${prefix.replace(/[*?[\]\\]/g, '\\$&')}*`;
@@ -83,7 +90,8 @@ describe('RedisCounterStore (cluster specifics)', () => {
       const flags = await Promise.all(probe.map((u) => store.flags(u, [ref])));
       probe.forEach((u, i) => expect({ u, like: flags[i]![0]!.like }).toEqual({ u, like: model.has(u) }));
     };
-    const range = (from: number, to: number): number[] => Array.from({ length: to - from }, (_, i) => from + i);
+    const range = (from: number, to: number): number[] =>
+      Array.from({ length: to - from }, (_, i) => from + i);
 
     await set(range(0, 20), true);
     expect(await redis.type(sparse)).toBe('set');
@@ -117,7 +125,10 @@ describe('RedisCounterStore (cluster specifics)', () => {
     await set(range(6_000, 6_300), true);
     await verify([...range(0, 2_100), ...range(4_990, 5_010), ...range(5_990, 6_310), SHARD_USERS + 5]);
 
-    await set(range(0, 2_100).filter((u) => u % 2 === 0), false);
+    await set(
+      range(0, 2_100).filter((u) => u % 2 === 0),
+      false,
+    );
     await set([5_000, SHARD_USERS + 5], false);
     await verify([...range(0, 2_100), ...range(4_990, 5_010), SHARD_USERS + 5]);
 
@@ -134,7 +145,8 @@ describe('RedisCounterStore (cluster specifics)', () => {
     const ref = post('42');
     const events: CounterEvent[] = [];
     for (let u = 0; u < 2_200; u++) events.push((await store.toggle(ref, 'fav', u * 3, true, NOW)).event!);
-    for (let u = 0; u < 2_200; u += 4) events.push((await store.toggle(ref, 'fav', u * 3, false, NOW)).event!);
+    for (let u = 0; u < 2_200; u += 4)
+      events.push((await store.toggle(ref, 'fav', u * 3, false, NOW)).event!);
     const before = await store.factCounts(ref);
     const probe = Array.from({ length: 400 }, (_, i) => i * 17);
     const flagsBefore = await Promise.all(probe.map((u) => store.flags(u, [ref])));
@@ -148,17 +160,25 @@ describe('RedisCounterStore (cluster specifics)', () => {
   it('declares only keys of the entity’s group, on every script', async () => {
     const store = open({ groups: 64, sparseMax: 5 });
     const monitor = await redis.monitor();
-    extra.push(monitor);
     const calls: string[][] = [];
+    let listening = true;
     monitor.on('monitor', (_time: string, args: string[]) => {
+      if (!listening) return;
       if (/^eval(sha)?$/i.test(args[0] ?? '') && args.some((a) => a.startsWith(prefix))) calls.push(args);
     });
+    // Lines still in flight when the connection closes reach ioredis after it left monitor mode.
+    monitor.on('error', () => undefined);
+    const stop = (): void => {
+      listening = false;
+      monitor.disconnect();
+    };
     await sleep(50);
 
     const refs = [post('7300000000000000011'), post('7300000000000000012'), post('12')];
     const events: CounterEvent[] = [];
     for (const ref of refs) {
-      for (let u = 0; u < 8; u++) events.push((await store.toggle(ref, u % 2 ? 'like' : 'fav', u, true, NOW)).event!);
+      for (let u = 0; u < 8; u++)
+        events.push((await store.toggle(ref, u % 2 ? 'like' : 'fav', u, true, NOW)).event!);
     }
     await store.applyEvents(events);
     await store.writeRawSnapshot(refs[0]!, null);
@@ -169,19 +189,29 @@ describe('RedisCounterStore (cluster specifics)', () => {
     await store.inspect(refs[2]!);
     await store.replayFacts(events.slice(0, 3));
     await sleep(200);
+    stop();
 
-    expect(calls.length).toBeGreaterThanOrEqual(24 + 3 + 3 + 1 + 1 + 1 + 3);
+    // 24 toggles, at least one apply and one fold, 3 flags, count, rebuild, inspect, 3 replays.
+    expect(calls.length).toBeGreaterThanOrEqual(24 + 1 + 1 + 3 + 1 + 1 + 1 + 3);
+    let unmarks = 0;
     for (const args of calls) {
       const numKeys = Number(args[2]);
       const keys = args.slice(3, 3 + numKeys);
+      if (keys.length === 1 && keys[0] === `${prefix}c:dirty`) {
+        // The flusher's unmark touches the dirty hash alone.
+        unmarks++;
+        continue;
+      }
       const tags = new Set(keys.map(hashTag));
-      expect({ keys, tags: tags.size }).toEqual({ keys, tags: 1 });
+      expect({ keys, tags: [...tags].filter((t) => t !== undefined).length }).toEqual({ keys, tags: 1 });
+      expect(tags.size).toBe(1);
       // Key-name prefixes passed for keys built inside the script carry the same tag.
       for (const arg of args.slice(3 + numKeys)) {
         if (arg.startsWith(prefix)) expect(hashTag(arg)).toBe(hashTag(keys[0]!));
       }
       expect(keys.every((k) => k.startsWith(prefix))).toBe(true);
     }
+    expect(unmarks).toBeGreaterThan(0);
     const toggleKeys = calls[0]!.slice(3, 3 + Number(calls[0]![2]));
     expect(toggleKeys).toEqual([
       store.factKey(refs[0]!, 'fav', false),
@@ -218,7 +248,7 @@ describe('RedisCounterStore (cluster specifics)', () => {
     done = true;
     await flushing;
 
-    const dirty = new Set(await redis.smembers(`${prefix}c:dirty`));
+    const dirty = new Set(await redis.hkeys(`${prefix}c:dirty`));
     for (let g = 0; g < 32; g++) {
       if ((await redis.exists(store.groupKey('pd', g))) === 1) expect(dirty.has(String(g))).toBe(true);
     }
@@ -229,6 +259,81 @@ describe('RedisCounterStore (cluster specifics)', () => {
       expect([entityKey(ref), snapshots[i]]).toEqual([entityKey(ref), [0, facts.like, facts.fav, 0, 0]]);
     }
     expect(store.clampedFields).toBe(0);
+  });
+
+  it('keeps the dirty mark of deltas applied after a fold, when the flusher dies before its unmark', async () => {
+    const store = open({ groups: 16 });
+    const ref = post('7300000000000000077');
+    const like = async (u: number): Promise<void> => {
+      const r = await store.toggle(ref, 'like', u, true, NOW);
+      await store.applyEvents([r.event!]);
+    };
+    for (let u = 1; u <= 3; u++) await like(u);
+    while (!(await store.isQuiet())) await store.flush(16);
+    await like(4);
+
+    // A flusher on its own connection runs its pipeline one command at a time; an apply lands
+    // after its fold, and the flusher dies right before clearing the mark.
+    const conn = new Redis(services.redisUrl(), { maxRetriesPerRequest: 1 });
+    conn.on('error', () => undefined);
+    extra.push(conn);
+    const flusher = open({ groups: 16 }, conn);
+    const target = conn as unknown as Record<string, (...args: unknown[]) => Promise<unknown>>;
+    const seen: string[] = [];
+    (conn as unknown as { pipeline: () => unknown }).pipeline = () => {
+      const queue: [string, unknown[]][] = [];
+      const pipeline: Record<string, unknown> = new Proxy(
+        {},
+        {
+          get: (_t, prop) =>
+            prop === 'exec'
+              ? async () => {
+                  const replies: [null, unknown][] = [];
+                  for (const [name, args] of queue) {
+                    seen.push(name);
+                    if (name === 'zgCounterUnmark') {
+                      await like(5);
+                      throw new Error('flusher died');
+                    }
+                    replies.push([null, await target[name]!.apply(conn, args)]);
+                  }
+                  return replies;
+                }
+              : (...args: unknown[]) => {
+                  queue.push([String(prop), args]);
+                  return pipeline;
+                },
+        },
+      );
+      return pipeline;
+    };
+    await expect(flusher.flush(16)).rejects.toThrow('flusher died');
+    expect(seen).toEqual(['zgCounterFold', 'zgCounterUnmark']);
+
+    expect(await store.isQuiet()).toBe(false);
+    while (!(await store.isQuiet())) await store.flush(16);
+    expect(await store.readSnapshots([ref])).toEqual([[0, 5, 0, 0, 0]]);
+  });
+
+  it('re-marks a group whose pending deltas lost their mark, within a sweep of all groups', async () => {
+    const store = open({ groups: 300 });
+    const ref = post('7300000000000000078');
+    await store.applyEvents([(await store.toggle(ref, 'like', 1, true, NOW)).event!]);
+    await store.flush(300);
+    await store.applyEvents([(await store.toggle(ref, 'like', 2, true, NOW)).event!]);
+    // What an applier that died between its script and its second mark, after a flusher had
+    // cleared the first, leaves behind.
+    await redis.del(`${prefix}c:dirty`);
+    expect(await store.isQuiet()).toBe(true);
+    let calls = 0;
+    while ((await store.readSnapshots([ref]))[0]?.[1] !== 2 && calls < 10) {
+      await store.flush(10);
+      calls++;
+    }
+    // One sweep over every group finds it, the next flush folds it.
+    expect(calls).toBeLessThanOrEqual(Math.ceil(300 / 128) + 1);
+    expect(await store.readSnapshots([ref])).toEqual([[0, 2, 0, 0, 0]]);
+    expect((await store.inspect(ref)).pending).toBe(false);
   });
 
   it('counts folds that would go below zero', async () => {
@@ -243,6 +348,19 @@ describe('RedisCounterStore (cluster specifics)', () => {
     expect(await store.readSnapshots([ref])).toEqual([[0, 0, 0, 0, 0]]);
   });
 
+  it('groups entities by standard 32-bit FNV-1a, so other tools can find a group', () => {
+    expect(fnv1a32('')).toBe(0x811c9dc5);
+    expect(fnv1a32('a')).toBe(0xe40c292c);
+    expect(fnv1a32('foobar')).toBe(0xbf9cf968);
+    // Non-ASCII text hashes its UTF-8 bytes.
+    let h = 0x811c9dc5n;
+    for (const byte of Buffer.from('知光')) h = ((h ^ BigInt(byte)) * 0x01000193n) & 0xffffffffn;
+    expect(fnv1a32('知光')).toBe(Number(h));
+    const ref = post('7300000000000000001');
+    expect(counterGroup(ref, 4096)).toBe(fnv1a32(`knowpost:${ref.eid}`) % 4096);
+    expect(open({ groups: 4096 }).groupOf(ref)).toBe(counterGroup(ref, 4096));
+  });
+
   it('rejects what would break the key layout', () => {
     expect(() => open({ groups: 0 })).toThrow(RangeError);
     expect(() => open({ sparseMax: MAX_PACKED + 1 })).toThrow(RangeError);
@@ -252,7 +370,9 @@ describe('RedisCounterStore (cluster specifics)', () => {
   it('stores a like in a few bytes: intset while sparse, bitmap when dense', async () => {
     const store = open({ groups: 64 });
     const ids = new Set<number>();
-    const sparseRefs = Array.from({ length: 20 }, (_, i) => post(String(7_300_000_000_000_000_000n + BigInt(i) * 4_194_304n)));
+    const sparseRefs = Array.from({ length: 20 }, (_, i) =>
+      post(String(7_300_000_000_000_000_000n + BigInt(i) * 4_194_304n)),
+    );
     const events: CounterEvent[] = [];
     let seq = 0;
     for (const ref of sparseRefs) {
@@ -262,7 +382,8 @@ describe('RedisCounterStore (cluster specifics)', () => {
     }
     await store.replayFacts(events);
     let bytes = 0;
-    for (const ref of sparseRefs) bytes += (await redis.memory('USAGE', store.factKey(ref, 'like', false))) ?? 0;
+    for (const ref of sparseRefs)
+      bytes += (await redis.memory('USAGE', store.factKey(ref, 'like', false))) ?? 0;
     const sparsePerLike = bytes / (sparseRefs.length * 100);
     expect(sparsePerLike).toBeLessThanOrEqual(8);
 

@@ -1,3 +1,4 @@
+import { randomBytes } from 'node:crypto';
 import type { ChainableCommander, Redis } from 'ioredis';
 import { defineScript } from '../../platform/kv/redis-kv.js';
 import {
@@ -17,7 +18,11 @@ import type { CounterStore, Flags, Inspection, StaleEvent, ToggleResult } from '
 export interface RedisCounterStoreOptions {
   /** Prepended to every key; must not contain `{`, which would replace the group's hash tag. */
   prefix: string;
-  /** Hash slots entities are spread over; each group's snapshot bucket should stay within the listpack limit (512 entries). */
+  /**
+   * Groups entities are spread over. Size it so a group's hashes stay within Redis' listpack limit
+   * (hash-max-listpack-entries, 512 by default): about entities / 400. Past the limit a bucket turns
+   * into a hashtable, measured at ~3× the bytes per snapshot and ~5× per seq or applied entry.
+   */
   groups?: number;
   /** Members a fact set keeps as a plain SET before it is sharded; at most 512 keeps it intset-encoded. */
   sparseMax?: number;
@@ -66,7 +71,7 @@ export function counterGroup(ref: EntityRef, groups: number): number {
 // A sharded key exists only while n > 0, so its existence alone decides the encoding.
 // ---------------------------------------------------------------------------------------------
 
-const FACTS_LUA = `
+const SHARDED_LUA = `
 local BITMAP = 4096
 local MAX_PACKED = ${MAX_PACKED}
 
@@ -183,12 +188,19 @@ local function set_fact(set_key, hash_key, uid, shard, off, on, sparse_max)
   return added
 end
 
+`;
+
+const FACT_COUNT_LUA = `
 local function fact_count(set_key, hash_key)
   local n = redis.call('HGET', hash_key, 'n')
   if n then return tonumber(n) end
   return redis.call('SCARD', set_key)
 end
 
+`;
+
+// Needs FACT_COUNT_LUA.
+const SNAPSHOT_LUA = `
 local function unpack_snapshot(raw)
   if raw and #raw == 20 then
     local r, l, f, c, p = struct.unpack('>I4I4I4I4I4', raw)
@@ -239,7 +251,7 @@ end
 // Fact change, seq increment and the unpublished record in one step: an event exists exactly when
 // its change does. KEYS: like-or-fav set, its sharded hash, seq, unpublished.
 // ARGV: entity field, event id prefix, uid, shard, offset, on, sparseMax, now.
-const TOGGLE_LUA = `${FACTS_LUA}
+const TOGGLE_LUA = `${SHARDED_LUA}
 if set_fact(KEYS[1], KEYS[2], ARGV[3], ARGV[4], tonumber(ARGV[5]), ARGV[6] == '1', tonumber(ARGV[7])) == 0 then
   return {0, 0}
 end
@@ -250,7 +262,7 @@ return {1, seq}
 
 // The fact change of a logged event, without a new event; seq only ever rises.
 // KEYS: set, sharded hash, seq. ARGV: entity field, uid, shard, offset, on, sparseMax, event seq.
-const REPLAY_LUA = `${FACTS_LUA}
+const REPLAY_LUA = `${SHARDED_LUA}
 set_fact(KEYS[1], KEYS[2], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5] == '1', tonumber(ARGV[6]))
 local seq = redis.call('HGET', KEYS[3], ARGV[1]) or '0'
 if tonumber(ARGV[7]) > tonumber(seq) then redis.call('HSET', KEYS[3], ARGV[1], ARGV[7]) end
@@ -259,7 +271,7 @@ return 1
 
 // Atomic across both encodings: a conversion cannot hide a member between two reads.
 // KEYS: like set, like hash, fav set, fav hash. ARGV: uid, shard, offset.
-const FLAGS_LUA = `${FACTS_LUA}
+const FLAGS_LUA = `${SHARDED_LUA}
 local off = tonumber(ARGV[3])
 return {
   has_fact(KEYS[1], KEYS[2], ARGV[1], ARGV[2], off) and 1 or 0,
@@ -268,46 +280,59 @@ return {
 `;
 
 // KEYS: like set, like hash, fav set, fav hash.
-const COUNT_LUA = `${FACTS_LUA}
+const COUNT_LUA = `${FACT_COUNT_LUA}
 return {fact_count(KEYS[1], KEYS[2]), fact_count(KEYS[3], KEYS[4])}
 `;
 
 // Per entity (ARGV after the three prefixes in sixes: field, fromSeq, toSeq, number of distinct
 // events, like delta, fav delta; a delta is '' when the batch has no event of that metric): a run
-// wholly at or below the applied mark is skipped (0); a gapless run starting right after the mark is
-// added to pending deltas and the mark set to its end (1); anything else, a gap or an overlap with
-// the mark, rebuilds the entity from facts (2), exact whatever order the events arrived in.
-// A zero net delta is still recorded, so the next flush writes (or rebuilds) the snapshot.
+// wholly at or below the applied mark is skipped; a gapless run starting right after the mark is
+// added to pending deltas and the mark set to its end; anything else, a gap or an overlap with the
+// mark, rebuilds the entity from facts, exact whatever order the events arrived in. A zero net
+// delta is still recorded, so the next flush writes (or rebuilds) the snapshot. Replies with each
+// entity's mark as it was before, from which the caller tells already counted events apart.
 // KEYS: applied, pending, snapshots, seq. ARGV: sparse fact prefix, sharded fact prefix, bare etype, ...
-const APPLY_LUA = `${FACTS_LUA}
-local status = {}
+const APPLY_LUA = `${FACT_COUNT_LUA}${SNAPSHOT_LUA}
+local marks = {}
 for i = 4, #ARGV, 6 do
   local field = ARGV[i]
   local from, to, n = tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
   local mark = tonumber(redis.call('HGET', KEYS[1], field) or '0')
+  marks[#marks + 1] = mark
   if to <= mark then
-    status[#status + 1] = 0
+    -- every event of the run was counted before
   elseif from == mark + 1 and to - from + 1 == n then
     if ARGV[i + 4] ~= '' then redis.call('HINCRBY', KEYS[2], field .. ':1', ARGV[i + 4]) end
     if ARGV[i + 5] ~= '' then redis.call('HINCRBY', KEYS[2], field .. ':2', ARGV[i + 5]) end
     redis.call('HSET', KEYS[1], field, ARGV[i + 2])
     -- Events above the entity's seq exist only after a reset; later changes must number above them.
     if to > tonumber(redis.call('HGET', KEYS[4], field) or '0') then redis.call('HSET', KEYS[4], field, ARGV[i + 2]) end
-    status[#status + 1] = 1
   else
     local ls, lh, fs, fh = derived_fact_keys(ARGV[1], ARGV[2], ARGV[3], field)
     rebuild_entity(KEYS[3], KEYS[2], KEYS[4], KEYS[1], field, ls, lh, fs, fh)
-    status[#status + 1] = 2
   end
 end
-return status
+return marks
+`;
+
+// Removes a group's dirty mark only while it still holds the token the flusher read before its
+// fold: an apply marking the group after that read has replaced the token, so its deltas keep the
+// group marked whenever the flusher (or the applier) stops. KEYS: dirty. ARGV: group, token, ...
+const UNMARK_LUA = `
+local removed = 0
+for i = 1, #ARGV, 2 do
+  if redis.call('HGET', KEYS[1], ARGV[i]) == ARGV[i + 1] then
+    removed = removed + redis.call('HDEL', KEYS[1], ARGV[i])
+  end
+end
+return removed
 `;
 
 // Folds all pending deltas of the group into its snapshots and clears them, in one step. An entity
 // whose snapshot is missing or malformed is rebuilt from its facts instead.
 // KEYS: pending, snapshots, seq, applied. ARGV: sparse fact prefix, sharded fact prefix, bare etype.
 // Replies {entities folded, fields clamped at zero (a negative count is a bug upstream)}.
-const FOLD_LUA = `${FACTS_LUA}
+const FOLD_LUA = `${FACT_COUNT_LUA}${SNAPSHOT_LUA}
 local pending = redis.call('HGETALL', KEYS[1])
 if #pending == 0 then return {0, 0} end
 local deltas, order = {}, {}
@@ -350,13 +375,13 @@ return {#order, clamped}
 `;
 
 // KEYS: like set, like hash, fav set, fav hash, snapshots, pending, seq, applied. ARGV: entity field.
-const REBUILD_LUA = `${FACTS_LUA}
+const REBUILD_LUA = `${FACT_COUNT_LUA}${SNAPSHOT_LUA}
 return rebuild_entity(KEYS[5], KEYS[6], KEYS[7], KEYS[8], ARGV[1], KEYS[1], KEYS[2], KEYS[3], KEYS[4])
 `;
 
 // One instant of an entity. Called through the Buffer variant, so the snapshot's bytes arrive intact.
 // KEYS: like set, like hash, fav set, fav hash, snapshots, pending, seq, applied. ARGV: entity field.
-const INSPECT_LUA = `${FACTS_LUA}
+const INSPECT_LUA = `${FACT_COUNT_LUA}
 local field = ARGV[1]
 local pending = redis.call('HEXISTS', KEYS[6], field .. ':1') + redis.call('HEXISTS', KEYS[6], field .. ':2')
 return {
@@ -378,16 +403,20 @@ const CMD = {
   fold: 'zgCounterFold',
   rebuild: 'zgCounterRebuild',
   inspect: 'zgCounterInspect',
+  unmark: 'zgCounterUnmark',
 } as const;
 
 type ScriptCall = (...args: (string | number)[]) => Promise<unknown>;
-type ScriptPipeline = ChainableCommander & Record<(typeof CMD)[keyof typeof CMD], (...args: (string | number)[]) => ChainableCommander>;
+type ScriptPipeline = ChainableCommander &
+  Record<(typeof CMD)[keyof typeof CMD], (...args: (string | number)[]) => ChainableCommander>;
 
 /** Pipelines beyond this many commands are split, so one call never builds an unbounded reply. */
 const PIPELINE_CHUNK = 2_000;
 /** Groups read per pipeline by the background scans (unpublished, entities, samples). */
 const SCAN_CHUNK = 256;
 const DIRTY_CHECK_MAX = 256;
+/** Groups a flush checks for pending deltas without a dirty mark, in rotation (a safety net, see flush). */
+const SWEEP_CHUNK = 128;
 
 /** One entity's events of an `applyEvents` batch, folded; a delta is null when the batch has no event of that metric. */
 interface EntityRun {
@@ -401,7 +430,6 @@ interface EntityRun {
 }
 
 interface Addressed {
-  ref: EntityRef;
   group: number;
   field: string;
 }
@@ -443,16 +471,31 @@ function shuffle<T>(items: T[]): T[] {
 }
 
 /**
- * `CounterStore` on Redis. Per operation: `toggle`, `factCounts`, `rebuild`, `inspect`, `flags` (any
- * page size), `readSnapshots` (any number), `applyEvents` (all groups of the batch) and
- * `markPublished` take one round trip; `flush` two (plus one when an apply raced with it). The scans over all groups (`staleUnpublished`, `scanEntities`,
- * `sampleEntities`, `reset`) are for background jobs and admin tools.
+ * `CounterStore` on Redis. Keys (g = fnv1a32(`etype:eid`) % groups, always inside `{g}`, so one
+ * group is one cluster slot):
+ *   c:f:{g}:<etype>:<eid>:<metric>   sparse fact SET          c:fb:{g}:…   sharded fact HASH
+ *   c:seq:{g}  HASH entity → seq      c:ap:{g}  HASH entity → applied mark
+ *   c:pd:{g}   HASH entity:idx → pending delta
+ *   c:s:{g}    HASH entity → 20-byte snapshot
+ *   c:un:{g}   ZSET eventId by toggle time (unpublished events)
+ *   c:dirty    HASH group → token: groups with pending deltas (the one key outside any group)
+ * where "entity" is the bare eid for posts and `etype:eid` otherwise.
  *
- * The dirty set lives outside every group's slot, so it cannot change in a group's scripts. The
- * invariant "a group with pending deltas is in dirty" holds by ordering instead: an apply adds its
- * groups before and again after its scripts (same connection, so in that order), and a flusher
- * removes a group only after folding it and then re-adds it if pending deltas reappeared. Whichever
- * removal comes last is followed by that check or by the applier's second add.
+ * Round trips: `toggle`, `factCounts`, `rebuild`, `inspect`, `flags` (any page size),
+ * `readSnapshots` (any number), `applyEvents` (all groups of the batch) and `markPublished` take
+ * one; `flush` two (three when its sweep found an unmarked group). The scans over all groups
+ * (`staleUnpublished`, `scanEntities`, `sampleEntities`, `reset`) are for background jobs and admin
+ * tools.
+ *
+ * The dirty mark lives outside every group's slot, so a group's scripts cannot set or clear it
+ * together with the pending deltas. "A group with pending deltas is marked" holds by ordering and
+ * tokens instead: an apply marks its groups before and after its scripts (one pipeline on one
+ * connection, so in that order), each time with a token never used before; a flusher reads the
+ * token, folds, and removes the mark only if the token is unchanged. Deltas that reach a group
+ * after its fold come with a new token, so whenever either process dies, the mark survives. The one
+ * window left, an applier dying between its script and its second mark while a flusher cleared the
+ * first, is closed by each flush re-marking unmarked groups it finds with pending deltas, a few
+ * groups per call in rotation.
  */
 export class RedisCounterStore implements CounterStore {
   readonly groups: number;
@@ -464,6 +507,10 @@ export class RedisCounterStore implements CounterStore {
   private readonly rebuildScript: ScriptCall;
   private readonly inspectScript: ScriptCall;
   private clamped = 0;
+  /** Marks are this instance's random prefix plus a counter: unique across processes and restarts. */
+  private readonly markPrefix = randomBytes(6).toString('base64url');
+  private marks = 0;
+  private sweepFrom = 0;
 
   constructor(
     private readonly redis: Redis,
@@ -472,7 +519,7 @@ export class RedisCounterStore implements CounterStore {
     if (options.prefix.includes('{')) throw new RangeError('the key prefix must not contain "{"');
     const groups = options.groups ?? DEFAULT_GROUPS;
     const sparseMax = options.sparseMax ?? DEFAULT_SPARSE_MAX;
-    if (!Number.isInteger(groups) || groups < 1 || groups > 16_384) throw new RangeError(`invalid groups: ${groups}`);
+    if (!Number.isInteger(groups) || groups < 1) throw new RangeError(`invalid groups: ${groups}`);
     if (!Number.isInteger(sparseMax) || sparseMax < 1 || sparseMax > MAX_PACKED) {
       throw new RangeError(`invalid sparseMax: ${sparseMax}`);
     }
@@ -488,6 +535,7 @@ export class RedisCounterStore implements CounterStore {
     defineScript(redis, CMD.fold, 4, FOLD_LUA);
     this.rebuildScript = defineScript<ScriptCall>(redis, CMD.rebuild, 8, REBUILD_LUA);
     defineScript(redis, CMD.inspect, 8, INSPECT_LUA);
+    defineScript(redis, CMD.unmark, 1, UNMARK_LUA);
     this.inspectScript = bufferVariant(redis, CMD.inspect);
   }
 
@@ -523,18 +571,27 @@ export class RedisCounterStore implements CounterStore {
   }
 
   private address(ref: EntityRef): Addressed {
-    return { ref, group: this.groupOf(ref), field: this.fieldOf(ref) };
+    return { group: this.groupOf(ref), field: this.fieldOf(ref) };
   }
 
   private factKeys(ref: EntityRef): string[] {
-    return FACT_METRICS.flatMap((metric) => [this.factKey(ref, metric, false), this.factKey(ref, metric, true)]);
+    return FACT_METRICS.flatMap((metric) => [
+      this.factKey(ref, metric, false),
+      this.factKey(ref, metric, true),
+    ]);
   }
 
   private pipeline(): ScriptPipeline {
     return this.redis.pipeline() as ScriptPipeline;
   }
 
-  async toggle(ref: EntityRef, metric: FactMetric, userId: number, on: boolean, now: number): Promise<ToggleResult> {
+  async toggle(
+    ref: EntityRef,
+    metric: FactMetric,
+    userId: number,
+    on: boolean,
+    now: number,
+  ): Promise<ToggleResult> {
     checkRef(ref);
     checkUserId(userId);
     const group = this.groupOf(ref);
@@ -553,7 +610,12 @@ export class RedisCounterStore implements CounterStore {
       now,
     )) as [number, number];
     if (reply[0] !== 1) return { changed: false, state: on, event: null, published: false };
-    return { changed: true, state: on, event: eventFor(ref, metric, userId, on ? 1 : -1, reply[1], now), published: false };
+    return {
+      changed: true,
+      state: on,
+      event: eventFor(ref, metric, userId, on ? 1 : -1, reply[1], now),
+      published: false,
+    };
   }
 
   async flags(userId: number, refs: readonly EntityRef[]): Promise<Flags[]> {
@@ -583,7 +645,10 @@ export class RedisCounterStore implements CounterStore {
     });
     const pipeline = this.redis.pipeline();
     for (const [group, indexes] of byGroup) {
-      pipeline.hmgetBuffer(this.groupKey('s', group), ...indexes.map((i) => (addressed[i] as Addressed).field));
+      pipeline.hmgetBuffer(
+        this.groupKey('s', group),
+        ...indexes.map((i) => (addressed[i] as Addressed).field),
+      );
     }
     const replies = (await exec(pipeline)) as (Buffer | null)[][];
     const out: (Counts | null)[] = new Array<Counts | null>(refs.length).fill(null);
@@ -634,7 +699,15 @@ export class RedisCounterStore implements CounterStore {
       const key = entityKey(ref);
       let run = runs.get(key);
       if (!run) {
-        run = { group: this.groupOf(ref), field: this.fieldOf(ref), seqs: new Set(), from: event.seq, to: event.seq, like: null, fav: null };
+        run = {
+          group: this.groupOf(ref),
+          field: this.fieldOf(ref),
+          seqs: new Set(),
+          from: event.seq,
+          to: event.seq,
+          like: null,
+          fav: null,
+        };
         runs.set(key, run);
       }
       if (run.seqs.has(event.seq)) continue;
@@ -655,12 +728,17 @@ export class RedisCounterStore implements CounterStore {
       if (list) list.push(run);
       else byGroup.set(run.group, [run]);
     }
-    const groups = [...byGroup.keys()];
     const pipeline = this.pipeline();
-    pipeline.sadd(this.dirtyKey, ...groups);
+    pipeline.hset(this.dirtyKey, this.markArgs(byGroup.keys()));
     for (const [group, list] of byGroup) {
-      const args: (string | number)[] = [this.factPrefix(group, false), this.factPrefix(group, true), BARE_ETYPE];
-      for (const run of list) args.push(run.field, run.from, run.to, run.seqs.size, run.like ?? '', run.fav ?? '');
+      const args: (string | number)[] = [
+        this.factPrefix(group, false),
+        this.factPrefix(group, true),
+        BARE_ETYPE,
+      ];
+      for (const run of list) {
+        args.push(run.field, run.from, run.to, run.seqs.size, run.like ?? '', run.fav ?? '');
+      }
       pipeline[CMD.apply](
         this.groupKey('ap', group),
         this.groupKey('pd', group),
@@ -669,26 +747,47 @@ export class RedisCounterStore implements CounterStore {
         ...args,
       );
     }
-    pipeline.sadd(this.dirtyKey, ...groups);
+    pipeline.hset(this.dirtyKey, this.markArgs(byGroup.keys()));
     const replies = await exec(pipeline);
     let r = 1;
     for (const list of byGroup.values()) {
-      const status = replies[r++] as number[];
+      const marks = replies[r++] as number[];
       list.forEach((run, k) => {
-        if (status[k] === 0) skipped += run.seqs.size;
-        else applied += run.seqs.size;
+        const mark = marks[k] ?? 0;
+        if (run.from > mark) applied += run.seqs.size;
+        else if (run.to <= mark) skipped += run.seqs.size;
+        else {
+          // Rebuilt from facts: what was at or below the mark had been counted already.
+          for (const seq of run.seqs) {
+            if (seq > mark) applied++;
+            else skipped++;
+          }
+        }
       });
     }
     return { applied, skipped };
   }
 
+  /** One fresh token for each of the groups, as HSET field-value pairs. */
+  private markArgs(groups: Iterable<number>): Record<string, string> {
+    const token = `${this.markPrefix}${(this.marks++).toString(36)}`;
+    const args: Record<string, string> = {};
+    for (const group of groups) args[group] = token;
+    return args;
+  }
+
+  /**
+   * Folds up to `limit` marked groups, then clears each mark unless an apply re-marked the group
+   * meanwhile. The same pipeline checks the next few groups in rotation for pending deltas without
+   * a mark (left only by an applier that died half-way) and marks them for a later flush.
+   */
   async flush(limit: number): Promise<number> {
     if (!(limit >= 1)) return 0;
-    const groups = (await this.redis.srandmember(this.dirtyKey, Math.floor(limit))) as string[];
-    if (groups.length === 0) return 0;
+    const picked = (await this.redis.hrandfield(this.dirtyKey, Math.floor(limit), 'WITHVALUES')) as string[];
     const pipeline = this.pipeline();
-    for (const g of groups) {
-      const group = Number(g);
+    const unmark: string[] = [];
+    for (let i = 0; i < picked.length; i += 2) {
+      const group = Number(picked[i]);
       pipeline[CMD.fold](
         this.groupKey('pd', group),
         this.groupKey('s', group),
@@ -698,28 +797,37 @@ export class RedisCounterStore implements CounterStore {
         this.factPrefix(group, true),
         BARE_ETYPE,
       );
-      pipeline.srem(this.dirtyKey, g);
-      pipeline.exists(this.groupKey('pd', group));
+      unmark.push(picked[i] as string, picked[i + 1] as string);
     }
+    if (unmark.length > 0) pipeline[CMD.unmark](this.dirtyKey, ...unmark);
+    const sweep = Array.from(
+      { length: Math.min(SWEEP_CHUNK, this.groups) },
+      (_, k) => (this.sweepFrom + k) % this.groups,
+    );
+    this.sweepFrom = (this.sweepFrom + sweep.length) % this.groups;
+    for (const group of sweep) pipeline.exists(this.groupKey('pd', group));
+    pipeline.hmget(this.dirtyKey, ...sweep.map(String));
     const replies = await exec(pipeline);
+    const folds = picked.length / 2;
     let folded = 0;
-    const reappeared: string[] = [];
-    groups.forEach((g, i) => {
-      const [entities, clamped] = replies[i * 3] as [number, number];
+    for (let i = 0; i < folds; i++) {
+      const [entities, clamped] = replies[i] as [number, number];
       folded += entities;
       this.clamped += clamped;
-      if (toInt(replies[i * 3 + 2]) > 0) reappeared.push(g);
-    });
-    if (reappeared.length > 0) await this.redis.sadd(this.dirtyKey, ...reappeared);
+    }
+    const base = folds + (unmark.length > 0 ? 1 : 0);
+    const marked = replies[base + sweep.length] as (string | null)[];
+    const orphans = sweep.filter((_, k) => toInt(replies[base + k]) > 0 && marked[k] === null);
+    if (orphans.length > 0) await this.redis.hset(this.dirtyKey, this.markArgs(orphans));
     return folded;
   }
 
   async isQuiet(): Promise<boolean> {
-    const dirty = await this.redis.scard(this.dirtyKey);
+    const dirty = await this.redis.hlen(this.dirtyKey);
     if (dirty === 0) return true;
     if (dirty > DIRTY_CHECK_MAX) return false;
-    // Dirty also holds groups whose applies were all skipped; only pending deltas count.
-    const groups = await this.redis.smembers(this.dirtyKey);
+    // A mark may outlive its deltas (a fully skipped apply, a rebuild); only pending deltas count.
+    const groups = await this.redis.hkeys(this.dirtyKey);
     if (groups.length === 0) return true;
     const pipeline = this.redis.pipeline();
     for (const g of groups) pipeline.exists(this.groupKey('pd', Number(g)));
@@ -749,7 +857,9 @@ export class RedisCounterStore implements CounterStore {
   }
 
   async markPublished(events: readonly CounterEvent[]): Promise<void> {
-    await this.removeUnpublished(events.map((e) => ({ ref: { etype: e.entityType, eid: e.entityId }, token: e.eventId })));
+    await this.removeUnpublished(
+      events.map((e) => ({ ref: { etype: e.entityType, eid: e.entityId }, token: e.eventId })),
+    );
   }
 
   async dropUnpublished(entries: readonly StaleEvent[]): Promise<void> {
