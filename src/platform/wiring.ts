@@ -11,7 +11,7 @@ import { SqliteEventLog } from './eventlog/sqlite-eventlog.js';
 import type { OutboxStore } from './outbox/outbox.js';
 import { SqliteOutboxStore } from './outbox/sqlite-outbox-store.js';
 import type { ObjectStorage } from './storage/object-storage.js';
-import { LocalObjectStorage } from './storage/local-object-storage.js';
+import { LocalObjectStorage, loadOrCreateSigningKey } from './storage/local-object-storage.js';
 import type { CounterStore } from '../counter/store/counter-store.js';
 import { SqliteCounterStore } from '../counter/store/sqlite-counter-store.js';
 import type { CodeSender } from '../auth/code-sender/code-sender.js';
@@ -44,7 +44,8 @@ export async function createPlatform(config: Config, log: Logger): Promise<Platf
 }
 
 function localStorage(config: Config): ObjectStorage {
-  return new LocalObjectStorage(join(config.dataDir, 'objects'), `${config.publicUrl}/files`);
+  const signingKey = config.storageSigningKey ?? loadOrCreateSigningKey(join(config.dataDir, 'keys', 'storage-signing.key'));
+  return new LocalObjectStorage(join(config.dataDir, 'objects'), `${config.publicUrl}/files`, { signingKey });
 }
 
 async function emailSender(config: Config, log: Logger): Promise<CodeSender> {
@@ -111,6 +112,9 @@ async function createCluster(config: Config, log: Logger): Promise<Platform> {
       prefix: config.kafkaPrefix,
       partitions: config.kafkaPartitions,
       clientId: 'zhiguang',
+      // Retry a lost broker at least every second: events published once it is back are no longer
+      // covered by the repair job, so counting must resume within seconds (not the default 10 s).
+      retryBackoffMs: { min: 200, max: 1_000 },
     });
     closers.unshift(() => events.close());
     const { MysqlOutboxStore } = await import('./outbox/mysql-outbox-store.js');

@@ -11,6 +11,7 @@ declare module 'vitest' {
     redisUrl: string;
     mysqlRootUrl: string;
     kafkaBrokers: string;
+    s3Endpoint: string;
     runId: string;
   }
 }
@@ -20,12 +21,33 @@ export const services = {
   /** URL of the MariaDB server without a database; use `createMysqlDatabase` for a database of your own. */
   mysqlRootUrl: (): string => inject('mysqlRootUrl'),
   kafkaBrokers: (): string[] => inject('kafkaBrokers').split(','),
+  /** http://host:port of an S3-compatible server (path-style addressing, region us-east-1). */
+  s3Endpoint: (): string => inject('s3Endpoint'),
+  /** Credentials for that server (S3Mock takes any; see s3TestCredentials in services.ts). */
+  s3Credentials: (): { accessKeyId: string; secretAccessKey: string } => ({
+    accessKeyId: process.env.ZG_TEST_S3_ACCESS_KEY_ID ?? 'zg-test',
+    secretAccessKey: process.env.ZG_TEST_S3_SECRET_ACCESS_KEY ?? 'zg-test-secret',
+  }),
   runId: (): string => inject('runId'),
 };
 
 /** A name unique to this run and call, safe for databases, key prefixes and topics. */
 export function uniqueName(kind: string): string {
   return `zgt_${services.runId()}_${kind}_${randomBytes(3).toString('hex')}`;
+}
+
+/**
+ * A bucket name unique to this run and call. S3 bucket names allow no `_`, so these are
+ * `zgt-<runId>-<kind>-<random>`; the end-of-run cleanup deletes what is left of them.
+ */
+export function uniqueBucket(kind = 'b'): string {
+  const safeKind =
+    kind
+      .toLowerCase()
+      .replace(/[^a-z0-9]+/g, '-')
+      .replace(/^-+|-+$/g, '')
+      .slice(0, 30) || 'b';
+  return `zgt-${services.runId()}-${safeKind}-${randomBytes(3).toString('hex')}`;
 }
 
 export async function createMysqlDatabase(): Promise<{

@@ -2,7 +2,8 @@
  * Bring-up of the services the test suites share. Each `ensure*` finds its service answering, or starts
  * it when it is the local default and not running, and otherwise throws: a missing service is a loud
  * failure, never a skipped test. An address given in the environment (`ZG_TEST_REDIS_URL`,
- * `ZG_TEST_MYSQL_URL`, `ZG_TEST_KAFKA_BROKERS`) names a service managed elsewhere: it is checked, never started.
+ * `ZG_TEST_MYSQL_URL`, `ZG_TEST_KAFKA_BROKERS`, `ZG_TEST_S3_ENDPOINT`) names a service managed elsewhere:
+ * it is checked, never started.
  */
 import { spawn } from 'node:child_process';
 import { mkdir, readFile } from 'node:fs/promises';
@@ -15,6 +16,7 @@ export const DEFAULT_REDIS_URL = 'redis://127.0.0.1:6379';
 export const DEFAULT_MYSQL_URL = 'mysql://root@127.0.0.1:3306';
 
 const KAFKA_SCRIPT = fileURLToPath(new URL('../../scripts/kafka-broker.sh', import.meta.url));
+const S3_SCRIPT = fileURLToPath(new URL('../../scripts/s3-server.sh', import.meta.url));
 const REDIS_LOG = '/var/log/redis/ci.log';
 const MYSQL_START_LOG = '/var/log/mysql/test-rig-start.log';
 
@@ -235,4 +237,93 @@ export async function ensureKafka(): Promise<string> {
   }
   if (!/already running/.test(result.stdout)) console.log(output);
   return bootstrap;
+}
+
+// ------------------------------------------------------------------------------------------------- S3
+
+/**
+ * Up means the endpoint answers an S3 request at all: ListBuckets without credentials is 200 on
+ * S3Mock and 403 on stores that check them, both an S3 server at work.
+ */
+export async function s3Problem(endpoint: string): Promise<string | undefined> {
+  try {
+    const res = await fetch(`${endpoint.replace(/\/+$/, '')}/`, { signal: AbortSignal.timeout(3000) });
+    const body = await res.text();
+    if (res.status >= 500) return `HTTP ${res.status}`;
+    if (!/<ListAllMyBucketsResult|<Error>/.test(body)) return `HTTP ${res.status}, not an S3 answer`;
+    return undefined;
+  } catch (error) {
+    return describeError(error);
+  }
+}
+
+/** Returns the endpoint URL (http://host:port) of an S3-compatible server. */
+export async function ensureS3(): Promise<string> {
+  const override = process.env.ZG_TEST_S3_ENDPOINT;
+  if (override !== undefined) {
+    const reason = await s3Problem(override);
+    if (reason === undefined) return override;
+    throw new Error(`The S3 server at ZG_TEST_S3_ENDPOINT=${override} does not answer: ${reason}`);
+  }
+  // Idempotent: returns at once when the server already runs; the first run ever downloads the jar.
+  const result = await run('bash', [S3_SCRIPT, 'start'], 300_000);
+  const output = `${result.stdout}${result.stderr}`.trim();
+  const endpoint = result.stdout
+    .trim()
+    .split('\n')
+    .map((line) => line.trim())
+    .findLast((line) => /^https?:\/\/[^\s/]+$/.test(line));
+  if (result.code !== 0 || endpoint === undefined) {
+    throw new Error(
+      `The S3 test server could not be started (bash ${S3_SCRIPT} start exited with ` +
+        `${result.code ?? result.signal ?? result.error?.message}):\n${output}`,
+    );
+  }
+  if (!/already running/.test(result.stdout)) console.log(output);
+  return endpoint;
+}
+
+/**
+ * S3Mock takes any credentials; a store given as ZG_TEST_S3_ENDPOINT that checks them gets
+ * ZG_TEST_S3_ACCESS_KEY_ID and ZG_TEST_S3_SECRET_ACCESS_KEY.
+ */
+export function s3TestCredentials(): { accessKeyId: string; secretAccessKey: string } {
+  return {
+    accessKeyId: process.env.ZG_TEST_S3_ACCESS_KEY_ID ?? 'zg-test',
+    secretAccessKey: process.env.ZG_TEST_S3_SECRET_ACCESS_KEY ?? 'zg-test-secret',
+  };
+}
+
+/** Empties and deletes every bucket whose name starts with `prefix`; returns how many went. */
+export async function deleteS3Buckets(endpoint: string, prefix: string): Promise<number> {
+  const { S3Client, ListBucketsCommand, ListObjectsV2Command, DeleteObjectsCommand, DeleteBucketCommand } =
+    await import('@aws-sdk/client-s3'); // loaded only when needed: it is slow to import
+  const client = new S3Client({
+    endpoint,
+    region: 'us-east-1',
+    forcePathStyle: true,
+    credentials: s3TestCredentials(),
+    requestChecksumCalculation: 'WHEN_REQUIRED',
+  });
+  try {
+    const buckets = ((await client.send(new ListBucketsCommand({}))).Buckets ?? [])
+      .map((bucket) => bucket.Name ?? '')
+      .filter((name) => name.startsWith(prefix));
+    for (const bucket of buckets) {
+      let token: string | undefined;
+      do {
+        const page = await client.send(
+          new ListObjectsV2Command({ Bucket: bucket, ...(token ? { ContinuationToken: token } : {}) }),
+        );
+        const keys = (page.Contents ?? []).flatMap((o) => (o.Key ? [{ Key: o.Key }] : []));
+        if (keys.length > 0)
+          await client.send(new DeleteObjectsCommand({ Bucket: bucket, Delete: { Objects: keys } }));
+        token = page.IsTruncated ? page.NextContinuationToken : undefined;
+      } while (token);
+      await client.send(new DeleteBucketCommand({ Bucket: bucket }));
+    }
+    return buckets.length;
+  } finally {
+    client.destroy();
+  }
 }

@@ -53,6 +53,8 @@ export interface Config {
   ai: { apiKey: string | undefined; baseURL: string; model: string; timeoutMs: number; maxRetries: number; perUserPerMinute: number };
   /** How long a process trusts what it learned of a post's visibility. */
   entityCacheMs: number;
+  /** Secret for file URLs the app signs itself (local object storage). */
+  storageSigningKey: string | undefined;
   bodyLimitBytes: number;
   avatarMaxBytes: number;
   shutdownTimeoutMs: number;
@@ -136,6 +138,7 @@ export const CONFIG_VARS = {
   ZG_AI_TIMEOUT_MS: { description: 'longest a description suggestion waits for the model, retries included, before the extractive summary is used', default: '10000' },
   ZG_AI_MAX_RETRIES: { description: 'further attempts after a connection error, 408, 409, 429 or 5xx, within the timeout', default: '1' },
   ZG_AI_RATE_LIMIT: { description: 'description suggestions per user per minute', default: '20' },
+  ZG_STORAGE_SIGNING_KEY: { description: 'secret (32+ characters) for file URLs the app signs itself; generated under ZG_DATA_DIR when unset', secret: true },
   ZG_BODY_LIMIT_BYTES: { description: 'largest JSON body accepted', default: '1048576' },
   ZG_AVATAR_MAX_BYTES: { description: 'largest avatar upload accepted', default: '5242880' },
   ZG_SHUTDOWN_TIMEOUT_MS: {
@@ -211,6 +214,10 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: { ro
     if (!redisUrl) problems.push('ZG_REDIS_URL: required on the cluster profile');
     if (kafkaBrokers.length === 0) problems.push('ZG_KAFKA_BROKERS: required on the cluster profile');
   }
+  const storageSigningKey = raw('ZG_STORAGE_SIGNING_KEY');
+  if (storageSigningKey !== undefined && Buffer.byteLength(storageSigningKey) < 32) {
+    problems.push('ZG_STORAGE_SIGNING_KEY: must be at least 32 characters');
+  }
   const smtpUrl = url('ZG_SMTP_URL', ['smtp:', 'smtps:']);
   if (profile === 'cluster' && !smtpUrl)
     problems.push('ZG_SMTP_URL: required on the cluster profile (verification mail)');
@@ -268,6 +275,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: { ro
       maxRetries: int('ZG_AI_MAX_RETRIES', 0, 5),
       perUserPerMinute: int('ZG_AI_RATE_LIMIT', 1, 10_000),
     },
+    storageSigningKey,
     bodyLimitBytes: int('ZG_BODY_LIMIT_BYTES', 1024, 64 * 1024 * 1024),
     avatarMaxBytes: int('ZG_AVATAR_MAX_BYTES', 1024, 64 * 1024 * 1024),
     shutdownTimeoutMs: int('ZG_SHUTDOWN_TIMEOUT_MS', 100, 600_000),

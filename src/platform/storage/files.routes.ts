@@ -1,8 +1,10 @@
-import type { FastifyInstance } from 'fastify';
+import type { Readable } from 'node:stream';
+import type { FastifyInstance, FastifyReply } from 'fastify';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import { Type } from 'typebox';
-import { NotFoundError } from '../errors/errors.js';
-import { assertSafeKey, type ObjectStorage } from './object-storage.js';
+import { ForbiddenError, NotFoundError, PayloadTooLargeError } from '../errors/errors.js';
+import { LocalObjectStorage } from './local-object-storage.js';
+import { isSafeKey, type ObjectStorage, type StoredObject } from './object-storage.js';
 
 /** Prefixes of objects anyone may read straight from the app (local storage only). */
 const PUBLIC_PREFIXES = ['avatars/'];
@@ -13,7 +15,42 @@ const DEFAULT_AVATAR_SVG =
 
 export const DEFAULT_AVATAR_PATH = '/assets/default-avatar.svg';
 
+// Uploaded bytes are served from the API's own origin: a stored HTML or SVG file must not run scripts
+// there when opened directly.
+const SANDBOX = "default-src 'none'; style-src 'unsafe-inline'; sandbox";
+
+const KeyParams = Type.Object({ '*': Type.String() });
+const QueryValue = Type.Optional(Type.String());
+
+/** A query parameter given more than once is not one a signer produced. */
+function single(value: unknown): string | undefined {
+  return typeof value === 'string' ? value : undefined;
+}
+
+function sendObject(
+  reply: FastifyReply,
+  found: { object: StoredObject; body: Readable },
+  cacheControl: string,
+) {
+  return reply
+    .header('content-type', found.object.contentType)
+    .header('content-length', String(found.object.size))
+    .header('etag', found.object.etag)
+    .header('cache-control', cacheControl)
+    .header('x-content-type-options', 'nosniff')
+    .header('content-security-policy', SANDBOX)
+    .send(found.body);
+}
+
+/**
+ * Files the app serves itself. Public prefixes are readable by anyone. With local storage, URLs
+ * signed by `LocalObjectStorage` also work here: `GET /files/{key}?exp&sig` reads any key and
+ * `PUT /files/upload/{key}?ct&max&exp&sig` stores the request body as that key, S3-style (raw bytes,
+ * exact Content-Type, 200 with the quoted MD5 as `ETag`). A bad or expired signature is 403, a body
+ * over the signed limit 413 with nothing kept.
+ */
 export function filesRoutes(storage: ObjectStorage) {
+  const local = storage instanceof LocalObjectStorage ? storage : undefined;
   return async (root: FastifyInstance): Promise<void> => {
     const app = root.withTypeProvider<TypeBoxTypeProvider>();
     app.get(DEFAULT_AVATAR_PATH, { schema: { hide: true } }, async (_request, reply) =>
@@ -25,25 +62,79 @@ export function filesRoutes(storage: ObjectStorage) {
 
     app.get(
       '/files/*',
-      { schema: { hide: true, params: Type.Object({ '*': Type.String() }) } },
+      {
+        schema: {
+          hide: true,
+          params: KeyParams,
+          querystring: Type.Object({ exp: QueryValue, sig: QueryValue }),
+        },
+      },
       async (request, reply) => {
         const key = request.params['*'];
-        if (!PUBLIC_PREFIXES.some((p) => key.startsWith(p))) throw new NotFoundError();
-        try {
-          assertSafeKey(key);
-        } catch {
-          throw new NotFoundError();
+        const { exp, sig } = request.query;
+        if (local && (exp !== undefined || sig !== undefined)) {
+          if (!isSafeKey(key))
+            throw new ForbiddenError('The URL signature is not valid', 'SIGNATURE_INVALID');
+          const check = local.verifyDownload(key, { exp: single(exp), sig: single(sig) });
+          if (check.status === 'invalid')
+            throw new ForbiddenError('The URL signature is not valid', 'SIGNATURE_INVALID');
+          if (check.status === 'expired') throw new ForbiddenError('The URL has expired', 'URL_EXPIRED');
+          const found = await local.get(key);
+          if (!found) throw new NotFoundError();
+          return sendObject(reply, found, `private, max-age=${local.secondsLeft(check.expiresAt)}`);
         }
+        if (!PUBLIC_PREFIXES.some((p) => key.startsWith(p)) || !isSafeKey(key)) throw new NotFoundError();
         const found = await storage.get(key);
         if (!found) throw new NotFoundError();
-        return reply
-          .header('content-type', found.object.contentType)
-          .header('content-length', String(found.object.size))
-          .header('etag', found.object.etag)
-          .header('cache-control', 'public, max-age=31536000, immutable')
-          .header('x-content-type-options', 'nosniff')
-          .send(found.body);
+        return sendObject(reply, found, 'public, max-age=31536000, immutable');
       },
     );
+
+    if (!local) return;
+    await app.register(async (scope) => {
+      // The body is the object, whatever its type: no parser may read it, the handler streams it.
+      scope.removeAllContentTypeParsers();
+      scope.addContentTypeParser('*', (_request, _payload, done) => done(null));
+      scope.withTypeProvider<TypeBoxTypeProvider>().put(
+        '/files/upload/*',
+        {
+          schema: {
+            hide: true,
+            params: KeyParams,
+            querystring: Type.Object({ ct: QueryValue, max: QueryValue, exp: QueryValue, sig: QueryValue }),
+          },
+        },
+        async (request, reply) => {
+          const key = request.params['*'];
+          const raw = request.raw;
+          try {
+            if (!isSafeKey(key))
+              throw new ForbiddenError('The URL signature is not valid', 'SIGNATURE_INVALID');
+            const q = request.query;
+            const check = local.verifyUpload(
+              key,
+              { ct: single(q.ct), max: single(q.max), exp: single(q.exp), sig: single(q.sig) },
+              single(request.headers['content-type']),
+            );
+            if (check.status === 'invalid')
+              throw new ForbiddenError('The URL signature or Content-Type is not valid', 'SIGNATURE_INVALID');
+            if (check.status === 'expired') throw new ForbiddenError('The URL has expired', 'URL_EXPIRED');
+            const declared = request.headers['content-length'];
+            if (declared !== undefined && Number(declared) > check.maxBytes)
+              throw new PayloadTooLargeError(`The upload exceeds its limit of ${check.maxBytes} bytes`);
+            const stored = await local.write(key, raw, check.contentType, check.maxBytes);
+            const exposed = reply.getHeader('access-control-expose-headers');
+            if (typeof exposed === 'string')
+              void reply.header('access-control-expose-headers', `${exposed}, ETag`);
+            return reply.status(200).header('etag', stored.etag).send();
+          } catch (err) {
+            // Answered before the body was read: let the server discard it so the client gets the answer
+            // instead of a reset connection.
+            if (!raw.readableEnded) raw.resume();
+            throw err;
+          }
+        },
+      );
+    });
   };
 }

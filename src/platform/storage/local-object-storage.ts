@@ -1,19 +1,90 @@
-import { createHash, randomBytes } from 'node:crypto';
-import { createReadStream } from 'node:fs';
+import { createHash, createHmac, randomBytes, timingSafeEqual } from 'node:crypto';
+import {
+  createReadStream,
+  createWriteStream,
+  existsSync,
+  mkdirSync,
+  readFileSync,
+  writeFileSync,
+} from 'node:fs';
 import { mkdir, readFile, rename, rm, stat, writeFile } from 'node:fs/promises';
 import { dirname, join } from 'node:path';
-import { assertSafeKey, type ObjectStorage, type StoredObject } from './object-storage.js';
+import { PassThrough, Transform, type Readable } from 'node:stream';
+import { pipeline } from 'node:stream/promises';
+import { PayloadTooLargeError } from '../errors/errors.js';
+import {
+  assertContentType,
+  assertPresignExpiry,
+  assertSafeKey,
+  type ObjectStorage,
+  type PresignedPut,
+  type PresignPutOptions,
+  type StoredObject,
+} from './object-storage.js';
+
+export interface LocalObjectStorageOptions {
+  /**
+   * Secret the URL signatures are made with (at least 32 bytes). Every process serving the same files
+   * must share it, and it must survive restarts for URLs handed out before one to keep working;
+   * without it, a random one makes URLs valid in this instance only.
+   */
+  signingKey?: string | Buffer;
+  /** Clock of the signer, in ms; tests move it. */
+  now?: () => number;
+}
+
+/** Query parameters of a signed upload URL as they arrive (any may be missing or forged). */
+export interface UploadQuery {
+  ct?: string | undefined;
+  max?: string | undefined;
+  exp?: string | undefined;
+  sig?: string | undefined;
+}
+
+/** Query parameters of a signed download URL as they arrive. */
+export interface DownloadQuery {
+  exp?: string | undefined;
+  sig?: string | undefined;
+}
+
+export type SignatureCheck =
+  | { status: 'valid'; expiresAt: number }
+  | { status: 'invalid' }
+  /** Genuine, but past its expiry. */
+  | { status: 'expired' };
+
+export type UploadCheck =
+  | { status: 'valid'; contentType: string; maxBytes: number; expiresAt: number }
+  | { status: 'invalid' }
+  | { status: 'expired' };
+
+const MIN_SIGNING_KEY_BYTES = 32;
+const DIGITS = /^\d{1,15}$/;
+const SIGNATURE = /^[A-Za-z0-9_-]{43}$/;
 
 /**
  * Objects as files under a directory, each with a small JSON sidecar for its content type and
  * ETag. Writes go to a temporary file first and are renamed into place, so readers never see a
- * partial object. The app itself serves them at `{baseUrl}/{key}`.
+ * partial object. The app itself serves them (files.routes.ts): public prefixes at `{baseUrl}/{key}`,
+ * any key through URLs this class signs with HMAC-SHA256 (`{baseUrl}/{key}?exp&sig` to read,
+ * `{baseUrl}/upload/{key}?ct&max&exp&sig` to write). The signature covers the method, key, exact
+ * Content-Type, size limit and expiry, so none of them can be changed without the secret.
  */
 export class LocalObjectStorage implements ObjectStorage {
+  private readonly signingKey: Buffer;
+  private readonly now: () => number;
+
   constructor(
     private readonly root: string,
     private readonly baseUrl: string,
-  ) {}
+    options: LocalObjectStorageOptions = {},
+  ) {
+    const key = options.signingKey ?? randomBytes(MIN_SIGNING_KEY_BYTES);
+    this.signingKey = typeof key === 'string' ? Buffer.from(key, 'utf8') : key;
+    if (this.signingKey.length < MIN_SIGNING_KEY_BYTES)
+      throw new Error(`the storage signing key must have at least ${MIN_SIGNING_KEY_BYTES} bytes`);
+    this.now = options.now ?? Date.now;
+  }
 
   async put(key: string, body: Buffer, contentType: string): Promise<StoredObject> {
     const path = this.pathOf(key);
@@ -24,11 +95,58 @@ export class LocalObjectStorage implements ObjectStorage {
       contentType,
     };
     const tmp = `${path}.${randomBytes(6).toString('hex')}.tmp`;
-    await writeFile(`${tmp}.meta`, JSON.stringify(meta));
-    await writeFile(tmp, body);
-    await rename(`${tmp}.meta`, `${path}.meta.json`);
-    await rename(tmp, path);
+    try {
+      await writeFile(tmp, body);
+      await this.commit(path, tmp, meta);
+    } catch (err) {
+      await rm(tmp, { force: true });
+      throw err;
+    }
     return meta;
+  }
+
+  /**
+   * Stores what `source` yields, at most `maxBytes` of it, all or nothing. Beyond the limit it throws
+   * `PayloadTooLargeError` and keeps nothing. `source` is never destroyed (for a request, that would
+   * reset the connection before the client reads the answer): on failure the rest of it is discarded.
+   */
+  async write(key: string, source: Readable, contentType: string, maxBytes: number): Promise<StoredObject> {
+    const path = this.pathOf(key);
+    await mkdir(dirname(path), { recursive: true });
+    const tmp = `${path}.${randomBytes(6).toString('hex')}.tmp`;
+    const md5 = createHash('md5');
+    let size = 0;
+    const limit = new Transform({
+      transform(chunk: Buffer, _encoding, callback) {
+        size += chunk.length;
+        if (size > maxBytes) {
+          callback(new PayloadTooLargeError(`The upload exceeds its limit of ${maxBytes} bytes`));
+          return;
+        }
+        md5.update(chunk);
+        callback(null, chunk);
+      },
+    });
+    // `pipe` (unlike `pipeline`) leaves the source alone when the write fails; its own end is relayed.
+    const input = new PassThrough();
+    const onError = (err: Error): void => void input.destroy(err);
+    const onClose = (): void => {
+      if (!source.readableEnded) input.destroy(new Error('the upload was cut off'));
+    };
+    source.once('error', onError).once('close', onClose).pipe(input);
+    try {
+      await pipeline(input, limit, createWriteStream(tmp, { flags: 'wx' }));
+      const meta: StoredObject = { size, etag: `"${md5.digest('hex')}"`, contentType };
+      await this.commit(path, tmp, meta);
+      return meta;
+    } catch (err) {
+      source.unpipe(input);
+      source.resume();
+      await rm(tmp, { force: true });
+      throw err;
+    } finally {
+      source.off('error', onError).off('close', onClose);
+    }
   }
 
   async head(key: string): Promise<StoredObject | null> {
@@ -55,13 +173,127 @@ export class LocalObjectStorage implements ObjectStorage {
     await rm(`${path}.meta.json`, { force: true });
   }
 
+  async presignPut(key: string, options: PresignPutOptions): Promise<PresignedPut> {
+    this.pathOf(key);
+    assertContentType(options.contentType);
+    if (!Number.isSafeInteger(options.maxBytes) || options.maxBytes < 0)
+      throw new Error(`maxBytes must be a non-negative integer (got ${options.maxBytes})`);
+    assertPresignExpiry(options.expiresInSeconds);
+    const exp = String(this.nowSeconds() + options.expiresInSeconds);
+    const max = String(options.maxBytes);
+    const query = new URLSearchParams({
+      ct: options.contentType,
+      max,
+      exp,
+      sig: this.sign('PUT', key, options.contentType, max, exp),
+    });
+    return {
+      url: `${this.baseUrl}/upload/${key}?${query.toString()}`,
+      headers: { 'Content-Type': options.contentType },
+      expiresIn: options.expiresInSeconds,
+    };
+  }
+
+  async presignGet(key: string, expiresInSeconds: number): Promise<string> {
+    this.pathOf(key);
+    assertPresignExpiry(expiresInSeconds);
+    const exp = String(this.nowSeconds() + expiresInSeconds);
+    return `${this.baseUrl}/${key}?${new URLSearchParams({ exp, sig: this.sign('GET', key, '', '', exp) }).toString()}`;
+  }
+
   publicUrl(key: string): string {
     return `${this.baseUrl}/${key}`;
   }
 
+  /**
+   * Checks an upload URL for `key` and the Content-Type the request carries. Only a `valid` result
+   * names the content type and limit to store with; they are the signed ones, never the client's.
+   */
+  verifyUpload(key: string, query: UploadQuery, contentType: string | undefined): UploadCheck {
+    const { ct, max, exp, sig } = query;
+    if (ct === undefined || max === undefined || !DIGITS.test(max)) return { status: 'invalid' };
+    const check = this.verifySignature(['PUT', key, ct, max], exp, sig);
+    if (check.status !== 'valid') return check;
+    if (contentType !== ct) return { status: 'invalid' };
+    return { status: 'valid', contentType: ct, maxBytes: Number(max), expiresAt: check.expiresAt };
+  }
+
+  /** Checks a download URL for `key`. */
+  verifyDownload(key: string, query: DownloadQuery): SignatureCheck {
+    return this.verifySignature(['GET', key, '', ''], query.exp, query.sig);
+  }
+
+  /**
+   * Checks `sig` against the signed fields (method, key, content type, limit) plus `exp`, then the
+   * expiry; a forged or altered URL is `invalid` whatever its expiry.
+   */
+  verifySignature(
+    fields: [string, string, string, string],
+    exp: string | undefined,
+    sig: string | undefined,
+  ): SignatureCheck {
+    if (exp === undefined || sig === undefined || !DIGITS.test(exp) || !SIGNATURE.test(sig))
+      return { status: 'invalid' };
+    // Compared as text: base64url decoding would let several spellings of one signature through.
+    const expected = Buffer.from(this.sign(...fields, exp), 'latin1');
+    const given = Buffer.from(sig, 'latin1');
+    if (given.length !== expected.length || !timingSafeEqual(given, expected)) return { status: 'invalid' };
+    const expiresAt = Number(exp);
+    if (this.nowSeconds() >= expiresAt) return { status: 'expired' };
+    return { status: 'valid', expiresAt };
+  }
+
+  /** Seconds left before a URL expiring at `expiresAt` (as verified) stops working. */
+  secondsLeft(expiresAt: number): number {
+    return Math.max(0, expiresAt - this.nowSeconds());
+  }
+
+  private sign(method: string, key: string, contentType: string, max: string, exp: string): string {
+    // JSON keeps the fields apart whatever they contain.
+    const payload = JSON.stringify(['zg-storage-v1', method, key, contentType, max, exp]);
+    return createHmac('sha256', this.signingKey).update(payload).digest('base64url');
+  }
+
+  private nowSeconds(): number {
+    return Math.floor(this.now() / 1000);
+  }
+
+  /** Sidecar first, then the bytes: a reader finding the bytes always finds their metadata. */
+  private async commit(path: string, tmp: string, meta: StoredObject): Promise<void> {
+    const metaTmp = `${tmp}.meta`;
+    try {
+      await writeFile(metaTmp, JSON.stringify(meta));
+      await rename(metaTmp, `${path}.meta.json`);
+      await rename(tmp, path);
+    } catch (err) {
+      await rm(metaTmp, { force: true });
+      throw err;
+    }
+  }
+
   private pathOf(key: string): string {
     assertSafeKey(key);
-    if (key.endsWith('.meta.json') || key.endsWith('.tmp')) throw new Error(`unsafe object key: ${key}`);
+    if (key.endsWith('.meta.json') || key.endsWith('.tmp') || key.endsWith('.tmp.meta'))
+      throw new Error(`unsafe object key: ${key}`);
     return join(this.root, key);
   }
+}
+
+/**
+ * Reads the URL signing secret at `path`, creating a random one (mode 0600) on first start: the
+ * embedded profile's counterpart of a configured key, so signed URLs survive restarts.
+ */
+export function loadOrCreateSigningKey(path: string): Buffer {
+  if (!existsSync(path)) {
+    mkdirSync(dirname(path), { recursive: true });
+    try {
+      writeFileSync(path, randomBytes(48).toString('base64url'), { mode: 0o600, flag: 'wx' });
+    } catch (err) {
+      // Another process created it first; use theirs.
+      if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw err;
+    }
+  }
+  const key = readFileSync(path, 'utf8').trim();
+  if (key.length < MIN_SIGNING_KEY_BYTES) throw new Error(`${path} holds no usable storage signing key`);
+  return Buffer.from(key, 'utf8');
 }

@@ -1,9 +1,28 @@
 import type { Readable } from 'node:stream';
 
 /**
- * Object storage for uploaded files (avatars now; post bodies and images later).
- * Keys are `/`-separated paths without `..` segments. `put` is all-or-nothing: a reader never sees
- * a partly written object. `publicUrl` is where anyone may GET a public object.
+ * Object storage for uploaded files: avatars, post bodies and post images.
+ *
+ * Keys are `/`-separated paths of `[A-Za-z0-9._-]` without empty, `.` or `..` segments; every method
+ * rejects another key with an `Error` before touching the store. `put` is all-or-nothing: a reader
+ * never sees a partly written object. `etag` is the quoted hex MD5 of the bytes for objects written
+ * in one piece (`put` or a presigned PUT), as S3 reports it.
+ *
+ * Presigned URLs let a client move bytes without the API process in between:
+ *  - `presignPut` signs one PUT of one key with one Content-Type. The client sends the returned
+ *    `headers` verbatim; a PUT with another Content-Type, to another key, after expiry or with an
+ *    altered URL is refused (403) and stores nothing. A successful PUT answers 200 with an `ETag`
+ *    header equal to `head(key).etag`. The URL may be used more than once until it expires; each use
+ *    replaces the object.
+ *  - `maxBytes` is a hint to the store, not a guarantee: the local adapter refuses a larger body (413,
+ *    nothing kept), but an S3 presigned PUT cannot cap the size (only POST policies can). Whoever
+ *    accepts an upload must therefore `head` the object and reject (and delete) one over the limit;
+ *    post publishing does so at confirm.
+ *  - `presignGet` signs GETs of one key, private or public, until it expires; a missing object is 404.
+ *  - Expiry is checked when the request arrives, against the signer's clock; a transfer that has
+ *    started completes. Both adapters accept 1 s to 7 days (the SigV4 limit).
+ *
+ * `publicUrl` is where anyone may GET an object under a public prefix (avatars), without a signature.
  */
 export interface StoredObject {
   size: number;
@@ -11,18 +30,62 @@ export interface StoredObject {
   contentType: string;
 }
 
+export interface PresignPutOptions {
+  /** Exact Content-Type the PUT must carry; part of the signature. */
+  contentType: string;
+  /** Largest body the caller means to accept; see above for where it is enforced. */
+  maxBytes: number;
+  expiresInSeconds: number;
+}
+
+export interface PresignedPut {
+  url: string;
+  /** Headers the client must send with the PUT, exactly as given. */
+  headers: Record<string, string>;
+  /** Seconds the URL stays valid from when it was signed. */
+  expiresIn: number;
+}
+
 export interface ObjectStorage {
   put(key: string, body: Buffer, contentType: string): Promise<StoredObject>;
   head(key: string): Promise<StoredObject | null>;
   /** The object's bytes as a stream, or null when it does not exist. */
   get(key: string): Promise<{ object: StoredObject; body: Readable } | null>;
+  /** Deletes the object; deleting a missing one is not an error. */
   delete(key: string): Promise<void>;
+  presignPut(key: string, options: PresignPutOptions): Promise<PresignedPut>;
+  presignGet(key: string, expiresInSeconds: number): Promise<string>;
   publicUrl(key: string): string;
 }
+
+/** The longest validity a presigned URL may have: SigV4's limit, applied to every adapter alike. */
+export const MAX_PRESIGN_SECONDS = 7 * 24 * 3600;
 
 const SAFE_KEY = /^(?!.*(?:^|\/)\.\.?(?:\/|$))[A-Za-z0-9._\-/]{1,512}$/;
 
 export function assertSafeKey(key: string): void {
-  if (!SAFE_KEY.test(key) || key.startsWith('/') || key.includes('//'))
+  if (!SAFE_KEY.test(key) || key.startsWith('/') || key.endsWith('/') || key.includes('//'))
     throw new Error(`unsafe object key: ${key}`);
+}
+
+export function isSafeKey(key: string): boolean {
+  try {
+    assertSafeKey(key);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+export function assertPresignExpiry(expiresInSeconds: number): void {
+  if (!Number.isInteger(expiresInSeconds) || expiresInSeconds < 1 || expiresInSeconds > MAX_PRESIGN_SECONDS)
+    throw new Error(
+      `presigned URL expiry must be 1 to ${MAX_PRESIGN_SECONDS} seconds (got ${expiresInSeconds})`,
+    );
+}
+
+/** A header value a client can send verbatim: visible ASCII and spaces, no line breaks. */
+export function assertContentType(contentType: string): void {
+  if (!/^[\x21-\x7e][\x20-\x7e]{0,254}$/.test(contentType) || !contentType.includes('/'))
+    throw new Error(`invalid content type: ${JSON.stringify(contentType)}`);
 }

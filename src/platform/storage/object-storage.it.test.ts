@@ -1,0 +1,363 @@
+import { randomBytes } from 'node:crypto';
+import { mkdtempSync, readdirSync, readFileSync, rmSync, statSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import cors from '@fastify/cors';
+import multipart from '@fastify/multipart';
+import Fastify, { type FastifyInstance } from 'fastify';
+import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import { services, uniqueBucket } from '../../../test/rig/resources.js';
+import { deleteS3Buckets } from '../../../test/rig/services.js';
+import { installErrorHandling } from '../http/error-handler.js';
+import { filesRoutes } from './files.routes.js';
+import { LocalObjectStorage, loadOrCreateSigningKey } from './local-object-storage.js';
+import { defineObjectStorageContract, type ObjectStorageFixture } from './object-storage.contract.js';
+import { S3ObjectStorage } from './s3-object-storage.js';
+
+interface LocalServer extends ObjectStorageFixture {
+  sut: LocalObjectStorage;
+  root: string;
+  baseUrl: string;
+  signingKey: Buffer;
+  app: FastifyInstance;
+}
+
+/**
+ * The app's files routes on a port of their own, over a fresh directory. The port is known only once
+ * listening, so the routes get one instance and the test another with the real base URL: both share
+ * the directory, the secret and the clock, as two processes of one deployment would.
+ */
+async function startLocal(): Promise<LocalServer> {
+  const root = mkdtempSync(join(tmpdir(), 'zg-storage-'));
+  const signingKey = randomBytes(32);
+  let now = Date.now();
+  const clock = { signingKey, now: () => now };
+  // A client may hold the whole body of a streamed file before the server sees its stream end; the
+  // connection then is not idle yet and `close` would wait out the keep-alive timeout (72 s).
+  const app = Fastify({ forceCloseConnections: true });
+  installErrorHandling(app);
+  // The real server's parsers and CORS, to show the upload route is not affected by them.
+  await app.register(cors, { origin: true, exposedHeaders: ['X-Request-Id'] });
+  await app.register(multipart, { limits: { fileSize: 1024 } });
+  await app.register(filesRoutes(new LocalObjectStorage(root, 'http://unused.invalid/files', clock)));
+  await app.listen({ host: '127.0.0.1', port: 0 });
+  const address = app.server.address();
+  if (address === null || typeof address === 'string') throw new Error('no TCP address');
+  const baseUrl = `http://127.0.0.1:${address.port}/files`;
+  return {
+    sut: new LocalObjectStorage(root, baseUrl, clock),
+    advance: (ms) => {
+      now += ms;
+    },
+    root,
+    baseUrl,
+    signingKey,
+    app,
+    cleanup: async () => {
+      await app.close();
+      rmSync(root, { recursive: true, force: true });
+    },
+  };
+}
+
+function filesUnder(dir: string): string[] {
+  return readdirSync(dir, { recursive: true, encoding: 'utf8' }).filter((name) =>
+    statSync(join(dir, name)).isFile(),
+  );
+}
+
+async function s3Fixture(): Promise<ObjectStorageFixture & { sut: S3ObjectStorage; bucket: string }> {
+  const bucket = uniqueBucket('store');
+  const storage = new S3ObjectStorage({
+    endpoint: services.s3Endpoint(),
+    region: 'us-east-1',
+    bucket,
+    ...services.s3Credentials(),
+    forcePathStyle: true,
+  });
+  await storage.ensureBucket();
+  return {
+    sut: storage,
+    bucket,
+    cleanup: async () => {
+      await deleteS3Buckets(services.s3Endpoint(), bucket);
+      storage.close();
+    },
+  };
+}
+
+defineObjectStorageContract('local files served by the app', startLocal, {
+  checksSignatures: true,
+  capsPresignedPutSize: true,
+});
+
+// S3Mock checks no signature; the S3-specific cases below show what the URLs sign instead.
+defineObjectStorageContract('S3 (S3Mock)', s3Fixture, {
+  checksSignatures: false,
+  capsPresignedPutSize: false,
+});
+
+describe('LocalObjectStorage served by filesRoutes', () => {
+  let server: LocalServer;
+  const key = (file: string): string => `posts/${randomBytes(4).toString('hex')}/${file}`;
+
+  beforeEach(async () => {
+    server = await startLocal();
+  });
+  afterEach(async () => {
+    await server.cleanup();
+  });
+
+  it('signs upload URLs as {base}/upload/{key}?ct&max&exp&sig', async () => {
+    const k = key('body.md');
+    const signed = await server.sut.presignPut(k, {
+      contentType: 'text/markdown; charset=utf-8',
+      maxBytes: 5,
+      expiresInSeconds: 60,
+    });
+    const url = new URL(signed.url);
+    expect(`${url.origin}${url.pathname}`).toBe(`${server.baseUrl}/upload/${k}`);
+    expect([...url.searchParams.keys()]).toEqual(['ct', 'max', 'exp', 'sig']);
+    expect(url.searchParams.get('ct')).toBe('text/markdown; charset=utf-8');
+    expect(url.searchParams.get('max')).toBe('5');
+    expect(Number(url.searchParams.get('exp')) - Math.floor(Date.now() / 1000)).toBeGreaterThanOrEqual(59);
+  });
+
+  it('answers refusals in the contract error shape', async () => {
+    const k = key('body.md');
+    const signed = await server.sut.presignPut(k, {
+      contentType: 'text/markdown',
+      maxBytes: 4,
+      expiresInSeconds: 1,
+    });
+    const put = (url: string, body: string, type = 'text/markdown') =>
+      fetch(url, { method: 'PUT', headers: { 'Content-Type': type }, body });
+
+    const wrongType = await put(signed.url, 'x', 'text/plain');
+    expect(wrongType.status).toBe(403);
+    expect(await wrongType.json()).toEqual({
+      code: 'SIGNATURE_INVALID',
+      message: expect.any(String),
+      requestId: expect.any(String),
+    });
+
+    const tooLarge = await put(signed.url, '12345');
+    expect(tooLarge.status).toBe(413);
+    expect(await tooLarge.json()).toMatchObject({ code: 'PAYLOAD_TOO_LARGE' });
+
+    server.advance!(2000);
+    const expired = await put(signed.url, 'x');
+    expect(expired.status).toBe(403);
+    expect(await expired.json()).toMatchObject({ code: 'URL_EXPIRED' });
+    expect(filesUnder(server.root)).toEqual([]);
+  });
+
+  it('caps a streamed body of undeclared length and keeps no partial file', async () => {
+    const k = key('image.png');
+    const signed = await server.sut.presignPut(k, {
+      contentType: 'image/png',
+      maxBytes: 64 * 1024,
+      expiresInSeconds: 60,
+    });
+    const chunks = Array.from({ length: 8 }, () => randomBytes(16 * 1024));
+    const body = new ReadableStream<Uint8Array>({
+      pull(controller) {
+        const next = chunks.shift();
+        if (next) controller.enqueue(next);
+        else controller.close();
+      },
+    });
+    const res = await fetch(signed.url, { method: 'PUT', headers: signed.headers, body, duplex: 'half' });
+    expect(res.status).toBe(413);
+    await res.arrayBuffer();
+    expect(await server.sut.head(k)).toBeNull();
+    expect(filesUnder(server.root)).toEqual([]);
+
+    // The connection is still good for the next upload.
+    const ok = await fetch(signed.url, {
+      method: 'PUT',
+      headers: signed.headers,
+      body: randomBytes(64 * 1024),
+    });
+    expect(ok.status).toBe(200);
+  });
+
+  it('refuses an upload without a Content-Type', async () => {
+    const k = key('body.md');
+    const signed = await server.sut.presignPut(k, {
+      contentType: 'text/markdown',
+      maxBytes: 100,
+      expiresInSeconds: 60,
+    });
+    const res = await fetch(signed.url, { method: 'PUT', body: new Uint8Array([1, 2, 3]) });
+    expect(res.status).toBe(403);
+    await res.arrayBuffer();
+    expect(await server.sut.head(k)).toBeNull();
+  });
+
+  it.each([
+    'application/json',
+    'multipart/form-data; boundary=x',
+    'application/x-www-form-urlencoded',
+    'text/plain',
+  ])('stores a %s body as raw bytes, unparsed', async (type) => {
+    const k = key('data.bin');
+    const body = Buffer.from('{"not": "parsed"}\r\n--x--&a=b');
+    const signed = await server.sut.presignPut(k, { contentType: type, maxBytes: 100, expiresInSeconds: 60 });
+    const res = await fetch(signed.url, { method: 'PUT', headers: signed.headers, body });
+    expect(res.status).toBe(200);
+    const found = await server.sut.get(k);
+    expect(found?.object.contentType).toBe(type);
+    expect(Buffer.concat(await found!.body.toArray())).toEqual(body);
+  });
+
+  it('lets browsers read the ETag of an upload', async () => {
+    const k = key('body.md');
+    const signed = await server.sut.presignPut(k, {
+      contentType: 'text/markdown',
+      maxBytes: 100,
+      expiresInSeconds: 60,
+    });
+    const res = await fetch(signed.url, {
+      method: 'PUT',
+      headers: { ...signed.headers, Origin: 'https://app.example' },
+      body: 'x',
+    });
+    expect(res.status).toBe(200);
+    expect(res.headers.get('access-control-expose-headers')?.split(/,\s*/)).toEqual(
+      expect.arrayContaining(['X-Request-Id', 'ETag']),
+    );
+  });
+
+  it('serves public prefixes without a signature and nothing else', async () => {
+    await server.sut.put('avatars/u1.png', Buffer.from('png'), 'image/png');
+    await server.sut.put('posts/p1/body.md', Buffer.from('draft'), 'text/markdown');
+    const avatar = await fetch(server.sut.publicUrl('avatars/u1.png'));
+    expect(avatar.status).toBe(200);
+    expect(avatar.headers.get('cache-control')).toContain('public');
+    await avatar.arrayBuffer();
+    const post = await fetch(server.sut.publicUrl('posts/p1/body.md'));
+    expect(post.status).toBe(404);
+    expect(await post.json()).toMatchObject({ code: 'NOT_FOUND' });
+  });
+
+  it('serves signed reads privately and sandboxed', async () => {
+    await server.sut.put('posts/p1/page.html', Buffer.from('<script>alert(1)</script>'), 'text/html');
+    const res = await fetch(await server.sut.presignGet('posts/p1/page.html', 120));
+    expect(res.status).toBe(200);
+    expect(res.headers.get('cache-control')).toMatch(/^private, max-age=1[12]\d$/);
+    expect(res.headers.get('content-security-policy')).toContain('sandbox');
+    expect(res.headers.get('x-content-type-options')).toBe('nosniff');
+    await res.arrayBuffer();
+  });
+
+  it('refuses a signed path smuggling .. in encoded form', async () => {
+    await server.sut.put('avatars/u1.png', Buffer.from('png'), 'image/png');
+    // `%2F` keeps the client from resolving the dot segment; the server decodes it into the key.
+    const read = await server.sut.presignGet('avatars/u1.png', 60);
+    const res = await fetch(read.replace('/avatars/u1.png', '/avatars%2F..%2Favatars/u1.png'));
+    expect(res.status).toBe(403);
+    await res.arrayBuffer();
+    const upload = await server.sut.presignPut('posts/p1/body.md', {
+      contentType: 'text/plain',
+      maxBytes: 10,
+      expiresInSeconds: 60,
+    });
+    const put = await fetch(upload.url.replace('/posts/p1/', '/posts%2F..%2Fposts/p1/'), {
+      method: 'PUT',
+      headers: upload.headers,
+      body: 'x',
+    });
+    expect(put.status).toBe(403);
+    expect(await put.json()).toMatchObject({ code: 'SIGNATURE_INVALID' });
+    expect(filesUnder(server.root).sort()).toEqual(['avatars/u1.png', 'avatars/u1.png.meta.json']);
+  });
+
+  it('accepts URLs signed by another instance with the same secret only', async () => {
+    const k = key('body.md');
+    const twin = new LocalObjectStorage(join(server.root, 'unused'), server.baseUrl, {
+      signingKey: server.signingKey,
+    });
+    const stranger = new LocalObjectStorage(join(server.root, 'unused'), server.baseUrl, {
+      signingKey: randomBytes(32),
+    });
+    const options = { contentType: 'text/markdown', maxBytes: 100, expiresInSeconds: 60 };
+    const ok = await twin.presignPut(k, options);
+    expect((await fetch(ok.url, { method: 'PUT', headers: ok.headers, body: 'x' })).status).toBe(200);
+    const forged = await stranger.presignPut(k, options);
+    expect((await fetch(forged.url, { method: 'PUT', headers: forged.headers, body: 'y' })).status).toBe(403);
+  });
+
+  it('wants a secret of at least 32 bytes', () => {
+    expect(() => new LocalObjectStorage(server.root, server.baseUrl, { signingKey: 'short' })).toThrow(
+      /32 bytes/,
+    );
+  });
+
+  it('creates the signing secret once and reuses it', () => {
+    const path = join(server.root, 'keys', 'storage-signing.key');
+    const first = loadOrCreateSigningKey(path);
+    expect(first.length).toBeGreaterThanOrEqual(32);
+    expect(loadOrCreateSigningKey(path)).toEqual(first);
+    expect(statSync(path).mode & 0o777).toBe(0o600);
+    expect(readFileSync(path, 'utf8').trim()).toBe(first.toString('utf8'));
+  });
+});
+
+describe('S3ObjectStorage', () => {
+  let fx: Awaited<ReturnType<typeof s3Fixture>>;
+
+  beforeEach(async () => {
+    fx = await s3Fixture();
+  });
+  afterEach(async () => {
+    await fx.cleanup();
+  });
+
+  it('signs the Content-Type and the expiry into upload URLs, and no checksum', async () => {
+    const signed = await fx.sut.presignPut('posts/p1/body.md', {
+      contentType: 'text/markdown',
+      maxBytes: 10,
+      expiresInSeconds: 900,
+    });
+    const url = new URL(signed.url);
+    expect(url.pathname).toBe(`/${fx.bucket}/posts/p1/body.md`);
+    expect(url.searchParams.get('X-Amz-SignedHeaders')?.split(';')).toEqual(['content-type', 'host']);
+    expect(url.searchParams.get('X-Amz-Expires')).toBe('900');
+    expect([...url.searchParams.keys()].filter((name) => /checksum/i.test(name))).toEqual([]);
+    expect(signed.headers).toEqual({ 'Content-Type': 'text/markdown' });
+  });
+
+  it('cannot cap an upload: whoever confirms it must check head().size', async () => {
+    const k = 'posts/p1/image.png';
+    const signed = await fx.sut.presignPut(k, {
+      contentType: 'image/png',
+      maxBytes: 10,
+      expiresInSeconds: 60,
+    });
+    const res = await fetch(signed.url, { method: 'PUT', headers: signed.headers, body: randomBytes(100) });
+    expect(res.status).toBe(200);
+    expect((await fx.sut.head(k))?.size).toBe(100);
+  });
+
+  it('creates its bucket once', async () => {
+    await expect(fx.sut.ensureBucket()).resolves.toBeUndefined();
+    await expect(fx.sut.ping()).resolves.toBe(true);
+  });
+
+  it('builds public URLs from the configured base, or the bucket URL', () => {
+    expect(fx.sut.publicUrl('avatars/u1.png')).toBe(`${services.s3Endpoint()}/${fx.bucket}/avatars/u1.png`);
+    const common = { region: 'eu-west-1', bucket: 'media', accessKeyId: 'a', secretAccessKey: 'b' };
+    const cdn = new S3ObjectStorage({ ...common, forcePathStyle: false, publicUrl: 'https://cdn.example/' });
+    const aws = new S3ObjectStorage({ ...common, forcePathStyle: false });
+    const hosted = new S3ObjectStorage({
+      ...common,
+      endpoint: 'https://s3.example:9000',
+      forcePathStyle: false,
+    });
+    expect(cdn.publicUrl('avatars/u1.png')).toBe('https://cdn.example/avatars/u1.png');
+    expect(aws.publicUrl('avatars/u1.png')).toBe('https://media.s3.eu-west-1.amazonaws.com/avatars/u1.png');
+    expect(hosted.publicUrl('avatars/u1.png')).toBe('https://media.s3.example:9000/avatars/u1.png');
+    for (const s of [cdn, aws, hosted]) s.close();
+  });
+});

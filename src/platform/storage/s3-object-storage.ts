@@ -1,0 +1,198 @@
+import { createHash } from 'node:crypto';
+import { Readable } from 'node:stream';
+import {
+  CreateBucketCommand,
+  DeleteObjectCommand,
+  GetObjectCommand,
+  HeadBucketCommand,
+  HeadObjectCommand,
+  PutObjectCommand,
+  S3Client,
+  type BucketLocationConstraint,
+} from '@aws-sdk/client-s3';
+import { getSignedUrl } from '@aws-sdk/s3-request-presigner';
+import {
+  assertContentType,
+  assertPresignExpiry,
+  assertSafeKey,
+  type ObjectStorage,
+  type PresignedPut,
+  type PresignPutOptions,
+  type StoredObject,
+} from './object-storage.js';
+
+export interface S3ObjectStorageOptions {
+  /** Base URL of an S3-compatible store (MinIO, S3Mock, …); AWS S3 itself when absent. */
+  endpoint?: string;
+  region: string;
+  bucket: string;
+  accessKeyId: string;
+  secretAccessKey: string;
+  /** `{endpoint}/{bucket}/{key}` rather than `{bucket}.{host}/{key}`; most self-hosted stores need it. */
+  forcePathStyle: boolean;
+  /** Where public objects are read (a CDN, or the bucket's own URL when absent). */
+  publicUrl?: string;
+}
+
+/** A failure the store answered with, as the SDK reports it. */
+interface ServiceError {
+  name?: string;
+  $metadata?: { httpStatusCode?: number };
+}
+
+function statusOf(err: unknown): number | undefined {
+  return (err as ServiceError | null)?.$metadata?.httpStatusCode;
+}
+
+/**
+ * Objects in one bucket of any S3-compatible store, through the AWS SDK v3. Presigned PUTs sign the
+ * Content-Type (the store refuses another one) but cannot cap the size: see `ObjectStorage`.
+ * Importing this module only defines it; the SDK is loaded with it, so the embedded profile never
+ * imports it.
+ */
+export class S3ObjectStorage implements ObjectStorage {
+  private readonly client: S3Client;
+  private readonly bucket: string;
+  private readonly publicBase: string;
+
+  constructor(private readonly options: S3ObjectStorageOptions) {
+    this.bucket = options.bucket;
+    this.client = new S3Client({
+      region: options.region,
+      ...(options.endpoint !== undefined ? { endpoint: options.endpoint } : {}),
+      forcePathStyle: options.forcePathStyle,
+      credentials: { accessKeyId: options.accessKeyId, secretAccessKey: options.secretAccessKey },
+      // The SDK's default checksum trailers are unknown to several S3-compatible stores and would be
+      // signed into presigned URLs; S3 needs them only where an operation requires one.
+      requestChecksumCalculation: 'WHEN_REQUIRED',
+      responseChecksumValidation: 'WHEN_REQUIRED',
+      maxAttempts: 3,
+    });
+    this.publicBase = (options.publicUrl ?? this.bucketUrl()).replace(/\/+$/, '');
+  }
+
+  async put(key: string, body: Buffer, contentType: string): Promise<StoredObject> {
+    assertSafeKey(key);
+    const res = await this.client.send(
+      new PutObjectCommand({
+        Bucket: this.bucket,
+        Key: key,
+        Body: body,
+        ContentType: contentType,
+        ContentLength: body.length,
+      }),
+    );
+    const etag = res.ETag ?? `"${createHash('md5').update(body).digest('hex')}"`;
+    return { size: body.length, etag, contentType };
+  }
+
+  async head(key: string): Promise<StoredObject | null> {
+    assertSafeKey(key);
+    try {
+      const res = await this.client.send(new HeadObjectCommand({ Bucket: this.bucket, Key: key }));
+      return {
+        size: res.ContentLength ?? 0,
+        etag: res.ETag ?? '',
+        contentType: res.ContentType ?? 'application/octet-stream',
+      };
+    } catch (err) {
+      // A HEAD answer has no body, so a missing bucket looks like a missing key here.
+      if (statusOf(err) === 404) return null;
+      throw err;
+    }
+  }
+
+  async get(key: string): Promise<{ object: StoredObject; body: Readable } | null> {
+    assertSafeKey(key);
+    try {
+      const res = await this.client.send(new GetObjectCommand({ Bucket: this.bucket, Key: key }));
+      if (!(res.Body instanceof Readable)) throw new Error('the S3 client returned no Node.js stream');
+      return {
+        object: {
+          size: res.ContentLength ?? 0,
+          etag: res.ETag ?? '',
+          contentType: res.ContentType ?? 'application/octet-stream',
+        },
+        body: res.Body,
+      };
+    } catch (err) {
+      if ((err as ServiceError).name === 'NoSuchKey') return null;
+      throw err;
+    }
+  }
+
+  async delete(key: string): Promise<void> {
+    assertSafeKey(key);
+    await this.client.send(new DeleteObjectCommand({ Bucket: this.bucket, Key: key }));
+  }
+
+  async presignPut(key: string, options: PresignPutOptions): Promise<PresignedPut> {
+    assertSafeKey(key);
+    assertContentType(options.contentType);
+    assertPresignExpiry(options.expiresInSeconds);
+    const url = await getSignedUrl(
+      this.client,
+      new PutObjectCommand({ Bucket: this.bucket, Key: key, ContentType: options.contentType }),
+      // The presigner leaves Content-Type out of the signature unless told otherwise.
+      { expiresIn: options.expiresInSeconds, signableHeaders: new Set(['content-type']) },
+    );
+    return { url, headers: { 'Content-Type': options.contentType }, expiresIn: options.expiresInSeconds };
+  }
+
+  async presignGet(key: string, expiresInSeconds: number): Promise<string> {
+    assertSafeKey(key);
+    assertPresignExpiry(expiresInSeconds);
+    return getSignedUrl(this.client, new GetObjectCommand({ Bucket: this.bucket, Key: key }), {
+      expiresIn: expiresInSeconds,
+    });
+  }
+
+  publicUrl(key: string): string {
+    return `${this.publicBase}/${key}`;
+  }
+
+  /** Creates the bucket unless it exists (development and tests; production buckets are provisioned). */
+  async ensureBucket(): Promise<void> {
+    try {
+      await this.client.send(new HeadBucketCommand({ Bucket: this.bucket }));
+      return;
+    } catch (err) {
+      if (statusOf(err) !== 404) throw err;
+    }
+    try {
+      await this.client.send(
+        new CreateBucketCommand({
+          Bucket: this.bucket,
+          // us-east-1 is the one region that must not be named.
+          ...(this.options.region !== 'us-east-1'
+            ? {
+                CreateBucketConfiguration: {
+                  LocationConstraint: this.options.region as BucketLocationConstraint,
+                },
+              }
+            : {}),
+        }),
+      );
+    } catch (err) {
+      if ((err as ServiceError).name !== 'BucketAlreadyOwnedByYou') throw err;
+    }
+  }
+
+  /** True when the bucket answers with these credentials (readiness). */
+  async ping(): Promise<boolean> {
+    await this.client.send(new HeadBucketCommand({ Bucket: this.bucket }));
+    return true;
+  }
+
+  close(): void {
+    this.client.destroy();
+  }
+
+  private bucketUrl(): string {
+    const { endpoint, region, forcePathStyle } = this.options;
+    if (endpoint === undefined) return `https://${this.bucket}.s3.${region}.amazonaws.com`;
+    const base = new URL(endpoint);
+    if (forcePathStyle) return `${base.origin}${base.pathname.replace(/\/+$/, '')}/${this.bucket}`;
+    return `${base.protocol}//${this.bucket}.${base.host}${base.pathname.replace(/\/+$/, '')}`;
+  }
+}
