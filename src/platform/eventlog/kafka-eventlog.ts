@@ -318,10 +318,11 @@ export class KafkaEventLog implements EventLog {
     ]);
   }
 
-  createConsumer(group: string, maxWaitMs: number, maxBatch: number): StringConsumer {
+  createConsumer(group: string, maxWaitMs: number, maxBatch: number, instanceId?: string): StringConsumer {
     return new Consumer({
       ...this.clientOptions('consumer'),
       groupId: this.name(group),
+      ...(instanceId ? { groupInstanceId: instanceId } : {}),
       deserializers: stringDeserializers,
       autocommit: false,
       sessionTimeout: this.s.sessionTimeoutMs,
@@ -385,6 +386,12 @@ class KafkaSubscription implements Subscription {
   private readonly sleeper = new Sleeper();
   private pinned = false;
   private consumerFailed = false;
+  /**
+   * Static group membership, one id per subscription: a consumer recreated after the broker was
+   * lost takes over its predecessor's member and assignment at once, instead of waiting a session
+   * timeout for the dead member to expire (counting would otherwise lag ~10 s after an outage).
+   */
+  private readonly instanceId: string;
 
   constructor(
     private readonly log: KafkaEventLog,
@@ -394,6 +401,7 @@ class KafkaSubscription implements Subscription {
     this.topics = [...new Set(options.topics.map((t) => log.name(t)))];
     this.maxBatch = Math.max(1, options.maxBatch ?? DEFAULT_MAX_BATCH);
     this.maxWaitMs = Math.max(0, options.maxWaitMs ?? DEFAULT_MAX_WAIT_MS);
+    this.instanceId = `${log.settings.clientId}-${randomUUID()}`;
   }
 
   async start(): Promise<void> {
@@ -446,7 +454,12 @@ class KafkaSubscription implements Subscription {
     if (this.consumer && this.consumerFailed) await this.teardown(true);
     if (!this.consumer) {
       this.consumerFailed = false;
-      const consumer = this.log.createConsumer(this.options.group, this.maxWaitMs, this.maxBatch);
+      const consumer = this.log.createConsumer(
+        this.options.group,
+        this.maxWaitMs,
+        this.maxBatch,
+        this.instanceId,
+      );
       this.consumer = consumer;
       // An unhandled 'error' event would crash the process, and a failed rejoin also ends the
       // heartbeats; the listeners stay attached (and go quiet) once this consumer is replaced.
