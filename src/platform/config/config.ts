@@ -261,7 +261,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: { ro
       windowMs: 15 * 60_000,
     },
     counters: {
-      groups: int('ZG_COUNTER_GROUPS', 1, 1_048_576),
+      groups: int('ZG_COUNTER_GROUPS', 1, 16_384),
       flushIntervalMs: int('ZG_COUNTER_FLUSH_MS', 10, 60_000),
       repairAfterMs: int('ZG_COUNTER_REPAIR_AFTER_MS', 100, 3_600_000),
       reconcileIntervalMs: int('ZG_COUNTER_RECONCILE_MS', 100, 86_400_000),

@@ -1,0 +1,634 @@
+/**
+ * Fault suite for the counter pipeline against real processes: an API process and a worker process
+ * of the built server (cluster profile) on a Kafka broker of this file's own, driven over HTTP; and
+ * the single embedded process, killed and restarted under load.
+ *
+ * Scale: 20,000 like/unlike toggles over 200 posts by every user that signs up through the API within
+ * a fixed budget (sign-ups are real: code by log, then register; capped at 2,000). During the run the
+ * worker is killed with SIGKILL mid-batch and restarted, the broker is stopped for 20 s and started
+ * again, and snapshots are deleted and corrupted in Redis. After each phase, once quiet, every post's
+ * like count read through the API must equal the number of users whose last answer was "liked";
+ * `counters verify` must find no drift, and `counters replay` (writers stopped) must rebuild the same
+ * facts and counts from the log.
+ *
+ * Embedded, at a smaller scale (6,000 toggles, 100 posts, up to 500 users): the one process is killed
+ * with SIGKILL twice with toggles in flight (pairs whose answer was cut off are settled from the
+ * restarted server's flags), snapshots are deleted and corrupted in SQLite, then the same checks.
+ */
+import { setTimeout as sleep } from 'node:timers/promises';
+import { Redis } from 'ioredis';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { RedisCounterStore } from '../../src/counter/store/redis-counter-store.js';
+import { openMysql, openSqlite } from '../../src/platform/db/database.js';
+import { services } from '../rig/resources.js';
+import {
+  clusterDeployment,
+  embeddedDeployment,
+  PrivateKafka,
+  runCli,
+  startNode,
+  type Deployment,
+  type NodeProcess,
+} from '../fault/processes.js';
+import { Client } from './harness.js';
+
+const POSTS = 200;
+const TOGGLES = 20_000;
+const MAX_USERS = 2_000;
+const SIGN_UP_BUDGET_MS = 20_000;
+const OUTAGE_MS = 20_000;
+
+const COUNTER_ENV = {
+  ZG_COUNTER_FLUSH_MS: '200',
+  ZG_COUNTER_REPAIR_AFTER_MS: '1000',
+  ZG_COUNTER_RECONCILE_MS: '2000',
+  ZG_ENTITY_CACHE_MS: '600000',
+  ZG_SESSION_CHECK_CACHE_MS: '10000',
+};
+
+interface User {
+  id: number;
+  token: string;
+}
+
+function prng(seed: number): () => number {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+/** Real sign-ups (send code, read it from the API's log, register) until `max` users or the budget runs out. */
+async function signUpMany(
+  api: NodeProcess,
+  client: Client,
+  max: number,
+  budgetMs: number,
+  concurrency = 24,
+): Promise<User[]> {
+  const users: User[] = [];
+  const deadline = Date.now() + budgetMs;
+  const base = 10_000_000 + Math.floor(Math.random() * 80_000_000);
+  let next = 0;
+  const one = async (): Promise<void> => {
+    while (next < max && Date.now() < deadline) {
+      const identifier = `1${String(base * 100 + next++).padStart(10, '0')}`;
+      const sent = await client.call('POST', '/api/v1/auth/send-code', {
+        body: { scene: 'REGISTER', identifierType: 'PHONE', identifier },
+      });
+      if (sent.status !== 200) throw new Error(`send-code: ${sent.status} ${JSON.stringify(sent.body)}`);
+      const line = await api.waitForLine(
+        (l) => l.msg === 'verification code' && l.identifier === identifier && l.scene === 'REGISTER',
+      );
+      const reg = await client.call('POST', '/api/v1/auth/register', {
+        body: { identifierType: 'PHONE', identifier, code: line.code, agreeTerms: true },
+      });
+      if (reg.status !== 200) throw new Error(`register: ${reg.status} ${JSON.stringify(reg.body)}`);
+      users.push({ id: reg.body.user.id, token: reg.body.token.accessToken });
+    }
+  };
+  await Promise.all(Array.from({ length: concurrency }, one));
+  return users;
+}
+
+async function insertPosts(deployment: Deployment, authorId: number, count: number): Promise<string[]> {
+  const first = BigInt(Date.now()) * 1_000_000n;
+  const ids = Array.from({ length: count }, (_, i) => String(first + BigInt(i)));
+  const now = Date.now();
+  const db = deployment.mysqlUrl
+    ? await openMysql(deployment.mysqlUrl, 1)
+    : openSqlite(`${deployment.dataDir}/zhiguang.db`);
+  try {
+    await db.kysely
+      .insertInto('knowposts')
+      .values(
+        ids.map((id) => ({
+          id,
+          author_id: authorId,
+          status: 'published',
+          visible: 'public',
+          created_at: now,
+          updated_at: now,
+        })),
+      )
+      .execute();
+  } finally {
+    await db.close();
+  }
+  return ids;
+}
+
+/**
+ * Random toggles through the API, many at once but never two for the same (user, post) at a time,
+ * so each pair's final state is the answer to its last call. A call that got no answer (its server
+ * was killed under it) leaves its pair ambiguous until `resolve` asks the server what it holds.
+ */
+class Toggler {
+  readonly liked = new Map<string, boolean>();
+  readonly ambiguous = new Set<string>();
+  private readonly inFlight = new Set<string>();
+  private readonly rand: () => number;
+  private gate: Promise<void> | undefined;
+  done = 0;
+  changed = 0;
+  readonly failures: string[] = [];
+
+  constructor(
+    private client: Client,
+    private readonly users: User[],
+    private readonly posts: string[],
+    seed: number,
+  ) {
+    this.rand = prng(seed);
+  }
+
+  /** Calls sent and not answered yet. */
+  get inFlightCount(): number {
+    return this.inFlight.size;
+  }
+
+  /** Holds back new calls until `reopen` (calls already sent go on). */
+  pause(): () => void {
+    let open!: () => void;
+    this.gate = new Promise<void>((ok) => (open = ok));
+    return () => {
+      this.gate = undefined;
+      open();
+    };
+  }
+
+  retarget(client: Client): void {
+    this.client = client;
+  }
+
+  /** Issues up to `ops` toggles, `concurrency` at a time, at most `perSecond` on average when given. */
+  async run(
+    ops: number,
+    concurrency: number,
+    stop: () => boolean = () => false,
+    perSecond = Infinity,
+  ): Promise<number> {
+    let issued = 0;
+    const started = Date.now();
+    const worker = async (): Promise<void> => {
+      while (issued < ops && !stop()) {
+        if (this.gate) {
+          await this.gate;
+          continue;
+        }
+        if (issued >= ((Date.now() - started) / 1000) * perSecond) {
+          await sleep(5);
+          continue;
+        }
+        let u: number;
+        let p: number;
+        let key: string;
+        do {
+          u = Math.floor(this.rand() * this.users.length);
+          p = Math.floor(this.rand() * this.posts.length);
+          key = `${u}:${p}`;
+        } while (this.inFlight.has(key));
+        issued++;
+        this.inFlight.add(key);
+        const on = this.rand() < 0.55;
+        try {
+          const res = await this.client.call('POST', `/api/v1/action/${on ? 'like' : 'unlike'}`, {
+            token: this.users[u]!.token,
+            body: { entityType: 'knowpost', entityId: this.posts[p] },
+          });
+          if (res.status !== 200 || res.body.liked !== on) {
+            this.failures.push(`${res.status} ${JSON.stringify(res.body)}`);
+          } else {
+            this.liked.set(key, on);
+            if (res.body.changed) this.changed++;
+          }
+        } catch {
+          this.ambiguous.add(key);
+        } finally {
+          this.inFlight.delete(key);
+          this.done++;
+        }
+      }
+    };
+    await Promise.all(Array.from({ length: concurrency }, worker));
+    return issued;
+  }
+
+  /** Settles ambiguous pairs from the user's flags as the (restarted) server reports them. */
+  async resolve(): Promise<number> {
+    const n = this.ambiguous.size;
+    for (const key of this.ambiguous) {
+      const [u, p] = key.split(':').map(Number) as [number, number];
+      const res = await this.client.call(
+        'GET',
+        `/api/v1/action/status?entityType=knowpost&ids=${this.posts[p]}`,
+        {
+          token: this.users[u]!.token,
+        },
+      );
+      if (res.status !== 200) throw new Error(`status: ${res.status} ${JSON.stringify(res.body)}`);
+      this.liked.set(key, res.body.items[0].liked === true);
+    }
+    this.ambiguous.clear();
+    return n;
+  }
+
+  expected(): number[] {
+    const counts = this.posts.map(() => 0);
+    for (const [key, on] of this.liked) if (on) counts[Number(key.split(':')[1])]!++;
+    return counts;
+  }
+}
+
+/** Each user's like flags for every post equal the model (for a sample of users). */
+async function expectFlags(
+  client: Client,
+  users: User[],
+  posts: string[],
+  toggler: Toggler,
+  sample: number,
+  seed: number,
+): Promise<void> {
+  const rand = prng(seed);
+  for (let k = 0; k < sample; k++) {
+    const u = Math.floor(rand() * users.length);
+    for (let i = 0; i < posts.length; i += 100) {
+      const ids = posts.slice(i, i + 100);
+      const res = await client.call('GET', `/api/v1/action/status?entityType=knowpost&ids=${ids.join(',')}`, {
+        token: users[u]!.token,
+      });
+      const got = res.body.items.map((it: any) => it.liked);
+      const want = ids.map((_, j) => toggler.liked.get(`${u}:${i + j}`) ?? false);
+      expect([u, got]).toEqual([u, want]);
+    }
+  }
+}
+
+async function readLikes(client: Client, posts: string[]): Promise<(number | null)[]> {
+  const out: (number | null)[] = [];
+  for (let i = 0; i < posts.length; i += 100) {
+    const ids = posts.slice(i, i + 100);
+    const res = await client.call('GET', `/api/v1/counter/knowpost?ids=${ids.join(',')}&metrics=like`);
+    if (res.status !== 200) throw new Error(`counts: ${res.status} ${JSON.stringify(res.body)}`);
+    const byId = new Map<string, number>(res.body.items.map((it: any) => [it.entityId, it.counts.like]));
+    out.push(...ids.map((id) => byId.get(id) ?? null));
+  }
+  return out;
+}
+
+/** Polls until every post's like count equals the expectation; returns how long it took, fails after `ms`. */
+async function exactWithin(client: Client, posts: string[], toggler: Toggler, ms: number): Promise<number> {
+  const started = Date.now();
+  const expected = toggler.expected();
+  let diffs: string[];
+  for (;;) {
+    const got = await readLikes(client, posts);
+    diffs = posts.flatMap((id, i) =>
+      got[i] === expected[i] ? [] : [`${id}: got ${got[i]}, want ${expected[i]}`],
+    );
+    if (diffs.length === 0) return Date.now() - started;
+    if (Date.now() - started >= ms) break;
+    await sleep(100);
+  }
+  expect({ postsOff: diffs.length, first: diffs.slice(0, 10) }).toEqual({ postsOff: 0, first: [] });
+  return Date.now() - started;
+}
+
+async function metric(process: NodeProcess, name: string): Promise<number> {
+  const text = await (await fetch(`${process.baseUrl}/metrics`)).text();
+  return text
+    .split('\n')
+    .filter((l) => l.startsWith(name))
+    .reduce((sum, l) => sum + Number(l.slice(l.lastIndexOf(' ') + 1)), 0);
+}
+
+describe('counters under faults (cluster profile: API and worker processes, a private Kafka broker)', () => {
+  let kafka: PrivateKafka | undefined;
+  let deployment: Deployment | undefined;
+  let api: NodeProcess | undefined;
+  let worker: NodeProcess | undefined;
+  let client: Client;
+  let users: User[] = [];
+  let posts: string[] = [];
+  let toggler: Toggler;
+  let workerKills = 0;
+  const timings: Record<string, number> = {};
+
+  const env = (): Record<string, string> => deployment!.env;
+  const crashWorker = async (): Promise<void> => {
+    await worker!.crash();
+    workerKills++;
+    worker = await startNode(env(), 'worker', 90_000);
+  };
+  /** Kills the worker (and starts it again) once each of `at` toggles have been answered. */
+  const killWorkerAt = async (at: number[]): Promise<void> => {
+    for (const n of at) {
+      while (toggler.done < n) await sleep(20);
+      await crashWorker();
+    }
+  };
+
+  beforeAll(async () => {
+    const t0 = Date.now();
+    kafka = await PrivateKafka.start();
+    timings.kafkaStartMs = Date.now() - t0;
+    deployment = await clusterDeployment(kafka.brokers, COUNTER_ENV);
+    api = await startNode(env(), 'api');
+    worker = await startNode(env(), 'worker');
+    client = new Client(api.baseUrl);
+  }, 240_000);
+
+  afterAll(async () => {
+    await Promise.allSettled([api?.stop(), worker?.stop()]);
+    await kafka?.destroy();
+    await deployment?.dispose();
+    console.log(
+      `fault-counters: ${JSON.stringify({ users: users.length, posts: posts.length, toggles: toggler?.done, changes: toggler?.changed, workerKills, ...timings })}`,
+    );
+  }, 120_000);
+
+  it('signs up users through the API and creates the posts', async () => {
+    const t0 = Date.now();
+    users = await signUpMany(api!, client, MAX_USERS, SIGN_UP_BUDGET_MS);
+    timings.signUpMs = Date.now() - t0;
+    expect(users.length).toBeGreaterThanOrEqual(200);
+    posts = await insertPosts(deployment!, users[0]!.id, POSTS);
+    toggler = new Toggler(client, users, posts, 20_240_601);
+  }, 60_000);
+
+  it('phase 1: stays exact while the worker is killed mid-batch twice', async () => {
+    const t0 = Date.now();
+    await Promise.all([toggler.run(7_000, 32), killWorkerAt([1_500, 4_000])]);
+    timings.phase1LoadMs = Date.now() - t0;
+    expect(toggler.failures).toEqual([]);
+    expect(toggler.ambiguous.size).toBe(0);
+    timings.phase1QuietMs = await exactWithin(client, posts, toggler, 30_000);
+  }, 120_000);
+
+  it('phase 2: keeps taking likes with the broker down for 20 s, and is exact within 5 s of it coming back', async () => {
+    const failedBefore = await metric(api!, 'zg_counter_events_publish_failed_total');
+    const repairedBefore = await metric(worker!, 'zg_counter_rebuilds_total{reason="unpublished"}');
+    const doneBefore = toggler.done;
+    await kafka!.down();
+    const downAt = Date.now();
+    let backAt = 0;
+    let doneAtBack = 0;
+    // Toggles run, paced, through the outage and the broker's restart, and on for 1.5 s after it is
+    // back: once the API has published those, the repair job no longer covers them and the worker's
+    // consumer must be counting again.
+    const load = toggler.run(7_000, 8, () => backAt > 0 && Date.now() - backAt > 1_500, 100);
+    const restart = (async () => {
+      await sleep(Math.max(0, downAt + OUTAGE_MS - Date.now()));
+      await kafka!.up();
+      backAt = Date.now();
+      doneAtBack = toggler.done;
+    })();
+    const [issued] = await Promise.all([load, restart]);
+    // The clock, not the cap, ended the load: toggles were made up to and after the broker's return.
+    expect(issued).toBeLessThan(7_000);
+    timings.kafkaUnavailableMs = backAt - downAt;
+    timings.togglesDuringOutage = doneAtBack - doneBefore;
+    timings.togglesAfterBack = toggler.done - doneAtBack;
+    expect(toggler.failures).toEqual([]);
+    expect(toggler.ambiguous.size).toBe(0);
+    expect(timings.togglesDuringOutage).toBeGreaterThan(500);
+    expect(timings.togglesAfterBack).toBeGreaterThan(20);
+    // Fails unless a read started within 5 s of the broker's return (give or take one poll) is exact.
+    await exactWithin(client, posts, toggler, Math.max(0, backAt + 5_000 - Date.now()));
+    timings.exactAfterKafkaBackMs = Date.now() - backAt;
+    // The outage was real for the API, and the worker's repair job rebuilt from facts meanwhile.
+    expect(await metric(api!, 'zg_counter_events_publish_failed_total')).toBeGreaterThan(failedBefore);
+    expect(await metric(worker!, 'zg_counter_rebuilds_total{reason="unpublished"}')).toBeGreaterThan(
+      repairedBefore,
+    );
+
+    // The same worker (not restarted) consumes from the broker again: new toggles reach the counts
+    // through publish, consume and fold, which repair alone could not do for published events.
+    const consumedBefore = await metric(worker!, 'zg_counter_events_consumed_total{outcome="applied"}');
+    const t0 = Date.now();
+    await toggler.run(500, 16);
+    expect(toggler.failures).toEqual([]);
+    await exactWithin(client, posts, toggler, 30_000);
+    timings.consumingAgainMs = Date.now() - t0;
+    expect(await metric(worker!, 'zg_counter_events_consumed_total{outcome="applied"}')).toBeGreaterThan(
+      consumedBefore,
+    );
+  }, 150_000);
+
+  it('phase 3: stays exact with snapshots deleted and corrupted in Redis and two more worker kills', async () => {
+    const redis = new Redis(services.redisUrl(), { maxRetriesPerRequest: 2 });
+    const layout = new RedisCounterStore(redis, { prefix: deployment!.redisPrefix });
+    const rand = prng(7);
+    let running = true;
+    let sabotaged = 0;
+    const missing: string[] = [];
+    const saboteur = (async () => {
+      while (running) {
+        const eid = posts[Math.floor(rand() * posts.length)]!;
+        const key = layout.groupKey('s', layout.groupOf({ etype: 'knowpost', eid }));
+        if (rand() < 0.5) await redis.hdel(key, eid);
+        else await redis.hset(key, eid, Buffer.from('not a snapshot'));
+        sabotaged++;
+        await sleep(20);
+      }
+    })();
+    // Readers during the sabotage: every post is always answered (rebuilt on read when needed).
+    const reader = (async () => {
+      while (running) {
+        const got = await readLikes(client, posts);
+        got.forEach((n, i) => n === null && missing.push(posts[i]!));
+        await sleep(50);
+      }
+    })();
+    const rebuildsBefore = await metric(api!, 'zg_counter_rebuilds_total{reason="read"}');
+    const remaining = TOGGLES - toggler.done;
+    const t0 = Date.now();
+    try {
+      await Promise.all([
+        toggler.run(remaining, 32),
+        killWorkerAt([
+          toggler.done + Math.floor(remaining / 3),
+          toggler.done + Math.floor((2 * remaining) / 3),
+        ]),
+      ]);
+    } finally {
+      running = false;
+      await Promise.all([saboteur, reader]);
+      redis.disconnect();
+    }
+    timings.phase3LoadMs = Date.now() - t0;
+    expect(toggler.failures).toEqual([]);
+    expect(toggler.ambiguous.size).toBe(0);
+    expect(toggler.done).toBe(TOGGLES);
+    expect(sabotaged).toBeGreaterThan(50);
+    expect(missing).toEqual([]);
+    expect(await metric(api!, 'zg_counter_rebuilds_total{reason="read"}')).toBeGreaterThan(rebuildsBefore);
+    timings.phase3QuietMs = await exactWithin(client, posts, toggler, 30_000);
+  }, 180_000);
+
+  it('counters verify finds no drift', async () => {
+    const verify = await runCli(env(), ['counters', 'verify']);
+    expect([verify.code, verify.stderr.includes('zhiguang:') ? verify.stderr : '']).toEqual([0, '']);
+    expect(verify.json).toMatchObject({
+      command: 'counters verify',
+      checked: POSTS,
+      busy: 0,
+      drifted: [],
+      fixed: 0,
+    });
+  }, 60_000);
+
+  it('counters replay with the writers stopped rebuilds the same facts and counts from the log', async () => {
+    const expected = toggler.expected();
+    await Promise.all([api!.stop(), worker!.stop()]);
+    const t0 = Date.now();
+    const replay = await runCli(env(), ['counters', 'replay', '--yes'], 120_000);
+    timings.replayMs = Date.now() - t0;
+    expect(replay.code).toBe(0);
+    expect(replay.json).toMatchObject({ command: 'counters replay', malformed: 0, entities: POSTS });
+    // Every change is in the log (a publish retried after a timeout may have written one twice).
+    expect(Number(replay.json?.events)).toBeGreaterThanOrEqual(toggler.changed);
+    timings.replayedEvents = Number(replay.json?.events);
+
+    api = await startNode(env(), 'api');
+    worker = await startNode(env(), 'worker', 90_000);
+    client = new Client(api.baseUrl);
+    toggler.retarget(client);
+    expect(toggler.expected()).toEqual(expected);
+    await exactWithin(client, posts, toggler, 10_000);
+    // The facts themselves came back: each user's flags equal their last answers (a sample of users).
+    await expectFlags(client, users, posts, toggler, 40, 11);
+    const verify = await runCli(env(), ['counters', 'verify']);
+    expect(verify.json).toMatchObject({ checked: POSTS, busy: 0, drifted: [] });
+  }, 180_000);
+});
+
+describe('counters under faults (embedded profile: one process, killed with SIGKILL and restarted)', () => {
+  const EMBEDDED_POSTS = 100;
+  const EMBEDDED_TOGGLES = 6_000;
+  let deployment: Deployment | undefined;
+  let server: NodeProcess | undefined;
+  let client: Client;
+  let users: User[] = [];
+  let posts: string[] = [];
+  let toggler: Toggler;
+  let kills = 0;
+  let resolved = 0;
+  const timings: Record<string, number> = {};
+
+  /** kill -9 with toggles in flight; their pairs are settled from the restarted server's flags. */
+  const crashServer = async (): Promise<void> => {
+    const reopen = toggler.pause();
+    await server!.crash();
+    kills++;
+    const deadline = Date.now() + 10_000;
+    while (toggler.inFlightCount > 0 && Date.now() < deadline) await sleep(10);
+    server = await startNode(deployment!.env, 'all');
+    client = new Client(server.baseUrl);
+    toggler.retarget(client);
+    resolved += await toggler.resolve();
+    reopen();
+  };
+
+  beforeAll(async () => {
+    deployment = embeddedDeployment(COUNTER_ENV);
+    server = await startNode(deployment.env, 'all');
+    client = new Client(server.baseUrl);
+  }, 120_000);
+
+  afterAll(async () => {
+    await server?.stop();
+    await deployment?.dispose();
+    console.log(
+      `fault-counters (embedded): ${JSON.stringify({ users: users.length, posts: posts.length, toggles: toggler?.done, kills, resolved, ...timings })}`,
+    );
+  }, 60_000);
+
+  it('signs up users through the API and creates the posts', async () => {
+    users = await signUpMany(server!, client, 500, 8_000);
+    expect(users.length).toBeGreaterThanOrEqual(100);
+    posts = await insertPosts(deployment!, users[0]!.id, EMBEDDED_POSTS);
+    toggler = new Toggler(client, users, posts, 20_240_602);
+  }, 60_000);
+
+  it('stays exact through two kill -9 of the process mid-load and snapshots deleted and corrupted in SQLite', async () => {
+    const db = openSqlite(`${deployment!.dataDir}/zhiguang.db`);
+    const rand = prng(3);
+    let running = true;
+    let sabotaged = 0;
+    const saboteur = (async () => {
+      while (running) {
+        const eid = posts[Math.floor(rand() * posts.length)]!;
+        if (rand() < 0.5) {
+          await db.kysely
+            .deleteFrom('counter_snapshots')
+            .where('etype', '=', 'knowpost')
+            .where('eid', '=', eid)
+            .execute();
+        } else {
+          await db.kysely
+            .updateTable('counter_snapshots')
+            .set({ data: Buffer.from('not a snapshot') })
+            .where('etype', '=', 'knowpost')
+            .where('eid', '=', eid)
+            .execute();
+        }
+        sabotaged++;
+        await sleep(20);
+      }
+    })();
+    const t0 = Date.now();
+    try {
+      await Promise.all([
+        toggler.run(EMBEDDED_TOGGLES, 24),
+        (async () => {
+          for (const at of [1_500, 3_500]) {
+            while (toggler.done < at) await sleep(10);
+            await crashServer();
+          }
+        })(),
+      ]);
+    } finally {
+      running = false;
+      await saboteur;
+      await db.close();
+    }
+    timings.loadMs = Date.now() - t0;
+    expect(kills).toBe(2);
+    expect(toggler.failures).toEqual([]);
+    expect(toggler.ambiguous.size).toBe(0);
+    expect(sabotaged).toBeGreaterThan(50);
+    timings.quietMs = await exactWithin(client, posts, toggler, 10_000);
+    await expectFlags(client, users, posts, toggler, 20, 5);
+  }, 120_000);
+
+  it('counters verify finds no drift, next to the running server', async () => {
+    const verify = await runCli(deployment!.env, ['counters', 'verify']);
+    expect(verify.code).toBe(0);
+    expect(verify.json).toMatchObject({
+      command: 'counters verify',
+      checked: EMBEDDED_POSTS,
+      busy: 0,
+      drifted: [],
+      fixed: 0,
+    });
+  }, 60_000);
+
+  it('counters replay with the server stopped rebuilds the same facts and counts from the log', async () => {
+    await server!.stop();
+    const replay = await runCli(deployment!.env, ['counters', 'replay', '--yes']);
+    expect(replay.code).toBe(0);
+    expect(replay.json).toMatchObject({ command: 'counters replay', malformed: 0, entities: EMBEDDED_POSTS });
+    // The embedded log is written in the toggle's own transaction: a record for every answered change
+    // (and for those whose answer the kills cut off).
+    expect(Number(replay.json?.events)).toBeGreaterThanOrEqual(toggler.changed);
+    server = await startNode(deployment!.env, 'all');
+    client = new Client(server.baseUrl);
+    await exactWithin(client, posts, toggler, 5_000);
+    await expectFlags(client, users, posts, toggler, 20, 6);
+  }, 90_000);
+});
