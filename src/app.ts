@@ -99,7 +99,12 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
 
   const counterMetrics = new CounterMetrics(metrics.registry);
   const visibility = new KnowpostVisibilityRepository(platform.db);
-  const directory = new CachedEntityDirectory((refs) => visibility.load(refs), config.entityCacheMs, 100_000, now);
+  const directory = new CachedEntityDirectory(
+    (refs) => visibility.load(refs),
+    config.entityCacheMs,
+    100_000,
+    now,
+  );
   const publisher = new CounterEventPublisher(platform.events, platform.counterStore, {
     onPublished: (n) => counterMetrics.eventsPublished.inc(n),
     onFailed: (n, err) => {
@@ -125,27 +130,44 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
     );
   }
 
-  const workerError = (name: string, err: unknown) => log.warn({ err, worker: name }, 'background work failed; will retry');
+  const workerError = (name: string, err: unknown) =>
+    log.warn({ err, worker: name }, 'background work failed; will retry');
   const relay = new OutboxRelay({
     store: platform.outboxStore,
     events: platform.events,
     onError: (err) => workerError('outbox-relay', err),
   });
   const reconciler = new CounterReconciler(platform.counterStore, counterMetrics);
-  const aggregator = new CounterAggregator(platform.events, platform.counterStore, counterMetrics, (err) => workerError('counter-agg', err), {
-    maxBatch: 5000,
-    maxWaitMs: 50,
-    onApplied: (events) => reconciler.touched(events),
-  });
+  const aggregator = new CounterAggregator(
+    platform.events,
+    platform.counterStore,
+    counterMetrics,
+    (err) => workerError('counter-agg', err),
+    {
+      maxBatch: 5000,
+      maxWaitMs: 50,
+      onApplied: (events) => reconciler.touched(events),
+    },
+  );
   const periodic = [
-    new PeriodicTask('counter-flush', config.counters.flushIntervalMs, () => flushPending(platform.counterStore, counterMetrics), workerError),
+    new PeriodicTask(
+      'counter-flush',
+      config.counters.flushIntervalMs,
+      () => flushPending(platform.counterStore, counterMetrics),
+      workerError,
+    ),
     new PeriodicTask(
       'counter-repair',
       Math.max(100, Math.floor(config.counters.repairAfterMs / 3)),
       () => repairUnpublished(platform.counterStore, counterMetrics, now(), config.counters.repairAfterMs),
       workerError,
     ),
-    new PeriodicTask('counter-reconcile', config.counters.reconcileIntervalMs, () => reconciler.runOnce(), workerError),
+    new PeriodicTask(
+      'counter-reconcile',
+      config.counters.reconcileIntervalMs,
+      () => reconciler.runOnce(),
+      workerError,
+    ),
   ];
   const workers: { start(): void | Promise<void>; stop(): Promise<void> }[] =
     config.role === 'api' ? [] : [relay, aggregator, ...periodic];

@@ -22,10 +22,20 @@ async function main(argv: string[]): Promise<number> {
   const { values, positionals } = parseArgs({
     args: argv,
     allowPositionals: true,
-    options: { fix: { type: 'boolean' }, yes: { type: 'boolean' }, entity: { type: 'string', multiple: true }, help: { type: 'boolean', short: 'h' } },
+    options: {
+      fix: { type: 'boolean' },
+      yes: { type: 'boolean' },
+      entity: { type: 'string', multiple: true },
+      help: { type: 'boolean', short: 'h' },
+    },
   });
   const [area, command] = positionals;
-  if (values.help || area !== 'counters' || !command || !['verify', 'rebuild', 'replay', 'flush'].includes(command)) {
+  if (
+    values.help ||
+    area !== 'counters' ||
+    !command ||
+    !['verify', 'rebuild', 'replay', 'flush'].includes(command)
+  ) {
     process.stderr.write(`${USAGE}\n`);
     return values.help ? 0 : 2;
   }
@@ -66,7 +76,9 @@ async function main(argv: string[]): Promise<number> {
       summary = { folded: await flushPending(platform.counterStore, metrics, 512, 1_000_000) };
     }
     process.stderr.write('\n');
-    process.stdout.write(`${JSON.stringify({ command: `counters ${command}`, ...(summary as object), seconds: (Date.now() - started) / 1000 })}\n`);
+    process.stdout.write(
+      `${JSON.stringify({ command: `counters ${command}`, ...(summary as object), seconds: (Date.now() - started) / 1000 })}\n`,
+    );
     return 0;
   } finally {
     await platform.close();
@@ -76,7 +88,11 @@ async function main(argv: string[]): Promise<number> {
 main(process.argv.slice(2)).then(
   (code) => process.exit(code),
   (err: unknown) => {
-    process.stderr.write(err instanceof ConfigError ? `${err.message}\n` : `zhiguang: ${err instanceof Error ? (err.stack ?? err.message) : String(err)}\n`);
+    process.stderr.write(
+      err instanceof ConfigError
+        ? `${err.message}\n`
+        : `zhiguang: ${err instanceof Error ? (err.stack ?? err.message) : String(err)}\n`,
+    );
     process.exit(1);
   },
 );

@@ -41,7 +41,11 @@ export class CounterAggregator {
     private readonly store: CounterStore,
     private readonly metrics: CounterMetrics,
     private readonly onError: (err: unknown) => void,
-    private readonly options: { maxBatch: number; maxWaitMs: number; onApplied?: (events: CounterEvent[]) => void } = {
+    private readonly options: {
+      maxBatch: number;
+      maxWaitMs: number;
+      onApplied?: (events: CounterEvent[]) => void;
+    } = {
       maxBatch: 5000,
       maxWaitMs: 50,
     },
@@ -60,7 +64,10 @@ export class CounterAggregator {
         for (const record of batch.records) {
           const event = parseCounterEvent(record.value);
           if (event) parsed.push(event);
-          else this.onError(new Error(`skipping a malformed counter event at ${record.partition}:${record.offset}`));
+          else
+            this.onError(
+              new Error(`skipping a malformed counter event at ${record.partition}:${record.offset}`),
+            );
           newest = Math.max(newest, record.timestamp);
         }
         const { applied, skipped } = await this.store.applyEvents(parsed);

@@ -16,16 +16,65 @@ export class CounterMetrics {
 
   constructor(registry: Registry) {
     const registers = [registry];
-    this.toggles = new Counter({ name: 'zg_counter_toggles_total', help: 'Like/fav toggles by metric and whether the state changed', labelNames: ['metric', 'changed'], registers });
-    this.eventsPublished = new Counter({ name: 'zg_counter_events_published_total', help: 'Counter events acknowledged by the event log', registers });
-    this.eventsPublishFailed = new Counter({ name: 'zg_counter_events_publish_failed_total', help: 'Counter events whose publish failed (retried, or repaired from facts)', registers });
-    this.publishBuffered = new Gauge({ name: 'zg_counter_publish_buffered', help: 'Counter events waiting in this process for the event log', registers });
-    this.eventsApplied = new Counter({ name: 'zg_counter_events_consumed_total', help: 'Counter events consumed by counter-agg', labelNames: ['outcome'], registers });
-    this.consumerLag = new Gauge({ name: 'zg_counter_consumer_lag_ms', help: 'Age of the newest counter event when its batch was applied', registers });
-    this.flushDuration = new Histogram({ name: 'zg_counter_flush_duration_seconds', help: 'Duration of a flush round', buckets: [0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5], registers });
-    this.flushSize = new Histogram({ name: 'zg_counter_flush_entities', help: 'Entities folded per flush round', buckets: [0, 1, 10, 100, 1000, 10_000, 100_000], registers });
-    this.rebuilds = new Counter({ name: 'zg_counter_rebuilds_total', help: 'Snapshots rebuilt from facts, by reason', labelNames: ['reason'], registers });
-    this.driftFound = new Counter({ name: 'zg_counter_drift_found_total', help: 'Entities whose snapshot disagreed with facts when checked', registers });
-    this.driftHealed = new Counter({ name: 'zg_counter_drift_healed_total', help: 'Entities healed after drift was found', registers });
+    this.toggles = new Counter({
+      name: 'zg_counter_toggles_total',
+      help: 'Like/fav toggles by metric and whether the state changed',
+      labelNames: ['metric', 'changed'],
+      registers,
+    });
+    this.eventsPublished = new Counter({
+      name: 'zg_counter_events_published_total',
+      help: 'Counter events acknowledged by the event log',
+      registers,
+    });
+    this.eventsPublishFailed = new Counter({
+      name: 'zg_counter_events_publish_failed_total',
+      help: 'Counter events whose publish failed (retried, or repaired from facts)',
+      registers,
+    });
+    this.publishBuffered = new Gauge({
+      name: 'zg_counter_publish_buffered',
+      help: 'Counter events waiting in this process for the event log',
+      registers,
+    });
+    this.eventsApplied = new Counter({
+      name: 'zg_counter_events_consumed_total',
+      help: 'Counter events consumed by counter-agg',
+      labelNames: ['outcome'],
+      registers,
+    });
+    this.consumerLag = new Gauge({
+      name: 'zg_counter_consumer_lag_ms',
+      help: 'Age of the newest counter event when its batch was applied',
+      registers,
+    });
+    this.flushDuration = new Histogram({
+      name: 'zg_counter_flush_duration_seconds',
+      help: 'Duration of a flush round',
+      buckets: [0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5],
+      registers,
+    });
+    this.flushSize = new Histogram({
+      name: 'zg_counter_flush_entities',
+      help: 'Entities folded per flush round',
+      buckets: [0, 1, 10, 100, 1000, 10_000, 100_000],
+      registers,
+    });
+    this.rebuilds = new Counter({
+      name: 'zg_counter_rebuilds_total',
+      help: 'Snapshots rebuilt from facts, by reason',
+      labelNames: ['reason'],
+      registers,
+    });
+    this.driftFound = new Counter({
+      name: 'zg_counter_drift_found_total',
+      help: 'Entities whose snapshot disagreed with facts when checked',
+      registers,
+    });
+    this.driftHealed = new Counter({
+      name: 'zg_counter_drift_healed_total',
+      help: 'Entities healed after drift was found',
+      registers,
+    });
   }
 }

@@ -30,9 +30,18 @@ function parseMetrics(raw: string | undefined): PostField[] {
 }
 
 function parseIds(raw: string): string[] {
-  const ids = [...new Set(raw.split(',').map((s) => s.trim()).filter(Boolean))];
-  if (ids.length === 0 || ids.length > MAX_IDS) throw new BadRequestError(`query.ids must list 1 to ${MAX_IDS} ids`);
-  if (!ids.every((id) => /^[1-9][0-9]{0,19}$/.test(id))) throw new BadRequestError('query.ids must be positive integers');
+  const ids = [
+    ...new Set(
+      raw
+        .split(',')
+        .map((s) => s.trim())
+        .filter(Boolean),
+    ),
+  ];
+  if (ids.length === 0 || ids.length > MAX_IDS)
+    throw new BadRequestError(`query.ids must list 1 to ${MAX_IDS} ids`);
+  if (!ids.every((id) => /^[1-9][0-9]{0,19}$/.test(id)))
+    throw new BadRequestError('query.ids must be positive integers');
   return ids;
 }
 
@@ -48,7 +57,15 @@ export function counterRoutes(deps: { counters: CounterService; guards: AuthGuar
         `/api/v1/action/${path}`,
         {
           preHandler: deps.guards.required,
-          schema: { tags, security, body: ActionBody, response: { 200: metric === 'like' ? LikeResponse : FavResponse, ...errorResponses(400, 401, 404) } },
+          schema: {
+            tags,
+            security,
+            body: ActionBody,
+            response: {
+              200: metric === 'like' ? LikeResponse : FavResponse,
+              ...errorResponses(400, 401, 404),
+            },
+          },
         },
         async (request) => {
           const ref: EntityRef = { etype: request.body.entityType, eid: String(request.body.entityId) };
@@ -64,11 +81,22 @@ export function counterRoutes(deps: { counters: CounterService; guards: AuthGuar
 
     app.get(
       '/api/v1/action/status',
-      { preHandler: deps.guards.required, schema: { tags, security, querystring: StatusQuery, response: { 200: StatusResponse, ...errorResponses(400, 401, 404) } } },
+      {
+        preHandler: deps.guards.required,
+        schema: {
+          tags,
+          security,
+          querystring: StatusQuery,
+          response: { 200: StatusResponse, ...errorResponses(400, 401, 404) },
+        },
+      },
       async (request) => {
         const ids = parseIds(request.query.ids);
         const etype: EntityType = request.query.entityType;
-        const flags = await deps.counters.flags(ids.map((eid) => ({ etype, eid })), principalOf(request).userId);
+        const flags = await deps.counters.flags(
+          ids.map((eid) => ({ etype, eid })),
+          principalOf(request).userId,
+        );
         // Entities the caller may not see are left out, so the list cannot be used to probe for them.
         return {
           items: ids.flatMap((entityId, i) => {
@@ -81,21 +109,45 @@ export function counterRoutes(deps: { counters: CounterService; guards: AuthGuar
 
     app.get(
       '/api/v1/counter/:etype/:eid',
-      { preHandler: deps.guards.optional, schema: { tags, params: SingleParams, querystring: MetricsQuery, response: { 200: SingleCountsResponse, ...errorResponses(400, 401, 404) } } },
+      {
+        preHandler: deps.guards.optional,
+        schema: {
+          tags,
+          params: SingleParams,
+          querystring: MetricsQuery,
+          response: { 200: SingleCountsResponse, ...errorResponses(400, 401, 404) },
+        },
+      },
       async (request) => {
         const { etype, eid } = request.params;
-        const counts = await deps.counters.counts({ etype, eid }, request.principal?.userId ?? null, parseMetrics(request.query.metrics));
+        const counts = await deps.counters.counts(
+          { etype, eid },
+          request.principal?.userId ?? null,
+          parseMetrics(request.query.metrics),
+        );
         return { entityType: etype, entityId: eid, counts };
       },
     );
 
     app.get(
       '/api/v1/counter/:etype',
-      { preHandler: deps.guards.optional, schema: { tags, params: TypeParams, querystring: BatchQuery, response: { 200: BatchCountsResponse, ...errorResponses(400, 401, 404) } } },
+      {
+        preHandler: deps.guards.optional,
+        schema: {
+          tags,
+          params: TypeParams,
+          querystring: BatchQuery,
+          response: { 200: BatchCountsResponse, ...errorResponses(400, 401, 404) },
+        },
+      },
       async (request) => {
         const { etype } = request.params;
         const ids = parseIds(request.query.ids);
-        const counts = await deps.counters.countsMany(ids.map((eid) => ({ etype, eid })), request.principal?.userId ?? null, parseMetrics(request.query.metrics));
+        const counts = await deps.counters.countsMany(
+          ids.map((eid) => ({ etype, eid })),
+          request.principal?.userId ?? null,
+          parseMetrics(request.query.metrics),
+        );
         return {
           entityType: etype,
           items: ids.flatMap((entityId, i) => {

@@ -28,7 +28,12 @@ export class CounterService {
     private readonly now: () => number = Date.now,
   ) {}
 
-  async toggle(ref: EntityRef, metric: FactMetric, userId: number, on: boolean): Promise<{ changed: boolean; state: boolean }> {
+  async toggle(
+    ref: EntityRef,
+    metric: FactMetric,
+    userId: number,
+    on: boolean,
+  ): Promise<{ changed: boolean; state: boolean }> {
     await this.assertVisible([ref], userId);
     const result = await this.store.toggle(ref, metric, userId, on, this.now());
     this.metrics.toggles.inc({ metric, changed: String(result.changed) });
@@ -37,14 +42,22 @@ export class CounterService {
   }
 
   /** Counts of one entity; 404 when the caller may not see it. */
-  async counts(ref: EntityRef, viewerId: number | null, fields: readonly PostField[] = POST_FIELDS): Promise<CountsView> {
+  async counts(
+    ref: EntityRef,
+    viewerId: number | null,
+    fields: readonly PostField[] = POST_FIELDS,
+  ): Promise<CountsView> {
     await this.assertVisible([ref], viewerId);
     const [counts] = await this.snapshots([ref]);
     return view(counts ?? [0, 0, 0, 0, 0], fields);
   }
 
   /** Counts of many entities in one round trip; null for those the caller may not see. */
-  async countsMany(refs: readonly EntityRef[], viewerId: number | null, fields: readonly PostField[] = POST_FIELDS): Promise<(CountsView | null)[]> {
+  async countsMany(
+    refs: readonly EntityRef[],
+    viewerId: number | null,
+    fields: readonly PostField[] = POST_FIELDS,
+  ): Promise<(CountsView | null)[]> {
     const visible = await this.directory.visible(refs, viewerId);
     const shown = refs.filter((_, i) => visible[i]);
     const counts = await this.snapshots(shown);

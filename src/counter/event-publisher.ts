@@ -31,7 +31,8 @@ export class CounterEventPublisher {
   enqueue(event: CounterEvent): void {
     if (this.closed) return;
     this.queue.push(event);
-    if (this.queue.length > this.options.maxBuffered) this.queue.splice(0, this.queue.length - this.options.maxBuffered);
+    if (this.queue.length > this.options.maxBuffered)
+      this.queue.splice(0, this.queue.length - this.options.maxBuffered);
     if (this.queue.length >= this.options.maxBatch && this.backoffMs === 0) this.kick(0);
     else this.kick(this.backoffMs || this.options.lingerMs);
   }

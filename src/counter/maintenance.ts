@@ -1,7 +1,14 @@
 import type { EventLog } from '../platform/eventlog/eventlog.js';
 import { parseCounterEvent } from './aggregator.js';
 import type { CounterMetrics } from './counter.metrics.js';
-import { COUNTER_TOPIC, FACT_METRICS, FIELD_INDEX, parseEntityKey, type CounterEvent, type EntityRef } from './model.js';
+import {
+  COUNTER_TOPIC,
+  FACT_METRICS,
+  FIELD_INDEX,
+  parseEntityKey,
+  type CounterEvent,
+  type EntityRef,
+} from './model.js';
 import type { CounterStore, Inspection } from './store/counter-store.js';
 
 export type Progress = (message: string) => void;
@@ -14,7 +21,12 @@ export function hasDrift(state: Inspection): boolean {
 }
 
 /** Folds pending deltas into snapshots until no dirty group is left (or `maxRounds`). */
-export async function flushPending(store: CounterStore, metrics: CounterMetrics, limit = 512, maxRounds = 100): Promise<number> {
+export async function flushPending(
+  store: CounterStore,
+  metrics: CounterMetrics,
+  limit = 512,
+  maxRounds = 100,
+): Promise<number> {
   const stop = metrics.flushDuration.startTimer();
   let total = 0;
   for (let round = 0; round < maxRounds; round++) {
@@ -32,7 +44,12 @@ export async function flushPending(store: CounterStore, metrics: CounterMetrics,
  * failed, or a process that died with events in memory). Rebuilding from facts is exact whatever
  * happened to those events; events that arrive later are below the applied mark and skipped.
  */
-export async function repairUnpublished(store: CounterStore, metrics: CounterMetrics, now: number, olderThanMs: number): Promise<number> {
+export async function repairUnpublished(
+  store: CounterStore,
+  metrics: CounterMetrics,
+  now: number,
+  olderThanMs: number,
+): Promise<number> {
   let repaired = 0;
   for (;;) {
     const stale = await store.staleUnpublished(now, olderThanMs, 500);
@@ -100,7 +117,11 @@ export interface VerifyReport {
 }
 
 /** `zhiguang counters verify [--fix]`: every entity, snapshot against facts. */
-export async function verifyAll(store: CounterStore, fix: boolean, progress: Progress): Promise<VerifyReport> {
+export async function verifyAll(
+  store: CounterStore,
+  fix: boolean,
+  progress: Progress,
+): Promise<VerifyReport> {
   const report: VerifyReport = { checked: 0, busy: 0, drifted: [], fixed: 0 };
   let cursor: string | null = '';
   while (cursor !== null) {
@@ -124,7 +145,11 @@ export async function verifyAll(store: CounterStore, fix: boolean, progress: Pro
 }
 
 /** `zhiguang counters rebuild`: every entity (or the given ones) from facts. */
-export async function rebuildAll(store: CounterStore, refs: EntityRef[] | null, progress: Progress): Promise<number> {
+export async function rebuildAll(
+  store: CounterStore,
+  refs: EntityRef[] | null,
+  progress: Progress,
+): Promise<number> {
   let rebuilt = 0;
   if (refs) {
     for (const ref of refs) await store.rebuild(ref);
@@ -155,7 +180,11 @@ export interface ReplayReport {
  * the final state, whatever order the log holds them in. Writers should be stopped while it runs:
  * a toggle made during the replay, after the captured end, may be overwritten.
  */
-export async function replayAll(store: CounterStore, events: EventLog, progress: Progress): Promise<ReplayReport> {
+export async function replayAll(
+  store: CounterStore,
+  events: EventLog,
+  progress: Progress,
+): Promise<ReplayReport> {
   const until = await events.endOffsets(COUNTER_TOPIC);
   await store.reset();
   const finals = new Map<string, CounterEvent>();

@@ -54,7 +54,14 @@ export function parseEntityKey(key: string): EntityRef | null {
   return { etype: etype as EntityType, eid };
 }
 
-export function eventFor(ref: EntityRef, metric: FactMetric, userId: number, delta: 1 | -1, seq: number, ts: number): CounterEvent {
+export function eventFor(
+  ref: EntityRef,
+  metric: FactMetric,
+  userId: number,
+  delta: 1 | -1,
+  seq: number,
+  ts: number,
+): CounterEvent {
   return {
     eventId: `${ref.etype}:${ref.eid}:${seq}`,
     entityType: ref.etype,

@@ -5,7 +5,9 @@ export const SNAPSHOT_BYTES = 20;
 
 export function encodeSnapshot(counts: Counts): Buffer {
   const buf = Buffer.alloc(SNAPSHOT_BYTES);
-  counts.forEach((value, i) => buf.writeUInt32BE(Math.min(Math.max(0, Math.trunc(value)), 0xffffffff), i * 4));
+  counts.forEach((value, i) =>
+    buf.writeUInt32BE(Math.min(Math.max(0, Math.trunc(value)), 0xffffffff), i * 4),
+  );
   return buf;
 }
 

@@ -27,13 +27,20 @@ export function descriptionRoutes(deps: DescriptionRouteDeps) {
           tags: ['knowposts'],
           security: [{ bearerAuth: [] }],
           body: Type.Object({ content: Type.String({ minLength: 1, maxLength: 200_000 }) }),
-          response: { 200: Type.Object({ description: Type.String({ maxLength: 50 }) }), ...errorResponses(400, 401, 429) },
+          response: {
+            200: Type.Object({ description: Type.String({ maxLength: 50 }) }),
+            ...errorResponses(400, 401, 429),
+          },
         },
       },
       async (request) => {
         const { userId } = principalOf(request);
         const decision = await deps.limiter.hit(`describe:${userId}`, deps.perUserPerMinute, 60_000);
-        if (!decision.allowed) throw new RateLimitedError('Too many description requests; try again shortly', decision.retryAfterMs / 1000);
+        if (!decision.allowed)
+          throw new RateLimitedError(
+            'Too many description requests; try again shortly',
+            decision.retryAfterMs / 1000,
+          );
         const abort = new AbortController();
         request.raw.once('close', () => {
           if (!request.raw.complete) abort.abort();

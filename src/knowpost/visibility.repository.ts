@@ -10,9 +10,17 @@ export class KnowpostVisibilityRepository {
     const ids = [...new Set(refs.filter((r) => r.etype === 'knowpost').map((r) => r.eid))];
     const found = new Map<string, Visibility>();
     if (ids.length === 0) return found;
-    const rows = await this.db.kysely.selectFrom('knowposts').select(['id', 'author_id', 'status', 'visible']).where('id', 'in', ids).execute();
+    const rows = await this.db.kysely
+      .selectFrom('knowposts')
+      .select(['id', 'author_id', 'status', 'visible'])
+      .where('id', 'in', ids)
+      .execute();
     for (const row of rows) {
-      found.set(`knowpost:${String(row.id)}`, { authorId: Number(row.author_id), status: row.status as Visibility['status'], visible: row.visible });
+      found.set(`knowpost:${String(row.id)}`, {
+        authorId: Number(row.author_id),
+        status: row.status as Visibility['status'],
+        visible: row.visible,
+      });
     }
     return found;
   }

@@ -44,7 +44,8 @@ export async function createPlatform(config: Config, log: Logger): Promise<Platf
 }
 
 function localStorage(config: Config): ObjectStorage {
-  const signingKey = config.storageSigningKey ?? loadOrCreateSigningKey(join(config.dataDir, 'keys', 'storage-signing.key'));
+  const signingKey =
+    config.storageSigningKey ?? loadOrCreateSigningKey(join(config.dataDir, 'keys', 'storage-signing.key'));
   return new LocalObjectStorage(join(config.dataDir, 'objects'), `${config.publicUrl}/files`, { signingKey });
 }
 
@@ -132,7 +133,10 @@ async function createCluster(config: Config, log: Logger): Promise<Platform> {
       events,
       outboxStore: new MysqlOutboxStore(db),
       storage: localStorage(config),
-      counterStore: new RedisCounterStore(redis, { prefix: config.redisPrefix, groups: config.counters.groups }),
+      counterStore: new RedisCounterStore(redis, {
+        prefix: config.redisPrefix,
+        groups: config.counters.groups,
+      }),
       codeSender,
       signingKeyPem: required(config.jwt.privateKeyPem, 'ZG_JWT_PRIVATE_KEY'),
       readiness: {

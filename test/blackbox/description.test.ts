@@ -21,14 +21,38 @@ describe.each<ProfileName>(['embedded', 'cluster'])('description suggestions (%s
       let body = '';
       req.on('data', (c: Buffer) => (body += c.toString()));
       req.on('end', () => {
-        asked.push({ model: (JSON.parse(body) as { model?: string }).model, auth: req.headers.authorization });
+        asked.push({
+          model: (JSON.parse(body) as { model?: string }).model,
+          auth: req.headers.authorization,
+        });
         res.setHeader('content-type', 'application/json');
-        res.end(JSON.stringify({ id: 'x', object: 'chat.completion', created: 0, model: 'm', choices: [{ index: 0, message: { role: 'assistant', content: '“用分片位图精确统计点赞，故障后可从事实重建。”' }, finish_reason: 'stop' }] }));
+        res.end(
+          JSON.stringify({
+            id: 'x',
+            object: 'chat.completion',
+            created: 0,
+            model: 'm',
+            choices: [
+              {
+                index: 0,
+                message: { role: 'assistant', content: '“用分片位图精确统计点赞，故障后可从事实重建。”' },
+                finish_reason: 'stop',
+              },
+            ],
+          }),
+        );
       });
     });
     await new Promise<void>((ok) => fakeModel.listen(0, '127.0.0.1', ok));
     const port = (fakeModel.address() as { port: number }).port;
-    const ai = profile === 'embedded' ? { ZG_AI_API_KEY: 'test-key', ZG_AI_BASE_URL: `http://127.0.0.1:${port}/v1`, ZG_AI_MODEL: 'deepseek-chat' } : {};
+    const ai =
+      profile === 'embedded'
+        ? {
+            ZG_AI_API_KEY: 'test-key',
+            ZG_AI_BASE_URL: `http://127.0.0.1:${port}/v1`,
+            ZG_AI_MODEL: 'deepseek-chat',
+          }
+        : {};
     server = await startServer(profile, { ...ai, ZG_AI_RATE_LIMIT: '3' });
     client = new Client(server.baseUrl);
   });
@@ -39,7 +63,10 @@ describe.each<ProfileName>(['embedded', 'cluster'])('description suggestions (%s
 
   it('suggests a description of at most 50 characters for a signed-in user', async () => {
     const user = await signUp(server, client);
-    const res = await client.call('POST', '/api/v1/knowposts/description/suggest', { token: user.accessToken, body: { content: POST } });
+    const res = await client.call('POST', '/api/v1/knowposts/description/suggest', {
+      token: user.accessToken,
+      body: { content: POST },
+    });
     expect(res.status).toBe(200);
     expect([...res.body.description].length).toBeLessThanOrEqual(50);
     if (profile === 'embedded') {
@@ -51,14 +78,31 @@ describe.each<ProfileName>(['embedded', 'cluster'])('description suggestions (%s
   });
 
   it('refuses anonymous callers, empty content, and more than the per-user rate', async () => {
-    expect((await client.call('POST', '/api/v1/knowposts/description/suggest', { body: { content: POST } })).status).toBe(401);
+    expect(
+      (await client.call('POST', '/api/v1/knowposts/description/suggest', { body: { content: POST } }))
+        .status,
+    ).toBe(401);
     const user = await signUp(server, client);
-    const empty = await client.call('POST', '/api/v1/knowposts/description/suggest', { token: user.accessToken, body: { content: '' } });
+    const empty = await client.call('POST', '/api/v1/knowposts/description/suggest', {
+      token: user.accessToken,
+      body: { content: '' },
+    });
     expect([empty.status, empty.body.code]).toEqual([400, 'BAD_REQUEST']);
-    const blank = await client.call('POST', '/api/v1/knowposts/description/suggest', { token: user.accessToken, body: { content: '   \n # \n' } });
+    const blank = await client.call('POST', '/api/v1/knowposts/description/suggest', {
+      token: user.accessToken,
+      body: { content: '   \n # \n' },
+    });
     expect(blank.status).toBe(400);
     const statuses: number[] = [];
-    for (let i = 0; i < 3; i++) statuses.push((await client.call('POST', '/api/v1/knowposts/description/suggest', { token: user.accessToken, body: { content: POST } })).status);
+    for (let i = 0; i < 3; i++)
+      statuses.push(
+        (
+          await client.call('POST', '/api/v1/knowposts/description/suggest', {
+            token: user.accessToken,
+            body: { content: POST },
+          })
+        ).status,
+      );
     expect(statuses.filter((s) => s === 429).length).toBeGreaterThanOrEqual(1);
   });
 });

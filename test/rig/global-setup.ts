@@ -68,7 +68,9 @@ export default async function setup(project: TestProject): Promise<() => Promise
   // The project runs on the Node.js it pins (the `node` dev dependency); a test run on another
   // major version would prove nothing about the one users run.
   if (!process.version.startsWith('v24.')) {
-    throw new Error(`Tests must run on the pinned Node.js 24 (got ${process.version}); run them through npm scripts.`);
+    throw new Error(
+      `Tests must run on the pinned Node.js 24 (got ${process.version}); run them through npm scripts.`,
+    );
   }
   const addresses = await services();
   // 8 hex digits: valid in database names, Redis keys and Kafka topic names alike.

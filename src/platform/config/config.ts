@@ -50,7 +50,14 @@ export interface Config {
     reconcileIntervalMs: number;
   };
   /** The model that writes post descriptions; without a key, descriptions are extractive summaries. */
-  ai: { apiKey: string | undefined; baseURL: string; model: string; timeoutMs: number; maxRetries: number; perUserPerMinute: number };
+  ai: {
+    apiKey: string | undefined;
+    baseURL: string;
+    model: string;
+    timeoutMs: number;
+    maxRetries: number;
+    perUserPerMinute: number;
+  };
   /** How long a process trusts what it learned of a post's visibility. */
   entityCacheMs: number;
   /** Secret for file URLs the app signs itself (local object storage). */
@@ -127,18 +134,52 @@ export const CONFIG_VARS = {
     description: 'code sends plus password sign-ins per client address per 15 minutes',
     default: '60',
   },
-  ZG_COUNTER_GROUPS: { description: 'cluster: hash-tag groups for counter keys (snapshot buckets); fixed for the life of a deployment', default: '4096' },
-  ZG_COUNTER_FLUSH_MS: { description: 'how often workers fold pending counter deltas into snapshots', default: '1000' },
-  ZG_COUNTER_REPAIR_AFTER_MS: { description: 'an unacknowledged counter event older than this has its entity rebuilt from facts', default: '3000' },
-  ZG_COUNTER_RECONCILE_MS: { description: 'how often the reconciler samples entities and heals drift', default: '30000' },
-  ZG_ENTITY_CACHE_MS: { description: 'how long a process caches whether a post exists and who may see it', default: '5000' },
-  ZG_AI_API_KEY: { description: 'API key of the OpenAI-compatible model that writes post descriptions; unset = offline extractive summaries only', secret: true },
-  ZG_AI_BASE_URL: { description: 'base URL of the OpenAI-compatible API (/chat/completions is appended)', default: 'https://api.deepseek.com' },
+  ZG_COUNTER_GROUPS: {
+    description:
+      'cluster: hash-tag groups for counter keys (snapshot buckets); fixed for the life of a deployment',
+    default: '4096',
+  },
+  ZG_COUNTER_FLUSH_MS: {
+    description: 'how often workers fold pending counter deltas into snapshots',
+    default: '1000',
+  },
+  ZG_COUNTER_REPAIR_AFTER_MS: {
+    description: 'an unacknowledged counter event older than this has its entity rebuilt from facts',
+    default: '3000',
+  },
+  ZG_COUNTER_RECONCILE_MS: {
+    description: 'how often the reconciler samples entities and heals drift',
+    default: '30000',
+  },
+  ZG_ENTITY_CACHE_MS: {
+    description: 'how long a process caches whether a post exists and who may see it',
+    default: '5000',
+  },
+  ZG_AI_API_KEY: {
+    description:
+      'API key of the OpenAI-compatible model that writes post descriptions; unset = offline extractive summaries only',
+    secret: true,
+  },
+  ZG_AI_BASE_URL: {
+    description: 'base URL of the OpenAI-compatible API (/chat/completions is appended)',
+    default: 'https://api.deepseek.com',
+  },
   ZG_AI_MODEL: { description: 'chat model used for post descriptions', default: 'deepseek-chat' },
-  ZG_AI_TIMEOUT_MS: { description: 'longest a description suggestion waits for the model, retries included, before the extractive summary is used', default: '10000' },
-  ZG_AI_MAX_RETRIES: { description: 'further attempts after a connection error, 408, 409, 429 or 5xx, within the timeout', default: '1' },
+  ZG_AI_TIMEOUT_MS: {
+    description:
+      'longest a description suggestion waits for the model, retries included, before the extractive summary is used',
+    default: '10000',
+  },
+  ZG_AI_MAX_RETRIES: {
+    description: 'further attempts after a connection error, 408, 409, 429 or 5xx, within the timeout',
+    default: '1',
+  },
   ZG_AI_RATE_LIMIT: { description: 'description suggestions per user per minute', default: '20' },
-  ZG_STORAGE_SIGNING_KEY: { description: 'secret (32+ characters) for file URLs the app signs itself; generated under ZG_DATA_DIR when unset', secret: true },
+  ZG_STORAGE_SIGNING_KEY: {
+    description:
+      'secret (32+ characters) for file URLs the app signs itself; generated under ZG_DATA_DIR when unset',
+    secret: true,
+  },
   ZG_BODY_LIMIT_BYTES: { description: 'largest JSON body accepted', default: '1048576' },
   ZG_AVATAR_MAX_BYTES: { description: 'largest avatar upload accepted', default: '5242880' },
   ZG_SHUTDOWN_TIMEOUT_MS: {

@@ -67,12 +67,10 @@ export function installErrorHandling(app: FastifyInstance): void {
   );
 
   app.setNotFoundHandler((request, reply) =>
-    reply
-      .status(404)
-      .send({
-        code: 'NOT_FOUND',
-        message: `No route ${request.method} ${request.url.split('?')[0]}`,
-        requestId: String(request.id),
-      }),
+    reply.status(404).send({
+      code: 'NOT_FOUND',
+      message: `No route ${request.method} ${request.url.split('?')[0]}`,
+      requestId: String(request.id),
+    }),
   );
 }

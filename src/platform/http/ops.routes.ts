@@ -29,12 +29,10 @@ export function opsRoutes(
         }),
       );
       const ready = !isDraining() && entries.every(([, state]) => state === 'ok');
-      return reply
-        .status(ready ? 200 : 503)
-        .send({
-          status: ready ? 'ok' : isDraining() ? 'draining' : 'unavailable',
-          checks: Object.fromEntries(entries),
-        });
+      return reply.status(ready ? 200 : 503).send({
+        status: ready ? 'ok' : isDraining() ? 'draining' : 'unavailable',
+        checks: Object.fromEntries(entries),
+      });
     });
 
     app.get('/metrics', { schema: { tags, hide: true } }, async (_request, reply) => {

@@ -12,7 +12,11 @@ describe(SnowflakeGenerator.name, () => {
     expect(new Set(ids).size).toBe(ids.length);
     const asBig = ids.map(BigInt);
     expect(asBig.every((id, i) => i === 0 || id > asBig[i - 1]!)).toBe(true);
-    expect(parseSnowflake(ids[0]!)).toEqual({ timestampMs: Date.UTC(2026, 5, 1) + 1, workerId: 37, sequence: 0 });
+    expect(parseSnowflake(ids[0]!)).toEqual({
+      timestampMs: Date.UTC(2026, 5, 1) + 1,
+      workerId: 37,
+      sequence: 0,
+    });
     expect(ids[0]).toMatch(/^\d{17,19}$/);
   });
 

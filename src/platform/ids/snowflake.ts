@@ -39,7 +39,10 @@ export class SnowflakeGenerator {
       this.lastMs++;
       this.sequence = 0n;
     }
-    const id = (BigInt(this.lastMs) << (WORKER_BITS + SEQUENCE_BITS)) | (BigInt(this.workerId) << SEQUENCE_BITS) | this.sequence;
+    const id =
+      (BigInt(this.lastMs) << (WORKER_BITS + SEQUENCE_BITS)) |
+      (BigInt(this.workerId) << SEQUENCE_BITS) |
+      this.sequence;
     return id.toString();
   }
 }
