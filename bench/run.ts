@@ -2,8 +2,9 @@
  * `npm run bench`: builds, then measures the interaction layer end to end and prints a table followed
  * by a markdown section for docs/benchmarks.md (progress goes to stderr).
  *
- * Every HTTP figure comes with the throughput of `GET /healthz` measured in the same run against the
- * same server process (the load generator shares the machine, so only ratios travel).
+ * Every HTTP figure comes with the throughput of `GET /healthz` measured against the same server
+ * process in slices that alternate with the request's own (the load generator shares the machine with
+ * the server and its services, so only ratios travel).
  *
  * Parts (all by default; `BENCH_ONLY=like,counts` runs a subset, `BENCH_SKIP=memory` leaves some out):
  *   like, counts, batch, rtt, staleness   cluster profile, server in a child process

@@ -356,16 +356,14 @@ export async function insertPosts(
   try {
     const now = Date.now();
     for (let i = 0; i < ids.length; i += 500) {
-      const rows = ids
-        .slice(i, i + 500)
-        .map((id) => ({
-          id,
-          author_id: authorId,
-          status: 'published',
-          visible: 'public',
-          created_at: now,
-          updated_at: now,
-        }));
+      const rows = ids.slice(i, i + 500).map((id) => ({
+        id,
+        author_id: authorId,
+        status: 'published',
+        visible: 'public',
+        created_at: now,
+        updated_at: now,
+      }));
       await db.kysely.insertInto('knowposts').values(rows).execute();
     }
   } finally {
