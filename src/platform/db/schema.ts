@@ -92,7 +92,12 @@ export interface CounterSnapshotsTable {
   data: Uint8Array;
 }
 
-/** Posts; only what visibility needs so far (publishing adds the rest). */
+/**
+ * Posts. `id` is a snowflake kept as a decimal string (TEXT on SQLite, BIGINT UNSIGNED on MySQL,
+ * which mysql2 returns as a string with `bigNumberStrings`). `status` is draft | published | deleted;
+ * `visible` public | followers | school | private | unlisted. JSON columns hold string arrays.
+ * Times are epoch milliseconds; `publish_time` is set once, when the draft is published.
+ */
 export interface KnowpostsTable {
   id: string;
   author_id: number;
@@ -100,6 +105,18 @@ export interface KnowpostsTable {
   visible: string;
   created_at: number;
   updated_at: number;
+  title: string | null;
+  description: string | null;
+  tag_id: number | null;
+  tags_json: Generated<string>;
+  img_urls_json: Generated<string>;
+  content_key: string | null;
+  content_etag: string | null;
+  content_size: number | null;
+  content_sha256: string | null;
+  is_top: Generated<number>;
+  type: Generated<string>;
+  publish_time: number | null;
 }
 
 export interface Database {

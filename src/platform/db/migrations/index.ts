@@ -66,6 +66,22 @@ const sqlite: Record<string, Step> = {
        created_at INTEGER NOT NULL, updated_at INTEGER NOT NULL)`,
     `CREATE INDEX knowposts_author ON knowposts (author_id, created_at)`,
   ),
+  '0005_knowpost_content': exec(
+    `ALTER TABLE knowposts ADD COLUMN title TEXT`,
+    `ALTER TABLE knowposts ADD COLUMN description TEXT`,
+    `ALTER TABLE knowposts ADD COLUMN tag_id INTEGER`,
+    `ALTER TABLE knowposts ADD COLUMN tags_json TEXT NOT NULL DEFAULT '[]'`,
+    `ALTER TABLE knowposts ADD COLUMN img_urls_json TEXT NOT NULL DEFAULT '[]'`,
+    `ALTER TABLE knowposts ADD COLUMN content_key TEXT`,
+    `ALTER TABLE knowposts ADD COLUMN content_etag TEXT`,
+    `ALTER TABLE knowposts ADD COLUMN content_size INTEGER`,
+    `ALTER TABLE knowposts ADD COLUMN content_sha256 TEXT`,
+    `ALTER TABLE knowposts ADD COLUMN is_top INTEGER NOT NULL DEFAULT 0`,
+    `ALTER TABLE knowposts ADD COLUMN type TEXT NOT NULL DEFAULT 'image_text'`,
+    `ALTER TABLE knowposts ADD COLUMN publish_time INTEGER`,
+    `CREATE INDEX knowposts_feed ON knowposts (status, visible, publish_time, id)`,
+    `CREATE INDEX knowposts_mine ON knowposts (author_id, status, is_top, publish_time)`,
+  ),
 };
 
 const mysql: Record<string, Step> = {
@@ -101,6 +117,17 @@ const mysql: Record<string, Step> = {
        status VARCHAR(16) NOT NULL DEFAULT 'draft', visible VARCHAR(16) NOT NULL DEFAULT 'public',
        created_at BIGINT NOT NULL, updated_at BIGINT NOT NULL, KEY knowposts_author (author_id, created_at)
      ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin`,
+  ),
+  '0005_knowpost_content': exec(
+    `ALTER TABLE knowposts
+       ADD COLUMN title VARCHAR(256) NULL, ADD COLUMN description VARCHAR(255) NULL,
+       ADD COLUMN tag_id BIGINT NULL, ADD COLUMN tags_json TEXT NOT NULL DEFAULT '[]',
+       ADD COLUMN img_urls_json TEXT NOT NULL DEFAULT '[]', ADD COLUMN content_key VARCHAR(512) NULL,
+       ADD COLUMN content_etag VARCHAR(128) NULL, ADD COLUMN content_size BIGINT NULL,
+       ADD COLUMN content_sha256 CHAR(64) NULL, ADD COLUMN is_top TINYINT NOT NULL DEFAULT 0,
+       ADD COLUMN type VARCHAR(16) NOT NULL DEFAULT 'image_text', ADD COLUMN publish_time BIGINT NULL,
+       ADD KEY knowposts_feed (status, visible, publish_time, id),
+       ADD KEY knowposts_mine (author_id, status, is_top, publish_time)`,
   ),
 };
 
