@@ -211,6 +211,32 @@ export function batchCountsMix(posts: readonly string[], size = 20): autocannon.
   return [{ method: 'GET', setupRequest: (req) => ({ ...req, method: 'GET', path: pick(paths) }) }];
 }
 
+/**
+ * `GET /api/v1/knowposts/feed?page=…&size=20` for a random one of the first `pages` pages; signed in
+ * as a random user when `users` are given (the answer then carries that user's liked/faved flags).
+ */
+export function feedMix(users: readonly BenchUser[] | null, pages = 10): autocannon.Request[] {
+  const paths = Array.from({ length: pages }, (_, i) => `/api/v1/knowposts/feed?page=${i + 1}&size=20`);
+  const auth = users?.map((u) => `Bearer ${u.accessToken}`) ?? null;
+  return [
+    {
+      method: 'GET',
+      setupRequest: (req) => ({
+        ...req,
+        method: 'GET',
+        path: pick(paths),
+        ...(auth ? { headers: { authorization: pick(auth) } } : {}),
+      }),
+    },
+  ];
+}
+
+/** Anonymous `GET /api/v1/knowposts/detail/{id}` for a random post (each read also counts a view). */
+export function detailMix(posts: readonly string[]): autocannon.Request[] {
+  const paths = posts.map((id) => `/api/v1/knowposts/detail/${id}`);
+  return [{ method: 'GET', setupRequest: (req) => ({ ...req, method: 'GET', path: pick(paths) }) }];
+}
+
 export function batchPath(ids: readonly string[]): string {
   return `/api/v1/counter/knowpost?ids=${ids.join(',')}`;
 }

@@ -34,7 +34,7 @@ export interface PipelineOptions {
   partitions: number;
   flushMs: number;
   log: (line: string) => void;
-  /** The aggregator's batch bound (production: 5000). */
+  /** The aggregator's batch bound (production: 20000). */
   maxBatch: number;
   /** Write fact sets consistent with the events before aggregating (slow; not needed for the measurement). */
   writeFacts: boolean;
@@ -78,19 +78,22 @@ export interface PipelineResult {
 
 /**
  * Wraps `target` so that the wall time spent in the named async methods is added up in `into`
- * (seconds; overlapping calls count once per call).
+ * (seconds during which at least one call of the method was in flight: concurrent calls count once).
  */
 function timed<T extends object>(target: T, methods: readonly string[], into: Record<string, number>): T {
+  const inFlight = new Map<string, { calls: number; since: number }>();
   return new Proxy(target, {
     get(obj, prop, receiver) {
       const value: unknown = Reflect.get(obj, prop, receiver);
       if (typeof prop !== 'string' || !methods.includes(prop) || typeof value !== 'function') return value;
       return async (...args: unknown[]): Promise<unknown> => {
-        const t0 = performance.now();
+        let state = inFlight.get(prop);
+        if (!state) inFlight.set(prop, (state = { calls: 0, since: 0 }));
+        if (state.calls++ === 0) state.since = performance.now();
         try {
           return await (value as (...a: unknown[]) => Promise<unknown>).apply(obj, args);
         } finally {
-          into[prop] = (into[prop] ?? 0) + (performance.now() - t0) / 1000;
+          if (--state.calls === 0) into[prop] = (into[prop] ?? 0) + (performance.now() - state.since) / 1000;
         }
       };
     },
@@ -289,6 +292,7 @@ export async function runPipeline(
       options.flushMs,
       () => flushPending(timedStore, metrics),
       (_, err) => errors.push(err),
+      { fixedRate: true },
     );
     const cpu = await cpuPhase(redis);
     const stopProfile = await startProfile(options.cpuProfDir, 'aggregator');

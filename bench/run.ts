@@ -7,7 +7,8 @@
  * the server and its services, so only ratios travel).
  *
  * Parts (all by default; `BENCH_ONLY=like,counts` runs a subset, `BENCH_SKIP=memory` leaves some out):
- *   like, counts, batch, rtt, staleness   cluster profile, server in a child process
+ *   like, counts, batch, feed, detail,    cluster profile, server in a child process
+ *   rtt, staleness
  *   aggregator, replay                    counter pipeline in process against Redis and Kafka
  *   embedded                              embedded profile, like endpoint against its own baseline
  *   memory                                bench/counter-memory.ts, included verbatim
@@ -17,7 +18,7 @@
  * BENCH_USERS (20), BENCH_POSTS (2000), BENCH_ROLES (`all`, or `api+worker` for two processes),
  * BENCH_EVENTS (300000), BENCH_ENTITIES (20000), BENCH_PARTITIONS (6), BENCH_FLUSH_MS (1000),
  * BENCH_PIPELINE_FACTS (1: also write fact sets consistent with the events before aggregating),
- * BENCH_AGG_BATCH (5000, the aggregator's maxBatch as the app configures it; other values are diagnostic),
+ * BENCH_AGG_BATCH (20000, the aggregator's maxBatch as the app configures it; other values are diagnostic),
  * BENCH_STALENESS_RATE (5000), BENCH_STALENESS_SECONDS (10), BENCH_PROBES (10), BENCH_POLL_MS (20),
  * BENCH_CPU_PROF (directory: the cluster and embedded servers write V8 CPU profiles there, and the
  * pipeline part profiles its measured phases), BENCH_SERVER_ENV (space-separated VAR=value pairs added
@@ -36,6 +37,8 @@ import { createConnection } from 'mysql2/promise';
 import {
   batchCountsMix,
   batchPath,
+  detailMix,
+  feedMix,
   healthz,
   interleaved,
   likeMix,
@@ -69,6 +72,8 @@ const PARTS = [
   'like',
   'counts',
   'batch',
+  'feed',
+  'detail',
   'rtt',
   'staleness',
   'aggregator',
@@ -120,7 +125,7 @@ const cfg = {
   pollMs: num('BENCH_POLL_MS', 20),
   cpuProf: process.env.BENCH_CPU_PROF || undefined,
   pipelineFacts: process.env.BENCH_PIPELINE_FACTS === '1',
-  aggBatch: Math.round(num('BENCH_AGG_BATCH', 5000)),
+  aggBatch: Math.round(num('BENCH_AGG_BATCH', 20_000)),
   /** Extra server environment for diagnostic runs, e.g. `ZG_ENTITY_CACHE_MS=600000`. */
   serverEnv: Object.fromEntries(
     (process.env.BENCH_SERVER_ENV ?? '')
@@ -236,6 +241,21 @@ async function httpRun(
   return row;
 }
 
+/** GETs every path once, a few at a time; any answer but 200 fails the run. */
+async function readEach(baseUrl: string, paths: readonly string[], parallel = 16): Promise<void> {
+  let next = 0;
+  await Promise.all(
+    Array.from({ length: parallel }, async () => {
+      while (next < paths.length) {
+        const path = paths[next++]!;
+        const res = await fetch(`${baseUrl}${path}`);
+        await res.text();
+        if (res.status !== 200) throw new Error(`GET ${path}: ${res.status}`);
+      }
+    }),
+  );
+}
+
 function perRequest(cpu: Cpu, load: LoadResult): number {
   return (cpu.server / load.rps) * 1e6;
 }
@@ -313,6 +333,41 @@ async function clusterHttp(): Promise<void> {
         '20 consecutive posts from a random start, anonymous',
         batchCountsMix(posts),
         null,
+      );
+    }
+    if (wanted('feed')) {
+      await httpRun(
+        'cluster',
+        servers,
+        'GET /api/v1/knowposts/feed?size=20',
+        'anonymous, random page of the first 10',
+        feedMix(null),
+        0.4,
+      );
+      await httpRun(
+        'cluster',
+        servers,
+        'GET /api/v1/knowposts/feed?size=20 (signed in)',
+        `random one of ${users.length} users (liked/faved filled), random page of the first 10`,
+        feedMix(users),
+        0.4,
+      );
+    }
+    if (wanted('detail')) {
+      // One read of every post first: what is measured is a running site, not the first read of each
+      // post (a database load, two presigned URLs and a snapshot rebuild, once per post).
+      log(`cluster: reading each of ${posts.length} posts once`);
+      await readEach(
+        api.baseUrl,
+        posts.map((id) => `/api/v1/knowposts/detail/${id}`),
+      );
+      await httpRun(
+        'cluster',
+        servers,
+        'GET /api/v1/knowposts/detail/{id}',
+        `anonymous, random post of ${posts.length} (each read counts a view; every post read once before)`,
+        detailMix(posts),
+        0.5,
       );
     }
     if (wanted('staleness')) {
@@ -423,6 +478,27 @@ async function redisRoundTrips(
     'GET /api/v1/counter/knowpost/{id}',
     get(`/api/v1/counter/knowpost/${posts[5]!}`),
     'anonymous',
+  );
+  await measureOne(
+    'GET /api/v1/knowposts/feed?size=20',
+    get('/api/v1/knowposts/feed?page=1&size=20'),
+    'anonymous; posts and the page cached in process (warm)',
+  );
+  await measureOne(
+    'GET /api/v1/knowposts/feed?size=20 (signed in)',
+    async () => {
+      const res = await fetch(`${server.baseUrl}/api/v1/knowposts/feed?page=1&size=20`, {
+        headers: { authorization: `Bearer ${user.accessToken}` },
+      });
+      await res.text();
+      if (res.status !== 200) throw new Error(`feed: ${res.status}`);
+    },
+    'liked/faved filled; posts and the page cached in process (warm)',
+  );
+  await measureOne(
+    'GET /api/v1/knowposts/detail/{id}',
+    get(`/api/v1/knowposts/detail/${posts[7]!}`),
+    'anonymous, post cached in process (warm); the view is published after the answer',
   );
   await measureOne(
     'POST /api/v1/action/like|unlike',
@@ -732,7 +808,7 @@ function markdown(): string {
       `| ${s.samples} | ${s.timedOut} | ${fmt(s.p50)} | ${fmt(s.p99)} | ${fmt(s.max)} | p99 ≤ 1,500 ms at ${fmt(cfg.stalenessRate)} toggles/s | ${stalenessVerdict(s)} |`,
       '',
       `Meanwhile the server's \`zg_counter_consumer_lag_ms\` (age of the newest event of the batch last applied; ${s.consumerLagMs.samples} samples) was ${fmt(s.consumerLagMs.p50)} ms at the median and ${fmt(s.consumerLagMs.max)} ms at most; ` +
-        `${fmt(s.flushes.count)} flush rounds took ${fmt(s.flushes.meanMs, 1)} ms on average (the next one starts ${fmt(cfg.flushMs)} ms after the previous one ended).`,
+        `${fmt(s.flushes.count)} flush rounds took ${fmt(s.flushes.meanMs, 1)} ms on average (at a fixed rate: the next one starts ${fmt(cfg.flushMs)} ms after the previous one started, or at once when it took longer).`,
       '',
     );
   }
@@ -753,7 +829,7 @@ function markdown(): string {
     if (p.aggregate) {
       const a = p.aggregate;
       out.push(
-        `| \`CounterAggregator\` (maxBatch ${fmt(cfg.aggBatch)}${cfg.aggBatch === 5000 ? ', as in app.ts' : ', diagnostic; app.ts uses 5000'}, maxWait 50 ms) + \`flushPending\` every ${cfg.flushMs} ms, from \`start()\` (group join ${a.joinSeconds.toFixed(2)} s) to the last fold | ${fmt(p.events)} | ${a.totalSeconds.toFixed(2)} | ${fmt(p.events / a.totalSeconds)} | ≥ 50,000 | ${verdict(p.events / a.totalSeconds, 50_000)} | ${a.mismatches === 0 ? 'yes' : `no: ${a.mismatches} snapshots differ`} |`,
+        `| \`CounterAggregator\` (maxBatch ${fmt(cfg.aggBatch)}${cfg.aggBatch === 20_000 ? ', as in app.ts' : ', diagnostic; app.ts uses 20,000'}, maxWait 50 ms) + \`flushPending\` every ${cfg.flushMs} ms, from \`start()\` (group join ${a.joinSeconds.toFixed(2)} s) to the last fold | ${fmt(p.events)} | ${a.totalSeconds.toFixed(2)} | ${fmt(p.events / a.totalSeconds)} | ≥ 50,000 | ${verdict(p.events / a.totalSeconds, 50_000)} | ${a.mismatches === 0 ? 'yes' : `no: ${a.mismatches} snapshots differ`} |`,
         `| of which: first batch → all applied | ${fmt(p.events)} | ${a.applySeconds.toFixed(2)} | ${fmt(p.events / a.applySeconds)} | | | |`,
         `| of which: all applied → last fold done | | ${a.tailSeconds.toFixed(2)} | | | | |`,
       );
@@ -822,7 +898,9 @@ for (const signal of ['SIGINT', 'SIGTERM'] as const) {
 async function main(): Promise<void> {
   const t0 = performance.now();
   await describeMachine();
-  const clusterParts = (['like', 'counts', 'batch', 'rtt', 'staleness'] as const).filter(wanted);
+  const clusterParts = (['like', 'counts', 'batch', 'feed', 'detail', 'rtt', 'staleness'] as const).filter(
+    wanted,
+  );
   if (clusterParts.length > 0) await clusterHttp();
   if (wanted('aggregator') || wanted('replay')) await pipeline();
   if (wanted('embedded')) await embedded();

@@ -16,6 +16,7 @@ import { Redis } from 'ioredis';
 import { createConnection } from 'mysql2/promise';
 import { SMTPServer } from 'smtp-server';
 import { openMysql, openSqlite } from '../src/platform/db/database.js';
+import { deleteS3Buckets, s3TestCredentials } from '../test/rig/services.js';
 
 export const ROOT = resolve(import.meta.dirname, '..');
 
@@ -26,6 +27,7 @@ export const services = {
   redisUrl: process.env.ZG_REDIS_URL ?? 'redis://127.0.0.1:6379',
   mysqlRootUrl: process.env.ZG_MYSQL_ROOT_URL ?? 'mysql://root@127.0.0.1:3306',
   kafkaBrokers: (process.env.ZG_KAFKA_BROKERS ?? '127.0.0.1:19092').split(',').map((b) => b.trim()),
+  s3Endpoint: process.env.ZG_S3_ENDPOINT ?? 'http://127.0.0.1:19090',
 };
 
 /** A name no other run uses, safe for databases, key prefixes and topics. */
@@ -160,6 +162,9 @@ export async function createClusterStack(
   const smtpUrl = await startSmtp(inbox, cleanups);
   const dataDir = mkdtempSync(join(tmpdir(), 'zgb-cluster-'));
   cleanups.add('data dir', async () => rmSync(dataDir, { recursive: true, force: true }));
+  // The servers create the bucket at start (S3 names allow no `_`).
+  const bucket = uniqueName('s3').replace(/_/g, '-');
+  cleanups.add(`bucket ${bucket}`, async () => void (await deleteS3Buckets(services.s3Endpoint, bucket)));
   const env: Record<string, string> = {
     ...baseEnv('cluster', dataDir),
     ZG_MYSQL_URL: mysql.toString(),
@@ -168,6 +173,11 @@ export async function createClusterStack(
     ZG_KAFKA_BROKERS: services.kafkaBrokers.join(','),
     ZG_KAFKA_PREFIX: kafkaPrefix,
     ZG_SMTP_URL: smtpUrl,
+    ZG_S3_ENDPOINT: services.s3Endpoint,
+    ZG_S3_BUCKET: bucket,
+    ZG_S3_ACCESS_KEY_ID: s3TestCredentials().accessKeyId,
+    ZG_S3_SECRET_ACCESS_KEY: s3TestCredentials().secretAccessKey,
+    ZG_S3_FORCE_PATH_STYLE: 'true',
     ...extraEnv,
   };
   return { env, mysqlUrl: mysql.toString(), redisPrefix, kafkaPrefix, inbox };
@@ -356,13 +366,20 @@ export async function insertPosts(
   try {
     const now = Date.now();
     for (let i = 0; i < ids.length; i += 500) {
-      const rows = ids.slice(i, i + 500).map((id) => ({
+      const rows = ids.slice(i, i + 500).map((id, j) => ({
         id,
         author_id: authorId,
         status: 'published',
         visible: 'public',
         created_at: now,
         updated_at: now,
+        // What a published post carries, so feed and detail answers have their real size.
+        title: `Benchmark post ${id}`,
+        description: 'A post written by the benchmark',
+        tags_json: '["bench","zhiguang"]',
+        img_urls_json: JSON.stringify([`posts/${id}/images/20250101/0000abcd.jpg`]),
+        content_key: `posts/${id}/content.md`,
+        publish_time: now + i + j,
       }));
       await db.kysely.insertInto('knowposts').values(rows).execute();
     }

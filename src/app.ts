@@ -33,7 +33,33 @@ import { COUNTER_TOPIC } from './counter/model.js';
 import { KnowpostVisibilityRepository } from './knowpost/visibility.repository.js';
 import { createDescriptionSuggester } from './knowpost/description/create.js';
 import { descriptionRoutes } from './knowpost/description.routes.js';
+import { POST_TOPIC, type PostChangeListener } from './knowpost/post-events.js';
+import { PostRepository } from './knowpost/post.repository.js';
+import { postRoutes, presignRoutes } from './knowpost/post.routes.js';
+import { PostService } from './knowpost/post.service.js';
+import { DetailService } from './knowpost/detail.service.js';
+import { detailRoutes } from './knowpost/detail.routes.js';
+import { FeedService, withCountsCache, type PostInteractions } from './knowpost/feed.service.js';
+import { feedRoutes } from './knowpost/feed.routes.js';
+import {
+  PostCache,
+  POST_INVALIDATION_SCOPE,
+  postCacheInvalidator,
+  subscribePostCache,
+} from './knowpost/post-cache.js';
+import { PostUrlSigner } from './knowpost/post-read.model.js';
+import { PostReadRepository } from './knowpost/post-read.repository.js';
+import { VIEW_TOPIC, ViewAggregator, ViewMetrics, ViewRecorder } from './knowpost/views.js';
+import { OutboxWriter } from './platform/outbox/outbox.js';
+import { SnowflakeGenerator } from './platform/ids/snowflake.js';
 import { PeriodicTask } from './platform/workers/periodic.js';
+import { createUserCounters } from './user-counter/user-counters.js';
+import { userCounterRoutes } from './user-counter/user-counter.routes.js';
+import { RelationRepository } from './relation/relation.repository.js';
+import { LikesReceivedConsumer, LikesReceivedRepository } from './relation/likes-received.js';
+import { relationUserCountParts } from './relation/user-count-parts.js';
+import { createRelations } from './relation/relations.js';
+import { relationRoutes } from './relation/relation.routes.js';
 
 export interface App {
   config: Config;
@@ -114,12 +140,104 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
   });
   const counters = new CounterService(platform.counterStore, directory, publisher, counterMetrics, now);
 
+  // Told after every committed post change (this process only); caches of posts add themselves here.
+  const postListeners: PostChangeListener[] = [
+    (change) => directory.forget({ etype: 'knowpost', eid: change.id }),
+  ];
+  const posts = new PostService({
+    posts: new PostRepository(platform.db),
+    storage: platform.storage,
+    limiter: platform.limiter,
+    outbox: new OutboxWriter(now),
+    ids: new SnowflakeGenerator(config.nodeId, now),
+    limits: config.posts,
+    onChange: postListeners,
+    log: log.child({ module: 'knowpost' }),
+    now,
+  });
+
+  // Read side of posts: caches in every process kept in step through the invalidation bus.
+  const postReads = new PostReadRepository(platform.db);
+  let sharedCacheWarnedAt = -Infinity;
+  const postCache = new PostCache({
+    repo: postReads,
+    signer: new PostUrlSigner(platform.storage, config.postReads.urlTtlSeconds, now),
+    shared: platform.sharedCache,
+    localTtlMs: config.postReads.localCacheMs,
+    localMaxEntries: config.postReads.localCacheEntries,
+    sharedTtlMs: config.postReads.sharedCacheMs,
+    // Every read fails alike while Redis is away: one line per 5 s is enough.
+    onError: (err) => {
+      if (now() - sharedCacheWarnedAt < 5_000) return;
+      sharedCacheWarnedAt = now();
+      log.warn({ err }, 'shared post cache unavailable; reading the database');
+    },
+    now,
+  });
+  subscribePostCache(postCache, platform.invalidation);
+  platform.invalidation.subscribe(POST_INVALIDATION_SCOPE, (ids) => {
+    for (const eid of ids) directory.forget({ etype: 'knowpost', eid });
+  });
+  postListeners.push(
+    postCacheInvalidator(postCache, platform.invalidation, (err) =>
+      log.warn({ err }, 'post change not announced to every process; their caches expire on their own'),
+    ),
+  );
+  const interactions: PostInteractions = withCountsCache(
+    {
+      counts: (refs) => counters.snapshots(refs),
+      flags: (userId, refs) => platform.counterStore.flags(userId, refs),
+    },
+    { ttlMs: config.postReads.countsCacheMs, maxEntries: config.postReads.localCacheEntries, now },
+  );
+  const viewMetrics = new ViewMetrics(metrics.registry);
+  const views = new ViewRecorder(platform.events, viewMetrics, {
+    maxItems: config.views.flushItems,
+    flushMs: config.views.flushMs,
+    onError: (err) => log.warn({ err }, 'views not published yet; will retry'),
+  });
+  const feeds = new FeedService(postCache, postReads, interactions);
+  const details = new DetailService(postCache, interactions, views);
+
+  const relationRepo = new RelationRepository(platform.db, new OutboxWriter(now));
+  const userCounters = createUserCounters({
+    db: platform.db,
+    store: platform.userCounterStore,
+    events: platform.events,
+    registry: metrics.registry,
+    log,
+    reconcileIntervalMs: config.counters.reconcileIntervalMs,
+    parts: relationUserCountParts(platform.db, platform.counterStore),
+    now,
+  });
+  const relations = createRelations({
+    repo: relationRepo,
+    users,
+    limiter: platform.limiter,
+    lists: platform.relationLists,
+    events: platform.events,
+    bus: platform.invalidation,
+    userCounterStore: platform.userCounterStore,
+    userCounters: userCounters.service,
+    registry: metrics.registry,
+    log,
+    config: config.relations,
+    onCommitted: () => relay.notify(),
+    now,
+  });
+
   await http.register(opsRoutes(metrics, platform.readiness, () => draining));
   if (config.role !== 'worker') {
     await http.register(authRoutes({ auth, users, guards, jwks: [signingKey.publicJwk] }));
     await http.register(profileRoutes({ profiles, guards, avatarMaxBytes: config.avatarMaxBytes }));
     await http.register(filesRoutes(platform.storage));
     await http.register(counterRoutes({ counters, guards }));
+    await http.register(userCounterRoutes({ counters: userCounters.service, guards }));
+    await http.register(relationRoutes({ relations: relations.service, guards }));
+    await http.register(postRoutes({ posts, guards }));
+    await http.register(presignRoutes({ posts, guards }));
+    await http.register(feedRoutes({ feeds, guards }));
+    await http.register(detailRoutes({ details, guards }));
     await http.register(
       descriptionRoutes({
         describer: createDescriptionSuggester(config.ai, log.child({ module: 'knowpost-description' })),
@@ -144,7 +262,7 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
     counterMetrics,
     (err) => workerError('counter-agg', err),
     {
-      maxBatch: 5000,
+      maxBatch: 20_000,
       maxWaitMs: 50,
       onApplied: (events) => reconciler.touched(events),
     },
@@ -155,6 +273,7 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
       config.counters.flushIntervalMs,
       () => flushPending(platform.counterStore, counterMetrics),
       workerError,
+      { fixedRate: true },
     ),
     new PeriodicTask(
       'counter-repair',
@@ -169,8 +288,30 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
       workerError,
     ),
   ];
+  const viewAggregator = new ViewAggregator(platform.events, platform.counterStore, viewMetrics, (err) =>
+    workerError('view-agg', err),
+  );
+  const likesReceived = new LikesReceivedConsumer({
+    events: platform.events,
+    repo: new LikesReceivedRepository(platform.db),
+    store: platform.userCounterStore,
+    metrics: relations.metrics,
+    onGap: (authorId) => userCounters.service.rebuild(authorId, 'overwrite', 'drift'),
+    onError: (err) => workerError('user-likes-received', err),
+    now,
+  });
   const workers: { start(): void | Promise<void>; stop(): Promise<void> }[] =
-    config.role === 'api' ? [] : [relay, aggregator, ...periodic];
+    config.role === 'api'
+      ? []
+      : [
+          relay,
+          aggregator,
+          ...periodic,
+          ...userCounters.workers,
+          viewAggregator,
+          ...relations.workers,
+          likesReceived,
+        ];
 
   return {
     config,
@@ -178,7 +319,9 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
     platform,
     log,
     async start() {
-      await platform.events.ensureTopics([COUNTER_TOPIC]);
+      await platform.events.ensureTopics([
+        ...new Set([COUNTER_TOPIC, POST_TOPIC, VIEW_TOPIC, ...userCounters.topics, ...relations.topics]),
+      ]);
       const address = await http.listen({ host: config.host, port: config.port });
       for (const worker of workers) await worker.start();
       log.info({ address, profile: config.profile, role: config.role }, 'zhiguang started');
@@ -188,6 +331,7 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
       draining = true;
       await http.close();
       await publisher.close();
+      await views.close();
       for (const worker of workers) await worker.stop();
       await platform.close();
     },

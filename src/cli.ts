@@ -6,14 +6,19 @@ import { COUNTER_TOPIC, parseEntityKey, type EntityRef } from './counter/model.j
 import { ConfigError, loadConfig } from './platform/config/config.js';
 import { createLogger } from './platform/logging/logger.js';
 import { createPlatform } from './platform/wiring.js';
+import { relationUserCountParts } from './relation/user-count-parts.js';
+import { runUsersCommand, USERS_USAGE } from './user-counter/admin.js';
+import { RELATIONS_USAGE, runRelationsCommand } from './relation/admin.js';
 
-const USAGE = `usage: zhiguang counters <command> [options]
+const USAGE = `usage: zhiguang counters|users|relations <command> [options]
 
   counters verify [--fix]             compare every snapshot with its facts; --fix rebuilds the drifted ones
   counters rebuild [--entity T:ID]…   rebuild snapshots from facts (all entities, or the ones named)
   counters replay --yes               empty the counter store and rebuild it from counter-events,
                                       earliest record to the end captured at the start (stop writers first)
   counters flush                      fold all pending deltas into snapshots now
+${USERS_USAGE}
+${RELATIONS_USAGE}
 
 Configuration comes from the environment, as for the server (see .env.example).`;
 
@@ -30,6 +35,44 @@ async function main(argv: string[]): Promise<number> {
     },
   });
   const [area, command] = positionals;
+  if (area === 'users' && command === 'verify' && !values.help) {
+    const config = loadConfig(process.env);
+    const log = createLogger(config.logLevel === 'info' ? 'warn' : config.logLevel);
+    return runUsersCommand(
+      config,
+      log,
+      command,
+      {
+        fix: values.fix ?? false,
+        // The same slices of the truth as the server's (app.ts).
+        parts: (db, platform) => relationUserCountParts(db, platform.counterStore),
+      },
+      {
+        progress: (message) => process.stderr.write(`\r${message}\u001b[K`),
+        summary: (line) => {
+          process.stderr.write('\n');
+          process.stdout.write(`${line}\n`);
+        },
+      },
+    );
+  }
+  if (area === 'relations' && (command === 'verify' || command === 'rebuild') && !values.help) {
+    const config = loadConfig(process.env);
+    const log = createLogger(config.logLevel === 'info' ? 'warn' : config.logLevel);
+    return runRelationsCommand(
+      config,
+      log,
+      command,
+      { fix: values.fix ?? false },
+      {
+        progress: (message) => process.stderr.write(`\r${message}\u001b[K`),
+        summary: (line) => {
+          process.stderr.write('\n');
+          process.stdout.write(`${line}\n`);
+        },
+      },
+    );
+  }
   if (
     values.help ||
     area !== 'counters' ||

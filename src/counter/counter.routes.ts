@@ -4,7 +4,7 @@ import type { AuthGuards } from '../auth/auth.guard.js';
 import { principalOf } from '../auth/auth.guard.js';
 import { BadRequestError } from '../platform/errors/errors.js';
 import { errorResponses } from '../platform/http/schemas.js';
-import type { CounterService } from './counter.service.js';
+import type { CounterService, CountsView } from './counter.service.js';
 import { POST_FIELDS, type EntityRef, type EntityType, type FactMetric, type PostField } from './model.js';
 import {
   ActionBody,
@@ -21,27 +21,40 @@ import {
 } from './counter.schema.js';
 
 const MAX_IDS = 100;
+const ID_PATTERN = /^[1-9][0-9]{0,19}$/;
+
+/** Parsed `metrics` values seen recently; a few distinct ones cover nearly all requests. */
+const metricsSeen = new Map<string, readonly PostField[]>();
+const METRICS_SEEN_MAX = 64;
 
 /** Unknown metric names are ignored (the contract); none given means all. */
-function parseMetrics(raw: string | undefined): PostField[] {
-  if (raw === undefined || raw.trim() === '') return [...POST_FIELDS];
-  const wanted = new Set(raw.split(',').map((m) => m.trim()));
-  return POST_FIELDS.filter((f) => wanted.has(f));
+function parseMetrics(raw: string | undefined): readonly PostField[] {
+  if (raw === undefined) return POST_FIELDS;
+  let fields = metricsSeen.get(raw);
+  if (fields) return fields;
+  if (raw.trim() === '') fields = POST_FIELDS;
+  else {
+    const wanted = raw.split(',').map((m) => m.trim());
+    fields = POST_FIELDS.filter((f) => wanted.includes(f));
+  }
+  if (metricsSeen.size < METRICS_SEEN_MAX) metricsSeen.set(raw, fields);
+  return fields;
 }
 
+/** Distinct ids in order of first mention. */
 function parseIds(raw: string): string[] {
-  const ids = [
-    ...new Set(
-      raw
-        .split(',')
-        .map((s) => s.trim())
-        .filter(Boolean),
-    ),
-  ];
+  const ids: string[] = [];
+  const seen = new Set<string>();
+  for (const part of raw.split(',')) {
+    const id = part.trim();
+    if (id === '' || seen.has(id)) continue;
+    seen.add(id);
+    ids.push(id);
+  }
   if (ids.length === 0 || ids.length > MAX_IDS)
     throw new BadRequestError(`query.ids must list 1 to ${MAX_IDS} ids`);
-  if (!ids.every((id) => /^[1-9][0-9]{0,19}$/.test(id)))
-    throw new BadRequestError('query.ids must be positive integers');
+  for (const id of ids)
+    if (!ID_PATTERN.test(id)) throw new BadRequestError('query.ids must be positive integers');
   return ids;
 }
 
@@ -52,7 +65,10 @@ export function counterRoutes(deps: { counters: CounterService; guards: AuthGuar
     const security = [{ bearerAuth: [] }];
 
     const action = (path: string, metric: FactMetric, on: boolean) => {
-      const field = metric === 'like' ? 'liked' : 'faved';
+      const answer =
+        metric === 'like'
+          ? (r: { changed: boolean; state: boolean }) => ({ changed: r.changed, liked: r.state })
+          : (r: { changed: boolean; state: boolean }) => ({ changed: r.changed, faved: r.state });
       app.post(
         `/api/v1/action/${path}`,
         {
@@ -68,9 +84,12 @@ export function counterRoutes(deps: { counters: CounterService; guards: AuthGuar
           },
         },
         async (request) => {
-          const ref: EntityRef = { etype: request.body.entityType, eid: String(request.body.entityId) };
-          const { changed, state } = await deps.counters.toggle(ref, metric, principalOf(request).userId, on);
-          return { changed, [field]: state } as { changed: boolean; liked: boolean; faved: boolean };
+          const { entityType, entityId } = request.body;
+          const ref: EntityRef = {
+            etype: entityType,
+            eid: typeof entityId === 'string' ? entityId : String(entityId),
+          };
+          return answer(await deps.counters.toggle(ref, metric, principalOf(request).userId, on));
         },
       );
     };
@@ -148,13 +167,12 @@ export function counterRoutes(deps: { counters: CounterService; guards: AuthGuar
           request.principal?.userId ?? null,
           parseMetrics(request.query.metrics),
         );
-        return {
-          entityType: etype,
-          items: ids.flatMap((entityId, i) => {
-            const c = counts[i];
-            return c ? [{ entityId, counts: c }] : [];
-          }),
-        };
+        const items: { entityId: string; counts: CountsView }[] = [];
+        for (let i = 0; i < ids.length; i++) {
+          const c = counts[i];
+          if (c) items.push({ entityId: ids[i]!, counts: c });
+        }
+        return { entityType: etype, items };
       },
     );
   };

@@ -12,7 +12,20 @@ export const ActionBody = Type.Object({ entityType: EntityType, entityId: Entity
 export const LikeResponse = Type.Object({ changed: Type.Boolean(), liked: Type.Boolean() });
 export const FavResponse = Type.Object({ changed: Type.Boolean(), faved: Type.Boolean() });
 
-const CountsObject = Type.Record(Type.String(), Type.Integer());
+/**
+ * The requested counts of a post, in snapshot order. Declared field by field (not as a record) so the
+ * serializer writes known properties instead of testing every key against a pattern.
+ */
+const CountsObject = Type.Object(
+  {
+    read: Type.Optional(Type.Integer()),
+    like: Type.Optional(Type.Integer()),
+    fav: Type.Optional(Type.Integer()),
+    comment: Type.Optional(Type.Integer()),
+    repost: Type.Optional(Type.Integer()),
+  },
+  { additionalProperties: false },
+);
 
 export const SingleParams = Type.Object({
   etype: EntityType,

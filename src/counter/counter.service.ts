@@ -2,13 +2,35 @@ import { NotFoundError } from '../platform/errors/errors.js';
 import type { EntityDirectory } from './entity-directory.js';
 import type { CounterEventPublisher } from './event-publisher.js';
 import type { CounterMetrics } from './counter.metrics.js';
-import { POST_FIELDS, type Counts, type EntityRef, type FactMetric, type PostField } from './model.js';
+import {
+  POST_FIELDS,
+  ZERO_COUNTS,
+  type Counts,
+  type EntityRef,
+  type FactMetric,
+  type PostField,
+} from './model.js';
 import type { CounterStore, Flags } from './store/counter-store.js';
 
 export type CountsView = Partial<Record<PostField, number>>;
 
-function view(counts: Counts, fields: readonly PostField[]): CountsView {
-  return Object.fromEntries(fields.map((f) => [f, counts[POST_FIELDS.indexOf(f)] ?? 0]));
+/** Each post field's position in the snapshot layout (`POST_FIELDS` order). */
+const FIELD_POSITION: Readonly<Record<PostField, number>> = {
+  read: 0,
+  like: 1,
+  fav: 2,
+  comment: 3,
+  repost: 4,
+};
+
+/** The requested fields of a snapshot, in layout order (`fields` is a subsequence of `POST_FIELDS`). */
+function view(c: Counts, fields: readonly PostField[]): CountsView {
+  if (fields.length === POST_FIELDS.length) {
+    return { read: c[0], like: c[1], fav: c[2], comment: c[3], repost: c[4] };
+  }
+  const out: CountsView = {};
+  for (const f of fields) out[f] = c[FIELD_POSITION[f]] ?? 0;
+  return out;
 }
 
 /**
@@ -33,12 +55,12 @@ export class CounterService {
     metric: FactMetric,
     userId: number,
     on: boolean,
-  ): Promise<{ changed: boolean; state: boolean }> {
+  ): Promise<{ readonly changed: boolean; readonly state: boolean }> {
     await this.assertVisible([ref], userId);
     const result = await this.store.toggle(ref, metric, userId, on, this.now());
-    this.metrics.toggles.inc({ metric, changed: String(result.changed) });
+    this.metrics.toggles.inc({ metric, changed: result.changed ? 'true' : 'false' });
     if (result.event && !result.published) this.publisher?.enqueue(result.event);
-    return { changed: result.changed, state: result.state };
+    return result;
   }
 
   /** Counts of one entity; 404 when the caller may not see it. */
@@ -49,7 +71,7 @@ export class CounterService {
   ): Promise<CountsView> {
     await this.assertVisible([ref], viewerId);
     const [counts] = await this.snapshots([ref]);
-    return view(counts ?? [0, 0, 0, 0, 0], fields);
+    return view(counts ?? ZERO_COUNTS, fields);
   }
 
   /** Counts of many entities in one round trip; null for those the caller may not see. */
@@ -59,10 +81,10 @@ export class CounterService {
     fields: readonly PostField[] = POST_FIELDS,
   ): Promise<(CountsView | null)[]> {
     const visible = await this.directory.visible(refs, viewerId);
-    const shown = refs.filter((_, i) => visible[i]);
-    const counts = await this.snapshots(shown);
+    const shown = visible.every(Boolean) ? refs : refs.filter((_, i) => visible[i]);
+    const counts = shown.length > 0 ? await this.snapshots(shown) : [];
     let next = 0;
-    return visible.map((v) => (v ? view(counts[next++] ?? [0, 0, 0, 0, 0], fields) : null));
+    return visible.map((v) => (v ? view(counts[next++] ?? ZERO_COUNTS, fields) : null));
   }
 
   /** The caller's like and favourite flags for many entities; null for those the caller may not see. */
@@ -77,12 +99,8 @@ export class CounterService {
   /** Snapshots for the refs; missing or malformed ones are rebuilt from facts first. */
   async snapshots(refs: readonly EntityRef[]): Promise<Counts[]> {
     const found = await this.store.readSnapshots(refs);
-    return Promise.all(
-      found.map(async (counts, i) => {
-        if (counts) return counts;
-        return this.rebuildOnce(refs[i]!);
-      }),
-    );
+    if (!found.includes(null)) return found as Counts[];
+    return Promise.all(found.map(async (counts, i) => counts ?? this.rebuildOnce(refs[i]!)));
   }
 
   private rebuildOnce(ref: EntityRef): Promise<Counts> {

@@ -1,4 +1,4 @@
-import type { EntityRef } from './model.js';
+import { entityKey, type EntityRef } from './model.js';
 
 /**
  * Whether an entity exists and who may see it. Likes, favourites and counts are served only for
@@ -25,45 +25,183 @@ export function mayView(v: Visibility | null | undefined, viewerId: number | nul
   return v.visible === 'public' || v.visible === 'unlisted' || (viewerId !== null && v.authorId === viewerId);
 }
 
+type Value = Visibility | null;
+
+interface Entry {
+  value: Value;
+  /** When the load that produced the value started: the value is at least this fresh. */
+  at: number;
+}
+
+interface Pending {
+  ref: EntityRef;
+  flight: Promise<Value>;
+  resolve: (value: Value) => void;
+  reject: (err: unknown) => void;
+  /** Whether a lookup waits for it (else it is a background refresh, which may wait to be batched). */
+  urgent: boolean;
+}
+
+export interface CachedEntityDirectoryOptions {
+  /** How long before `ttlMs` runs out a lookup starts a background refresh; default a quarter of `ttlMs`. */
+  refreshAheadMs?: number;
+  /** How long background refreshes are gathered into one load; default a quarter of `refreshAheadMs`, at most 100 ms. */
+  refreshGatherMs?: number;
+}
+
+/** Keys one `load` call receives at most (it becomes one `IN (…)` query). */
+export const LOAD_BATCH = 500;
+// Kept from load time: a test that fakes the timers must not stall every lookup behind a clock it owns.
+const nextTurn = setImmediate;
+const later = setTimeout;
+
 /**
- * Keeps what it learns of entities in process for `ttlMs`, so the like path runs no SQL for a post
- * that was seen recently. A post that stops being visible may still take likes for up to `ttlMs` in
- * processes that cached it; the post service calls `forget` in its own process on every change.
+ * Keeps what it learns of entities in process, so the like path runs no SQL for a post seen
+ * recently, and keeps the SQL it does run off the request path and few:
+ * - An answer is served for at most `ttlMs` after the load that produced it started. Once it is
+ *   older than `ttlMs - refreshAheadMs` a lookup still gets it at once and starts a refresh in the
+ *   background; past `ttlMs` a lookup waits for a load. A post that stops being visible therefore
+ *   takes likes for at most `ttlMs` in processes that cached it (the post service calls `forget` in
+ *   its own process on every change), however long the entry sat unused.
+ * - Lookups of a key while its load is in flight share that load (single flight).
+ * - Keys a lookup waits for are loaded at the next turn of the event loop, together with every other
+ *   key asked for until then (all the requests read in one I/O phase): one `load` call, up to
+ *   `LOAD_BATCH` keys each. Background refreshes are gathered for `refreshGatherMs` first (or until
+ *   a waiting lookup's load takes them along), so hot entries are refreshed a batch at a time.
+ * A failed load fails the lookups waiting for it and is not cached; a failed background refresh
+ * leaves the entry as it was.
  */
 export class CachedEntityDirectory implements EntityDirectory {
-  private readonly cache = new Map<string, { value: Visibility | null; at: number }>();
+  private readonly cache = new Map<string, Entry>();
+  private readonly flights = new Map<string, Promise<Value>>();
+  /** Loads asked for and not started yet. */
+  private readonly waiting = new Map<string, Pending>();
+  private turnScheduled = false;
+  private gatherTimer: ReturnType<typeof setTimeout> | null = null;
+  private readonly refreshAheadMs: number;
+  private readonly refreshGatherMs: number;
 
   constructor(
     private readonly load: (refs: readonly EntityRef[]) => Promise<Map<string, Visibility>>,
     private readonly ttlMs: number,
     private readonly maxEntries = 100_000,
     private readonly now: () => number = Date.now,
-  ) {}
+    options: CachedEntityDirectoryOptions = {},
+  ) {
+    this.refreshAheadMs = Math.min(Math.max(0, options.refreshAheadMs ?? Math.floor(ttlMs / 4)), ttlMs);
+    this.refreshGatherMs = Math.max(
+      0,
+      options.refreshGatherMs ?? Math.min(100, Math.floor(this.refreshAheadMs / 4)),
+    );
+  }
 
   async visible(refs: readonly EntityRef[], viewerId: number | null): Promise<boolean[]> {
     const now = this.now();
-    const keys = refs.map((r) => `${r.etype}:${r.eid}`);
-    const missing = refs.filter((_, i) => {
-      const hit = this.cache.get(keys[i] ?? '');
-      return !hit || now - hit.at >= this.ttlMs;
+    const out = new Array<boolean>(refs.length);
+    let waits: Promise<void>[] | undefined;
+    refs.forEach((ref, i) => {
+      const key = entityKey(ref);
+      const hit = this.cache.get(key);
+      const age = hit ? now - hit.at : Infinity;
+      if (hit && age < this.ttlMs) {
+        if (age >= this.ttlMs - this.refreshAheadMs) this.fetch(key, ref, false).catch(() => undefined);
+        out[i] = mayView(hit.value, viewerId);
+      } else {
+        const wait = this.fetch(key, ref, true).then((value) => void (out[i] = mayView(value, viewerId)));
+        (waits ??= []).push(wait);
+      }
     });
-    if (missing.length > 0) {
-      const loaded = await this.load(missing);
-      for (const ref of missing) {
-        const key = `${ref.etype}:${ref.eid}`;
-        this.cache.delete(key);
-        this.cache.set(key, { value: loaded.get(key) ?? null, at: now });
-      }
-      while (this.cache.size > this.maxEntries) {
-        const oldest = this.cache.keys().next().value;
-        if (oldest === undefined) break;
-        this.cache.delete(oldest);
-      }
-    }
-    return keys.map((key) => mayView(this.cache.get(key)?.value, viewerId));
+    if (waits) await Promise.all(waits);
+    return out;
   }
 
+  /**
+   * Drops what is known of the entity. A load already started is detached (its callers still get
+   * its answer, which is not kept); one not started yet will read after the change and stays.
+   */
   forget(ref: EntityRef): void {
-    this.cache.delete(`${ref.etype}:${ref.eid}`);
+    const key = entityKey(ref);
+    this.cache.delete(key);
+    if (!this.waiting.has(key)) this.flights.delete(key);
+  }
+
+  /** The key's load in flight or waiting to start, else a new one. */
+  private fetch(key: string, ref: EntityRef, urgent: boolean): Promise<Value> {
+    const flying = this.flights.get(key);
+    if (flying) {
+      const waiting = this.waiting.get(key);
+      if (urgent && waiting && !waiting.urgent) {
+        waiting.urgent = true;
+        this.scheduleTurn();
+      }
+      return flying;
+    }
+    let resolve!: (value: Value) => void;
+    let reject!: (err: unknown) => void;
+    const flight = new Promise<Value>((res, rej) => {
+      resolve = res;
+      reject = rej;
+    });
+    this.waiting.set(key, { ref, flight, resolve, reject, urgent });
+    this.flights.set(key, flight);
+    if (urgent || this.waiting.size >= LOAD_BATCH) this.scheduleTurn();
+    else this.gatherTimer ??= later(() => this.startWaiting(), this.refreshGatherMs).unref();
+    return flight;
+  }
+
+  private scheduleTurn(): void {
+    if (this.turnScheduled) return;
+    this.turnScheduled = true;
+    nextTurn(() => {
+      this.turnScheduled = false;
+      this.startWaiting();
+    });
+  }
+
+  /** Starts every waiting load, urgent or not: a refresh rides along with a query made anyway. */
+  private startWaiting(): void {
+    if (this.gatherTimer) {
+      clearTimeout(this.gatherTimer);
+      this.gatherTimer = null;
+    }
+    if (this.waiting.size === 0) return;
+    const entries = [...this.waiting];
+    this.waiting.clear();
+    for (let i = 0; i < entries.length; i += LOAD_BATCH) this.loadChunk(entries.slice(i, i + LOAD_BATCH));
+  }
+
+  private loadChunk(entries: readonly [string, Pending][]): void {
+    const startedAt = this.now();
+    // Through an async function, so a loader that throws instead of rejecting fails the same way.
+    const loading = (async () => this.load(entries.map(([, p]) => p.ref)))();
+    loading.then(
+      (found) => {
+        for (const [key, p] of entries) {
+          const value = found.get(key) ?? null;
+          // A key forgotten meanwhile keeps no answer read before its change.
+          if (this.flights.get(key) === p.flight) {
+            this.flights.delete(key);
+            this.remember(key, value, startedAt);
+          }
+          p.resolve(value);
+        }
+      },
+      (err: unknown) => {
+        for (const [key, p] of entries) {
+          if (this.flights.get(key) === p.flight) this.flights.delete(key);
+          p.reject(err);
+        }
+      },
+    );
+  }
+
+  private remember(key: string, value: Value, at: number): void {
+    this.cache.delete(key);
+    this.cache.set(key, { value, at });
+    while (this.cache.size > this.maxEntries) {
+      const oldest = this.cache.keys().next().value;
+      if (oldest === undefined) break;
+      this.cache.delete(oldest);
+    }
   }
 }

@@ -8,10 +8,17 @@ import {
   parseEntityKey,
   type CounterEvent,
   type EntityRef,
+  type FactMetric,
 } from './model.js';
 import type { CounterStore, Inspection } from './store/counter-store.js';
 
 export type Progress = (message: string) => void;
+
+/** Facts handed to one `replayFacts` call, and how many such calls run at once. */
+const REPLAY_CHUNK = 5_000;
+const REPLAY_CONCURRENCY = 4;
+/** Rebuilds issued together (each a single store call, so a chunk goes out as one write). */
+const REBUILD_CHUNK = 250;
 
 /** True when the entity is quiet (everything toggled has been applied) and its snapshot disagrees with its facts. */
 export function hasDrift(state: Inspection): boolean {
@@ -151,14 +158,15 @@ export async function rebuildAll(
   progress: Progress,
 ): Promise<number> {
   let rebuilt = 0;
+  const rebuildChunk = (chunk: EntityRef[]) => Promise.all(chunk.map((ref) => store.rebuild(ref)));
   if (refs) {
-    for (const ref of refs) await store.rebuild(ref);
+    await forEachConcurrently(chunked(refs, REBUILD_CHUNK), 1, rebuildChunk);
     return refs.length;
   }
   let cursor: string | null = '';
   while (cursor !== null) {
     const page: { refs: EntityRef[]; cursor: string | null } = await store.scanEntities(cursor, 500);
-    for (const ref of page.refs) await store.rebuild(ref);
+    await forEachConcurrently(chunked(page.refs, REBUILD_CHUNK), 1, rebuildChunk);
     rebuilt += page.refs.length;
     cursor = page.cursor;
     progress(`rebuilt ${rebuilt} entities`);
@@ -177,8 +185,11 @@ export interface ReplayReport {
  * Invariant 7, `zhiguang counters replay`: empties the counter store, reads `counter-events` from the
  * earliest record up to the end offsets captured at the start, and rebuilds facts and snapshots.
  * The fold is deterministic: for each (entity, metric, user) the event with the highest seq decides
- * the final state, whatever order the log holds them in. Writers should be stopped while it runs:
- * a toggle made during the replay, after the captured end, may be overwritten.
+ * the final state, whatever order the log holds them in. The surviving facts are replayed entity by
+ * entity (an entity's like facts, then its fav facts, next to each other), several chunks at a time;
+ * each fact is a distinct (entity, metric, user) and seq counters only ever rise to a maximum, so the
+ * result does not depend on how the chunks interleave. Writers should be stopped while it runs: a
+ * toggle made during the replay, after the captured end, may be overwritten.
  */
 export async function replayAll(
   store: CounterStore,
@@ -187,35 +198,114 @@ export async function replayAll(
 ): Promise<ReplayReport> {
   const until = await events.endOffsets(COUNTER_TOPIC);
   await store.reset();
-  const finals = new Map<string, CounterEvent>();
+  const finals = new Map<string, Record<FactMetric, Map<number, CounterEvent>>>();
   const report: ReplayReport = { events: 0, malformed: 0, facts: 0, entities: 0 };
-  await events.readRange(COUNTER_TOPIC, until, async (batch) => {
-    for (const record of batch.records) {
-      const event = parseCounterEvent(record.value);
-      if (!event) {
-        report.malformed++;
-        continue;
+  await events.readRange(
+    COUNTER_TOPIC,
+    until,
+    async (batch) => {
+      for (const record of batch.records) {
+        const event = parseCounterEvent(record.value);
+        if (!event) {
+          report.malformed++;
+          continue;
+        }
+        report.events++;
+        const key = `${event.entityType}:${event.entityId}`;
+        let entity = finals.get(key);
+        if (!entity) finals.set(key, (entity = { like: new Map(), fav: new Map() }));
+        const byUser = entity[event.metric];
+        const known = byUser.get(event.userId);
+        if (!known || known.seq < event.seq) byUser.set(event.userId, event);
       }
-      report.events++;
-      const key = `${event.entityType}:${event.entityId}:${event.metric}:${event.userId}`;
-      const known = finals.get(key);
-      if (!known || known.seq < event.seq) finals.set(key, event);
+      progress(`read ${report.events} events`);
+    },
+    REPLAY_CHUNK,
+  );
+
+  // Chunks of whole entities, so an entity can be rebuilt as soon as its chunk is replayed (while
+  // other chunks are still being replayed); only an entity with more facts than a chunk holds spans
+  // several and waits for the end.
+  const chunks: ReplayChunk[] = [];
+  const spanning: EntityRef[] = [];
+  let current: ReplayChunk = { facts: [], complete: [] };
+  const close = (): void => {
+    if (current.facts.length > 0) chunks.push(current);
+    current = { facts: [], complete: [] };
+  };
+  for (const [key, byMetric] of finals) {
+    const ref = parseEntityKey(key);
+    const count = byMetric.like.size + byMetric.fav.size;
+    if (current.facts.length + count > REPLAY_CHUNK) close();
+    for (const metric of FACT_METRICS) {
+      for (const event of byMetric[metric].values()) {
+        if (current.facts.length >= REPLAY_CHUNK) close();
+        current.facts.push(event);
+      }
     }
-    progress(`read ${report.events} events`);
+    if (ref) (count > REPLAY_CHUNK ? spanning : current.complete).push(ref);
+    report.facts += count;
+  }
+  close();
+  finals.clear();
+
+  let replayed = 0;
+  let rebuilt = 0;
+  const rebuild = async (refs: readonly EntityRef[]): Promise<void> => {
+    await forEachConcurrently(chunked(refs, REBUILD_CHUNK), 1, (part) =>
+      Promise.all(part.map((ref) => store.rebuild(ref))),
+    );
+    rebuilt += refs.length;
+  };
+  await forEachConcurrently(chunks, REPLAY_CONCURRENCY, async (chunk) => {
+    await store.replayFacts(chunk.facts);
+    replayed += chunk.facts.length;
+    await rebuild(chunk.complete);
+    progress(`replayed ${replayed} of ${report.facts} facts, rebuilt ${rebuilt} entities`);
   });
-  const all = [...finals.values()];
-  for (let i = 0; i < all.length; i += 5000) {
-    await store.replayFacts(all.slice(i, i + 5000));
-    progress(`replayed ${Math.min(i + 5000, all.length)} of ${all.length} facts`);
-  }
-  report.facts = all.length;
-  const entities = new Map<string, EntityRef>();
-  for (const e of all) {
-    const ref = parseEntityKey(`${e.entityType}:${e.entityId}`);
-    if (ref) entities.set(`${ref.etype}:${ref.eid}`, ref);
-  }
-  for (const ref of entities.values()) await store.rebuild(ref);
-  report.entities = entities.size;
-  progress(`rebuilt ${entities.size} entities`);
+  await rebuild(spanning);
+  report.entities = rebuilt;
+  progress(`rebuilt ${rebuilt} entities`);
   return report;
+}
+
+interface ReplayChunk {
+  facts: CounterEvent[];
+  /** Entities all of whose facts are in this chunk. */
+  complete: EntityRef[];
+}
+
+function chunked<T>(items: readonly T[], size: number): T[][] {
+  const out: T[][] = [];
+  for (let i = 0; i < items.length; i += size) out.push(items.slice(i, i + size));
+  return out;
+}
+
+/**
+ * Calls `work` for every item with at most `concurrency` calls in flight; the first failure stops
+ * handing out items and is rethrown once the calls in flight have settled.
+ */
+async function forEachConcurrently<T>(
+  items: readonly T[],
+  concurrency: number,
+  work: (item: T) => Promise<unknown>,
+): Promise<void> {
+  let next = 0;
+  let failed = false;
+  const lane = async (): Promise<void> => {
+    while (!failed && next < items.length) {
+      const item = items[next++]!;
+      try {
+        await work(item);
+      } catch (err) {
+        failed = true;
+        throw err;
+      }
+    }
+  };
+  const lanes = Array.from({ length: Math.max(1, Math.min(concurrency, items.length)) }, lane);
+  const rejected = (await Promise.allSettled(lanes)).find(
+    (r): r is PromiseRejectedResult => r.status === 'rejected',
+  );
+  if (rejected) throw rejected.reason;
 }

@@ -14,11 +14,23 @@ import type { ObjectStorage } from './storage/object-storage.js';
 import { LocalObjectStorage, loadOrCreateSigningKey } from './storage/local-object-storage.js';
 import type { CounterStore } from '../counter/store/counter-store.js';
 import { SqliteCounterStore } from '../counter/store/sqlite-counter-store.js';
+import type { UserCounterStore } from '../user-counter/store/user-counter-store.js';
+import { SqliteUserCounterStore } from '../user-counter/store/sqlite-user-counter-store.js';
 import type { CodeSender } from '../auth/code-sender/code-sender.js';
 import { RoutingCodeSender } from '../auth/code-sender/code-sender.js';
 import { LogCodeSender } from '../auth/code-sender/log-code-sender.js';
 import { SmtpCodeSender } from '../auth/code-sender/smtp-code-sender.js';
 import { loadOrCreatePem } from '../auth/keys.js';
+import type { ListCache } from '../relation/list-cache/list-cache.js';
+import { MemoryListCache } from '../relation/list-cache/memory-list-cache.js';
+import type { InvalidationBus } from './cache/invalidation-bus.js';
+import type { SharedCache } from './cache/shared-cache.js';
+import {
+  createLocalInvalidationBus,
+  createNoSharedCache,
+  createRedisInvalidationBus,
+  createRedisSharedCache,
+} from './cache/create.js';
 
 /**
  * Every port the features use, built for one profile. This module is the only place that reads
@@ -32,7 +44,14 @@ export interface Platform {
   outboxStore: OutboxStore;
   storage: ObjectStorage;
   counterStore: CounterStore;
+  userCounterStore: UserCounterStore;
+  /** Cached following/followers lists (cluster: Redis sorted sets; embedded: in process). */
+  relationLists: ListCache;
   codeSender: CodeSender;
+  /** The deployment-wide cache tier (cluster: Redis; embedded: none, the in-process tier suffices). */
+  sharedCache: SharedCache;
+  /** Cache invalidations reaching every process (cluster: Redis pub/sub; embedded: in process). */
+  invalidation: InvalidationBus;
   signingKeyPem: string;
   readiness: Record<string, () => Promise<boolean>>;
   /** Closes every connection, in reverse order of opening. */
@@ -47,6 +66,25 @@ function localStorage(config: Config): ObjectStorage {
   const signingKey =
     config.storageSigningKey ?? loadOrCreateSigningKey(join(config.dataDir, 'keys', 'storage-signing.key'));
   return new LocalObjectStorage(join(config.dataDir, 'objects'), `${config.publicUrl}/files`, { signingKey });
+}
+
+async function s3Storage(config: Config, log: Logger) {
+  const { S3ObjectStorage } = await import('./storage/s3-object-storage.js');
+  const storage = new S3ObjectStorage({
+    ...(config.s3.endpoint !== undefined ? { endpoint: config.s3.endpoint } : {}),
+    region: config.s3.region,
+    bucket: required(config.s3.bucket, 'ZG_S3_BUCKET'),
+    accessKeyId: required(config.s3.accessKeyId, 'ZG_S3_ACCESS_KEY_ID'),
+    secretAccessKey: required(config.s3.secretAccessKey, 'ZG_S3_SECRET_ACCESS_KEY'),
+    forcePathStyle: config.s3.forcePathStyle,
+    ...(config.s3.publicUrl !== undefined ? { publicUrl: config.s3.publicUrl } : {}),
+  });
+  // A provisioned bucket only answers HEAD here; a development store gets its bucket created. An
+  // unreachable store must not keep the API down (only uploads need it): their requests fail instead.
+  await storage.ensureBucket().catch((err: unknown) => {
+    log.warn({ err, bucket: config.s3.bucket }, 'object storage bucket not reachable at start');
+  });
+  return storage;
 }
 
 async function emailSender(config: Config, log: Logger): Promise<CodeSender> {
@@ -65,6 +103,8 @@ async function createEmbedded(config: Config, log: Logger): Promise<Platform> {
       PHONE: new LogCodeSender(log),
     });
     closers.unshift(async () => codeSender.close());
+    const invalidation = createLocalInvalidationBus();
+    closers.unshift(() => invalidation.close());
     return {
       db,
       kv: createSqliteKv(db),
@@ -73,7 +113,15 @@ async function createEmbedded(config: Config, log: Logger): Promise<Platform> {
       outboxStore: new SqliteOutboxStore(db),
       storage: localStorage(config),
       counterStore: new SqliteCounterStore(db),
+      userCounterStore: new SqliteUserCounterStore(db),
+      relationLists: new MemoryListCache({
+        ttlMs: config.relations.listCacheTtlMs,
+        maxEntries: config.relations.listCacheMaxEntries,
+        maxLists: 20_000,
+      }),
       codeSender,
+      sharedCache: createNoSharedCache(),
+      invalidation,
       signingKeyPem:
         config.jwt.privateKeyPem ?? loadOrCreatePem(join(config.dataDir, 'keys', 'jwt-private.pem')),
       readiness: {
@@ -106,6 +154,15 @@ async function createCluster(config: Config, log: Logger): Promise<Platform> {
       enableAutoPipelining: true,
     });
     closers.unshift(async () => void (await redis.quit().catch(() => redis.disconnect())));
+    // A subscribed connection can run no other command, so the bus gets one of its own (and closes it).
+    const invalidation = await createRedisInvalidationBus({
+      publisher: redis,
+      subscriber: redis.duplicate({ enableAutoPipelining: false }),
+      prefix: config.redisPrefix,
+      onError: (err) =>
+        log.warn({ err }, 'cache invalidation bus trouble; caches expire on their own meanwhile'),
+    });
+    closers.unshift(() => invalidation.close());
 
     const { KafkaEventLog } = await import('./eventlog/kafka-eventlog.js');
     const events = new KafkaEventLog({
@@ -119,7 +176,11 @@ async function createCluster(config: Config, log: Logger): Promise<Platform> {
     });
     closers.unshift(() => events.close());
     const { MysqlOutboxStore } = await import('./outbox/mysql-outbox-store.js');
+    const storage = await s3Storage(config, log);
+    closers.unshift(async () => storage.close());
     const { RedisCounterStore } = await import('../counter/store/redis-counter-store.js');
+    const { RedisUserCounterStore } = await import('../user-counter/store/redis-user-counter-store.js');
+    const { RedisListCache } = await import('../relation/list-cache/redis-list-cache.js');
 
     const codeSender = new RoutingCodeSender({
       EMAIL: await emailSender(config, log),
@@ -132,12 +193,23 @@ async function createCluster(config: Config, log: Logger): Promise<Platform> {
       limiter: createRedisRateLimiter(redis, config.redisPrefix),
       events,
       outboxStore: new MysqlOutboxStore(db),
-      storage: localStorage(config),
+      storage,
       counterStore: new RedisCounterStore(redis, {
         prefix: config.redisPrefix,
         groups: config.counters.groups,
       }),
+      userCounterStore: new RedisUserCounterStore(redis, {
+        prefix: config.redisPrefix,
+        groups: config.counters.groups,
+      }),
+      relationLists: new RedisListCache(redis, {
+        prefix: config.redisPrefix,
+        ttlMs: config.relations.listCacheTtlMs,
+        maxEntries: config.relations.listCacheMaxEntries,
+      }),
       codeSender,
+      sharedCache: createRedisSharedCache(redis, config.redisPrefix),
+      invalidation,
       signingKeyPem: required(config.jwt.privateKeyPem, 'ZG_JWT_PRIVATE_KEY'),
       readiness: {
         database: () =>

@@ -5,7 +5,8 @@ import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { createInterface } from 'node:readline';
 import { SMTPServer } from 'smtp-server';
-import { createMysqlDatabase, services, uniqueName } from '../rig/resources.js';
+import { createMysqlDatabase, services, uniqueBucket, uniqueName } from '../rig/resources.js';
+import { deleteS3Buckets } from '../rig/services.js';
 import { openMysql, openSqlite } from '../../src/platform/db/database.js';
 
 /**
@@ -36,7 +37,7 @@ export interface Server {
   /** Waits for the next code delivered to `identifier` after `since` (ms since epoch). */
   codeFor(identifier: string, scene: string, since?: number, timeoutMs?: number): Promise<string>;
   logLines(): Record<string, unknown>[];
-  /** Test fixture: writes a post row straight into the server's database (posts have no routes yet). */
+  /** Test fixture: writes a post row straight into the server's database, skipping the publish flow. */
   insertPost(post: FixturePost): Promise<void>;
   stop(): Promise<void>;
 }
@@ -79,6 +80,9 @@ export async function startServer(
   if (profile === 'cluster') {
     const database = await createMysqlDatabase();
     cleanups.push(database.drop);
+    // The server creates its bucket at start; emptied and removed at stop.
+    const bucket = uniqueBucket('bb');
+    cleanups.push(async () => void (await deleteS3Buckets(services.s3Endpoint(), bucket)));
     const smtp = new SMTPServer({
       authOptional: true,
       disabledCommands: ['STARTTLS'],
@@ -114,6 +118,11 @@ export async function startServer(
       ZG_KAFKA_PREFIX: `${uniqueName('bb')}.`,
       ZG_KAFKA_PARTITIONS: '2',
       ZG_SMTP_URL: `smtp://127.0.0.1:${smtpPort}`,
+      ZG_S3_ENDPOINT: services.s3Endpoint(),
+      ZG_S3_BUCKET: bucket,
+      ZG_S3_ACCESS_KEY_ID: services.s3Credentials().accessKeyId,
+      ZG_S3_SECRET_ACCESS_KEY: services.s3Credentials().secretAccessKey,
+      ZG_S3_FORCE_PATH_STYLE: 'true',
     });
   }
   Object.assign(env, extraEnv);

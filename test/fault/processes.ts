@@ -12,8 +12,8 @@ import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { createInterface } from 'node:readline';
-import { createMysqlDatabase, services, uniqueName } from '../rig/resources.js';
-import { run, type RunResult } from '../rig/services.js';
+import { createMysqlDatabase, services, uniqueBucket, uniqueName } from '../rig/resources.js';
+import { deleteS3Buckets, run, type RunResult } from '../rig/services.js';
 
 const ROOT = resolve(import.meta.dirname, '../..');
 const KAFKA_SCRIPT = join(ROOT, 'scripts/kafka-broker.sh');
@@ -241,6 +241,8 @@ export async function clusterDeployment(
   const database = await createMysqlDatabase();
   const dataDir = mkdtempSync(join(tmpdir(), 'zg-fault-cluster-'));
   const redisPrefix = `${uniqueName('ft')}:`;
+  // The servers create the bucket at start; dispose empties and removes it.
+  const bucket = uniqueBucket('ft');
   return {
     env: {
       ...baseEnv(dataDir),
@@ -252,6 +254,11 @@ export async function clusterDeployment(
       ZG_KAFKA_PREFIX: `${uniqueName('ft')}.`,
       ZG_KAFKA_PARTITIONS: '3',
       ZG_SMTP_URL: 'smtp://127.0.0.1:9',
+      ZG_S3_ENDPOINT: services.s3Endpoint(),
+      ZG_S3_BUCKET: bucket,
+      ZG_S3_ACCESS_KEY_ID: services.s3Credentials().accessKeyId,
+      ZG_S3_SECRET_ACCESS_KEY: services.s3Credentials().secretAccessKey,
+      ZG_S3_FORCE_PATH_STYLE: 'true',
       ...extra,
     },
     redisPrefix,
@@ -259,6 +266,7 @@ export async function clusterDeployment(
     dataDir,
     async dispose() {
       await database.drop();
+      await deleteS3Buckets(services.s3Endpoint(), bucket);
       rmSync(dataDir, { recursive: true, force: true });
     },
   };
@@ -274,4 +282,56 @@ export function embeddedDeployment(extra: Record<string, string> = {}): Deployme
       rmSync(dataDir, { recursive: true, force: true });
     },
   };
+}
+
+export interface PhoneUser {
+  id: number;
+  /** Access token (the deployment's ZG_ACCESS_TOKEN_TTL of an hour outlasts any suite). */
+  token: string;
+}
+
+/**
+ * Real sign-ups spread over `apis` (send a code to a phone number, read it from the log of the
+ * process that sent it, register without a password) until `max` users or `budgetMs` runs out.
+ */
+export async function signUpByPhone(
+  apis: readonly NodeProcess[],
+  max: number,
+  budgetMs: number,
+  concurrency = 24,
+): Promise<PhoneUser[]> {
+  const post = async (api: NodeProcess, path: string, body: unknown) => {
+    const res = await fetch(`${api.baseUrl}${path}`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify(body),
+    });
+    const text = await res.text();
+    if (res.status !== 200) throw new Error(`POST ${path}: ${res.status} ${text}`);
+    return JSON.parse(text) as Record<string, any>;
+  };
+  const users: PhoneUser[] = [];
+  const deadline = Date.now() + budgetMs;
+  const base = 10_000_000 + Math.floor(Math.random() * 80_000_000);
+  let next = 0;
+  const one = async (): Promise<void> => {
+    while (next < max && Date.now() < deadline) {
+      const n = next++;
+      const api = apis[n % apis.length]!;
+      const identifier = `1${String(base * 100 + n).padStart(10, '0')}`;
+      await post(api, '/api/v1/auth/send-code', { scene: 'REGISTER', identifierType: 'PHONE', identifier });
+      const line = await api.waitForLine(
+        (l) => l.msg === 'verification code' && l.identifier === identifier && l.scene === 'REGISTER',
+      );
+      const reg = await post(api, '/api/v1/auth/register', {
+        identifierType: 'PHONE',
+        identifier,
+        code: line.code,
+        agreeTerms: true,
+      });
+      users.push({ id: Number(reg.user.id), token: String(reg.token.accessToken) });
+    }
+  };
+  await Promise.all(Array.from({ length: concurrency }, one));
+  return users;
 }

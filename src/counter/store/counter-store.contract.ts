@@ -459,6 +459,110 @@ export function defineCounterStoreContract(name: string, factory: () => Promise<
       });
     });
 
+    describe('views', () => {
+      it('sums concurrent addViews exactly, duplicates within a call included', async () => {
+        const refs = Array.from({ length: 12 }, (_, i) => post(900 + i));
+        for (const ref of refs) await store.writeRawSnapshot(ref, encodeSnapshot([0, 0, 0, 0, 0]));
+        const random = rng(99);
+        const want = new Map<string, number>();
+        const calls = Array.from({ length: 40 }, () =>
+          Array.from({ length: 1 + Math.floor(random() * 8) }, () => {
+            const ref = refs[Math.floor(random() * refs.length)]!;
+            const n = 1 + Math.floor(random() * 5);
+            want.set(entityKey(ref), (want.get(entityKey(ref)) ?? 0) + n);
+            return { ref, n };
+          }),
+        );
+        await Promise.all(calls.map((entries) => store.addViews(entries)));
+        const snapshots = await store.readSnapshots(refs);
+        expect(snapshots.map((c) => c?.[0])).toEqual(refs.map((ref) => want.get(entityKey(ref)) ?? 0));
+        expect(snapshots.every((c) => c?.slice(1).every((v) => v === 0))).toBe(true);
+        await store.addViews([]);
+        await store.addViews([{ ref: refs[0]!, n: 0 }]);
+        expect((await store.readSnapshots([refs[0]!]))[0]?.[0]).toBe(want.get(entityKey(refs[0]!)) ?? 0);
+      });
+
+      it('touches only read: like, fav, the other fields, pending deltas, seq and applied stay', async () => {
+        const ref = post(920);
+        await store.toggle(ref, 'like', 1, true, NOW);
+        await store.rebuild(ref);
+        await store.writeRawSnapshot(ref, encodeSnapshot([10, 1, 0, 7, 8]));
+        await store.applyEvents(
+          eventsOf([
+            await store.toggle(ref, 'like', 2, true, NOW),
+            await store.toggle(ref, 'fav', 2, true, NOW),
+          ]),
+        );
+        const before = await store.inspect(ref);
+        expect(before).toMatchObject({ seq: 3, applied: 3, pending: true });
+        await store.addViews([{ ref, n: 5 }]);
+        expect(await store.inspect(ref)).toEqual({ ...before, snapshot: [15, 1, 0, 7, 8] });
+        await flushAll();
+        expect(await store.readSnapshots([ref])).toEqual([[15, 2, 1, 7, 8]]);
+      });
+
+      it('rebuilds a missing or malformed snapshot from facts first, then adds the views', async () => {
+        const [missing, corrupt] = [post(921), post(922)];
+        for (const ref of [missing, corrupt]) {
+          await store.toggle(ref, 'like', 1, true, NOW);
+          await store.toggle(ref, 'fav', 2, true, NOW);
+          await store.toggle(ref, 'like', 3, true, NOW);
+        }
+        await store.writeRawSnapshot(corrupt, Buffer.from([9, 9, 9]));
+        await store.addViews([
+          { ref: missing, n: 3 },
+          { ref: corrupt, n: 4 },
+          { ref: missing, n: 1 },
+        ]);
+        expect(await store.readSnapshots([missing, corrupt])).toEqual([
+          [4, 2, 1, 0, 0],
+          [4, 2, 1, 0, 0],
+        ]);
+        // As a rebuild does: the events already issued are counted by it.
+        expect(await store.inspect(missing)).toMatchObject({ seq: 3, applied: 3, pending: false });
+      });
+
+      it('keeps read through rebuild, toggles, applies and flushes running beside it', async () => {
+        const refs = Array.from({ length: 6 }, (_, i) => post(930 + i));
+        for (const ref of refs) await store.writeRawSnapshot(ref, encodeSnapshot([0, 0, 0, 0, 0]));
+        const random = rng(5);
+        const views = new Map<string, number>();
+        const work: Promise<unknown>[] = [];
+        for (let round = 0; round < 20; round++) {
+          const toggles = await Promise.all(
+            Array.from({ length: 10 }, () =>
+              store.toggle(
+                refs[Math.floor(random() * refs.length)]!,
+                random() < 0.6 ? 'like' : 'fav',
+                Math.floor(random() * 10),
+                random() < 0.7,
+                NOW,
+              ),
+            ),
+          );
+          const entries = Array.from({ length: 3 }, () => {
+            const ref = refs[Math.floor(random() * refs.length)]!;
+            views.set(entityKey(ref), (views.get(entityKey(ref)) ?? 0) + 2);
+            return { ref, n: 2 };
+          });
+          work.push(store.addViews(entries), store.applyEvents(eventsOf(toggles)), store.flush(3));
+          if (round % 5 === 4) work.push(store.rebuild(refs[round % refs.length]!));
+        }
+        await Promise.all(work);
+        await flushAll();
+        await expectExact(refs);
+        const snapshots = await store.readSnapshots(refs);
+        expect(snapshots.map((c) => c?.[0])).toEqual(refs.map((ref) => views.get(entityKey(ref)) ?? 0));
+        expect(await store.rebuild(refs[0]!)).toEqual(snapshots[0]);
+      });
+
+      it('rejects a negative or fractional count', async () => {
+        await expect(store.addViews([{ ref: post(940), n: -1 }])).rejects.toThrow(RangeError);
+        await expect(store.addViews([{ ref: post(940), n: 1.5 }])).rejects.toThrow(RangeError);
+        expect(await store.readSnapshots([post(940)])).toEqual([null]);
+      });
+    });
+
     describe('unpublished events', () => {
       it('finds stale unpublished events until they are marked published or dropped', async () => {
         const [a, b, c] = [post(50), post(51), post(52)];
@@ -562,6 +666,33 @@ export function defineCounterStoreContract(name: string, factory: () => Promise<
           const fresh = await store.toggle(ref, 'like', 1_000_000, true, NOW);
           expect(fresh.event!.seq).toBeGreaterThan(seqs[i]!);
         }
+      });
+    });
+
+    describe('replay order', () => {
+      it('lets the highest seq of each (entity, metric, user) decide, whatever the order of the events', async () => {
+        const refs = [post(710), post(711)];
+        const random = rng(17);
+        const results: ToggleResult[] = [];
+        for (let n = 0; n < 300; n++) {
+          results.push(
+            await store.toggle(
+              refs[Math.floor(random() * refs.length)]!,
+              random() < 0.5 ? 'like' : 'fav',
+              Math.floor(random() * 12),
+              random() < 0.6,
+              NOW,
+            ),
+          );
+        }
+        const events = eventsOf(results);
+        const facts = await Promise.all(refs.map((ref) => store.factCounts(ref)));
+        const flags = await Promise.all(Array.from({ length: 12 }, (_, u) => store.flags(u, refs)));
+        const shuffled = [...events].sort(() => random() - 0.5);
+        await store.reset();
+        await store.replayFacts(shuffled);
+        expect(await Promise.all(refs.map((ref) => store.factCounts(ref)))).toEqual(facts);
+        expect(await Promise.all(Array.from({ length: 12 }, (_, u) => store.flags(u, refs)))).toEqual(flags);
       });
     });
 

@@ -34,9 +34,16 @@ import type { CounterEvent, Counts, EntityRef, FactMetric } from '../model.js';
  *   snapshot. `rebuild` sets like and fav from fact cardinalities, keeps the other fields when the old
  *   snapshot is readable (zero otherwise), drops the entity's pending deltas and raises its applied
  *   mark to its current seq — atomically, so concurrent rebuilds of one entity cannot interleave.
- * - `reset` empties the whole store (facts too); `replayFacts` re-applies the fact changes of events
- *   in order (deterministic: the result depends only on the events) and raises seq counters to at
- *   least each event's seq, so new changes continue above replayed ones.
+ * - `addViews` adds to the snapshot's `read` field only, atomically per group (cluster) or per call
+ *   (embedded): concurrent calls sum exactly; like and fav, pending deltas, seq and applied marks are
+ *   untouched. An entity whose snapshot is missing or malformed is first rebuilt from facts (see
+ *   `rebuild`), then gets the views. Views carry no event id: a caller that retries after a crash
+ *   may count some twice, which views tolerate (design: approximate under a crash).
+ * - `reset` empties the whole store (facts too); `replayFacts` re-applies the fact changes of events:
+ *   for each (entity, metric, user) the event with the highest seq decides the fact, whatever the
+ *   order of the array (deterministic: the result depends only on the events), and seq counters are
+ *   raised to at least each event's seq, so new changes continue above replayed ones. Separate calls
+ *   apply in call order.
  */
 export interface ToggleResult {
   changed: boolean;
@@ -45,6 +52,11 @@ export interface ToggleResult {
   event: CounterEvent | null;
   /** True when the store already appended the event to the event log (embedded); else the caller publishes it. */
   published: boolean;
+}
+
+export interface ViewIncrement {
+  ref: EntityRef;
+  n: number;
 }
 
 export interface Flags {
@@ -76,6 +88,11 @@ export interface CounterStore {
   factCounts(ref: EntityRef): Promise<Record<FactMetric, number>>;
   readSnapshots(refs: readonly EntityRef[]): Promise<(Counts | null)[]>;
   rebuild(ref: EntityRef): Promise<Counts>;
+  /**
+   * Adds `n` views (a non-negative safe integer) to each entry's snapshot `read` field; entries of one
+   * entity are summed. Saturates at 2^32 - 1. One round trip for any number of entries.
+   */
+  addViews(entries: readonly ViewIncrement[]): Promise<void>;
   /**
    * The entity's seq, applied mark, pending state, snapshot and fact counts as of one instant. When
    * `seq === applied` and nothing is pending, the snapshot must equal the facts; anything else is drift.

@@ -1,6 +1,6 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import { Redis } from 'ioredis';
-import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
 import { services, uniqueName } from '../../../test/rig/resources.js';
 import { entityKey, type CounterEvent, type EntityRef } from '../model.js';
 import { encodeSnapshot } from '../snapshot.js';
@@ -188,11 +188,14 @@ describe('RedisCounterStore (cluster specifics)', () => {
     await store.rebuild(refs[1]!);
     await store.inspect(refs[2]!);
     await store.replayFacts(events.slice(0, 3));
+    await store.addViews(refs.map((ref) => ({ ref, n: 2 })));
     await sleep(200);
     stop();
 
-    // 24 toggles, at least one apply and one fold, 3 flags, count, rebuild, inspect, 3 replays.
-    expect(calls.length).toBeGreaterThanOrEqual(24 + 1 + 1 + 3 + 1 + 1 + 1 + 3);
+    // 24 toggles, at least one apply and one fold, 3 flags, count, rebuild, inspect, 2 replays (one
+    // per entity and metric), 3 views (the three entities fall in different groups).
+    expect(new Set(refs.map((ref) => store.groupOf(ref))).size).toBe(3);
+    expect(calls.length).toBeGreaterThanOrEqual(24 + 1 + 1 + 3 + 1 + 1 + 1 + 2 + 3);
     let unmarks = 0;
     for (const args of calls) {
       const numKeys = Number(args[2]);
@@ -334,6 +337,143 @@ describe('RedisCounterStore (cluster specifics)', () => {
     expect(calls).toBeLessThanOrEqual(Math.ceil(300 / 128) + 1);
     expect(await store.readSnapshots([ref])).toEqual([[0, 2, 0, 0, 0]]);
     expect((await store.inspect(ref)).pending).toBe(false);
+  });
+
+  it('reads snapshots and flags of a page, and marks events published, in one socket write each when auto-pipelining', async () => {
+    const client = new Redis(services.redisUrl(), { maxRetriesPerRequest: 1, enableAutoPipelining: true });
+    extra.push(client);
+    const store = open({ groups: 64 }, client);
+    const refs = Array.from({ length: 20 }, (_, i) => post(String(7_300_000_000_000_000_100n + BigInt(i))));
+    expect(new Set(refs.map((ref) => store.groupOf(ref))).size).toBeGreaterThan(10);
+    const events: CounterEvent[] = [];
+    for (const ref of refs) {
+      events.push((await store.toggle(ref, 'like', 5, true, NOW)).event!);
+      await store.rebuild(ref);
+    }
+    await store.flags(5, refs);
+    const stream = (client as unknown as { stream: { write: (...args: unknown[]) => boolean } }).stream;
+    const writes = vi.spyOn(stream, 'write');
+
+    const [snapshots, flags] = await Promise.all([store.readSnapshots(refs), store.flags(5, refs)]);
+    expect(writes).toHaveBeenCalledTimes(1);
+    expect(snapshots.every((c) => c?.[1] === 1)).toBe(true);
+    expect(flags.every((f) => f.like && !f.fav)).toBe(true);
+
+    writes.mockClear();
+    await store.markPublished(events);
+    expect(writes).toHaveBeenCalledTimes(1);
+    expect(await store.staleUnpublished(NOW + 60_000, 0, 100)).toEqual([]);
+  });
+
+  describe('index of groups with unpublished events', () => {
+    const unpub = (): string => `${prefix}c:unpub`;
+
+    it('indexes a toggled group by its oldest unpublished event and forgets it once published', async () => {
+      const store = open({ groups: 64 });
+      const ref = post('7300000000000000201');
+      const group = String(store.groupOf(ref));
+      const first = await store.toggle(ref, 'like', 1, true, NOW);
+      await store.toggle(ref, 'like', 2, true, NOW + 50);
+      // An unchanged toggle may add the group too; it never moves the bound forward.
+      await store.toggle(ref, 'like', 2, true, NOW + 80);
+      expect(await redis.zrange(unpub(), 0, '-1', 'WITHSCORES')).toEqual([group, String(NOW)]);
+
+      await store.markPublished([first.event!]);
+      // Nothing stale: the scan only moves the bound up to the oldest event still unpublished.
+      expect(await store.staleUnpublished(NOW + 10, 1_000, 10)).toEqual([]);
+      expect(await store.staleUnpublished(NOW + 1_020, 1_000, 10)).toEqual([]);
+      expect(await redis.zscore(unpub(), group)).toBe(String(NOW + 50));
+      const stale = await store.staleUnpublished(NOW + 2_000, 1_000, 10);
+      expect(stale.map((e) => e.token)).toEqual([`knowpost:${ref.eid}:2`]);
+      await store.dropUnpublished(stale);
+      expect(await store.staleUnpublished(NOW + 2_000, 1_000, 10)).toEqual([]);
+      expect(await redis.zcard(unpub())).toBe(0);
+    });
+
+    it('costs one round trip of a constant number of commands when idle, whatever the number of groups', async () => {
+      const store = open({ groups: 4096 });
+      await store.staleUnpublished(NOW, 1_000, 10); // an instance's first call sweeps every group
+      const monitor = await redis.monitor();
+      const commands: string[] = [];
+      monitor.on('monitor', (_time: string, args: string[]) => {
+        if (args.some((a) => a.startsWith(prefix))) commands.push(String(args[0]).toLowerCase());
+      });
+      monitor.on('error', () => undefined);
+      await sleep(50);
+      expect(await store.staleUnpublished(NOW, 1_000, 10)).toEqual([]);
+      expect(await store.staleUnpublished(NOW, 1_000, 10)).toEqual([]);
+      await sleep(100);
+      monitor.disconnect();
+      expect(commands.length).toBeLessThanOrEqual(2 * 20);
+      expect(commands.filter((c) => c === 'zrangebyscore')).toHaveLength(2);
+    });
+
+    it('finds events whose group is missing from the index: at once on a new instance, else by its rotation', async () => {
+      const store = open({ groups: 64 });
+      await store.staleUnpublished(NOW, 1_000, 10);
+      const ref = post('7300000000000000202');
+      await store.toggle(ref, 'fav', 9, true, NOW);
+      // What a failed index write (or one lost to the race the rotation covers) leaves behind.
+      await redis.del(unpub());
+      let calls = 0;
+      while ((await store.staleUnpublished(NOW + 5_000, 1_000, 10)).length === 0 && calls < 10) calls++;
+      expect(calls).toBeLessThanOrEqual(Math.ceil(64 / 16));
+      expect(await redis.zscore(unpub(), String(store.groupOf(ref)))).toBe(String(NOW));
+
+      await redis.del(unpub());
+      const fresh = open({ groups: 64 });
+      expect((await fresh.staleUnpublished(NOW + 5_000, 1_000, 10)).map((e) => e.ref)).toEqual([ref]);
+    });
+
+    it('puts a group back when an event lands between seeing its set empty and removing it', async () => {
+      const conn = new Redis(services.redisUrl(), { maxRetriesPerRequest: 1 });
+      extra.push(conn);
+      const store = open({ groups: 64 }, conn);
+      const ref = post('7300000000000000203');
+      const group = store.groupOf(ref);
+      const first = await store.toggle(ref, 'like', 1, true, NOW);
+      await store.markPublished([first.event!]);
+      await store.staleUnpublished(NOW, 1_000, 10);
+      // A toggle whose index write landed before the removal and whose script lands right after it.
+      const zrem = conn.zrem.bind(conn) as (...args: unknown[]) => Promise<number>;
+      (conn as unknown as { zrem: (...args: unknown[]) => Promise<number> }).zrem = async (...args) => {
+        const removed = await zrem(...args);
+        if (args[0] === unpub())
+          await redis.zadd(store.groupKey('un', group), NOW + 1_500, `knowpost:${ref.eid}:2`);
+        return removed;
+      };
+      expect(await store.staleUnpublished(NOW + 2_000, 1_000, 10)).toEqual([]);
+      expect(await redis.zscore(unpub(), String(group))).toBe(String(NOW + 1_500));
+      expect((await store.staleUnpublished(NOW + 3_000, 1_000, 10)).map((e) => e.token)).toEqual([
+        `knowpost:${ref.eid}:2`,
+      ]);
+    });
+  });
+
+  it('replays one script per entity and metric, the highest seq of each user deciding', async () => {
+    const store = open({ groups: 8, sparseMax: 10 });
+    const ref = post('7300000000000000301');
+    const events: CounterEvent[] = [];
+    let seq = 0;
+    for (let u = 0; u < 40; u++) events.push({ ...fakeEvent(ref, u, ++seq) });
+    for (let u = 0; u < 40; u += 2) events.push({ ...fakeEvent(ref, u, ++seq), delta: -1 });
+    events.push({ ...fakeEvent(ref, 7, ++seq), metric: 'fav', idx: 2 });
+    const shuffled = [...events].sort(() => Math.random() - 0.5);
+    const monitor = await redis.monitor();
+    let scripts = 0;
+    monitor.on('monitor', (_time: string, args: string[]) => {
+      if (/^evalsha$/i.test(args[0] ?? '') && args.some((a) => a.startsWith(prefix))) scripts++;
+    });
+    monitor.on('error', () => undefined);
+    await sleep(50);
+    await store.replayFacts(shuffled);
+    await sleep(100);
+    monitor.disconnect();
+    expect(scripts).toBeLessThanOrEqual(2 + 2); // EVAL, not EVALSHA, on a script's first use
+    expect(await store.factCounts(ref)).toEqual({ like: 20, fav: 1 });
+    expect(await store.flags(1, [ref])).toEqual([{ like: true, fav: false }]);
+    expect(await store.flags(2, [ref])).toEqual([{ like: false, fav: false }]);
+    expect((await store.inspect(ref)).seq).toBe(seq);
   });
 
   it('counts folds that would go below zero', async () => {

@@ -13,7 +13,14 @@ import {
   type FactMetric,
 } from '../model.js';
 import { decodeSnapshot } from '../snapshot.js';
-import type { CounterStore, Flags, Inspection, StaleEvent, ToggleResult } from './counter-store.js';
+import type {
+  CounterStore,
+  Flags,
+  Inspection,
+  StaleEvent,
+  ToggleResult,
+  ViewIncrement,
+} from './counter-store.js';
 
 export interface RedisCounterStoreOptions {
   /** Prepended to every key; must not contain `{`, which would replace the group's hash tag. */
@@ -260,12 +267,18 @@ redis.call('ZADD', KEYS[4], ARGV[8], ARGV[2] .. ':' .. seq)
 return {1, seq}
 `;
 
-// The fact change of a logged event, without a new event; seq only ever rises.
-// KEYS: set, sharded hash, seq. ARGV: entity field, uid, shard, offset, on, sparseMax, event seq.
+// The fact changes of logged events of one entity and metric, each for a different user, without
+// new events; seq only ever rises. KEYS: set, sharded hash, seq. ARGV: entity field, sparseMax,
+// highest event seq of the entity, number of adds, the user ids to add, then those to remove.
 const REPLAY_LUA = `${SHARDED_LUA}
-set_fact(KEYS[1], KEYS[2], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5] == '1', tonumber(ARGV[6]))
+local sparse_max = tonumber(ARGV[2])
+local last_add = 4 + tonumber(ARGV[4])
+for i = 5, #ARGV do
+  local u = tonumber(ARGV[i])
+  set_fact(KEYS[1], KEYS[2], ARGV[i], string.format('%d', math.floor(u / ${SHARD_USERS})), u % ${SHARD_USERS}, i <= last_add, sparse_max)
+end
 local seq = redis.call('HGET', KEYS[3], ARGV[1]) or '0'
-if tonumber(ARGV[7]) > tonumber(seq) then redis.call('HSET', KEYS[3], ARGV[1], ARGV[7]) end
+if tonumber(ARGV[3]) > tonumber(seq) then redis.call('HSET', KEYS[3], ARGV[1], ARGV[3]) end
 return 1
 `;
 
@@ -379,6 +392,24 @@ const REBUILD_LUA = `${FACT_COUNT_LUA}${SNAPSHOT_LUA}
 return rebuild_entity(KEYS[5], KEYS[6], KEYS[7], KEYS[8], ARGV[1], KEYS[1], KEYS[2], KEYS[3], KEYS[4])
 `;
 
+// Adds views to the `read` field (index 0) of each entity's snapshot, saturating at 2^32 - 1; nothing
+// else of the entity changes. A missing or malformed snapshot is first rebuilt from facts.
+// KEYS: snapshots, pending, seq, applied. ARGV: sparse fact prefix, sharded fact prefix, bare etype,
+// then pairs of entity field and views.
+const VIEWS_LUA = `${FACT_COUNT_LUA}${SNAPSHOT_LUA}
+for i = 4, #ARGV, 2 do
+  local field = ARGV[i]
+  local c = unpack_snapshot(redis.call('HGET', KEYS[1], field))
+  if not c then
+    local ls, lh, fs, fh = derived_fact_keys(ARGV[1], ARGV[2], ARGV[3], field)
+    c = rebuild_entity(KEYS[1], KEYS[2], KEYS[3], KEYS[4], field, ls, lh, fs, fh)
+  end
+  c[1] = math.min(c[1] + tonumber(ARGV[i + 1]), 4294967295)
+  redis.call('HSET', KEYS[1], field, pack_snapshot(c))
+end
+return 1
+`;
+
 // One instant of an entity. Called through the Buffer variant, so the snapshot's bytes arrive intact.
 // KEYS: like set, like hash, fav set, fav hash, snapshots, pending, seq, applied. ARGV: entity field.
 const INSPECT_LUA = `${FACT_COUNT_LUA}
@@ -404,6 +435,7 @@ const CMD = {
   rebuild: 'zgCounterRebuild',
   inspect: 'zgCounterInspect',
   unmark: 'zgCounterUnmark',
+  views: 'zgCounterViews',
 } as const;
 
 type ScriptCall = (...args: (string | number)[]) => Promise<unknown>;
@@ -412,11 +444,20 @@ type ScriptPipeline = ChainableCommander &
 
 /** Pipelines beyond this many commands are split, so one call never builds an unbounded reply. */
 const PIPELINE_CHUNK = 2_000;
+/** Facts one replay script applies at most, so no script holds the server long. */
+const REPLAY_SCRIPT_FACTS = 1_000;
+/** Replay pipelines in flight at once. */
+const REPLAY_CONCURRENCY = 4;
 /** Groups read per pipeline by the background scans (unpublished, entities, samples). */
 const SCAN_CHUNK = 256;
 const DIRTY_CHECK_MAX = 256;
+/** Entities per views script, so one call never holds the server long. */
+const VIEWS_CHUNK = 500;
+const MAX_U32 = 0xffffffff;
 /** Groups a flush checks for pending deltas without a dirty mark, in rotation (a safety net, see flush). */
 const SWEEP_CHUNK = 128;
+/** Groups each `staleUnpublished` call checks beside its index, in rotation (a safety net, see there). */
+const UNPUBLISHED_SWEEP = 16;
 
 /** One entity's events of an `applyEvents` batch, folded; a delta is null when the batch has no event of that metric. */
 interface EntityRun {
@@ -427,6 +468,15 @@ interface EntityRun {
   to: number;
   like: number | null;
   fav: number | null;
+}
+
+/** One (entity, metric) of a `replayFacts` call: per user, the event with the highest seq. */
+interface ReplaySet {
+  etype: EntityType;
+  eid: string;
+  metric: FactMetric;
+  top: number;
+  users: Map<number, CounterEvent>;
 }
 
 interface Addressed {
@@ -450,12 +500,22 @@ function bufferVariant(redis: Redis, name: string): ScriptCall {
   return fn.bind(redis);
 }
 
+/** The score of a `ZRANGE key 0 0 WITHSCORES` reply, null for an empty set. */
+function oldestScore(reply: unknown): number | null {
+  const pair = reply as string[];
+  return pair.length >= 2 ? Number(pair[1]) : null;
+}
+
 function toInt(value: unknown): number {
   return typeof value === 'number' ? value : Number(value);
 }
 
 function checkUserId(userId: number): void {
   if (!Number.isSafeInteger(userId) || userId < 0) throw new RangeError(`invalid user id: ${userId}`);
+}
+
+function checkViews(n: number): void {
+  if (!Number.isSafeInteger(n) || n < 0) throw new RangeError(`invalid view count: ${n}`);
 }
 
 function checkRef(ref: EntityRef): void {
@@ -478,14 +538,18 @@ function shuffle<T>(items: T[]): T[] {
  *   c:pd:{g}   HASH entity:idx → pending delta
  *   c:s:{g}    HASH entity → 20-byte snapshot
  *   c:un:{g}   ZSET eventId by toggle time (unpublished events)
- *   c:dirty    HASH group → token: groups with pending deltas (the one key outside any group)
+ *   c:dirty    HASH group → token: groups with pending deltas        } the two keys outside
+ *   c:unpub    ZSET group by oldest unpublished event (a lower bound) } any group
  * where "entity" is the bare eid for posts and `etype:eid` otherwise.
  *
  * Round trips: `toggle`, `factCounts`, `rebuild`, `inspect`, `flags` (any page size),
- * `readSnapshots` (any number), `applyEvents` (all groups of the batch) and `markPublished` take
- * one; `flush` two (three when its sweep found an unmarked group). The scans over all groups
- * (`staleUnpublished`, `scanEntities`, `sampleEntities`, `reset`) are for background jobs and admin
- * tools.
+ * `readSnapshots` (any number), `addViews` (any number), `applyEvents` (all groups of the batch)
+ * and `markPublished` take one; `flush` two (three when its sweep found an unmarked group);
+ * `staleUnpublished` one when nothing is stale. The request paths (`toggle`, `flags`,
+ * `readSnapshots`, `markPublished`, `addViews`) issue their commands on the client in one tick
+ * rather than in a pipeline of their own, so a client with auto-pipelining writes the commands of
+ * every request in flight at once; background work keeps explicit pipelines. The scans over all
+ * groups (`scanEntities`, `sampleEntities`, `reset`) are for background jobs and admin tools.
  *
  * The dirty mark lives outside every group's slot, so a group's scripts cannot set or clear it
  * together with the pending deltas. "A group with pending deltas is marked" holds by ordering and
@@ -504,13 +568,18 @@ export class RedisCounterStore implements CounterStore {
   private readonly dirtyKey: string;
   private readonly toggleScript: ScriptCall;
   private readonly countScript: ScriptCall;
+  private readonly flagsScript: ScriptCall;
   private readonly rebuildScript: ScriptCall;
   private readonly inspectScript: ScriptCall;
+  private readonly viewsScript: ScriptCall;
   private clamped = 0;
   /** Marks are this instance's random prefix plus a counter: unique across processes and restarts. */
   private readonly markPrefix = randomBytes(6).toString('base64url');
   private marks = 0;
   private sweepFrom = 0;
+  private sweptUnpublished = false;
+  private unpubSweepFrom = 0;
+  private readonly unpubKey: string;
 
   constructor(
     private readonly redis: Redis,
@@ -527,15 +596,17 @@ export class RedisCounterStore implements CounterStore {
     this.groups = groups;
     this.sparseMax = sparseMax;
     this.dirtyKey = `${this.prefix}c:dirty`;
+    this.unpubKey = `${this.prefix}c:unpub`;
     this.toggleScript = defineScript<ScriptCall>(redis, CMD.toggle, 4, TOGGLE_LUA);
     defineScript(redis, CMD.replay, 3, REPLAY_LUA);
-    defineScript(redis, CMD.flags, 4, FLAGS_LUA);
+    this.flagsScript = defineScript<ScriptCall>(redis, CMD.flags, 4, FLAGS_LUA);
     this.countScript = defineScript<ScriptCall>(redis, CMD.count, 4, COUNT_LUA);
     defineScript(redis, CMD.apply, 4, APPLY_LUA);
     defineScript(redis, CMD.fold, 4, FOLD_LUA);
     this.rebuildScript = defineScript<ScriptCall>(redis, CMD.rebuild, 8, REBUILD_LUA);
     defineScript(redis, CMD.inspect, 8, INSPECT_LUA);
     defineScript(redis, CMD.unmark, 1, UNMARK_LUA);
+    this.viewsScript = defineScript<ScriptCall>(redis, CMD.views, 4, VIEWS_LUA);
     this.inspectScript = bufferVariant(redis, CMD.inspect);
   }
 
@@ -595,6 +666,9 @@ export class RedisCounterStore implements CounterStore {
     checkRef(ref);
     checkUserId(userId);
     const group = this.groupOf(ref);
+    // The group enters the index of groups with unpublished events before the script can record
+    // one there. Same tick: auto-pipelining writes both in one go, in this order (see staleUnpublished).
+    const indexed = this.indexUnpublished(group, now);
     const reply = (await this.toggleScript(
       this.factKey(ref, metric, false),
       this.factKey(ref, metric, true),
@@ -610,6 +684,8 @@ export class RedisCounterStore implements CounterStore {
       now,
     )) as [number, number];
     if (reply[0] !== 1) return { changed: false, state: on, event: null, published: false };
+    // Once more if the first attempt failed; failing again, the sweep of staleUnpublished finds the group.
+    if (!(await indexed)) await this.indexUnpublished(group, now);
     return {
       changed: true,
       state: on,
@@ -621,11 +697,12 @@ export class RedisCounterStore implements CounterStore {
   async flags(userId: number, refs: readonly EntityRef[]): Promise<Flags[]> {
     checkUserId(userId);
     if (refs.length === 0) return [];
-    const pipeline = this.pipeline();
     const shard = Math.floor(userId / SHARD_USERS);
     const offset = userId % SHARD_USERS;
-    for (const ref of refs) pipeline[CMD.flags](...this.factKeys(ref), userId, shard, offset);
-    const replies = (await exec(pipeline)) as [number, number][];
+    // Issued in one tick: auto-pipelining writes them together with other requests' commands.
+    const replies = (await Promise.all(
+      refs.map((ref) => this.flagsScript(...this.factKeys(ref), userId, shard, offset)),
+    )) as [number, number][];
     return replies.map(([like, fav]) => ({ like: like === 1, fav: fav === 1 }));
   }
 
@@ -643,14 +720,14 @@ export class RedisCounterStore implements CounterStore {
       if (list) list.push(i);
       else byGroup.set(a.group, [i]);
     });
-    const pipeline = this.redis.pipeline();
-    for (const [group, indexes] of byGroup) {
-      pipeline.hmgetBuffer(
-        this.groupKey('s', group),
-        ...indexes.map((i) => (addressed[i] as Addressed).field),
-      );
-    }
-    const replies = (await exec(pipeline)) as (Buffer | null)[][];
+    const replies = await Promise.all(
+      [...byGroup].map(([group, indexes]) =>
+        this.redis.hmgetBuffer(
+          this.groupKey('s', group),
+          ...indexes.map((i) => (addressed[i] as Addressed).field),
+        ),
+      ),
+    );
     const out: (Counts | null)[] = new Array<Counts | null>(refs.length).fill(null);
     let r = 0;
     for (const indexes of byGroup.values()) {
@@ -671,6 +748,39 @@ export class RedisCounterStore implements CounterStore {
       field,
     )) as number[];
     return [reply[0] ?? 0, reply[1] ?? 0, reply[2] ?? 0, reply[3] ?? 0, reply[4] ?? 0];
+  }
+
+  async addViews(entries: readonly ViewIncrement[]): Promise<void> {
+    const byGroup = new Map<number, Map<string, number>>();
+    for (const { ref, n } of entries) {
+      checkRef(ref);
+      checkViews(n);
+      if (n === 0) continue;
+      const { group, field } = this.address(ref);
+      let fields = byGroup.get(group);
+      if (!fields) byGroup.set(group, (fields = new Map<string, number>()));
+      fields.set(field, Math.min(MAX_U32, (fields.get(field) ?? 0) + n));
+    }
+    // Issued in one tick: the client's auto-pipelining writes them together, one round trip.
+    const calls: Promise<unknown>[] = [];
+    for (const [group, fields] of byGroup) {
+      const pairs = [...fields];
+      for (let start = 0; start < pairs.length; start += VIEWS_CHUNK) {
+        calls.push(
+          this.viewsScript(
+            this.groupKey('s', group),
+            this.groupKey('pd', group),
+            this.groupKey('seq', group),
+            this.groupKey('ap', group),
+            this.factPrefix(group, false),
+            this.factPrefix(group, true),
+            BARE_ETYPE,
+            ...pairs.slice(start, start + VIEWS_CHUNK).flat(),
+          ),
+        );
+      }
+    }
+    await Promise.all(calls);
   }
 
   async inspect(ref: EntityRef): Promise<Inspection> {
@@ -835,25 +945,101 @@ export class RedisCounterStore implements CounterStore {
     return replies.every((n) => toInt(n) === 0);
   }
 
+  /** Adds the group to the unpublished index, keeping the older score; never rejects. */
+  private indexUnpublished(group: number, now: number): Promise<boolean> {
+    return this.redis.zadd(this.unpubKey, 'LT', now, group).then(
+      () => true,
+      () => false,
+    );
+  }
+
+  /**
+   * Reads only the groups the index names with a score before the bound, plus a few groups in
+   * rotation (all of them on an instance's first call): when idle, one round trip of constant size.
+   *
+   * The index (`c:unpub`, outside every group's slot) maps a group to a lower bound of its oldest
+   * unpublished event's time. It may name too many groups, never too few: a toggle adds its group
+   * (ZADD LT) before its script runs; a scan raises a group's score to its oldest event (ZADD GT,
+   * which a concurrent toggle's LT cannot undo below the truth) and removes a group only after
+   * seeing its set empty, then reads the set again and puts the group back if an event arrived
+   * meanwhile. What that leaves open, a toggle whose index write lands before the removal and
+   * whose script lands after the second read (or an index write that failed), the rotation sweep
+   * repairs: it puts back any group it finds with events.
+   */
   async staleUnpublished(now: number, olderThanMs: number, limit: number): Promise<StaleEvent[]> {
     const out: StaleEvent[] = [];
     if (!(limit >= 1)) return out;
-    const before = `(${now - olderThanMs}`;
-    for (let start = 0; start < this.groups && out.length < limit; start += SCAN_CHUNK) {
+    const cutoff = now - olderThanMs;
+    const candidates = new Set<number>();
+    const sweep = this.nextUnpublishedSweep();
+    for (let start = 0; start < sweep.length || start === 0; start += SCAN_CHUNK) {
+      const chunk = sweep.slice(start, start + SCAN_CHUNK);
       const pipeline = this.redis.pipeline();
-      const end = Math.min(this.groups, start + SCAN_CHUNK);
-      for (let g = start; g < end; g++) {
-        pipeline.zrangebyscore(this.groupKey('un', g), '-inf', before, 'LIMIT', 0, limit - out.length);
+      for (const g of chunk) pipeline.zrange(this.groupKey('un', g), 0, '0', 'WITHSCORES');
+      if (start === 0) pipeline.zrangebyscore(this.unpubKey, '-inf', `(${cutoff}`, 'LIMIT', 0, this.groups);
+      const replies = await exec(pipeline);
+      const found: (string | number)[] = [];
+      chunk.forEach((g, k) => {
+        const oldest = oldestScore(replies[k]);
+        if (oldest === null) return;
+        found.push(oldest, g);
+        if (oldest < cutoff) candidates.add(g);
+      });
+      if (start === 0) for (const g of replies[chunk.length] as string[]) candidates.add(Number(g));
+      if (found.length > 0) await this.redis.zadd(this.unpubKey, 'LT', ...found);
+    }
+    const empty: number[] = [];
+    const groups = [...candidates];
+    for (let start = 0; start < groups.length && out.length < limit; start += SCAN_CHUNK) {
+      const chunk = groups.slice(start, start + SCAN_CHUNK);
+      const pipeline = this.redis.pipeline();
+      for (const g of chunk) {
+        const un = this.groupKey('un', g);
+        pipeline.zrangebyscore(un, '-inf', `(${cutoff}`, 'LIMIT', 0, limit - out.length);
+        pipeline.zrange(un, 0, '0', 'WITHSCORES');
       }
-      for (const members of (await exec(pipeline)) as string[][]) {
-        for (const token of members) {
+      const replies = await exec(pipeline);
+      const settle = this.redis.pipeline();
+      chunk.forEach((g, k) => {
+        for (const token of replies[2 * k] as string[]) {
           if (out.length >= limit) break;
           const ref = parseEntityKey(token.slice(0, token.lastIndexOf(':')));
           if (ref) out.push({ ref, token });
         }
-      }
+        const oldest = oldestScore(replies[2 * k + 1]);
+        if (oldest === null) empty.push(g);
+        else settle.zadd(this.unpubKey, 'GT', oldest, g);
+      });
+      if (settle.length > 0) await exec(settle);
     }
+    if (empty.length > 0) await this.unindexEmpty(empty);
     return out;
+  }
+
+  /** Removes groups seen empty from the index, then puts back those that got an event meanwhile. */
+  private async unindexEmpty(groups: readonly number[]): Promise<void> {
+    await this.redis.zrem(this.unpubKey, ...groups);
+    const pipeline = this.redis.pipeline();
+    for (const g of groups) pipeline.zrange(this.groupKey('un', g), 0, '0', 'WITHSCORES');
+    const replies = await exec(pipeline);
+    const back: (string | number)[] = [];
+    groups.forEach((g, k) => {
+      const oldest = oldestScore(replies[k]);
+      if (oldest !== null) back.push(oldest, g);
+    });
+    if (back.length > 0) await this.redis.zadd(this.unpubKey, 'LT', ...back);
+  }
+
+  /** All groups on the first call, then `UNPUBLISHED_SWEEP` of them per call in rotation. */
+  private nextUnpublishedSweep(): number[] {
+    if (!this.sweptUnpublished) {
+      this.sweptUnpublished = true;
+      return Array.from({ length: this.groups }, (_, g) => g);
+    }
+    const n = Math.min(UNPUBLISHED_SWEEP, this.groups);
+    const groups = Array.from({ length: n }, (_, k) => (this.unpubSweepFrom + k) % this.groups);
+    this.unpubSweepFrom = (this.unpubSweepFrom + n) % this.groups;
+    return groups;
   }
 
   async markPublished(events: readonly CounterEvent[]): Promise<void> {
@@ -875,9 +1061,9 @@ export class RedisCounterStore implements CounterStore {
       if (list) list.push(token);
       else byGroup.set(group, [token]);
     }
-    const pipeline = this.redis.pipeline();
-    for (const [group, tokens] of byGroup) pipeline.zrem(this.groupKey('un', group), ...tokens);
-    await exec(pipeline);
+    await Promise.all(
+      [...byGroup].map(([group, tokens]) => this.redis.zrem(this.groupKey('un', group), ...tokens)),
+    );
   }
 
   /** The cursor is `<group>` or `<group>|<last field returned>`; fields of a group come in sorted order. */
@@ -945,29 +1131,72 @@ export class RedisCounterStore implements CounterStore {
     } while (cursor !== '0');
   }
 
+  /**
+   * One script per (entity, metric) and up to `REPLAY_SCRIPT_FACTS` facts, in pipelines of about
+   * `PIPELINE_CHUNK` facts, `REPLAY_CONCURRENCY` of them in flight. Per (entity, metric, user) only
+   * the event with the highest seq is applied, so the scripts touch disjoint facts and their order
+   * does not matter; every script of an entity raises its seq to the entity's highest event seq.
+   */
   async replayFacts(events: readonly CounterEvent[]): Promise<void> {
-    for (let start = 0; start < events.length; start += PIPELINE_CHUNK) {
-      const pipeline = this.pipeline();
-      for (const e of events.slice(start, start + PIPELINE_CHUNK)) {
-        const ref: EntityRef = { etype: e.entityType, eid: e.entityId };
-        checkRef(ref);
-        checkUserId(e.userId);
-        const group = this.groupOf(ref);
-        pipeline[CMD.replay](
-          this.factKey(ref, e.metric, false),
-          this.factKey(ref, e.metric, true),
+    const sets = new Map<string, ReplaySet>();
+    for (const e of events) {
+      checkUserId(e.userId);
+      const key = `${e.entityType}:${e.entityId}:${e.metric}`;
+      let set = sets.get(key);
+      if (!set) {
+        set = { etype: e.entityType, eid: e.entityId, metric: e.metric, top: 0, users: new Map() };
+        sets.set(key, set);
+      }
+      if (e.seq > set.top) set.top = e.seq;
+      const known = set.users.get(e.userId);
+      if (!known || known.seq < e.seq) set.users.set(e.userId, e);
+    }
+    const tops = new Map<string, number>();
+    for (const set of sets.values()) {
+      const entity = `${set.etype}:${set.eid}`;
+      tops.set(entity, Math.max(tops.get(entity) ?? 0, set.top));
+    }
+    const batches: (string | number)[][][] = [[]];
+    let size = 0;
+    for (const { etype, eid, metric, users } of sets.values()) {
+      const ref: EntityRef = { etype, eid };
+      checkRef(ref);
+      const entity = entityKey(ref);
+      const group = this.groupOf(ref);
+      const facts = [...users.values()];
+      for (let start = 0; start < facts.length; start += REPLAY_SCRIPT_FACTS) {
+        const chunk = facts.slice(start, start + REPLAY_SCRIPT_FACTS);
+        const adds = chunk.filter((e) => e.delta > 0).map((e) => e.userId);
+        const removes = chunk.filter((e) => e.delta <= 0).map((e) => e.userId);
+        (batches[batches.length - 1] as (string | number)[][]).push([
+          `${this.factPrefix(group, false)}${entity}:${metric}`,
+          `${this.factPrefix(group, true)}${entity}:${metric}`,
           this.groupKey('seq', group),
           this.fieldOf(ref),
-          e.userId,
-          Math.floor(e.userId / SHARD_USERS),
-          e.userId % SHARD_USERS,
-          e.delta > 0 ? 1 : 0,
           this.sparseMax,
-          e.seq,
-        );
+          tops.get(entity) ?? 0,
+          adds.length,
+          ...adds,
+          ...removes,
+        ]);
+        size += chunk.length;
+        if (size >= PIPELINE_CHUNK) {
+          batches.push([]);
+          size = 0;
+        }
       }
-      await exec(pipeline);
     }
+    let next = 0;
+    const worker = async (): Promise<void> => {
+      while (next < batches.length) {
+        const batch = batches[next++] as (string | number)[][];
+        if (batch.length === 0) continue;
+        const pipeline = this.pipeline();
+        for (const args of batch) pipeline[CMD.replay](...args);
+        await exec(pipeline);
+      }
+    };
+    await Promise.all(Array.from({ length: Math.min(REPLAY_CONCURRENCY, batches.length) }, worker));
   }
 
   async writeRawSnapshot(ref: EntityRef, bytes: Buffer | null): Promise<void> {

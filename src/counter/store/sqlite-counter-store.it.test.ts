@@ -136,6 +136,21 @@ describe('SqliteCounterStore (embedded specifics)', () => {
     expect(await store.readSnapshots([post('1')])).toEqual([[0, 3, 1, 0, 0]]);
   });
 
+  it('rolls back a toggle that fails half-way alone in its commit, leaving nothing behind', async () => {
+    exec(`CREATE TRIGGER fail_event BEFORE INSERT ON event_log WHEN NEW.value LIKE '%"userId":666,%'
+          BEGIN SELECT RAISE(ABORT, 'injected event log failure'); END`);
+    await expect(store.toggle(post('5'), 'like', 666, true, NOW)).rejects.toThrow(
+      /injected event log failure/,
+    );
+    expect(count('counter_facts')).toBe(0);
+    expect(count('event_log')).toBe(0);
+    expect(await store.inspect(post('5'))).toMatchObject({ seq: 0, facts: { like: 0, fav: 0 } });
+    expect(db.raw!.isTransaction).toBe(false);
+    exec('DROP TRIGGER fail_event');
+    expect((await store.toggle(post('5'), 'like', 666, true, NOW)).event?.seq).toBe(1);
+    expect(loggedEvents().map((e) => [e.userId, e.seq])).toEqual([[666, 1]]);
+  });
+
   it('fails every toggle of a group whose commit fails, and keeps none of them', async () => {
     exec(`CREATE TRIGGER fail_commit BEFORE INSERT ON event_log WHEN NEW.value LIKE '%"userId":13,%'
           BEGIN SELECT RAISE(ROLLBACK, 'injected rollback'); END`);

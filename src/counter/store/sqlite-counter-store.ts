@@ -16,7 +16,14 @@ import {
   type FactMetric,
 } from '../model.js';
 import { decodeSnapshot, encodeSnapshot } from '../snapshot.js';
-import type { CounterStore, Flags, Inspection, StaleEvent, ToggleResult } from './counter-store.js';
+import type {
+  CounterStore,
+  Flags,
+  Inspection,
+  StaleEvent,
+  ToggleResult,
+  ViewIncrement,
+} from './counter-store.js';
 
 export interface SqliteCounterStoreOptions {
   /** Event log topic the toggles append to. */
@@ -30,6 +37,8 @@ const MAX_GROUP_COMMIT = 256;
 const FLUSH_CHUNK = 256;
 // Kept from load time: a test that fakes the timers must not stall every toggle behind a clock it owns.
 const nextTurn = setImmediate;
+const READ = 0;
+const MAX_U32 = 0xffffffff;
 
 interface EntityRow {
   etype: string;
@@ -62,8 +71,9 @@ interface ToggleJob {
  * Toggles append their event to `event_log` in the same transaction as the fact change: an event
  * exists exactly when its change committed, so nothing is ever unpublished and no repair is needed.
  * Concurrent toggles share one commit (each inside its own savepoint, so one failing toggle does
- * not undo the others): a commit costs far more disk work than the few statements of a toggle, and
- * on a busy endpoint this is what keeps the write rate well above one commit per request.
+ * not undo the others; a toggle alone in its commit needs none): a commit costs far more disk work
+ * than the few statements of a toggle, and on a busy endpoint this is what keeps the write rate well
+ * above one commit per request.
  */
 export class SqliteCounterStore implements CounterStore {
   private readonly kysely: Kysely<Database>;
@@ -132,6 +142,12 @@ export class SqliteCounterStore implements CounterStore {
           await this.exclusive(() => {
             // Taken under the lock, so toggles that arrived while waiting for it share this commit.
             jobs = this.toggleQueue.splice(0, MAX_GROUP_COMMIT);
+            const only = jobs.length === 1 ? jobs[0] : undefined;
+            if (only) {
+              // Alone in its commit: a failure rolls back the whole transaction, which holds nothing else.
+              only.result = only.run();
+              return;
+            }
             const s = this.s;
             for (const job of jobs) {
               s.savepoint.run();
@@ -217,6 +233,27 @@ export class SqliteCounterStore implements CounterStore {
 
   rebuild(ref: EntityRef): Promise<Counts> {
     return this.exclusive(() => this.rebuildNow(ref, this.snapshotNow(ref)));
+  }
+
+  async addViews(entries: readonly ViewIncrement[]): Promise<void> {
+    const views = new Map<string, { ref: EntityRef; n: number }>();
+    for (const { ref, n } of entries) {
+      if (!Number.isSafeInteger(n) || n < 0) throw new RangeError(`invalid view count: ${n}`);
+      if (n === 0) continue;
+      const key = entityKey(ref);
+      const seen = views.get(key);
+      if (seen) seen.n = Math.min(MAX_U32, seen.n + n);
+      else views.set(key, { ref, n });
+    }
+    if (views.size === 0) return;
+    await this.exclusive(() => {
+      const s = this.s;
+      for (const { ref, n } of views.values()) {
+        const counts = this.snapshotNow(ref) ?? this.rebuildNow(ref, null);
+        counts[READ] = Math.min(MAX_U32, counts[READ] + n);
+        s.putSnapshot.run(ref.etype, ref.eid, encodeSnapshot(counts));
+      }
+    });
   }
 
   /** Fact-backed fields from the facts, the others from `base`; pending deltas dropped, mark raised. */
@@ -407,11 +444,20 @@ export class SqliteCounterStore implements CounterStore {
 
   async replayFacts(events: readonly CounterEvent[]): Promise<void> {
     if (events.length === 0) return;
+    // Per (entity, metric, user) the highest seq decides, whatever the order of the array.
+    const finals = new Map<string, CounterEvent>();
+    for (const e of events) {
+      const key = `${e.entityType}:${e.entityId}:${e.metric}:${e.userId}`;
+      const known = finals.get(key);
+      if (!known || known.seq < e.seq) finals.set(key, e);
+    }
     await this.exclusive(() => {
       const s = this.s;
+      for (const e of finals.values()) {
+        (e.delta > 0 ? s.addFact : s.removeFact).run(e.entityType, e.entityId, e.metric, e.userId);
+      }
       const seqs = new Map<string, { etype: string; eid: string; seq: number }>();
       for (const e of events) {
-        (e.delta > 0 ? s.addFact : s.removeFact).run(e.entityType, e.entityId, e.metric, e.userId);
         const key = `${e.entityType}:${e.entityId}`;
         const top = seqs.get(key);
         if (!top) seqs.set(key, { etype: e.entityType, eid: e.entityId, seq: e.seq });

@@ -56,4 +56,28 @@ describe(loadConfig.name, () => {
     );
     expect(() => loadConfig({ ZG_REDIS_URL_FILE: join(dir, 'missing') })).toThrow(/ZG_REDIS_URL_FILE/);
   });
+  it('requires the bucket settings on the cluster profile and bounds the node id', () => {
+    const problems = (env: NodeJS.ProcessEnv): string => {
+      try {
+        loadConfig(env);
+        return '';
+      } catch (err) {
+        return (err as ConfigError).problems.join('\n');
+      }
+    };
+    const cluster = problems({ ZG_PROFILE: 'cluster' });
+    for (const name of ['ZG_S3_BUCKET', 'ZG_S3_ACCESS_KEY_ID', 'ZG_S3_SECRET_ACCESS_KEY']) {
+      expect(cluster).toContain(name);
+    }
+    expect(problems({ ZG_NODE_ID: '1024' })).toContain('ZG_NODE_ID');
+    expect(problems({ ZG_S3_BUCKET: 'Not_A_Bucket' })).toContain('ZG_S3_BUCKET');
+    const sut = loadConfig({ ZG_NODE_ID: '1023', ZG_S3_FORCE_PATH_STYLE: 'true' });
+    expect(sut.nodeId).toBe(1023);
+    expect(sut.s3.forcePathStyle).toBe(true);
+    expect(sut.posts).toEqual({
+      contentMaxBytes: 5 * 1024 * 1024,
+      imageMaxBytes: 10 * 1024 * 1024,
+      presignExpiresSeconds: 600,
+    });
+  });
 });

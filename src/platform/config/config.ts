@@ -1,4 +1,5 @@
 import { readFileSync } from 'node:fs';
+import { MAX_WORKER_ID } from '../ids/snowflake.js';
 
 /**
  * The one place configuration is read. Every variable is declared once below with a description,
@@ -62,9 +63,43 @@ export interface Config {
   entityCacheMs: number;
   /** Secret for file URLs the app signs itself (local object storage). */
   storageSigningKey: string | undefined;
+  /** Object storage of the cluster profile (any S3-compatible store); bucket and keys required there. */
+  s3: {
+    endpoint: string | undefined;
+    region: string;
+    bucket: string | undefined;
+    accessKeyId: string | undefined;
+    secretAccessKey: string | undefined;
+    forcePathStyle: boolean;
+    publicUrl: string | undefined;
+  };
+  /** Worker id of this process in snowflake ids; unique per process of a deployment. */
+  nodeId: number;
+  posts: { contentMaxBytes: number; imageMaxBytes: number; presignExpiresSeconds: number };
+  /** Caches of the read side (detail, feeds) and the validity of the download URLs they hold. */
+  postReads: {
+    localCacheMs: number;
+    localCacheEntries: number;
+    sharedCacheMs: number;
+    urlTtlSeconds: number;
+    countsCacheMs: number;
+  };
+  /** The in-process buffer of views: published at `flushItems` views or `flushMs` after the first. */
+  views: { flushItems: number; flushMs: number };
   bodyLimitBytes: number;
   avatarMaxBytes: number;
   shutdownTimeoutMs: number;
+  relations: {
+    /** Follows plus unfollows one user may make per minute. */
+    changesPerMinute: number;
+    /** Users with at least this many followers keep their first followers page in every process. */
+    bigAccountFollowers: number;
+    firstPageCacheMs: number;
+    listCacheTtlMs: number;
+    /** Longest following/followers list kept in the list cache; longer ones page in the database. */
+    listCacheMaxEntries: number;
+    reconcileIntervalMs: number;
+  };
 }
 
 export class ConfigError extends Error {
@@ -180,11 +215,88 @@ export const CONFIG_VARS = {
       'secret (32+ characters) for file URLs the app signs itself; generated under ZG_DATA_DIR when unset',
     secret: true,
   },
+  ZG_S3_ENDPOINT: {
+    description: 'cluster: base URL of an S3-compatible store (MinIO, …); AWS S3 itself when unset',
+  },
+  ZG_S3_REGION: { description: 'cluster: region of the bucket', default: 'us-east-1' },
+  ZG_S3_BUCKET: { description: 'cluster: bucket for uploaded files (required on the cluster profile)' },
+  ZG_S3_ACCESS_KEY_ID: { description: 'cluster: access key id of the bucket (required)', secret: true },
+  ZG_S3_SECRET_ACCESS_KEY: {
+    description: 'cluster: secret access key of the bucket (required)',
+    secret: true,
+  },
+  ZG_S3_FORCE_PATH_STYLE: {
+    description:
+      'cluster: true for {endpoint}/{bucket}/{key} URLs (most self-hosted stores), false for virtual hosts',
+    default: 'false',
+  },
+  ZG_S3_PUBLIC_URL: {
+    description: 'cluster: base URL public objects are read from (a CDN); the bucket URL when unset',
+  },
+  ZG_NODE_ID: {
+    description: `worker id of this process in generated ids, 0 to ${MAX_WORKER_ID}; distinct for every process of a deployment`,
+    default: '0',
+  },
+  ZG_POST_CONTENT_MAX_BYTES: { description: 'largest post body upload accepted', default: '5242880' },
+  ZG_POST_IMAGE_MAX_BYTES: { description: 'largest post image upload accepted', default: '10485760' },
+  ZG_PRESIGN_EXPIRES_SECONDS: { description: 'how long a presigned upload URL stays valid', default: '600' },
+  ZG_POST_CACHE_MS: {
+    description:
+      'how long each process keeps posts, feed pages and authors in memory (changes are announced at once; this bounds profile edits and missed announcements)',
+    default: '1000',
+  },
+  ZG_POST_CACHE_ENTRIES: { description: 'posts each process keeps in memory at most', default: '10000' },
+  ZG_POST_SHARED_CACHE_MS: {
+    description: 'cluster: how long posts and feed pages stay in the Redis cache tier',
+    default: '60000',
+  },
+  ZG_POST_URL_TTL_SECONDS: {
+    description:
+      'validity of the presigned download URLs of post bodies and images in detail and feed answers; over twice the cache times',
+    default: '3600',
+  },
+  ZG_POST_COUNTS_CACHE_MS: {
+    description:
+      'how long each process reuses the like/favourite counts it read for feeds and details (adds to how late a like shows; 0 = read every time)',
+    default: '200',
+  },
+  ZG_VIEW_FLUSH_ITEMS: { description: 'views a process buffers before publishing them', default: '1000' },
+  ZG_VIEW_FLUSH_MS: {
+    description: 'longest a view waits in the buffer before it is published',
+    default: '200',
+  },
   ZG_BODY_LIMIT_BYTES: { description: 'largest JSON body accepted', default: '1048576' },
   ZG_AVATAR_MAX_BYTES: { description: 'largest avatar upload accepted', default: '5242880' },
   ZG_SHUTDOWN_TIMEOUT_MS: {
     description: 'how long a graceful shutdown may take before the process exits anyway',
     default: '10000',
+  },
+  ZG_RELATION_CHANGE_LIMIT: {
+    description: 'follows plus unfollows one user may make per minute',
+    default: '60',
+  },
+  ZG_RELATION_BIG_ACCOUNT_FOLLOWERS: {
+    description: 'users with at least this many followers keep their first followers page in every process',
+    default: '10000',
+  },
+  ZG_RELATION_FIRST_PAGE_CACHE_MS: {
+    description:
+      "how long a process keeps a big account's first followers page (changes are announced at once)",
+    default: '5000',
+  },
+  ZG_RELATION_LIST_CACHE_TTL_MS: {
+    description: 'how long a cached following or followers list lives after it was built',
+    default: '3600000',
+  },
+  ZG_RELATION_LIST_CACHE_MAX: {
+    description:
+      'longest following or followers list kept in the list cache; longer ones page in the database',
+    default: '5000',
+  },
+  ZG_RELATION_RECONCILE_MS: {
+    description:
+      "how often workers compare sampled users' relation counters, projection and list caches with the tables",
+    default: '60000',
   },
 } satisfies Record<string, VarSpec>;
 
@@ -259,6 +371,17 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: { ro
   if (storageSigningKey !== undefined && Buffer.byteLength(storageSigningKey) < 32) {
     problems.push('ZG_STORAGE_SIGNING_KEY: must be at least 32 characters');
   }
+  const s3Bucket = raw('ZG_S3_BUCKET');
+  const s3AccessKeyId = raw('ZG_S3_ACCESS_KEY_ID');
+  const s3SecretAccessKey = raw('ZG_S3_SECRET_ACCESS_KEY');
+  if (s3Bucket !== undefined && !/^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$/.test(s3Bucket)) {
+    problems.push('ZG_S3_BUCKET: not a valid bucket name');
+  }
+  if (profile === 'cluster') {
+    if (!s3Bucket) problems.push('ZG_S3_BUCKET: required on the cluster profile (uploaded files)');
+    if (!s3AccessKeyId) problems.push('ZG_S3_ACCESS_KEY_ID: required on the cluster profile');
+    if (!s3SecretAccessKey) problems.push('ZG_S3_SECRET_ACCESS_KEY: required on the cluster profile');
+  }
   const smtpUrl = url('ZG_SMTP_URL', ['smtp:', 'smtps:']);
   if (profile === 'cluster' && !smtpUrl)
     problems.push('ZG_SMTP_URL: required on the cluster profile (verification mail)');
@@ -317,10 +440,50 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: { ro
       perUserPerMinute: int('ZG_AI_RATE_LIMIT', 1, 10_000),
     },
     storageSigningKey,
+    s3: {
+      endpoint: url('ZG_S3_ENDPOINT', ['http:', 'https:']),
+      region: raw('ZG_S3_REGION') ?? 'us-east-1',
+      bucket: s3Bucket,
+      accessKeyId: s3AccessKeyId,
+      secretAccessKey: s3SecretAccessKey,
+      forcePathStyle: oneOf('ZG_S3_FORCE_PATH_STYLE', ['false', 'true']) === 'true',
+      publicUrl: url('ZG_S3_PUBLIC_URL', ['http:', 'https:']),
+    },
+    nodeId: int('ZG_NODE_ID', 0, MAX_WORKER_ID),
+    posts: {
+      contentMaxBytes: int('ZG_POST_CONTENT_MAX_BYTES', 1024, 64 * 1024 * 1024),
+      imageMaxBytes: int('ZG_POST_IMAGE_MAX_BYTES', 1024, 64 * 1024 * 1024),
+      presignExpiresSeconds: int('ZG_PRESIGN_EXPIRES_SECONDS', 60, 7 * 24 * 3600),
+    },
+    postReads: {
+      localCacheMs: int('ZG_POST_CACHE_MS', 0, 60_000),
+      localCacheEntries: int('ZG_POST_CACHE_ENTRIES', 0, 10_000_000),
+      sharedCacheMs: int('ZG_POST_SHARED_CACHE_MS', 100, 24 * 3600_000),
+      urlTtlSeconds: int('ZG_POST_URL_TTL_SECONDS', 60, 7 * 24 * 3600),
+      countsCacheMs: int('ZG_POST_COUNTS_CACHE_MS', 0, 1_000),
+    },
+    views: {
+      flushItems: int('ZG_VIEW_FLUSH_ITEMS', 1, 1_000_000),
+      flushMs: int('ZG_VIEW_FLUSH_MS', 10, 60_000),
+    },
     bodyLimitBytes: int('ZG_BODY_LIMIT_BYTES', 1024, 64 * 1024 * 1024),
     avatarMaxBytes: int('ZG_AVATAR_MAX_BYTES', 1024, 64 * 1024 * 1024),
     shutdownTimeoutMs: int('ZG_SHUTDOWN_TIMEOUT_MS', 100, 600_000),
+    relations: {
+      changesPerMinute: int('ZG_RELATION_CHANGE_LIMIT', 1, 1_000_000),
+      bigAccountFollowers: int('ZG_RELATION_BIG_ACCOUNT_FOLLOWERS', 1, 1_000_000_000),
+      firstPageCacheMs: int('ZG_RELATION_FIRST_PAGE_CACHE_MS', 0, 3_600_000),
+      listCacheTtlMs: int('ZG_RELATION_LIST_CACHE_TTL_MS', 1_000, 7 * 86_400_000),
+      listCacheMaxEntries: int('ZG_RELATION_LIST_CACHE_MAX', 0, 50_000),
+      reconcileIntervalMs: int('ZG_RELATION_RECONCILE_MS', 100, 86_400_000),
+    },
   };
+  const reads = config.postReads;
+  if (reads.urlTtlSeconds * 1000 < 2 * (reads.localCacheMs + reads.sharedCacheMs)) {
+    problems.push(
+      'ZG_POST_URL_TTL_SECONDS: must be over twice ZG_POST_CACHE_MS + ZG_POST_SHARED_CACHE_MS (cached posts carry these URLs)',
+    );
+  }
   if (problems.length > 0) throw new ConfigError(problems);
   return config;
 }

@@ -1,40 +1,92 @@
-import { DatabaseSync, type SQLInputValue } from 'node:sqlite';
+import { DatabaseSync, type SQLInputValue, type StatementSync } from 'node:sqlite';
 import { SqliteDialect, type SqliteDatabase, type SqliteStatement } from 'kysely';
+
+/** Prepared statements kept per connection; the least recently used one goes first. */
+export const STATEMENT_CACHE_SIZE = 200;
+
+interface Prepared {
+  stmt: StatementSync;
+  reader: boolean;
+}
 
 /**
  * Kysely's SQLite dialect speaks to a better-sqlite3-shaped handle; this adapts Node's built-in
  * `node:sqlite` to it, so the embedded profile needs no native addon. Booleans become 0/1 and
  * dates epoch milliseconds, the only conversions node:sqlite does not do itself.
  */
-export function createNodeSqliteDialect(path: string): { dialect: SqliteDialect; raw: DatabaseSync } {
+export function createNodeSqliteDialect(
+  path: string,
+  cacheSize = STATEMENT_CACHE_SIZE,
+): { dialect: SqliteDialect; raw: DatabaseSync } {
   const raw = new DatabaseSync(path);
   raw.exec('PRAGMA journal_mode = WAL');
   raw.exec('PRAGMA synchronous = NORMAL');
   raw.exec('PRAGMA foreign_keys = ON');
   raw.exec('PRAGMA busy_timeout = 5000');
+  return { dialect: new SqliteDialect({ database: nodeSqliteDatabase(raw, cacheSize) }), raw };
+}
 
-  const toParams = (params: readonly unknown[]): SQLInputValue[] =>
-    params.map((p) => {
-      if (typeof p === 'boolean') return p ? 1 : 0;
-      if (p instanceof Date) return p.getTime();
-      if (p === undefined) return null;
-      return p as SQLInputValue;
-    });
+const toParams = (params: readonly unknown[]): SQLInputValue[] =>
+  params.map((p) => {
+    if (typeof p === 'boolean') return p ? 1 : 0;
+    if (p instanceof Date) return p.getTime();
+    if (p === undefined) return null;
+    return p as SQLInputValue;
+  });
 
-  const database: SqliteDatabase = {
-    close: () => raw.close(),
+/**
+ * The handle Kysely's dialect drives. Kysely prepares every query it runs, and preparing costs
+ * about as much as running a small query, so statements are kept by their SQL text (at most
+ * `cacheSize`, the least recently used evicted first). A kept statement is only ever run to
+ * completion (`all`, `run`); `iterate` gets a statement of its own, since running a statement again
+ * resets an iteration still reading it. Closing drops the cache with the database (node:sqlite
+ * finalizes statements when their database closes).
+ */
+export function nodeSqliteDatabase(
+  raw: DatabaseSync,
+  cacheSize = STATEMENT_CACHE_SIZE,
+): SqliteDatabase & { readonly cachedStatements: number } {
+  const cache = new Map<string, Prepared>();
+  const cached = (sql: string): Prepared => {
+    const hit = cache.get(sql);
+    if (hit) {
+      // Map order is insertion order: moving a hit to the end keeps the first key the least recently used.
+      cache.delete(sql);
+      cache.set(sql, hit);
+      return hit;
+    }
+    const stmt = raw.prepare(sql);
+    const prepared = { stmt, reader: stmt.columns().length > 0 };
+    if (cacheSize > 0) {
+      cache.set(sql, prepared);
+      while (cache.size > cacheSize) {
+        const oldest = cache.keys().next().value;
+        if (oldest === undefined) break;
+        cache.delete(oldest);
+      }
+    }
+    return prepared;
+  };
+
+  return {
+    get cachedStatements() {
+      return cache.size;
+    },
+    close: () => {
+      cache.clear();
+      raw.close();
+    },
     prepare(sql: string): SqliteStatement {
-      const stmt = raw.prepare(sql);
+      const { stmt, reader } = cached(sql);
       return {
-        reader: stmt.columns().length > 0,
+        reader,
         all: (params) => stmt.all(...toParams(params)),
         run: (params) => {
           const r = stmt.run(...toParams(params));
           return { changes: r.changes, lastInsertRowid: r.lastInsertRowid };
         },
-        iterate: (params) => stmt.iterate(...toParams(params)),
+        iterate: (params) => raw.prepare(sql).iterate(...toParams(params)),
       };
     },
   };
-  return { dialect: new SqliteDialect({ database }), raw };
 }

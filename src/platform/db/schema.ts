@@ -119,6 +119,53 @@ export interface KnowpostsTable {
   publish_time: number | null;
 }
 
+/** Embedded user counters (the cluster profile keeps these in Redis); see sqlite-user-counter-store.ts. */
+export interface UserCountersTable {
+  user_id: number;
+  /** 20-byte snapshot, or null when not known (rebuilt from the database on read). */
+  data: Uint8Array | null;
+  version: number;
+}
+
+export interface UserCounterAppliedTable {
+  user_id: number;
+  event_id: string;
+  applied_at: number;
+}
+
+/** Who follows whom; written by the API in the transaction that appends the relation event. */
+export interface FollowingTable {
+  from_user_id: number;
+  to_user_id: number;
+  created_at: number;
+}
+
+/** The mirror of `following` keyed by the followed user, kept by the relation-proj consumer. */
+export interface FollowerTable {
+  to_user_id: number;
+  from_user_id: number;
+  created_at: number;
+}
+
+/**
+ * Relation changes whose user-counter deltas are not applied yet: written with the change, deleted
+ * by the relation-proj consumer once the deltas are in the user-counter store.
+ */
+export interface RelationUnappliedTable {
+  event_id: string;
+  from_user_id: number;
+  to_user_id: number;
+  delta: number;
+  created_at: number;
+}
+
+/** Per post, the highest counter-event seq applied to its author's likes/favourites received. */
+export interface LikesReceivedMarksTable {
+  /** Snowflake as a decimal string (TEXT on SQLite, BIGINT UNSIGNED on MySQL). */
+  post_id: string;
+  applied_seq: number;
+}
+
 export interface Database {
   users: UsersTable;
   login_audit: LoginAuditTable;
@@ -131,4 +178,10 @@ export interface Database {
   counter_pending: CounterPendingTable;
   counter_snapshots: CounterSnapshotsTable;
   knowposts: KnowpostsTable;
+  user_counters: UserCountersTable;
+  user_counter_applied: UserCounterAppliedTable;
+  following: FollowingTable;
+  follower: FollowerTable;
+  relation_unapplied: RelationUnappliedTable;
+  likes_received_marks: LikesReceivedMarksTable;
 }

@@ -51,10 +51,14 @@ type Settings = Required<Omit<KafkaEventLogOptions, 'brokers'>> & { brokers: str
 type StringConsumer = Consumer<string, string, string, string>;
 type StringStream = MessagesStream<string, string, string, string>;
 type StringMessage = Message<string, string, string, string>;
+type FetchResponse = Awaited<ReturnType<StringConsumer['fetch']>>;
 
 const DEFAULT_MAX_BATCH = 100;
 const DEFAULT_MAX_WAIT_MS = 100;
+/** Most bytes one range-read fetch returns (per partition and in all). */
 const FETCH_MAX_BYTES = 8 * 1024 * 1024;
+/** Most bytes one fetch of a subscription returns. */
+const SUBSCRIBE_FETCH_MAX_BYTES = 4 * 1024 * 1024;
 
 /**
  * Event log on Apache Kafka. Records are keyed, so the default partitioner keeps a key on one
@@ -211,8 +215,11 @@ export class KafkaEventLog implements EventLog {
   }
 
   /**
-   * Fetches partition by partition with plain Fetch requests, so no group is joined and no
-   * offset is committed anywhere.
+   * Reads with plain Fetch requests, so no group is joined and no offset is committed anywhere. The
+   * partitions' leaders are resolved once (again only after a failed fetch); each round sends one
+   * request per leader for all of its unfinished partitions, and the next round's requests go out
+   * while the handler works through this round's records. Each partition's records are handed over
+   * in offset order; records of different partitions interleave.
    */
   async readRange(
     topic: string,
@@ -225,6 +232,16 @@ export class KafkaEventLog implements EventLog {
     const earliest =
       (await reader.listOffsets({ topics: [name], timestamp: ListOffsetTimestamps.EARLIEST })).get(name) ??
       [];
+    const positions = new Map<number, bigint>();
+    for (const [partition, end] of [...until].sort((a, b) => a[0] - b[0])) {
+      const start = earliest[partition] ?? 0n;
+      if (start < end) positions.set(partition, start);
+    }
+    if (positions.size === 0) return;
+
+    let leaders = await this.leadersOf(reader, name, topic, [...positions.keys()], false);
+    let failures = 0;
+    let idleRounds = 0;
     let buffer: DeliveredRecord[] = [];
     const flush = async (): Promise<void> => {
       if (buffer.length === 0) return;
@@ -232,68 +249,122 @@ export class KafkaEventLog implements EventLog {
       buffer = [];
       await handler({ topic, records });
     };
-    for (const partition of [...until.keys()].sort((a, b) => a - b)) {
-      const end = until.get(partition)!;
-      let position = earliest[partition] ?? 0n;
-      let idleFetches = 0;
-      while (position < end) {
-        const metadata = await reader.metadata({ topics: [name] });
-        const meta = metadata.topics.get(name);
-        const leader = meta?.partitions[partition]?.leader;
-        if (!meta || leader === undefined || leader < 0)
-          throw new Error(`no leader for ${topic}/${partition}`);
-        const response = await reader.fetch({
-          node: leader,
-          topics: [
-            {
-              topicId: meta.id,
-              partitions: [
-                {
+    const fetchRound = (): Promise<FetchResponse[]> => {
+      const requests: Promise<FetchResponse>[] = [];
+      for (const [node, partitions] of leaders.byNode) {
+        const open = partitions.filter((p) => positions.has(p));
+        // A leader whose partitions are all read is left out (an empty fetch would wait maxWaitTime).
+        if (open.length === 0) continue;
+        requests.push(
+          reader.fetch({
+            node,
+            topics: [
+              {
+                topicId: leaders.topicId,
+                partitions: open.map((partition) => ({
                   partition,
-                  fetchOffset: position,
+                  fetchOffset: positions.get(partition)!,
                   partitionMaxBytes: FETCH_MAX_BYTES,
                   currentLeaderEpoch: -1,
                   lastFetchedEpoch: -1,
-                },
-              ],
-            },
-          ],
-          maxWaitTime: 100,
-          minBytes: 1,
-          maxBytes: FETCH_MAX_BYTES,
-        });
-        const before = position;
-        for (const topicResponse of response.responses) {
-          for (const part of topicResponse.partitions) {
-            if (part.partitionIndex !== partition) continue;
-            for (const batch of part.records ?? []) {
-              if ((batch.attributes & IS_CONTROL) === 0) {
-                for (const record of batch.records) {
-                  const offset = batch.firstOffset + BigInt(record.offsetDelta);
-                  if (offset < position || offset >= end) continue;
-                  buffer.push({
-                    topic,
-                    partition,
-                    offset,
-                    key: record.key?.toString('utf8') ?? '',
-                    value: record.value?.toString('utf8') ?? '',
-                    timestamp: Number(batch.firstTimestamp + record.timestampDelta),
-                  });
-                  if (buffer.length >= maxBatch) await flush();
-                }
+                })),
+              },
+            ],
+            maxWaitTime: 100,
+            minBytes: 1,
+            maxBytes: FETCH_MAX_BYTES,
+          }),
+        );
+      }
+      return Promise.all(requests);
+    };
+    // Fetches are only ever started with the positions advanced past every record already taken.
+    let next: Promise<FetchResponse[]> | undefined = fetchRound();
+    while (next) {
+      let responses: FetchResponse[];
+      try {
+        responses = await next;
+      } catch (err) {
+        if (++failures > Math.max(2, this.s.retries)) throw err;
+        await delay(this.s.retryDelayMs);
+        leaders = await this.leadersOf(reader, name, topic, [...positions.keys()], true);
+        next = fetchRound();
+        continue;
+      }
+      failures = 0;
+      const taken: DeliveredRecord[] = [];
+      let progressed = false;
+      for (const topicResponse of responses.flatMap((r) => r.responses)) {
+        for (const part of topicResponse.partitions) {
+          const partition = part.partitionIndex;
+          const from = positions.get(partition);
+          if (from === undefined) continue;
+          const end = until.get(partition)!;
+          let position = from;
+          for (const batch of part.records ?? []) {
+            if ((batch.attributes & IS_CONTROL) === 0) {
+              for (const record of batch.records) {
+                const offset = batch.firstOffset + BigInt(record.offsetDelta);
+                if (offset < position || offset >= end) continue;
+                taken.push({
+                  topic,
+                  partition,
+                  offset,
+                  key: record.key?.toString('utf8') ?? '',
+                  value: record.value?.toString('utf8') ?? '',
+                  timestamp: Number(batch.firstTimestamp + record.timestampDelta),
+                });
               }
-              const next = batch.firstOffset + BigInt(batch.lastOffsetDelta) + 1n;
-              if (next > position) position = next;
             }
+            const after = batch.firstOffset + BigInt(batch.lastOffsetDelta) + 1n;
+            if (after > position) position = after;
           }
+          if (position === from) continue;
+          progressed = true;
+          if (position >= end) positions.delete(partition);
+          else positions.set(partition, position);
         }
-        if (position === before && ++idleFetches > 50) {
-          throw new Error(`reading ${topic}/${partition} made no progress at offset ${position}`);
+      }
+      if (progressed) idleRounds = 0;
+      else if (++idleRounds > 50) {
+        const stuck = [...positions].map(([p, o]) => `${p}@${o}`).join(', ');
+        throw new Error(`reading ${topic} made no progress (partition@offset: ${stuck})`);
+      }
+      next = positions.size > 0 ? fetchRound() : undefined;
+      // Hand over what this round brought while the next round is on its way.
+      try {
+        for (const record of taken) {
+          buffer.push(record);
+          if (buffer.length >= maxBatch) await flush();
         }
-        if (position !== before) idleFetches = 0;
+      } catch (err) {
+        await next?.catch(() => undefined);
+        throw err;
       }
     }
     await flush();
+  }
+
+  /** The topic's id and, per leader, the given partitions it leads. */
+  private async leadersOf(
+    reader: StringConsumer,
+    name: string,
+    topic: string,
+    partitions: number[],
+    forceUpdate: boolean,
+  ): Promise<{ topicId: string; byNode: Map<number, number[]> }> {
+    const metadata = await reader.metadata({ topics: [name], forceUpdate });
+    const meta = metadata.topics.get(name);
+    if (!meta) throw new Error(`no metadata for ${topic}`);
+    const byNode = new Map<number, number[]>();
+    for (const partition of partitions) {
+      const leader = meta.partitions[partition]?.leader;
+      if (leader === undefined || leader < 0) throw new Error(`no leader for ${topic}/${partition}`);
+      const list = byNode.get(leader);
+      if (list) list.push(partition);
+      else byNode.set(leader, [partition]);
+    }
+    return { topicId: meta.id, byNode };
   }
 
   async ping(): Promise<boolean> {
@@ -331,6 +402,9 @@ export class KafkaEventLog implements EventLog {
       heartbeatStallTimeout: this.s.sessionTimeoutMs,
       maxWaitTime: Math.min(Math.max(maxWaitMs, 50), 1_000),
       highWaterMark: Math.max(2 * maxBatch, 64),
+      // The client's default (50 MB) makes a consumer behind by a large backlog decode all of it
+      // before the first batch is handed over; smaller fetches let decoding overlap the handler.
+      maxBytes: SUBSCRIBE_FETCH_MAX_BYTES,
       isolationLevel: FetchIsolationLevels.READ_COMMITTED,
     });
   }
@@ -518,31 +592,61 @@ class KafkaSubscription implements Subscription {
     }
   }
 
+  /**
+   * Hands batches to the handler. A batch's commit is started once its handler resolved and runs
+   * while the next batch is read and handled; it is awaited before the next commit (so commits stay
+   * in order) and before `pump` returns or throws. A failed commit surfaces after the batch handled
+   * meanwhile, and both are delivered again: at-least-once, as the handler already expects.
+   */
   private async pump(onProgress: () => void): Promise<void> {
     const reader = this.reader!;
-    while (!this.closing) {
-      const messages = await reader.next(this.maxBatch, this.maxWaitMs);
-      if (messages.length === 0) continue;
-      for (const [topic, records] of groupByTopic(messages)) {
-        try {
-          await this.options.handler({
-            topic: this.log.unprefix(topic),
-            records: records.map((m) => ({
-              topic: this.log.unprefix(m.topic),
-              partition: m.partition,
-              offset: m.offset,
-              key: m.key ?? '',
-              value: m.value ?? '',
-              timestamp: Number(m.timestamp),
-            })),
-          });
-        } catch (err) {
-          throw new HandlerFailed(err);
+    // Resolves to the commit's error, or undefined; never rejects, so it cannot go unhandled.
+    let committing: Promise<Error | undefined> | undefined;
+    const committed = async (): Promise<void> => {
+      const pending = committing;
+      committing = undefined;
+      const failed = await pending;
+      if (failed !== undefined) throw failed;
+    };
+    try {
+      while (!this.closing) {
+        const messages = await reader.next(this.maxBatch, this.maxWaitMs);
+        if (messages.length === 0) continue;
+        for (const [topic, records] of groupByTopic(messages)) {
+          try {
+            await this.options.handler({ topic: this.log.unprefix(topic), records: this.delivered(records) });
+          } catch (err) {
+            throw new HandlerFailed(err);
+          }
+          await committed();
+          committing = this.commit(records).then(
+            () => undefined,
+            (err: unknown) => (err instanceof Error ? err : new Error('commit failed', { cause: err })),
+          );
         }
-        await this.commit(records);
+        onProgress();
       }
-      onProgress();
+      await committed();
+    } catch (err) {
+      await committing;
+      throw err;
     }
+  }
+
+  private delivered(records: StringMessage[]): DeliveredRecord[] {
+    const out = new Array<DeliveredRecord>(records.length);
+    for (let i = 0; i < records.length; i++) {
+      const m = records[i]!;
+      out[i] = {
+        topic: this.log.unprefix(m.topic),
+        partition: m.partition,
+        offset: m.offset,
+        key: m.key ?? '',
+        value: m.value ?? '',
+        timestamp: Number(m.timestamp),
+      };
+    }
+    return out;
   }
 
   private async commit(records: StringMessage[]): Promise<void> {

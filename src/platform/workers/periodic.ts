@@ -1,29 +1,49 @@
+export interface PeriodicOptions {
+  /**
+   * Measure the interval from the start of the previous run instead of its end, so a run's own
+   * duration does not stretch the period (a run longer than the interval is followed at once by the
+   * next). Runs still never overlap.
+   */
+  fixedRate?: boolean;
+  /** Monotonic clock in ms (tests). */
+  now?: () => number;
+}
+
 /**
- * Runs `task` every `intervalMs` (measured from the end of the previous run, so runs never overlap)
- * until stopped. `stop` waits for the run in flight. A failing run is reported and the loop goes on.
+ * Runs `task` every `intervalMs` until stopped: by default measured from the end of the previous run,
+ * with `fixedRate` from its start; runs never overlap either way. `stop` waits for the run in flight.
+ * A failing run is reported and the loop goes on.
  */
 export class PeriodicTask {
   private timer: NodeJS.Timeout | undefined;
   private running: Promise<void> | undefined;
   private stopped = true;
+  /** Raised by `start`, so a run that ends after a stop and a new start does not schedule twice. */
+  private epoch = 0;
+  private readonly fixedRate: boolean;
+  private readonly now: () => number;
 
   constructor(
     private readonly name: string,
     private readonly intervalMs: number,
     private readonly task: () => Promise<unknown>,
     private readonly onError: (name: string, err: unknown) => void,
-  ) {}
+    options: PeriodicOptions = {},
+  ) {
+    this.fixedRate = options.fixedRate ?? false;
+    this.now = options.now ?? (() => performance.now());
+  }
 
   start(): void {
     if (!this.stopped) return;
     this.stopped = false;
-    this.schedule();
+    this.epoch++;
+    this.schedule(this.intervalMs);
   }
 
-  /** Runs the task now (and waits for it), outside the schedule. */
-  async runNow(): Promise<void> {
-    await this.running;
-    await this.runOnce();
+  /** Runs the task now (and waits for it), outside the schedule; after the run in flight, if any. */
+  runNow(): Promise<void> {
+    return this.run();
   }
 
   async stop(): Promise<void> {
@@ -33,22 +53,44 @@ export class PeriodicTask {
     await this.running;
   }
 
-  private schedule(): void {
+  private schedule(delayMs: number): void {
     if (this.stopped) return;
+    const epoch = this.epoch;
     this.timer = setTimeout(() => {
-      this.running = this.runOnce().finally(() => {
-        this.running = undefined;
-        this.schedule();
+      this.timer = undefined;
+      const started = this.now();
+      void this.run().then(() => {
+        if (epoch !== this.epoch) return;
+        const took = Math.max(0, this.now() - started);
+        this.schedule(this.fixedRate ? Math.max(0, this.intervalMs - took) : this.intervalMs);
       });
-    }, this.intervalMs);
+    }, delayMs);
     this.timer.unref();
+  }
+
+  /** One run, queued behind the run in flight so that runs never overlap. */
+  private run(): Promise<void> {
+    const previous = this.running;
+    const run = (async () => {
+      await previous;
+      await this.runOnce();
+    })();
+    const tracked = run.finally(() => {
+      if (this.running === tracked) this.running = undefined;
+    });
+    this.running = tracked;
+    return tracked;
   }
 
   private async runOnce(): Promise<void> {
     try {
       await this.task();
     } catch (err) {
-      this.onError(this.name, err);
+      try {
+        this.onError(this.name, err);
+      } catch {
+        // A failing reporter must not end the schedule.
+      }
     }
   }
 }

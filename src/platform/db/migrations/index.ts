@@ -82,6 +82,37 @@ const sqlite: Record<string, Step> = {
     `CREATE INDEX knowposts_feed ON knowposts (status, visible, publish_time, id)`,
     `CREATE INDEX knowposts_mine ON knowposts (author_id, status, is_top, publish_time)`,
   ),
+  // User snapshots (data NULL: not known, rebuilt from the database on read) and the (user, event)
+  // pairs already applied, trimmed by age; see user-counter/store/sqlite-user-counter-store.ts.
+  '0006_user_counters': exec(
+    `CREATE TABLE user_counters (
+       user_id INTEGER PRIMARY KEY, data BLOB, version INTEGER NOT NULL DEFAULT 0)`,
+    `CREATE TABLE user_counter_applied (
+       user_id INTEGER NOT NULL, event_id TEXT NOT NULL, applied_at INTEGER NOT NULL,
+       PRIMARY KEY (user_id, event_id)) WITHOUT ROWID`,
+    `CREATE INDEX user_counter_applied_age ON user_counter_applied (applied_at)`,
+  ),
+  // `following` is written by the API; `follower` is its mirror, kept by the relation-proj consumer.
+  '0007_relations': exec(
+    `CREATE TABLE following (
+       from_user_id INTEGER NOT NULL, to_user_id INTEGER NOT NULL, created_at INTEGER NOT NULL,
+       PRIMARY KEY (from_user_id, to_user_id)) WITHOUT ROWID`,
+    `CREATE INDEX following_list ON following (from_user_id, created_at, to_user_id)`,
+    `CREATE INDEX following_to ON following (to_user_id, from_user_id)`,
+    `CREATE TABLE follower (
+       to_user_id INTEGER NOT NULL, from_user_id INTEGER NOT NULL, created_at INTEGER NOT NULL,
+       PRIMARY KEY (to_user_id, from_user_id)) WITHOUT ROWID`,
+    `CREATE INDEX follower_list ON follower (to_user_id, created_at, from_user_id)`,
+    // Changes whose counter deltas are not applied yet: what a counter rebuild must not count twice.
+    `CREATE TABLE relation_unapplied (
+       event_id TEXT NOT NULL PRIMARY KEY, from_user_id INTEGER NOT NULL, to_user_id INTEGER NOT NULL,
+       delta INTEGER NOT NULL, created_at INTEGER NOT NULL) WITHOUT ROWID`,
+    `CREATE INDEX relation_unapplied_from ON relation_unapplied (from_user_id)`,
+    `CREATE INDEX relation_unapplied_to ON relation_unapplied (to_user_id)`,
+    // Per post, the highest counter-event seq whose like/fav delta reached its author's counts.
+    `CREATE TABLE likes_received_marks (
+       post_id TEXT NOT NULL PRIMARY KEY, applied_seq INTEGER NOT NULL) WITHOUT ROWID`,
+  ),
 };
 
 const mysql: Record<string, Step> = {
@@ -128,6 +159,27 @@ const mysql: Record<string, Step> = {
        ADD COLUMN type VARCHAR(16) NOT NULL DEFAULT 'image_text', ADD COLUMN publish_time BIGINT NULL,
        ADD KEY knowposts_feed (status, visible, publish_time, id),
        ADD KEY knowposts_mine (author_id, status, is_top, publish_time)`,
+  ),
+  // The cluster profile keeps user counters in Redis; the entry keeps both lists numbered alike.
+  '0006_user_counters': exec(),
+  '0007_relations': exec(
+    `CREATE TABLE following (
+       from_user_id BIGINT UNSIGNED NOT NULL, to_user_id BIGINT UNSIGNED NOT NULL, created_at BIGINT NOT NULL,
+       PRIMARY KEY (from_user_id, to_user_id),
+       KEY following_list (from_user_id, created_at, to_user_id), KEY following_to (to_user_id)
+     ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin`,
+    `CREATE TABLE follower (
+       to_user_id BIGINT UNSIGNED NOT NULL, from_user_id BIGINT UNSIGNED NOT NULL, created_at BIGINT NOT NULL,
+       PRIMARY KEY (to_user_id, from_user_id), KEY follower_list (to_user_id, created_at, from_user_id)
+     ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin`,
+    `CREATE TABLE relation_unapplied (
+       event_id VARCHAR(64) NOT NULL PRIMARY KEY, from_user_id BIGINT UNSIGNED NOT NULL,
+       to_user_id BIGINT UNSIGNED NOT NULL, delta TINYINT NOT NULL, created_at BIGINT NOT NULL,
+       KEY relation_unapplied_from (from_user_id), KEY relation_unapplied_to (to_user_id)
+     ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin`,
+    `CREATE TABLE likes_received_marks (
+       post_id BIGINT UNSIGNED NOT NULL PRIMARY KEY, applied_seq BIGINT NOT NULL
+     ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin`,
   ),
 };
 

@@ -1,0 +1,328 @@
+import { describe, expect, it } from 'vitest';
+import { CachedEntityDirectory, LOAD_BATCH, mayView, type Visibility } from './entity-directory.js';
+import type { EntityRef } from './model.js';
+
+const post = (eid: string): EntityRef => ({ etype: 'knowpost', eid });
+const PUBLIC: Visibility = { authorId: 1, status: 'published', visible: 'public' };
+const HIDDEN: Visibility = { authorId: 1, status: 'deleted', visible: 'public' };
+const TTL = 1_000;
+const AHEAD = 250;
+
+/**
+ * A little real time and a turn of the event loop: the directory has started every load asked for
+ * (lookups' at the next turn, background refreshes once their gathering time, 0 here by default, ran out).
+ */
+const turn = (): Promise<void> => new Promise((resolve) => setTimeout(() => setImmediate(resolve), 2));
+/** Just one turn: what a lookup's load waits for, and less than a background refresh's gathering time. */
+const oneTurn = (): Promise<void> => new Promise((resolve) => setImmediate(resolve));
+
+interface Call {
+  keys: string[];
+  resolve: (found: Map<string, Visibility>) => void;
+  reject: (err: Error) => void;
+}
+
+/** A loader whose answers the test gives, one call at a time, and a clock the test moves. */
+function rig(options: { ttl?: number; maxEntries?: number; gatherMs?: number } = {}) {
+  const calls: Call[] = [];
+  const clock = { now: 0 };
+  const sut = new CachedEntityDirectory(
+    (refs) =>
+      new Promise<Map<string, Visibility>>((resolve, reject) => {
+        calls.push({ keys: refs.map((r) => `${r.etype}:${r.eid}`), resolve, reject });
+      }),
+    options.ttl ?? TTL,
+    options.maxEntries ?? 100,
+    () => clock.now,
+    { refreshAheadMs: AHEAD, refreshGatherMs: options.gatherMs ?? 0 },
+  );
+  /** Answers the last load: every key it asked for gets `value`. */
+  const answer = async (value: Visibility | null, call = calls[calls.length - 1]): Promise<void> => {
+    if (!call) throw new Error('no load to answer');
+    const found = new Map<string, Visibility>();
+    if (value) for (const key of call.keys) found.set(key, value);
+    call.resolve(found);
+    await turn();
+  };
+  /** A lookup that records whether it has settled, so a test can tell "answered at once" from "waits". */
+  const lookup = (refs: EntityRef[], viewer: number | null = null) => {
+    const state: { settled: boolean; value?: boolean[]; error?: unknown } = { settled: false };
+    const promise = sut.visible(refs, viewer).then(
+      (value) => Object.assign(state, { settled: true, value }),
+      (error: unknown) => Object.assign(state, { settled: true, error }),
+    );
+    return { state, promise };
+  };
+  return { sut, calls, clock, answer, lookup };
+}
+
+describe(CachedEntityDirectory.name, () => {
+  describe('serving while refreshing', () => {
+    it('answers from an entry due for refresh at once and refreshes it in the background', async () => {
+      const { calls, clock, answer, lookup } = rig();
+      const first = lookup([post('1')]);
+      await turn();
+      await answer(PUBLIC);
+      expect(first.state.value).toEqual([true]);
+
+      clock.now = TTL - AHEAD - 1;
+      const fresh = lookup([post('1')]);
+      await turn();
+      expect(fresh.state.value).toEqual([true]);
+      expect(calls).toHaveLength(1);
+
+      // Due for refresh: answered from the entry, not from the load it starts.
+      clock.now = TTL - AHEAD;
+      const due = lookup([post('1')]);
+      await turn();
+      expect(due.state.value).toEqual([true]);
+      expect(calls).toHaveLength(2);
+      expect(calls[1]!.keys).toEqual(['knowpost:1']);
+
+      // The refresh learns the post was hidden; from then on lookups see it, without another load.
+      await answer(HIDDEN);
+      clock.now = TTL + 100;
+      const after = lookup([post('1')]);
+      await turn();
+      expect(after.state.value).toEqual([false]);
+      expect(calls).toHaveLength(2);
+    });
+
+    it('never answers from an entry older than the TTL: a lookup then waits for the load', async () => {
+      const { calls, clock, answer, lookup } = rig();
+      lookup([post('1')]);
+      await turn();
+      await answer(PUBLIC);
+
+      // Unused for a long time: the old answer must not let a hidden post take likes.
+      clock.now = TTL + 60_000;
+      const late = lookup([post('1')]);
+      await turn();
+      await turn();
+      expect(late.state.settled).toBe(false);
+      expect(calls).toHaveLength(2);
+      await answer(HIDDEN);
+      expect(late.state.value).toEqual([false]);
+    });
+
+    it('keeps the entry when a background refresh fails, and still stops serving it at the TTL', async () => {
+      const { calls, clock, answer, lookup } = rig();
+      lookup([post('1')]);
+      await turn();
+      await answer(PUBLIC);
+      clock.now = TTL - 1;
+      expect((await lookup([post('1')]).promise).value).toEqual([true]);
+      await turn();
+      calls[1]!.reject(new Error('database down'));
+      await turn();
+      expect((await lookup([post('1')]).promise).value).toEqual([true]);
+
+      clock.now = TTL;
+      const expired = lookup([post('1')]);
+      await turn();
+      calls[calls.length - 1]!.reject(new Error('database down'));
+      await expired.promise;
+      expect(String(expired.state.error)).toMatch(/database down/);
+    });
+  });
+
+  describe('single flight', () => {
+    it('lets concurrent lookups of one key share one load', async () => {
+      const { calls, answer, lookup } = rig();
+      const a = lookup([post('1')]);
+      await turn();
+      // The load is in flight; later lookups, alone or among other keys, join it.
+      const b = lookup([post('1')]);
+      const c = lookup([post('1'), post('1')], 1);
+      await turn();
+      expect(calls).toHaveLength(1);
+      expect(calls[0]!.keys).toEqual(['knowpost:1']);
+      expect([a, b, c].some((l) => l.state.settled)).toBe(false);
+      await answer(PUBLIC);
+      expect([a.state.value, b.state.value, c.state.value]).toEqual([[true], [true], [true, true]]);
+    });
+
+    it('shares a background refresh with a lookup that finds the entry expired', async () => {
+      const { calls, clock, answer, lookup } = rig();
+      lookup([post('1')]);
+      await turn();
+      await answer(PUBLIC);
+      clock.now = TTL - 1;
+      await lookup([post('1')]).promise;
+      await turn();
+      expect(calls).toHaveLength(2);
+      clock.now = TTL + 1;
+      const expired = lookup([post('1')]);
+      await turn();
+      expect(calls).toHaveLength(2);
+      await answer(HIDDEN);
+      expect(expired.state.value).toEqual([false]);
+    });
+
+    it('starts afresh after a failed load', async () => {
+      const { calls, answer, lookup } = rig();
+      const a = lookup([post('1')]);
+      await turn();
+      calls[0]!.reject(new Error('timeout'));
+      await a.promise;
+      expect(String(a.state.error)).toMatch(/timeout/);
+      const b = lookup([post('1')]);
+      await turn();
+      expect(calls).toHaveLength(2);
+      await answer(PUBLIC);
+      expect(b.state.value).toEqual([true]);
+    });
+  });
+
+  describe('batching', () => {
+    it('loads the keys missed within one turn with one call', async () => {
+      const { calls, answer, lookup } = rig();
+      const lookups = [
+        lookup([post('1')]),
+        lookup([post('2'), post('3')]),
+        lookup([post('3'), post('1'), post('4')], 1),
+      ];
+      await turn();
+      expect(calls).toHaveLength(1);
+      expect([...calls[0]!.keys].sort()).toEqual(['knowpost:1', 'knowpost:2', 'knowpost:3', 'knowpost:4']);
+      await answer(PUBLIC);
+      expect(lookups.map((l) => l.state.value)).toEqual([[true], [true, true], [true, true, true]]);
+
+      // A later turn is a new batch, for the keys it misses only.
+      const next = lookup([post('1'), post('5')]);
+      await turn();
+      expect(calls).toHaveLength(2);
+      expect(calls[1]!.keys).toEqual(['knowpost:5']);
+      await answer(null);
+      expect(next.state.value).toEqual([true, false]);
+    });
+
+    it(`splits a batch into loads of at most ${LOAD_BATCH} keys`, async () => {
+      const { calls, answer, lookup } = rig({ maxEntries: 10_000 });
+      const refs = Array.from({ length: LOAD_BATCH + 10 }, (_, i) => post(String(i + 1)));
+      const all = lookup(refs);
+      await turn();
+      expect(calls.map((c) => c.keys.length)).toEqual([LOAD_BATCH, 10]);
+      await answer(PUBLIC, calls[0]);
+      expect(all.state.settled).toBe(false);
+      await answer(PUBLIC, calls[1]);
+      expect(all.state.value?.every(Boolean)).toBe(true);
+    });
+  });
+
+  describe('gathering background refreshes', () => {
+    const loaded = async (r: ReturnType<typeof rig>, eids: string[]): Promise<void> => {
+      r.lookup(eids.map(post));
+      await turn();
+      await r.answer(PUBLIC);
+    };
+
+    it('refreshes entries due within the gathering time with one load', async () => {
+      const r = rig({ gatherMs: 40 });
+      await loaded(r, ['1', '2', '3']);
+      r.clock.now = TTL - AHEAD;
+      expect(r.lookup([post('1')]).state.value).toBeUndefined();
+      await oneTurn();
+      r.lookup([post('2')]);
+      await oneTurn();
+      r.lookup([post('3'), post('1')]);
+      await oneTurn();
+      expect(r.calls).toHaveLength(1);
+      await new Promise((resolve) => setTimeout(resolve, 60));
+      expect(r.calls).toHaveLength(2);
+      expect([...r.calls[1]!.keys].sort()).toEqual(['knowpost:1', 'knowpost:2', 'knowpost:3']);
+    });
+
+    it('starts waiting refreshes at the next turn when a lookup must wait, in the same load', async () => {
+      const r = rig({ gatherMs: 10_000 });
+      await loaded(r, ['1', '2']);
+      r.clock.now = TTL - AHEAD;
+      r.lookup([post('1')]);
+      await oneTurn();
+      expect(r.calls).toHaveLength(1);
+      // Entry 2 expired meanwhile: its lookup waits, so the load starts now and takes entry 1 along.
+      r.clock.now = TTL + 1;
+      const expired = r.lookup([post('2')]);
+      await oneTurn();
+      expect(r.calls).toHaveLength(2);
+      expect([...r.calls[1]!.keys].sort()).toEqual(['knowpost:1', 'knowpost:2']);
+      await r.answer(HIDDEN);
+      expect(expired.state.value).toEqual([false]);
+    });
+
+    it('does not leave a lookup waiting for a refresh that was still gathering', async () => {
+      const r = rig({ gatherMs: 10_000 });
+      await loaded(r, ['1']);
+      r.clock.now = TTL - 1;
+      r.lookup([post('1')]);
+      await oneTurn();
+      // Expired, or forgotten: the lookup waits, and joins the refresh instead of its gathering time.
+      r.clock.now = TTL;
+      const expired = r.lookup([post('1')]);
+      await oneTurn();
+      expect(r.calls).toHaveLength(2);
+      await r.answer(PUBLIC);
+      expect(expired.state.value).toEqual([true]);
+
+      r.clock.now = 2 * TTL - 1;
+      r.lookup([post('1')]);
+      await oneTurn();
+      r.sut.forget(post('1'));
+      const forgotten = r.lookup([post('1')]);
+      await oneTurn();
+      expect(r.calls).toHaveLength(3);
+      await r.answer(HIDDEN);
+      expect(forgotten.state.value).toEqual([false]);
+    });
+  });
+
+  describe('forget and bounds', () => {
+    it('forgets an entry, and does not keep the answer of a load started before the change', async () => {
+      const { sut, calls, answer, lookup } = rig();
+      lookup([post('1')]);
+      await turn();
+      await answer(PUBLIC);
+      sut.forget(post('1'));
+      const a = lookup([post('1')]);
+      await turn();
+      expect(calls).toHaveLength(2);
+      // The post changes while that load is in flight.
+      sut.forget(post('1'));
+      await answer(PUBLIC);
+      expect(a.state.value).toEqual([true]);
+      const b = lookup([post('1')]);
+      await turn();
+      expect(calls).toHaveLength(3);
+      await answer(HIDDEN);
+      expect(b.state.value).toEqual([false]);
+    });
+
+    it('keeps at most maxEntries entries, dropping the least recently loaded', async () => {
+      const { calls, answer, lookup } = rig({ maxEntries: 2 });
+      for (const eid of ['1', '2', '3']) {
+        lookup([post(eid)]);
+        await turn();
+        await answer(PUBLIC);
+      }
+      lookup([post('2'), post('3')]);
+      await turn();
+      expect(calls).toHaveLength(3);
+      lookup([post('1')]);
+      await turn();
+      expect(calls).toHaveLength(4);
+    });
+
+    it('applies the viewer rules to cached answers', async () => {
+      const { answer, lookup } = rig();
+      const own: Visibility = { authorId: 7, status: 'published', visible: 'private' };
+      const a = lookup([post('1')], 7);
+      await turn();
+      await answer(own);
+      expect(a.state.value).toEqual([true]);
+      expect((await lookup([post('1')], 8).promise).value).toEqual([false]);
+      expect((await lookup([post('1')], null).promise).value).toEqual([false]);
+      expect(mayView({ ...own, visible: 'unlisted' }, null)).toBe(true);
+      expect(mayView({ ...PUBLIC, status: 'draft' }, 1)).toBe(false);
+    });
+  });
+});

@@ -1,0 +1,164 @@
+import { describe, expect, it } from 'vitest';
+import type { Batch, EndOffsets, EventLog } from '../platform/eventlog/eventlog.js';
+import { replayAll } from './maintenance.js';
+import { COUNTER_TOPIC, entityKey, eventFor, type CounterEvent, type EntityRef } from './model.js';
+import type { CounterStore } from './store/counter-store.js';
+
+/** A log of counter events in two partitions; `readRange` honours the end offsets it is given. */
+class FakeLog {
+  readonly partitions: CounterEvent[][] = [[], []];
+
+  append(partition: number, events: CounterEvent[]): void {
+    this.partitions[partition]!.push(...events);
+  }
+
+  endOffsets(): Promise<EndOffsets> {
+    return Promise.resolve(new Map(this.partitions.map((p, i) => [i, BigInt(p.length)])));
+  }
+
+  async readRange(
+    topic: string,
+    until: EndOffsets,
+    handler: (batch: Batch) => Promise<void>,
+    maxBatch = 500,
+  ): Promise<void> {
+    for (const [partition, end] of until) {
+      const records = this.partitions[partition]!.slice(0, Number(end)).map((e, offset) => ({
+        topic,
+        partition,
+        offset: BigInt(offset),
+        key: entityKey({ etype: e.entityType, eid: e.entityId }),
+        value: JSON.stringify(e),
+        timestamp: e.ts,
+      }));
+      for (let i = 0; i < records.length; i += maxBatch)
+        await handler({ topic, records: records.slice(i, i + maxBatch) });
+    }
+  }
+}
+
+/**
+ * Records replayed facts and rebuilds. Earlier `replayFacts` calls take longer than later ones, so
+ * concurrent calls finish in reverse order; a rebuild records how many of its entity's facts were there.
+ */
+class RecordingStore {
+  readonly facts = new Map<string, CounterEvent>();
+  readonly calls: number[] = [];
+  readonly rebuiltWith = new Map<string, number>();
+  inFlight = 0;
+  maxInFlight = 0;
+  resets = 0;
+
+  async reset(): Promise<void> {
+    this.resets++;
+    this.facts.clear();
+  }
+
+  async replayFacts(events: readonly CounterEvent[]): Promise<void> {
+    this.inFlight++;
+    this.maxInFlight = Math.max(this.maxInFlight, this.inFlight);
+    this.calls.push(events.length);
+    await new Promise((resolve) => setTimeout(resolve, Math.max(0, 40 - 10 * this.calls.length)));
+    for (const e of events) {
+      const key = `${e.entityId}:${e.metric}:${e.userId}`;
+      expect(this.facts.has(key)).toBe(false);
+      this.facts.set(key, e);
+    }
+    this.inFlight--;
+  }
+
+  async rebuild(ref: EntityRef): Promise<[number, number, number, number, number]> {
+    expect(this.rebuiltWith.has(ref.eid)).toBe(false);
+    const present = [...this.facts.values()].filter((e) => e.entityId === ref.eid).length;
+    this.rebuiltWith.set(ref.eid, present);
+    return [0, 0, 0, 0, 0];
+  }
+}
+
+describe(replayAll.name, () => {
+  const post = (n: number): EntityRef => ({ etype: 'knowpost', eid: String(1000 + n) });
+
+  it('replays the surviving fact of every (entity, metric, user) once and rebuilds each entity after all of its facts', async () => {
+    const log = new FakeLog();
+    const want = new Map<string, number>();
+    // 300 small entities, a few events each; the later event of a user decides
+    for (let n = 0; n < 300; n++) {
+      const ref = post(n);
+      const events = [
+        eventFor(ref, 'like', 1, 1, 1, 0),
+        eventFor(ref, 'like', 2, 1, 2, 0),
+        eventFor(ref, 'fav', 1, 1, 3, 0),
+        eventFor(ref, 'like', 1, -1, 4, 0),
+      ];
+      // out of seq order across partitions: seq 4 before seq 1
+      log.append(n % 2, [events[3]!, events[1]!]);
+      log.append((n + 1) % 2, [events[0]!, events[2]!]);
+      want.set(ref.eid, 3);
+    }
+    // one entity with more facts than one replay call takes
+    const big = post(9999);
+    const bigEvents = Array.from({ length: 12_345 }, (_, i) => eventFor(big, 'like', i + 1, 1, i + 1, 0));
+    log.append(0, bigEvents.slice(0, 6000));
+    log.append(1, bigEvents.slice(6000));
+    want.set(big.eid, bigEvents.length);
+    // published after the end offsets are captured: must not be read
+    const end = await log.endOffsets();
+    const late = eventFor(post(1), 'fav', 77, 1, 99, 0);
+    const sutLog = {
+      endOffsets: () => Promise.resolve(end),
+      readRange: async (...args: Parameters<EventLog['readRange']>) => {
+        log.append(0, [late]);
+        await log.readRange(...args);
+      },
+    } as unknown as EventLog;
+
+    const store = new RecordingStore();
+    const report = await replayAll(store as unknown as CounterStore, sutLog, () => undefined);
+
+    expect(store.resets).toBe(1);
+    expect(report).toEqual({
+      events: 300 * 4 + bigEvents.length,
+      malformed: 0,
+      facts: 300 * 3 + bigEvents.length,
+      entities: 301,
+    });
+    expect(store.facts.size).toBe(report.facts);
+    // the highest seq decided each (entity, metric, user): user 1 unliked every small post
+    expect(store.facts.get(`${post(7).eid}:like:1`)?.delta).toBe(-1);
+    expect(store.facts.get(`${post(7).eid}:like:2`)?.delta).toBe(1);
+    expect(store.facts.has(`${post(1).eid}:fav:77`)).toBe(false);
+    // every entity rebuilt once, with all of its facts already replayed
+    expect(Object.fromEntries(store.rebuiltWith)).toEqual(Object.fromEntries(want));
+    // in bounded chunks, several at a time
+    expect(Math.max(...store.calls)).toBeLessThanOrEqual(5_000);
+    expect(store.maxInFlight).toBeGreaterThan(1);
+    expect(store.maxInFlight).toBeLessThanOrEqual(4);
+  });
+
+  it('counts malformed records and replays nothing for them', async () => {
+    const store = new RecordingStore();
+    const log = {
+      endOffsets: () => Promise.resolve(new Map([[0, 2n]])),
+      readRange: async (_t: string, _u: EndOffsets, handler: (b: Batch) => Promise<void>) => {
+        const record = (value: string, offset: bigint) => ({
+          topic: COUNTER_TOPIC,
+          partition: 0,
+          offset,
+          key: 'k',
+          value,
+          timestamp: 0,
+        });
+        await handler({
+          topic: COUNTER_TOPIC,
+          records: [
+            record('{not json', 0n),
+            record(JSON.stringify(eventFor(post(1), 'like', 5, 1, 1, 0)), 1n),
+          ],
+        });
+      },
+    } as unknown as EventLog;
+    const report = await replayAll(store as unknown as CounterStore, log, () => undefined);
+    expect(report).toEqual({ events: 1, malformed: 1, facts: 1, entities: 1 });
+    expect(store.rebuiltWith.get(post(1).eid)).toBe(1);
+  });
+});

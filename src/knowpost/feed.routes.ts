@@ -1,0 +1,50 @@
+import type { FastifyInstance } from 'fastify';
+import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
+import type { AuthGuards } from '../auth/auth.guard.js';
+import { principalOf } from '../auth/auth.guard.js';
+import { errorResponses } from '../platform/http/schemas.js';
+import { clampSize, FeedPageResponse, PageQuery } from './feed.schema.js';
+import type { FeedService } from './feed.service.js';
+
+export function feedRoutes(deps: { feeds: FeedService; guards: AuthGuards }) {
+  return async (root: FastifyInstance): Promise<void> => {
+    const app = root.withTypeProvider<TypeBoxTypeProvider>();
+    const tags = ['knowposts'];
+
+    app.get(
+      '/api/v1/knowposts/feed',
+      {
+        preHandler: deps.guards.optional,
+        schema: {
+          tags,
+          description:
+            'Published public posts, newest first; liked and faved are filled when a token is sent',
+          querystring: PageQuery,
+          response: { 200: FeedPageResponse, ...errorResponses(400, 401) },
+        },
+      },
+      async (request) =>
+        deps.feeds.feed(
+          request.query.page ?? 1,
+          clampSize(request.query.size),
+          request.principal?.userId ?? null,
+        ),
+    );
+
+    app.get(
+      '/api/v1/knowposts/mine',
+      {
+        preHandler: deps.guards.required,
+        schema: {
+          tags,
+          security: [{ bearerAuth: [] }],
+          description: "The caller's published posts of any visibility, top ones first, then newest",
+          querystring: PageQuery,
+          response: { 200: FeedPageResponse, ...errorResponses(400, 401) },
+        },
+      },
+      async (request) =>
+        deps.feeds.mine(request.query.page ?? 1, clampSize(request.query.size), principalOf(request).userId),
+    );
+  };
+}

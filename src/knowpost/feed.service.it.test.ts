@@ -1,0 +1,376 @@
+/**
+ * The read side of posts against the real stores of both profiles: what a feed page, the author's
+ * list and a detail read cost in round trips (the same whatever the page size), and invalidation
+ * reaching the in-process caches of every process.
+ */
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { Redis } from 'ioredis';
+import type { KyselyPlugin, PluginTransformQueryArgs, PluginTransformResultArgs } from 'kysely';
+import { Registry } from 'prom-client';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { createMysqlDatabase, services, uniqueName } from '../../test/rig/resources.js';
+import { CounterMetrics } from '../counter/counter.metrics.js';
+import { CounterService } from '../counter/counter.service.js';
+import type { EntityRef } from '../counter/model.js';
+import type { CounterStore } from '../counter/store/counter-store.js';
+import { RedisCounterStore } from '../counter/store/redis-counter-store.js';
+import { SqliteCounterStore } from '../counter/store/sqlite-counter-store.js';
+import {
+  createLocalInvalidationBus,
+  createNoSharedCache,
+  createRedisInvalidationBus,
+  createRedisSharedCache,
+} from '../platform/cache/create.js';
+import type { InvalidationBus } from '../platform/cache/invalidation-bus.js';
+import { LocalInvalidationHub } from '../platform/cache/local-invalidation-bus.js';
+import type { SharedCache } from '../platform/cache/shared-cache.js';
+import { migrate, openMysql, openSqlite, type Db } from '../platform/db/database.js';
+import { NotFoundError } from '../platform/errors/errors.js';
+import { DetailService } from './detail.service.js';
+import { FeedService } from './feed.service.js';
+import { PostCache, postCacheInvalidator, subscribePostCache } from './post-cache.js';
+import { PostUrlSigner } from './post-read.model.js';
+import { PostReadRepository } from './post-read.repository.js';
+
+type Profile = 'embedded' | 'cluster';
+type Counts = Record<string, number>;
+
+class CountingPlugin implements KyselyPlugin {
+  constructor(private readonly counts: Counts) {}
+
+  transformQuery(args: PluginTransformQueryArgs) {
+    this.counts.db = (this.counts.db ?? 0) + 1;
+    return args.node;
+  }
+
+  async transformResult(args: PluginTransformResultArgs) {
+    return args.result;
+  }
+}
+
+/** The same object, counting each method call under `name.method`. */
+function counting<T extends object>(target: T, counts: Counts, name: string): T {
+  return new Proxy(target, {
+    get(t, prop, receiver) {
+      const value: unknown = Reflect.get(t, prop, receiver);
+      if (typeof value !== 'function') return value;
+      return (...args: unknown[]) => {
+        const key = `${name}.${String(prop)}`;
+        counts[key] = (counts[key] ?? 0) + 1;
+        return (value as (...a: unknown[]) => unknown).apply(t, args);
+      };
+    },
+  });
+}
+
+interface Backend {
+  db: Db;
+  store: CounterStore;
+  /** A shared tier of its own (cold), or the one of `prefix`. */
+  shared(prefix?: string): SharedCache;
+  /** A bus for one more process of the deployment. */
+  bus(): Promise<InvalidationBus>;
+  remembers: boolean;
+  cleanup(): Promise<void>;
+}
+
+async function openBackend(profile: Profile): Promise<Backend> {
+  if (profile === 'embedded') {
+    const dir = mkdtempSync(join(tmpdir(), 'zg-feed-'));
+    const db = openSqlite(join(dir, 'zhiguang.db'));
+    await migrate(db);
+    const hub = new LocalInvalidationHub();
+    const buses: InvalidationBus[] = [];
+    return {
+      db,
+      store: new SqliteCounterStore(db),
+      shared: () => createNoSharedCache(),
+      bus: async () => {
+        const bus = createLocalInvalidationBus(hub);
+        buses.push(bus);
+        return bus;
+      },
+      remembers: false,
+      cleanup: async () => {
+        for (const bus of buses) await bus.close();
+        await db.close();
+        rmSync(dir, { recursive: true, force: true });
+      },
+    };
+  }
+  const database = await createMysqlDatabase();
+  const db = await openMysql(database.url, 4);
+  await migrate(db);
+  const redis = new Redis(services.redisUrl(), { maxRetriesPerRequest: 1 });
+  const keyPrefix = `${uniqueName('feed')}:`;
+  const buses: InvalidationBus[] = [];
+  return {
+    db,
+    store: new RedisCounterStore(redis, { prefix: keyPrefix, groups: 16 }),
+    shared: (prefix = `${keyPrefix}${uniqueName('s')}:`) => createRedisSharedCache(redis, prefix),
+    bus: async () => {
+      const bus = await createRedisInvalidationBus({
+        publisher: redis,
+        subscriber: new Redis(services.redisUrl(), { maxRetriesPerRequest: 1 }),
+        prefix: keyPrefix,
+      });
+      buses.push(bus);
+      return bus;
+    },
+    remembers: true,
+    cleanup: async () => {
+      for (const bus of buses) await bus.close();
+      let cursor = '0';
+      do {
+        const [next, keys] = await redis.scan(cursor, 'MATCH', `${keyPrefix}*`, 'COUNT', 1000);
+        if (keys.length > 0) await redis.del(...keys);
+        cursor = next;
+      } while (cursor !== '0');
+      await redis.quit();
+      await db.close();
+      await database.drop();
+    },
+  };
+}
+
+const BASE = 7_300_000_000_000_000_000n;
+const postId = (n: number) => String(BASE + BigInt(n));
+const ref = (id: string): EntityRef => ({ etype: 'knowpost', eid: id });
+const POSTS = 60;
+
+describe.each<Profile>(['embedded', 'cluster'])('reading posts against real stores (%s)', (profile) => {
+  let backend: Backend;
+  let authors: number[];
+  let viewer: number;
+
+  /** One API process: its own in-process caches, everything counted into `counts`. */
+  function apiProcess(counts: Counts, shared: SharedCache = backend.shared(), localTtlMs = 60_000) {
+    const db: Db = { ...backend.db, kysely: backend.db.kysely.withPlugin(new CountingPlugin(counts)) };
+    const repo = new PostReadRepository(db);
+    const store = counting(backend.store, counts, 'store');
+    const cache = new PostCache({
+      repo,
+      signer: new PostUrlSigner({ presignGet: async (key) => `https://files.test/${key}?sig` }, 3600),
+      shared: counting(shared, counts, 'shared'),
+      localTtlMs,
+      localMaxEntries: 1000,
+      sharedTtlMs: 60_000,
+    });
+    const counters = new CounterService(
+      store,
+      { visible: async (refs) => refs.map(() => true) },
+      null,
+      new CounterMetrics(new Registry()),
+    );
+    const interactions = {
+      counts: (refs: readonly EntityRef[]) => counters.snapshots(refs),
+      flags: (userId: number, refs: readonly EntityRef[]) => store.flags(userId, refs),
+    };
+    const views: string[] = [];
+    return {
+      cache,
+      views,
+      feeds: new FeedService(cache, repo, interactions),
+      details: new DetailService(cache, interactions, { record: (id) => views.push(id) }),
+    };
+  }
+
+  beforeAll(async () => {
+    backend = await openBackend(profile);
+    const user = (i: number) => ({
+      phone: `1390000000${i}`,
+      email: null,
+      password_hash: null,
+      nickname: `author${i}`,
+      avatar: `https://a.test/${i}.png`,
+      bio: null,
+      zg_id: `zg_author_${i}`,
+      gender: 'UNKNOWN',
+      birthday: null,
+      school: null,
+      tags_json: `["t${i}"]`,
+      created_at: 1,
+      updated_at: 1,
+    });
+    await backend.db.kysely.insertInto('users').values([0, 1, 2, 3].map(user)).execute();
+    const ids = (await backend.db.kysely.selectFrom('users').select('id').orderBy('id').execute()).map((r) =>
+      Number(r.id),
+    );
+    authors = ids.slice(0, 3);
+    viewer = ids[3]!;
+    await backend.db.kysely
+      .insertInto('knowposts')
+      .values(
+        Array.from({ length: POSTS }, (_, n) => ({
+          id: postId(n),
+          author_id: authors[n % 3]!,
+          status: 'published',
+          visible: 'public',
+          created_at: 1,
+          updated_at: 1,
+          publish_time: 10_000 + n,
+          title: `post ${n}`,
+          img_urls_json: JSON.stringify([`posts/${postId(n)}/images/20250101/0000000${n % 10}.png`]),
+          content_key: `posts/${postId(n)}/content.md`,
+        })),
+      )
+      .execute();
+    // Likes by the viewer on every third post, and snapshots for all (a post's first read rebuilds
+    // its snapshot from facts once; measured below is every read after that).
+    for (let n = 0; n < POSTS; n += 3)
+      await backend.store.toggle(ref(postId(n)), 'like', viewer, true, Date.now());
+    for (let n = 0; n < POSTS; n++) await backend.store.rebuild(ref(postId(n)));
+  });
+  afterAll(async () => backend?.cleanup());
+
+  it('costs the same round trips for a feed page of 5 and of 50, cold and warm', async () => {
+    const measure = async (size: number) => {
+      const cold: Counts = {};
+      const sharedTier = backend.shared();
+      const first = apiProcess(cold, sharedTier);
+      const page = await first.feeds.feed(1, size, viewer);
+      expect(page.items).toHaveLength(size);
+      expect(page.items[0]).toMatchObject({
+        id: postId(POSTS - 1),
+        title: `post ${POSTS - 1}`,
+        coverImage: expect.stringMatching(/^https:\/\/files\.test\/posts\//),
+        authorNickname: expect.stringMatching(/^author/),
+        tagJson: expect.stringMatching(/^\["t/),
+        likeCount: 0,
+        liked: false,
+      });
+      const liked = page.items.find((i) => i.id === postId(POSTS - 3));
+      expect(liked).toMatchObject({ liked: true, likeCount: 1 });
+
+      // The same process again: everything but counts and flags comes from its memory.
+      const again: Counts = {};
+      const p = apiProcess(again, sharedTier);
+      await p.feeds.feed(1, size, viewer);
+      for (const k of Object.keys(again)) delete again[k];
+      await p.feeds.feed(1, size, viewer);
+      // Another process sharing the deployment's shared tier, its own memory cold.
+      const neighbour: Counts = {};
+      await apiProcess(neighbour, sharedTier).feeds.feed(1, size, viewer);
+      const anonymous: Counts = {};
+      await apiProcess(anonymous, sharedTier).feeds.feed(1, size, null);
+      return { cold, again, neighbour, anonymous };
+    };
+    const small = await measure(5);
+    const large = await measure(50);
+    expect(large).toEqual(small);
+    // Page of ids, posts, authors; the shared tier read and filled for the page and for the posts.
+    expect(small.cold).toEqual({
+      db: 3,
+      'shared.get': 2,
+      'shared.fill': 2,
+      'store.readSnapshots': 1,
+      'store.flags': 1,
+    });
+    expect(small.again).toEqual({ 'store.readSnapshots': 1, 'store.flags': 1 });
+    expect(small.neighbour).toEqual(
+      backend.remembers ? { db: 1, 'shared.get': 2, 'store.readSnapshots': 1, 'store.flags': 1 } : small.cold,
+    );
+    const { 'store.flags': _flags, ...withoutFlags } = small.neighbour;
+    expect(small.anonymous).toEqual(withoutFlags);
+  });
+
+  it('costs the same round trips for a page of mine of 5 and of 20', async () => {
+    const author = authors[0]!;
+    const measure = async (size: number) => {
+      const cold: Counts = {};
+      const p = apiProcess(cold);
+      const page = await p.feeds.mine(1, size, author);
+      expect(page.items).toHaveLength(size);
+      const warm: Counts = {};
+      const q = apiProcess(warm);
+      await q.feeds.mine(1, size, author);
+      for (const k of Object.keys(warm)) delete warm[k];
+      await q.feeds.mine(1, size, author);
+      return { cold, warm };
+    };
+    const small = await measure(5);
+    const large = await measure(POSTS / 3);
+    expect(large).toEqual(small);
+    expect(small.cold).toEqual({
+      db: 3,
+      'shared.get': 1,
+      'shared.fill': 1,
+      'store.readSnapshots': 1,
+      'store.flags': 1,
+    });
+    // The page of ids is the author's own, read each time; posts and authors come from memory.
+    expect(small.warm).toEqual({ db: 1, 'store.readSnapshots': 1, 'store.flags': 1 });
+  });
+
+  it('reads a detail in a fixed number of round trips and records its view', async () => {
+    const counts: Counts = {};
+    const p = apiProcess(counts);
+    const id = postId(3);
+    const detail = await p.details.detail(id, viewer);
+    expect(detail).toMatchObject({
+      id,
+      authorId: String(authors[0]),
+      contentUrl: `https://files.test/posts/${id}/content.md?sig`,
+      liked: true,
+      likeCount: 1,
+    });
+    expect(counts).toEqual({
+      db: 2,
+      'shared.get': 1,
+      'shared.fill': 1,
+      'store.readSnapshots': 1,
+      'store.flags': 1,
+    });
+    for (const k of Object.keys(counts)) delete counts[k];
+    await p.details.detail(id, null);
+    expect(counts).toEqual({ 'store.readSnapshots': 1 });
+    expect(p.views).toEqual([id, id]);
+    await expect(p.details.detail(postId(999), null)).rejects.toBeInstanceOf(NotFoundError);
+    expect(p.views).toEqual([id, id]);
+  });
+
+  it('drops a changed post from the caches of every process at once', async () => {
+    const sharedTier = backend.shared();
+    const [busA, busB] = [await backend.bus(), await backend.bus()];
+    const a = apiProcess({}, sharedTier);
+    const b = apiProcess({}, sharedTier);
+    subscribePostCache(a.cache, busA);
+    subscribePostCache(b.cache, busB);
+    const announce = postCacheInvalidator(a.cache, busA, (err) => {
+      throw err;
+    });
+    const id = postId(10);
+    const author = authors[1]!;
+    for (const p of [a, b]) {
+      expect((await p.details.detail(id, null)).visible).toBe('public');
+      expect((await p.feeds.feed(1, 50, null)).items.map((i) => i.id)).toContain(id);
+    }
+    await backend.db.kysely
+      .updateTable('knowposts')
+      .set({ visible: 'private' })
+      .where('id', '=', id)
+      .execute();
+    await announce({ id, authorId: author, kind: 'visibility' });
+
+    // The announcing process at once; the other as soon as the message arrives.
+    await expect(a.details.detail(id, null)).rejects.toBeInstanceOf(NotFoundError);
+    const deadline = Date.now() + 1_000;
+    for (;;) {
+      const hidden = await b.details.detail(id, null).then(
+        () => false,
+        (err: unknown) => err instanceof NotFoundError,
+      );
+      if (hidden) break;
+      if (Date.now() > deadline) throw new Error('the other process still serves the private post');
+      await new Promise((r) => setTimeout(r, 10));
+    }
+    for (const p of [a, b]) {
+      expect((await p.feeds.feed(1, 50, null)).items.map((i) => i.id)).not.toContain(id);
+      expect((await p.details.detail(id, author)).visible).toBe('private');
+    }
+    // A third process, cold, must not find the old post in the shared tier either.
+    await expect(apiProcess({}, sharedTier).details.detail(id, null)).rejects.toBeInstanceOf(NotFoundError);
+  });
+});

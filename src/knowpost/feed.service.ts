@@ -1,0 +1,127 @@
+import { ZERO_COUNTS, type Counts, type EntityRef } from '../counter/model.js';
+import type { Flags } from '../counter/store/counter-store.js';
+import { LruCache } from '../platform/cache/lru.js';
+import { SingleFlight } from '../platform/cache/single-flight.js';
+import type { FeedItemResponse, FeedPageResponse } from './feed.schema.js';
+import type { PostCache } from './post-cache.js';
+import type { PostReadRepository } from './post-read.repository.js';
+import { isListed, type PostView } from './post-read.model.js';
+
+/** Live counts and the viewer's flags, laid over cached posts on every request. */
+export interface PostInteractions {
+  /** Each post's counts, in order; one round trip (missing snapshots are rebuilt from facts). */
+  counts(refs: readonly EntityRef[]): Promise<Counts[]>;
+  /** Whether the user liked and favourited each post, in order; one round trip. */
+  flags(userId: number, refs: readonly EntityRef[]): Promise<Flags[]>;
+}
+
+export const refOf = (id: string): EntityRef => ({ etype: 'knowpost', eid: id });
+
+const NO_FLAGS: Flags = { like: false, fav: false };
+
+/**
+ * Counts through a cache in this process that lives `ttlMs` (a fraction of a second): counts are
+ * the same for every viewer, and snapshots change only when the flusher folds deltas (every second
+ * by default), so a hot page reads them from Redis a few times a second instead of once per request.
+ * A change shows at most `ttlMs` later than it would without the cache. Flags are per viewer and
+ * always read live.
+ */
+export function withCountsCache(
+  inner: PostInteractions,
+  options: { ttlMs: number; maxEntries: number; now?: () => number },
+): PostInteractions {
+  if (options.ttlMs <= 0) return inner;
+  const cache = new LruCache<Counts>({
+    ttlMs: options.ttlMs,
+    maxEntries: options.maxEntries,
+    ...(options.now ? { now: options.now } : {}),
+  });
+  const flights = new SingleFlight<Counts>();
+  return {
+    flags: (userId, refs) => inner.flags(userId, refs),
+    async counts(refs) {
+      const found: (Counts | undefined)[] = refs.map((r) => cache.get(r.eid));
+      const missing = [...new Set(refs.filter((_, i) => found[i] === undefined).map((r) => r.eid))];
+      if (missing.length === 0) return found as Counts[];
+      const loaded = await flights.many(missing, async (eids) => {
+        const counts = await inner.counts(eids.map(refOf));
+        const byId = new Map<string, Counts>();
+        eids.forEach((eid, i) => {
+          const c = counts[i];
+          if (c) {
+            cache.set(eid, c);
+            byId.set(eid, c);
+          }
+        });
+        return byId;
+      });
+      return refs.map((r, i) => found[i] ?? loaded.get(r.eid) ?? ZERO_COUNTS);
+    },
+  };
+}
+
+/**
+ * The public feed and the author's own list. A page costs the same number of round trips whatever
+ * its size: the page of ids, one batched load of posts, one of authors, one read of counts and one of
+ * flags (when signed in); the first three are mostly served from the caches.
+ */
+export class FeedService {
+  constructor(
+    private readonly cache: PostCache,
+    private readonly repo: PostReadRepository,
+    private readonly interactions: PostInteractions,
+  ) {}
+
+  /** Published public posts, newest first; `liked`/`faved` filled for a signed-in viewer. */
+  async feed(page: number, size: number, viewerId: number | null): Promise<FeedPageResponse> {
+    const { ids, hasMore } = await this.cache.feedPage(page, size);
+    const posts = await this.cache.postsById(ids);
+    // Checked again on every hit: a page may be a moment older than a post's latest state.
+    const shown = ids.flatMap((id) => {
+      const post = posts.get(id);
+      return post && isListed(post) ? [post] : [];
+    });
+    return { items: await this.items(shown, viewerId), page, size, hasMore };
+  }
+
+  /** The caller's published posts of any visibility, top ones first, then newest. */
+  async mine(page: number, size: number, userId: number): Promise<FeedPageResponse> {
+    const { ids, hasMore } = await this.repo.authorPage(userId, page, size);
+    const posts = await this.cache.postsById(ids);
+    const shown = ids.flatMap((id) => {
+      const post = posts.get(id);
+      return post && post.authorId === userId && post.status === 'published' ? [post] : [];
+    });
+    return { items: await this.items(shown, userId), page, size, hasMore };
+  }
+
+  private async items(posts: readonly PostView[], viewerId: number | null): Promise<FeedItemResponse[]> {
+    if (posts.length === 0) return [];
+    const refs = posts.map((p) => refOf(p.id));
+    const [authors, counts, flags] = await Promise.all([
+      this.cache.authors(posts.map((p) => p.authorId)),
+      this.interactions.counts(refs),
+      viewerId === null ? Promise.resolve([]) : this.interactions.flags(viewerId, refs),
+    ]);
+    return posts.map((post, i) => {
+      const author = authors.get(post.authorId);
+      const c = counts[i];
+      const f = flags[i] ?? NO_FLAGS;
+      return {
+        id: post.id,
+        title: post.title,
+        description: post.description,
+        coverImage: post.images[0] ?? null,
+        tags: post.tags,
+        authorAvatar: author?.avatar ?? null,
+        authorNickname: author?.nickname ?? null,
+        tagJson: author?.tagsJson ?? null,
+        likeCount: c?.[1] ?? 0,
+        favoriteCount: c?.[2] ?? 0,
+        liked: f.like,
+        faved: f.fav,
+        isTop: post.isTop,
+      };
+    });
+  }
+}

@@ -1,0 +1,119 @@
+import { describe, expect, it } from 'vitest';
+import { createLocalInvalidationBus } from '../platform/cache/create.js';
+import type { InvalidationBus } from '../platform/cache/invalidation-bus.js';
+import { NoSharedCache } from '../platform/cache/shared-cache.js';
+import {
+  PostCache,
+  POST_INVALIDATION_SCOPE,
+  postCacheInvalidator,
+  subscribePostCache,
+} from './post-cache.js';
+import type { PostReadRepository, PostReadRow } from './post-read.repository.js';
+import { PostUrlSigner } from './post-read.model.js';
+
+const row = (id: string, visible = 'public'): PostReadRow => ({
+  id,
+  authorId: 1,
+  status: 'published',
+  visible,
+  title: `post ${id}`,
+  description: null,
+  tags: [],
+  imgUrls: [],
+  contentKey: null,
+  isTop: false,
+  type: 'image_text',
+  publishTime: 1,
+});
+
+function setup(shared = new NoSharedCache()) {
+  const rows = new Map<string, PostReadRow>([
+    ['1', row('1')],
+    ['2', row('2', 'private')],
+  ]);
+  const loads: string[][] = [];
+  const repo = {
+    loadPosts: async (ids: readonly string[]) => {
+      loads.push([...ids]);
+      return ids.flatMap((id) => (rows.has(id) ? [{ ...rows.get(id)! }] : []));
+    },
+    feedPage: async () => ({ ids: [...rows.keys()], hasMore: false }),
+    loadAuthors: async () => [],
+  } as unknown as PostReadRepository;
+  const cache = new PostCache({
+    repo,
+    signer: new PostUrlSigner({ presignGet: async (k) => k }, 3600),
+    shared,
+    localTtlMs: 60_000,
+    localMaxEntries: 100,
+    sharedTtlMs: 60_000,
+  });
+  return { rows, loads, cache, repo };
+}
+
+describe(PostCache.name, () => {
+  it('keeps public posts in memory and loads the others every time', async () => {
+    const { loads, cache } = setup();
+    await cache.postsById(['1', '2']);
+    await cache.postsById(['1', '2']);
+    expect(loads).toEqual([['1', '2'], ['2']]);
+  });
+});
+
+describe(postCacheInvalidator.name, () => {
+  it('drops the post at once in this process and tells the others, but not for a new draft', async () => {
+    const { rows, loads, cache } = setup();
+    const bus = createLocalInvalidationBus();
+    const heard: string[][] = [];
+    bus.subscribe(POST_INVALIDATION_SCOPE, (ids) => heard.push([...ids]));
+    subscribePostCache(cache, bus);
+    const sut = postCacheInvalidator(cache, bus, (err) => {
+      throw err;
+    });
+    expect((await cache.post('1'))?.title).toBe('post 1');
+    await sut({ id: '1', authorId: 1, kind: 'created' });
+    expect(heard).toEqual([]);
+    rows.set('1', { ...row('1'), title: 'renamed' });
+    const pending = sut({ id: '1', authorId: 1, kind: 'updated' });
+    expect((await cache.post('1'))?.title).toBe('renamed');
+    await pending;
+    expect(heard).toEqual([['1']]);
+    expect(loads).toHaveLength(2);
+  });
+
+  it('reports a failing shared tier instead of throwing', async () => {
+    const broken = Object.assign(new NoSharedCache(), {
+      invalidate: async () => {
+        throw new Error('redis down');
+      },
+    });
+    const { cache } = setup(broken);
+    const errors: unknown[] = [];
+    const sut = postCacheInvalidator(cache, createLocalInvalidationBus(), (err) => errors.push(err));
+    await sut({ id: '1', authorId: 1, kind: 'deleted' });
+    expect(errors).toHaveLength(1);
+  });
+});
+
+describe(subscribePostCache.name, () => {
+  it('empties this process’s caches when the bus may have lost announcements', async () => {
+    const { rows, loads, cache } = setup();
+    let gap = () => {};
+    const bus: InvalidationBus = {
+      publish: async () => {},
+      subscribe: () => () => {},
+      onGap: (handler) => {
+        gap = handler;
+        return () => {};
+      },
+      close: async () => {},
+    };
+    subscribePostCache(cache, bus);
+    await cache.post('1');
+    rows.set('1', { ...row('1'), title: 'changed while disconnected' });
+    expect((await cache.post('1'))?.title).toBe('post 1');
+    gap();
+    expect((await cache.post('1'))?.title).toBe('changed while disconnected');
+    expect(loads).toHaveLength(2);
+  });
+});

@@ -1,0 +1,218 @@
+import type { InvalidationBus } from '../platform/cache/invalidation-bus.js';
+import { LruCache } from '../platform/cache/lru.js';
+import type { SharedCache } from '../platform/cache/shared-cache.js';
+import { SingleFlight } from '../platform/cache/single-flight.js';
+import { TieredCache } from '../platform/cache/tiered-cache.js';
+import type { PostChangeListener } from './post-events.js';
+import type { AuthorRow, IdPage, PostReadRepository } from './post-read.repository.js';
+import { isShareable, type PostUrlSigner, type PostView } from './post-read.model.js';
+
+/** Bus scope of post changes; its keys are post ids. */
+export const POST_INVALIDATION_SCOPE = 'knowpost';
+
+const FEED_GUARD = 'feed';
+const postKey = (id: string) => `post:${id}`;
+
+export interface PostCacheOptions {
+  repo: PostReadRepository;
+  signer: PostUrlSigner;
+  shared: SharedCache;
+  /** In-process tier: posts, feed pages and authors live this long in each process. */
+  localTtlMs: number;
+  localMaxEntries: number;
+  /** Shared tier (cluster): posts and feed pages live this long in Redis. */
+  sharedTtlMs: number;
+  onError?: (err: unknown) => void;
+  now?: () => number;
+}
+
+/**
+ * Shared-tier values carry the version of their shape: a process that reads another version's value
+ * (a rolling deploy) treats it as a miss and loads from the database.
+ */
+const FORMAT = 1;
+
+function encode(value: PostView | IdPage): string {
+  return JSON.stringify({ v: FORMAT, d: value });
+}
+
+function decoded(text: string): Record<string, unknown> | null {
+  try {
+    const wrapped = JSON.parse(text) as { v?: unknown; d?: unknown };
+    return wrapped.v === FORMAT && typeof wrapped.d === 'object' && wrapped.d !== null
+      ? (wrapped.d as Record<string, unknown>)
+      : null;
+  } catch {
+    return null;
+  }
+}
+
+function decodePost(text: string): PostView | null {
+  const v = decoded(text);
+  return v && typeof v.id === 'string' && typeof v.authorId === 'number' && Array.isArray(v.images)
+    ? (v as unknown as PostView)
+    : null;
+}
+
+function decodePage(text: string): IdPage | null {
+  const v = decoded(text);
+  return v && Array.isArray(v.ids) && typeof v.hasMore === 'boolean'
+    ? { ids: v.ids as string[], hasMore: v.hasMore }
+    : null;
+}
+
+/**
+ * The caches of the read side, each read through to the database:
+ *  - posts by id (two tiers), holding only published public or unlisted posts: nothing a viewer may
+ *    not see is ever stored where another viewer's request could read it, and nothing per viewer;
+ *    other posts are loaded for each request;
+ *  - pages of the public feed as lists of ids (two tiers), all under one guard, so a change to any
+ *    post drops every page at once;
+ *  - authors' public fields (in process only, short-lived: profile edits show within `localTtlMs`).
+ * Readers still check each post's visibility on every hit (`mayRead`, `isListed`).
+ */
+export class PostCache {
+  private readonly posts: TieredCache<PostView>;
+  private readonly pages: TieredCache<IdPage>;
+  private readonly authorCache: LruCache<AuthorRow>;
+  private readonly authorFlights = new SingleFlight<AuthorRow>();
+  private readonly repo: PostReadRepository;
+  private readonly signer: PostUrlSigner;
+
+  constructor(options: PostCacheOptions) {
+    this.repo = options.repo;
+    this.signer = options.signer;
+    const onSharedError = options.onError ?? (() => {});
+    const local = {
+      ttlMs: options.localTtlMs,
+      maxEntries: options.localMaxEntries,
+      ...(options.now ? { now: options.now } : {}),
+    };
+    this.posts = new TieredCache<PostView>({
+      local,
+      shared: options.shared,
+      sharedTtlMs: options.sharedTtlMs,
+      encode,
+      decode: decodePost,
+      cacheable: isShareable,
+      onSharedError,
+    });
+    this.pages = new TieredCache<IdPage>({
+      local: { ...local, maxEntries: Math.min(options.localMaxEntries, 1_000) },
+      shared: options.shared,
+      sharedTtlMs: options.sharedTtlMs,
+      encode,
+      decode: decodePage,
+      guardOf: () => FEED_GUARD,
+      onSharedError,
+    });
+    this.authorCache = new LruCache<AuthorRow>(local);
+  }
+
+  /** The posts with these ids that exist, in any state (callers decide who may see what). */
+  async postsById(ids: readonly string[]): Promise<Map<string, PostView>> {
+    const found = await this.posts.getMany(ids.map(postKey), async (keys) => {
+      const rows = await this.repo.loadPosts(keys.map((k) => k.slice('post:'.length)));
+      const signed = await Promise.all(rows.map((row) => this.signer.sign(row)));
+      return new Map(signed.map((p) => [postKey(p.id), p]));
+    });
+    const byId = new Map<string, PostView>();
+    await Promise.all(
+      [...found.values()].map(async (p) => {
+        byId.set(p.id, await this.signer.refresh(p));
+      }),
+    );
+    return byId;
+  }
+
+  async post(id: string): Promise<PostView | undefined> {
+    return (await this.postsById([id])).get(id);
+  }
+
+  /** One page of the public feed: ids, newest first. */
+  async feedPage(page: number, size: number): Promise<IdPage> {
+    const key = `feed:${page}:${size}`;
+    const found = await this.pages.get(
+      key,
+      async () => new Map([[key, await this.repo.feedPage(page, size)]]),
+    );
+    return found ?? { ids: [], hasMore: false };
+  }
+
+  /** Public fields of these users; one query for those not cached in this process. */
+  async authors(ids: readonly number[]): Promise<Map<number, AuthorRow>> {
+    const found = new Map<number, AuthorRow>();
+    const missing: string[] = [];
+    for (const id of new Set(ids)) {
+      const hit = this.authorCache.get(String(id));
+      if (hit) found.set(id, hit);
+      else missing.push(String(id));
+    }
+    if (missing.length > 0) {
+      const loaded = await this.authorFlights.many(missing, async (keys) => {
+        const rows = await this.repo.loadAuthors(keys.map(Number));
+        for (const row of rows) this.authorCache.set(String(row.id), row);
+        return new Map(rows.map((r) => [String(r.id), r]));
+      });
+      for (const [id, row] of loaded) found.set(Number(id), row);
+    }
+    return found;
+  }
+
+  /** Drops what this process holds for the posts, and every feed page, at once. */
+  invalidateLocal(ids: readonly string[]): void {
+    this.posts.invalidateLocal(ids.map(postKey));
+    this.pages.invalidateLocal([FEED_GUARD]);
+  }
+
+  /** Drops everything this process holds (after it may have missed announcements). */
+  clearLocal(): void {
+    this.posts.clearLocal();
+    this.pages.clearLocal();
+    this.authorCache.clear();
+  }
+
+  /** The same in the shared tier, for every process (one round trip). */
+  async invalidateShared(ids: readonly string[]): Promise<void> {
+    await Promise.all([
+      this.posts.invalidateShared(ids.map(postKey)),
+      this.pages.invalidateShared([FEED_GUARD]),
+    ]);
+  }
+}
+
+/**
+ * The listener the write side calls after each committed change: drops the post and the feed pages
+ * from the shared tier, then announces the change on the bus, whose subscribers in every process
+ * (this one synchronously) drop their in-process copies (see `subscribePostCache`). A draft being
+ * created changes nothing any cache holds.
+ */
+export function postCacheInvalidator(
+  cache: PostCache,
+  bus: InvalidationBus,
+  onError: (err: unknown) => void,
+): PostChangeListener {
+  return async (change) => {
+    if (change.kind === 'created') return;
+    // This process first and synchronously, so its next read cannot be served the old post.
+    cache.invalidateLocal([change.id]);
+    const results = await Promise.allSettled([
+      cache.invalidateShared([change.id]),
+      bus.publish(POST_INVALIDATION_SCOPE, [change.id]),
+    ]);
+    for (const r of results) if (r.status === 'rejected') onError(r.reason);
+  };
+}
+
+/**
+ * Keeps this process's post caches in step with changes announced by any process, and empties them
+ * when the bus may have lost announcements (a reconnect).
+ */
+export function subscribePostCache(cache: PostCache, bus: InvalidationBus): () => void {
+  const stopChanges = bus.subscribe(POST_INVALIDATION_SCOPE, (ids) => cache.invalidateLocal(ids));
+  const stopGaps = bus.onGap(() => cache.clearLocal());
+  return () => {
+    stopChanges();
+    stopGaps();
+  };
+}

@@ -1,0 +1,63 @@
+import type { OutboxMessage } from '../platform/outbox/outbox.js';
+
+/**
+ * What the post module tells the rest of the system.
+ *
+ * 1. `PostEvent`s travel through the transactional outbox to the `post-events` topic, keyed by the
+ *    author, so the author's `posts` count in the user snapshot moves exactly once per transition:
+ *    the outbox row is written in the transaction that changes the post's status, and consumers
+ *    deduplicate by `eventId`. A transition happens at most once per post (a draft publishes once; a
+ *    deleted post stays deleted), so `eventId` is derived from the post and the transition.
+ * 2. `PostChange`s are announced in process after a change commits, so caches (detail, feeds, the
+ *    counter module's entity directory) drop what they hold for the post, in every process.
+ */
+export const POST_TOPIC = 'post-events';
+
+export type PostTransition = 'published' | 'unpublished';
+
+export interface PostEvent {
+  eventId: string;
+  type: PostTransition;
+  postId: string;
+  authorId: number;
+  ts: number;
+}
+
+export function postEvent(type: PostTransition, postId: string, authorId: number, ts: number): PostEvent {
+  return { eventId: `knowpost:${postId}:${type}`, type, postId, authorId, ts };
+}
+
+export function postEventMessage(event: PostEvent): OutboxMessage {
+  return { topic: POST_TOPIC, key: String(event.authorId), payload: JSON.stringify(event) };
+}
+
+/** Parses a `post-events` payload; null for anything malformed (logged and skipped by consumers). */
+export function parsePostEvent(payload: string): PostEvent | null {
+  try {
+    const v = JSON.parse(payload) as Partial<PostEvent>;
+    if (
+      typeof v.eventId === 'string' &&
+      (v.type === 'published' || v.type === 'unpublished') &&
+      typeof v.postId === 'string' &&
+      /^\d{1,20}$/.test(v.postId) &&
+      typeof v.authorId === 'number' &&
+      Number.isSafeInteger(v.authorId) &&
+      typeof v.ts === 'number'
+    )
+      return { eventId: v.eventId, type: v.type, postId: v.postId, authorId: v.authorId, ts: v.ts };
+  } catch {
+    // fall through
+  }
+  return null;
+}
+
+export type PostChangeKind = 'created' | 'updated' | 'published' | 'visibility' | 'top' | 'deleted';
+
+export interface PostChange {
+  id: string;
+  authorId: number;
+  kind: PostChangeKind;
+}
+
+/** Told after a post change has committed. Must not throw; failures are the listener's to log. */
+export type PostChangeListener = (change: PostChange) => void | Promise<void>;

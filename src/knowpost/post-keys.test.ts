@@ -1,0 +1,63 @@
+import { describe, expect, it } from 'vitest';
+import { isContentKey, isExternalImageUrl, isImageKey, normalizeEtag, uploadTarget } from './post-keys.js';
+
+const NOW = Date.UTC(2025, 0, 31, 23, 59);
+
+describe(uploadTarget.name, () => {
+  it('derives the extension from the content type and puts images under the day', () => {
+    expect(uploadTarget('knowpost_content', '42', 'text/markdown', undefined, NOW)).toEqual({
+      key: 'posts/42/content.md',
+      contentType: 'text/markdown',
+    });
+    expect(uploadTarget('knowpost_content', '42', 'Application/JSON', undefined, NOW).key).toBe(
+      'posts/42/content.json',
+    );
+    expect(uploadTarget('knowpost_image', '42', 'image/jpeg', '.jpeg', NOW, () => 'deadbeef')).toEqual({
+      key: 'posts/42/images/20250131/deadbeef.jpeg',
+      contentType: 'image/jpeg',
+    });
+    expect(uploadTarget('knowpost_image', '42', 'image/webp', undefined, NOW).key).toMatch(
+      /^posts\/42\/images\/20250131\/[0-9a-f]{8}\.webp$/,
+    );
+  });
+
+  it('refuses types and extensions outside the scene or disagreeing with each other', () => {
+    const cases: [Parameters<typeof uploadTarget>[0], string, string | undefined][] = [
+      ['knowpost_content', 'image/png', undefined],
+      ['knowpost_image', 'text/markdown', undefined],
+      ['knowpost_content', 'text/markdown', '.txt'],
+      ['knowpost_content', 'text/markdown', '.png'],
+      ['knowpost_content', 'text/markdown', 'md'],
+      ['knowpost_image', 'image/svg+xml', undefined],
+      ['knowpost_content', 'text/html; charset=utf-8\r\nX: y', undefined],
+      ['knowpost_content', 'text/html; boundary=x', undefined],
+    ];
+    for (const [scene, type, ext] of cases) {
+      expect(() => uploadTarget(scene, '42', type, ext, NOW), `${scene} ${type} ${ext}`).toThrow(
+        /must|match/,
+      );
+    }
+  });
+});
+
+describe('key checks', () => {
+  it('accepts exactly the shapes presign hands out for this post', () => {
+    expect(isContentKey('42', 'posts/42/content.md')).toBe(true);
+    expect(isContentKey('42', 'posts/42/content.exe')).toBe(false);
+    expect(isContentKey('42', 'posts/421/content.md')).toBe(false);
+    expect(isImageKey('42', 'posts/42/images/20250131/deadbeef.png')).toBe(true);
+    expect(isImageKey('42', 'posts/42/images/20250131/deadbeef.png/x')).toBe(false);
+    expect(isImageKey('42', 'posts/42/images/../content.md')).toBe(false);
+    expect(isImageKey('4', 'posts/42/images/20250131/deadbeef.png')).toBe(false);
+    expect(isExternalImageUrl('https://cdn.example.com/a.png?x=1')).toBe(true);
+    expect(isExternalImageUrl('javascript:alert(1)')).toBe(false);
+    expect(isExternalImageUrl('https://exa mple.com/')).toBe(false);
+    expect(isExternalImageUrl('//example.com/a.png')).toBe(false);
+  });
+
+  it('compares ETags without quotes, weakness or case', () => {
+    expect(normalizeEtag('"ABC"')).toBe('abc');
+    expect(normalizeEtag('W/"abc"')).toBe('abc');
+    expect(normalizeEtag(' abc ')).toBe('abc');
+  });
+});

@@ -1,0 +1,111 @@
+import { randomBytes } from 'node:crypto';
+import { BadRequestError } from '../platform/errors/errors.js';
+import type { UploadScene } from './post.schema.js';
+
+/**
+ * Where a post's files live in object storage and which files are allowed:
+ *  - body:   `posts/{postId}/content{ext}`, ext one of .md .markdown .txt .html .json
+ *  - images: `posts/{postId}/images/{yyyyMMdd}/{8 hex}{ext}`, ext one of .jpg .jpeg .png .webp .gif
+ * Each extension names one media type; a presign request's content type and extension must agree.
+ */
+const EXTENSIONS: Record<UploadScene, Record<string, string>> = {
+  knowpost_content: {
+    '.md': 'text/markdown',
+    '.markdown': 'text/markdown',
+    '.txt': 'text/plain',
+    '.html': 'text/html',
+    '.json': 'application/json',
+  },
+  knowpost_image: {
+    '.jpg': 'image/jpeg',
+    '.jpeg': 'image/jpeg',
+    '.png': 'image/png',
+    '.webp': 'image/webp',
+    '.gif': 'image/gif',
+  },
+};
+
+/** `type/subtype`, optionally with a charset parameter (sent back verbatim as the signed header). */
+const CONTENT_TYPE = /^([a-z]+\/[a-z0-9.+-]+)(?:\s*;\s*charset=(?:"?[a-z0-9_-]{1,32}"?))?$/;
+
+export interface UploadTarget {
+  key: string;
+  contentType: string;
+}
+
+/**
+ * Checks a presign request against the allow-lists and names the key it may write. `ext` is
+ * optional: without it the first extension of the content type is used.
+ */
+export function uploadTarget(
+  scene: UploadScene,
+  postId: string,
+  contentType: string,
+  ext: string | undefined,
+  now: number,
+  random: () => string = () => randomBytes(4).toString('hex'),
+): UploadTarget {
+  const allowed = EXTENSIONS[scene];
+  const normalized = contentType.trim().toLowerCase();
+  const mediaType = CONTENT_TYPE.exec(normalized)?.[1];
+  const extensions = Object.entries(allowed).filter(([, type]) => type === mediaType);
+  if (mediaType === undefined || extensions.length === 0) {
+    throw new BadRequestError(
+      `contentType must be one of ${[...new Set(Object.values(allowed))].join(', ')} for ${scene}`,
+    );
+  }
+  let extension: string;
+  if (ext === undefined) {
+    extension = extensions[0]![0];
+  } else {
+    extension = ext.toLowerCase();
+    if (!(extension in allowed))
+      throw new BadRequestError(`ext must be one of ${Object.keys(allowed).join(' ')} for ${scene}`);
+    if (allowed[extension] !== mediaType)
+      throw new BadRequestError(`ext ${extension} does not match contentType ${mediaType}`);
+  }
+  if (scene === 'knowpost_content') return { key: contentKey(postId, extension), contentType: normalized };
+  const day = new Date(now).toISOString().slice(0, 10).replaceAll('-', '');
+  return { key: `posts/${postId}/images/${day}/${random()}${extension}`, contentType: normalized };
+}
+
+export function contentKey(postId: string, extension: string): string {
+  return `posts/${postId}/content${extension}`;
+}
+
+/** True for exactly the body keys of this post (`posts/{id}/content.md`, …). */
+export function isContentKey(postId: string, key: string): boolean {
+  return Object.keys(EXTENSIONS.knowpost_content).some((ext) => key === contentKey(postId, ext));
+}
+
+const IMAGE_NAME = new RegExp(
+  `^\\d{8}/[0-9a-f]{8}(?:${Object.keys(EXTENSIONS.knowpost_image)
+    .map((e) => e.replace('.', '\\.'))
+    .join('|')})$`,
+);
+
+/** True for keys of the shape presign hands out for this post's images. */
+export function isImageKey(postId: string, key: string): boolean {
+  const prefix = `posts/${postId}/images/`;
+  return key.startsWith(prefix) && IMAGE_NAME.test(key.slice(prefix.length));
+}
+
+/** An absolute http(s) URL of printable ASCII (an image hosted elsewhere). */
+export function isExternalImageUrl(value: string): boolean {
+  if (!/^https?:\/\/[\x21-\x7e]+$/i.test(value)) return false;
+  try {
+    const url = new URL(value);
+    return (url.protocol === 'http:' || url.protocol === 'https:') && url.hostname !== '';
+  } catch {
+    return false;
+  }
+}
+
+/** ETags compare without quotes, weakness marker or case (clients and stores differ in all three). */
+export function normalizeEtag(etag: string): string {
+  return etag
+    .trim()
+    .replace(/^W\//i, '')
+    .replace(/^"(.*)"$/, '$1')
+    .toLowerCase();
+}

@@ -1,0 +1,167 @@
+import type { Kysely, Transaction, Updateable } from 'kysely';
+import { translateDbError, type Db } from '../platform/db/database.js';
+import type { Database, KnowpostsTable } from '../platform/db/schema.js';
+
+export type PostStatus = 'draft' | 'published' | 'deleted';
+
+/** The columns the write side needs, with ids and numbers normalised across dialects. */
+export interface PostRecord {
+  id: string;
+  authorId: number;
+  status: PostStatus;
+  visible: string;
+  contentKey: string | null;
+  imgUrls: string[];
+}
+
+export interface PostFields {
+  title?: string;
+  tagId?: number | null;
+  tags?: string[];
+  imgUrls?: string[];
+  visible?: string;
+  isTop?: boolean;
+  description?: string;
+}
+
+export interface ContentRecord {
+  key: string;
+  etag: string;
+  size: number;
+  sha256: string;
+}
+
+type Executor = Kysely<Database> | Transaction<Database>;
+
+function parseList(json: string): string[] {
+  try {
+    const value: unknown = JSON.parse(json);
+    return Array.isArray(value) ? value.filter((v): v is string => typeof v === 'string') : [];
+  } catch {
+    return [];
+  }
+}
+
+/**
+ * SQL of the post write side. Every change is a conditional UPDATE on the row's owner and state, so
+ * a change that lost a race (the post was deleted or published meanwhile) matches no row and the
+ * service decides what to answer; nothing here reads and then writes.
+ */
+export class PostRepository {
+  constructor(private readonly db: Db) {}
+
+  transaction<T>(work: (trx: Transaction<Database>) => Promise<T>): Promise<T> {
+    return this.db.kysely.transaction().execute(work);
+  }
+
+  /** Throws `UniqueViolationError` when the id is taken. */
+  async insertDraft(id: string, authorId: number, now: number): Promise<void> {
+    await this.db.kysely
+      .insertInto('knowposts')
+      .values({
+        id,
+        author_id: authorId,
+        status: 'draft',
+        visible: 'public',
+        created_at: now,
+        updated_at: now,
+      })
+      .execute()
+      .catch(translateDbError);
+  }
+
+  async countDrafts(authorId: number): Promise<number> {
+    const row = await this.db.kysely
+      .selectFrom('knowposts')
+      .select((eb) => eb.fn.countAll().as('n'))
+      .where('author_id', '=', authorId)
+      .where('status', '=', 'draft')
+      .executeTakeFirst();
+    return Number(row?.n ?? 0);
+  }
+
+  async find(id: string, db: Executor = this.db.kysely): Promise<PostRecord | null> {
+    const row = await db
+      .selectFrom('knowposts')
+      .select(['id', 'author_id', 'status', 'visible', 'content_key', 'img_urls_json'])
+      .where('id', '=', id)
+      .executeTakeFirst();
+    if (!row) return null;
+    return {
+      id: String(row.id),
+      authorId: Number(row.author_id),
+      status: row.status as PostStatus,
+      visible: row.visible,
+      contentKey: row.content_key,
+      imgUrls: parseList(row.img_urls_json),
+    };
+  }
+
+  /** Applies `fields` to the author's post unless it is deleted; false when no such row. */
+  async update(id: string, authorId: number, fields: PostFields, now: number): Promise<boolean> {
+    const set: Updateable<KnowpostsTable> = { updated_at: now };
+    if (fields.title !== undefined) set.title = fields.title;
+    if (fields.tagId !== undefined) set.tag_id = fields.tagId;
+    if (fields.tags !== undefined) set.tags_json = JSON.stringify(fields.tags);
+    if (fields.imgUrls !== undefined) set.img_urls_json = JSON.stringify(fields.imgUrls);
+    if (fields.visible !== undefined) set.visible = fields.visible;
+    if (fields.isTop !== undefined) set.is_top = fields.isTop ? 1 : 0;
+    if (fields.description !== undefined) set.description = fields.description;
+    const result = await this.db.kysely
+      .updateTable('knowposts')
+      .set(set)
+      .where('id', '=', id)
+      .where('author_id', '=', authorId)
+      .where('status', '!=', 'deleted')
+      .executeTakeFirst();
+    return result.numUpdatedRows > 0n;
+  }
+
+  async setContent(id: string, authorId: number, content: ContentRecord, now: number): Promise<boolean> {
+    const result = await this.db.kysely
+      .updateTable('knowposts')
+      .set({
+        content_key: content.key,
+        content_etag: content.etag,
+        content_size: content.size,
+        content_sha256: content.sha256,
+        updated_at: now,
+      })
+      .where('id', '=', id)
+      .where('author_id', '=', authorId)
+      .where('status', '!=', 'deleted')
+      .executeTakeFirst();
+    return result.numUpdatedRows > 0n;
+  }
+
+  /** draft → published, only with confirmed content; false when the row was not such a draft. */
+  async publish(trx: Transaction<Database>, id: string, authorId: number, now: number): Promise<boolean> {
+    const result = await trx
+      .updateTable('knowposts')
+      .set({ status: 'published', publish_time: now, updated_at: now })
+      .where('id', '=', id)
+      .where('author_id', '=', authorId)
+      .where('status', '=', 'draft')
+      .where('content_key', 'is not', null)
+      .executeTakeFirst();
+    return result.numUpdatedRows > 0n;
+  }
+
+  /** `from` → deleted; false when the row is no longer in state `from`. */
+  async softDelete(
+    trx: Transaction<Database>,
+    id: string,
+    authorId: number,
+    from: Exclude<PostStatus, 'deleted'>,
+    now: number,
+  ): Promise<boolean> {
+    const result = await trx
+      .updateTable('knowposts')
+      .set({ status: 'deleted', updated_at: now })
+      .where('id', '=', id)
+      .where('author_id', '=', authorId)
+      .where('status', '=', from)
+      .executeTakeFirst();
+    return result.numUpdatedRows > 0n;
+  }
+}

@@ -1,0 +1,216 @@
+import type { FastifyInstance, preValidationAsyncHookHandler } from 'fastify';
+import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
+import { Type } from 'typebox';
+import type { AuthGuards } from '../auth/auth.guard.js';
+import { principalOf } from '../auth/auth.guard.js';
+import { BadRequestError } from '../platform/errors/errors.js';
+import { errorResponses } from '../platform/http/schemas.js';
+import {
+  ConfirmBody,
+  DraftResponse,
+  POST_PATCH_FIELDS,
+  PostIdParams,
+  PostPatchBody,
+  PresignBody,
+  PresignResponse,
+  TOP_FIELDS,
+  TopBody,
+  VISIBILITY_FIELDS,
+  VisibilityBody,
+} from './post.schema.js';
+import type { PostService } from './post.service.js';
+
+export interface PostRouteDeps {
+  posts: PostService;
+  guards: AuthGuards;
+}
+
+/**
+ * The server strips unknown body fields by default; on these routes a misspelt field would be a
+ * silently ignored edit, so it is a 400 instead.
+ */
+export function rejectUnknownFields(fields: readonly string[]): preValidationAsyncHookHandler {
+  return async (request) => {
+    const body: unknown = request.body;
+    if (body === null || typeof body !== 'object' || Array.isArray(body)) return;
+    const unknown = Object.keys(body).find((key) => !fields.includes(key));
+    if (unknown !== undefined) throw new BadRequestError(`body.${unknown} is not allowed`);
+  };
+}
+
+const NoContent = { 204: Type.Null() };
+
+/** Drafts, body confirmation, metadata, publishing and deletion of posts; all for their author only. */
+export function postRoutes(deps: PostRouteDeps) {
+  return async (root: FastifyInstance): Promise<void> => {
+    const app = root.withTypeProvider<TypeBoxTypeProvider>();
+    const tags = ['knowposts'];
+    const security = [{ bearerAuth: [] }];
+    const base = '/api/v1/knowposts';
+
+    app.post(
+      `${base}/drafts`,
+      {
+        preHandler: deps.guards.required,
+        schema: {
+          tags,
+          security,
+          summary: 'Start a draft',
+          response: { 200: DraftResponse, ...errorResponses(401, 409, 429) },
+        },
+      },
+      async (request) => ({ id: await deps.posts.createDraft(principalOf(request).userId) }),
+    );
+
+    app.post(
+      `${base}/:id/content/confirm`,
+      {
+        preValidation: rejectUnknownFields(Object.keys(ConfirmBody.properties)),
+        preHandler: deps.guards.required,
+        schema: {
+          tags,
+          security,
+          summary: 'Record the uploaded body',
+          description:
+            'The object must exist (409 OBJECT_NOT_UPLOADED otherwise) and match size, ETag and SHA-256; ' +
+            'an object over the size limit is deleted (413).',
+          params: PostIdParams,
+          body: ConfirmBody,
+          response: { ...NoContent, ...errorResponses(400, 401, 403, 404, 409, 413) },
+        },
+      },
+      async (request, reply) => {
+        await deps.posts.confirmContent(principalOf(request).userId, request.params.id, request.body);
+        return reply.status(204).send(null);
+      },
+    );
+
+    app.patch(
+      `${base}/:id`,
+      {
+        preValidation: rejectUnknownFields(POST_PATCH_FIELDS),
+        preHandler: deps.guards.required,
+        schema: {
+          tags,
+          security,
+          summary: 'Edit metadata',
+          description:
+            '`imgUrls` entries are image keys of this post (from presign, under posts/{id}/images/) or ' +
+            'absolute http(s) URLs.',
+          params: PostIdParams,
+          body: PostPatchBody,
+          response: { ...NoContent, ...errorResponses(400, 401, 403, 404, 413) },
+        },
+      },
+      async (request, reply) => {
+        await deps.posts.update(principalOf(request).userId, request.params.id, request.body);
+        return reply.status(204).send(null);
+      },
+    );
+
+    app.post(
+      `${base}/:id/publish`,
+      {
+        preHandler: deps.guards.required,
+        schema: {
+          tags,
+          security,
+          summary: 'Publish a draft',
+          description:
+            'Only a draft publishes (else 409 INVALID_STATE); its body must be confirmed (else 409 CONTENT_REQUIRED).',
+          params: PostIdParams,
+          response: { ...NoContent, ...errorResponses(400, 401, 403, 404, 409) },
+        },
+      },
+      async (request, reply) => {
+        await deps.posts.publish(principalOf(request).userId, request.params.id);
+        return reply.status(204).send(null);
+      },
+    );
+
+    app.patch(
+      `${base}/:id/top`,
+      {
+        preValidation: rejectUnknownFields(TOP_FIELDS),
+        preHandler: deps.guards.required,
+        schema: {
+          tags,
+          security,
+          summary: 'Pin or unpin',
+          params: PostIdParams,
+          body: TopBody,
+          response: { ...NoContent, ...errorResponses(400, 401, 403, 404) },
+        },
+      },
+      async (request, reply) => {
+        await deps.posts.setTop(principalOf(request).userId, request.params.id, request.body.isTop);
+        return reply.status(204).send(null);
+      },
+    );
+
+    app.patch(
+      `${base}/:id/visibility`,
+      {
+        preValidation: rejectUnknownFields(VISIBILITY_FIELDS),
+        preHandler: deps.guards.required,
+        schema: {
+          tags,
+          security,
+          summary: 'Change who may see the post',
+          params: PostIdParams,
+          body: VisibilityBody,
+          response: { ...NoContent, ...errorResponses(400, 401, 403, 404) },
+        },
+      },
+      async (request, reply) => {
+        await deps.posts.setVisibility(principalOf(request).userId, request.params.id, request.body.visible);
+        return reply.status(204).send(null);
+      },
+    );
+
+    app.delete(
+      `${base}/:id`,
+      {
+        preHandler: deps.guards.required,
+        schema: {
+          tags,
+          security,
+          summary: 'Delete (soft)',
+          params: PostIdParams,
+          response: { ...NoContent, ...errorResponses(400, 401, 403, 404, 409) },
+        },
+      },
+      async (request, reply) => {
+        await deps.posts.delete(principalOf(request).userId, request.params.id);
+        return reply.status(204).send(null);
+      },
+    );
+  };
+}
+
+/** `POST /api/v1/storage/presign`: a signed PUT URL for a post's body or one of its images. */
+export function presignRoutes(deps: PostRouteDeps) {
+  return async (root: FastifyInstance): Promise<void> => {
+    const app = root.withTypeProvider<TypeBoxTypeProvider>();
+    app.post(
+      '/api/v1/storage/presign',
+      {
+        preValidation: rejectUnknownFields(Object.keys(PresignBody.properties)),
+        preHandler: deps.guards.required,
+        schema: {
+          tags: ['storage'],
+          security: [{ bearerAuth: [] }],
+          summary: 'Presign an upload for a post',
+          description:
+            'PUT the bytes to putUrl with exactly the returned headers; the ETag response header is what ' +
+            'content/confirm expects. Bodies: .md .markdown .txt .html .json (text/markdown, text/plain, ' +
+            'text/html, application/json); images: .jpg .jpeg .png .webp .gif (image/jpeg, image/png, ' +
+            'image/webp, image/gif). A deleted post is 409 INVALID_STATE.',
+          body: PresignBody,
+          response: { 200: PresignResponse, ...errorResponses(400, 401, 403, 404, 409, 429) },
+        },
+      },
+      async (request) => deps.posts.presign(principalOf(request).userId, request.body),
+    );
+  };
+}

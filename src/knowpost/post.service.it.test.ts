@@ -1,0 +1,506 @@
+import { createHash, randomBytes } from 'node:crypto';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
+import { createMysqlDatabase } from '../../test/rig/resources.js';
+import { migrate, openMysql, openSqlite, type Db } from '../platform/db/database.js';
+import { AppError } from '../platform/errors/errors.js';
+import { parseSnowflake, SnowflakeGenerator } from '../platform/ids/snowflake.js';
+import { OutboxWriter } from '../platform/outbox/outbox.js';
+import { createSqliteRateLimiter } from '../platform/ratelimit/create.js';
+import { LocalObjectStorage } from '../platform/storage/local-object-storage.js';
+import { parsePostEvent, POST_TOPIC, type PostChange } from './post-events.js';
+import { PostRepository } from './post.repository.js';
+import { PostService, type PostLimits } from './post.service.js';
+
+interface Backend {
+  db: Db;
+  close(): Promise<void>;
+}
+
+const backends: [string, () => Promise<Backend>][] = [
+  [
+    'sqlite',
+    async () => {
+      const db = openSqlite(':memory:');
+      await migrate(db);
+      return { db, close: () => db.close() };
+    },
+  ],
+  [
+    'mariadb',
+    async () => {
+      const database = await createMysqlDatabase();
+      const db = await openMysql(database.url);
+      try {
+        await migrate(db);
+      } catch (err) {
+        await db.close();
+        await database.drop();
+        throw err;
+      }
+      return {
+        db,
+        close: async () => {
+          await db.close();
+          await database.drop();
+        },
+      };
+    },
+  ],
+];
+
+const AUTHOR = 101;
+const OTHER = 202;
+const WORKER_ID = 7;
+
+/** Resolves to the error code a call failed with (or 'ok'), so assertions read as the contract does. */
+async function outcome(call: Promise<unknown>): Promise<string> {
+  try {
+    await call;
+    return 'ok';
+  } catch (err) {
+    if (err instanceof AppError) return `${err.status} ${err.code}`;
+    throw err;
+  }
+}
+
+describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
+  let backend: Backend;
+  let limiterDb: Db;
+  let root: string;
+  let storage: LocalObjectStorage;
+  let changes: PostChange[];
+  let now: number;
+  // One generator for the shared database: tests reset the clock, the generator never repeats an id.
+  const ids = new SnowflakeGenerator(WORKER_ID, () => now);
+
+  beforeAll(async () => {
+    backend = await open();
+    limiterDb = openSqlite(':memory:');
+    await migrate(limiterDb);
+  });
+  afterAll(async () => {
+    await limiterDb?.close();
+    await backend?.close();
+  });
+  beforeEach(() => {
+    root = mkdtempSync(join(tmpdir(), 'zg-posts-'));
+    storage = new LocalObjectStorage(root, 'http://files.invalid/files');
+    changes = [];
+    now = Date.UTC(2025, 5, 1, 12);
+  });
+  afterEach(() => rmSync(root, { recursive: true, force: true }));
+
+  const newService = (limits: Partial<PostLimits> = {}) =>
+    new PostService({
+      posts: new PostRepository(backend.db),
+      storage,
+      limiter: createSqliteRateLimiter(limiterDb, { prefix: `t${randomBytes(4).toString('hex')}:` }),
+      outbox: new OutboxWriter(() => now),
+      ids,
+      limits: {
+        contentMaxBytes: 64 * 1024,
+        imageMaxBytes: 16 * 1024,
+        presignExpiresSeconds: 600,
+        ...limits,
+      },
+      onChange: [(change) => void changes.push(change)],
+      now: () => now,
+    });
+
+  const row = (id: string) =>
+    backend.db.kysely.selectFrom('knowposts').selectAll().where('id', '=', id).executeTakeFirstOrThrow();
+
+  const outboxFor = async (id: string) =>
+    (await backend.db.kysely.selectFrom('outbox').selectAll().orderBy('id').execute())
+      .filter((r) => r.topic === POST_TOPIC && parsePostEvent(r.payload)?.postId === id)
+      .map((r) => ({ key: r.msg_key, event: parsePostEvent(r.payload) }));
+
+  /** Uploads a body the way a client would and returns what confirm needs. */
+  async function upload(sut: PostService, postId: string, text = `# Post ${postId}\n\nhello`) {
+    const presigned = await sut.presign(AUTHOR, {
+      scene: 'knowpost_content',
+      postId,
+      contentType: 'text/markdown',
+    });
+    const bytes = Buffer.from(text);
+    const stored = await storage.put(presigned.objectKey, bytes, presigned.headers['Content-Type']);
+    return {
+      objectKey: presigned.objectKey,
+      etag: stored.etag,
+      size: bytes.length,
+      sha256: createHash('sha256').update(bytes).digest('hex'),
+    };
+  }
+
+  async function publishedPost(sut: PostService, author = AUTHOR): Promise<string> {
+    const id = await sut.createDraft(author);
+    const body = await upload(sut, id);
+    await sut.confirmContent(author, id, body);
+    await sut.publish(author, id);
+    return id;
+  }
+
+  it('creates drafts with snowflake ids carrying the worker id', async () => {
+    const sut = newService();
+    const a = await sut.createDraft(AUTHOR);
+    const b = await sut.createDraft(AUTHOR);
+    expect(a).toMatch(/^\d+$/);
+    expect(BigInt(b)).toBeGreaterThan(BigInt(a));
+    expect(parseSnowflake(a).workerId).toBe(WORKER_ID);
+    expect(await row(a)).toMatchObject({ author_id: AUTHOR, status: 'draft', visible: 'public' });
+    expect(changes).toEqual([
+      { id: a, authorId: AUTHOR, kind: 'created' },
+      { id: b, authorId: AUTHOR, kind: 'created' },
+    ]);
+  });
+
+  it('caps open drafts and rate-limits new ones per user', async () => {
+    const capped = newService({ maxOpenDrafts: 2 });
+    const author = 9001;
+    await capped.createDraft(author);
+    await capped.createDraft(author);
+    expect(await outcome(capped.createDraft(author))).toBe('409 DRAFT_LIMIT');
+    expect(await outcome(capped.createDraft(author + 1))).toBe('ok');
+
+    const limited = newService({ draftsPerHour: 1 });
+    expect(await outcome(limited.createDraft(9100))).toBe('ok');
+    expect(await outcome(limited.createDraft(9100))).toBe('429 RATE_LIMITED');
+  });
+
+  it('presigns keys under the post for its author only', async () => {
+    const sut = newService();
+    const id = await sut.createDraft(AUTHOR);
+    const content = await sut.presign(AUTHOR, {
+      scene: 'knowpost_content',
+      postId: id,
+      contentType: 'text/markdown',
+    });
+    expect(content.objectKey).toBe(`posts/${id}/content.md`);
+    expect(content.headers).toEqual({ 'Content-Type': 'text/markdown' });
+    expect(content.expiresIn).toBe(600);
+    expect(content.putUrl).toContain(`/upload/posts/${id}/content.md?`);
+    const image = await sut.presign(AUTHOR, {
+      scene: 'knowpost_image',
+      postId: id,
+      contentType: 'image/png',
+      ext: '.PNG',
+    });
+    expect(image.objectKey).toMatch(new RegExp(`^posts/${id}/images/20250601/[0-9a-f]{8}\\.png$`));
+    const text = await sut.presign(AUTHOR, {
+      scene: 'knowpost_content',
+      postId: id,
+      contentType: 'text/plain; charset=utf-8',
+      ext: '.txt',
+    });
+    expect(text.objectKey).toBe(`posts/${id}/content.txt`);
+
+    const bad = (contentType: string, ext?: string, scene = 'knowpost_content' as const) =>
+      outcome(sut.presign(AUTHOR, { scene, postId: id, contentType, ...(ext ? { ext } : {}) }));
+    expect(await bad('text/markdown', '.txt')).toBe('400 BAD_REQUEST');
+    expect(await bad('image/png')).toBe('400 BAD_REQUEST');
+    expect(await bad('text/markdown', '.exe')).toBe('400 BAD_REQUEST');
+    expect(await bad('application/x-sh')).toBe('400 BAD_REQUEST');
+    expect(await bad('text/markdown\r\nX-Evil: 1')).toBe('400 BAD_REQUEST');
+
+    expect(
+      await outcome(sut.presign(OTHER, { scene: 'knowpost_content', postId: id, contentType: 'text/plain' })),
+    ).toBe('404 NOT_FOUND');
+    expect(
+      await outcome(
+        sut.presign(AUTHOR, { scene: 'knowpost_content', postId: '123', contentType: 'text/plain' }),
+      ),
+    ).toBe('404 NOT_FOUND');
+    const published = await publishedPost(sut);
+    expect(
+      await outcome(
+        sut.presign(OTHER, { scene: 'knowpost_image', postId: published, contentType: 'image/gif' }),
+      ),
+    ).toBe('403 FORBIDDEN');
+    await sut.delete(AUTHOR, id);
+    expect(
+      await outcome(
+        sut.presign(AUTHOR, { scene: 'knowpost_content', postId: id, contentType: 'text/plain' }),
+      ),
+    ).toBe('409 INVALID_STATE');
+  });
+
+  it('rate-limits presigning per user', async () => {
+    const sut = newService({ presignPerMinute: 2 });
+    const id = await sut.createDraft(AUTHOR);
+    const presign = () =>
+      outcome(sut.presign(AUTHOR, { scene: 'knowpost_image', postId: id, contentType: 'image/png' }));
+    expect([await presign(), await presign(), await presign()]).toEqual(['ok', 'ok', '429 RATE_LIMITED']);
+  });
+
+  it('confirms a body only when key, size, etag and sha256 all match the stored object', async () => {
+    const sut = newService();
+    const id = await sut.createDraft(AUTHOR);
+    const other = await sut.createDraft(AUTHOR);
+    const good = await upload(sut, id);
+    const confirm = (patch: Partial<typeof good>) =>
+      outcome(sut.confirmContent(AUTHOR, id, { ...good, ...patch }));
+
+    for (const objectKey of [
+      `posts/${other}/content.md`,
+      `posts/${id}/images/20250601/abcdef12.png`,
+      `posts/${id}/content.exe`,
+      `posts/${id}/content.md/../content.md`,
+      `posts/${id}/sub/content.md`,
+      'content.md',
+    ]) {
+      expect({ objectKey, outcome: await confirm({ objectKey }) }).toEqual({
+        objectKey,
+        outcome: '400 BAD_REQUEST',
+      });
+    }
+    expect(await confirm({ objectKey: `posts/${id}/content.txt` })).toBe('409 OBJECT_NOT_UPLOADED');
+    expect(await confirm({ size: good.size + 1 })).toBe('400 BAD_REQUEST');
+    expect(await confirm({ etag: '"0123456789abcdef0123456789abcdef"' })).toBe('400 BAD_REQUEST');
+    expect(await confirm({ sha256: 'a'.repeat(64) })).toBe('400 BAD_REQUEST');
+    expect(await outcome(sut.confirmContent(OTHER, id, good))).toBe('404 NOT_FOUND');
+    expect((await row(id)).content_key).toBeNull();
+    expect(changes.filter((c) => c.kind === 'updated')).toEqual([]);
+
+    // ETags compare without quotes or case; sha256 in either case.
+    await sut.confirmContent(AUTHOR, id, {
+      ...good,
+      etag: good.etag.replaceAll('"', '').toUpperCase(),
+      sha256: good.sha256.toUpperCase(),
+    });
+    expect(await row(id)).toMatchObject({
+      content_key: `posts/${id}/content.md`,
+      content_etag: good.etag.replaceAll('"', ''),
+      content_size: good.size,
+      content_sha256: good.sha256,
+    });
+    expect(changes.at(-1)).toEqual({ id, authorId: AUTHOR, kind: 'updated' });
+  });
+
+  it('deletes an oversized body at confirm and answers 413', async () => {
+    const sut = newService({ contentMaxBytes: 1024 });
+    const id = await sut.createDraft(AUTHOR);
+    const body = await upload(sut, id, 'x'.repeat(1025));
+    expect(await outcome(sut.confirmContent(AUTHOR, id, body))).toBe('413 PAYLOAD_TOO_LARGE');
+    expect(await storage.head(body.objectKey)).toBeNull();
+    expect((await row(id)).content_key).toBeNull();
+  });
+
+  it('replaces the body of another extension and removes the old object', async () => {
+    const sut = newService();
+    const id = await sut.createDraft(AUTHOR);
+    await sut.confirmContent(AUTHOR, id, await upload(sut, id));
+    const presigned = await sut.presign(AUTHOR, {
+      scene: 'knowpost_content',
+      postId: id,
+      contentType: 'text/html',
+    });
+    const bytes = Buffer.from('<p>hi</p>');
+    const stored = await storage.put(presigned.objectKey, bytes, 'text/html');
+    await sut.confirmContent(AUTHOR, id, {
+      objectKey: presigned.objectKey,
+      etag: stored.etag,
+      size: bytes.length,
+      sha256: createHash('sha256').update(bytes).digest('hex'),
+    });
+    expect((await row(id)).content_key).toBe(`posts/${id}/content.html`);
+    expect(await storage.head(`posts/${id}/content.md`)).toBeNull();
+  });
+
+  it('publishes a draft once, with its body, and writes one outbox row per transition', async () => {
+    const sut = newService();
+    const id = await sut.createDraft(AUTHOR);
+    expect(await outcome(sut.publish(AUTHOR, id))).toBe('409 CONTENT_REQUIRED');
+    expect(await outboxFor(id)).toEqual([]);
+    await sut.confirmContent(AUTHOR, id, await upload(sut, id));
+    expect(await outcome(sut.publish(OTHER, id))).toBe('404 NOT_FOUND');
+
+    now += 5_000;
+    await sut.publish(AUTHOR, id);
+    expect(await row(id)).toMatchObject({ status: 'published', publish_time: now });
+    expect(await outcome(sut.publish(AUTHOR, id))).toBe('409 INVALID_STATE');
+    expect(await outboxFor(id)).toEqual([
+      {
+        key: String(AUTHOR),
+        event: {
+          eventId: `knowpost:${id}:published`,
+          type: 'published',
+          postId: id,
+          authorId: AUTHOR,
+          ts: now,
+        },
+      },
+    ]);
+    expect(changes.filter((c) => c.kind === 'published')).toEqual([
+      { id, authorId: AUTHOR, kind: 'published' },
+    ]);
+
+    // Someone else may see it now, but not change it.
+    expect(await outcome(sut.publish(OTHER, id))).toBe('403 FORBIDDEN');
+    expect(await outcome(sut.update(OTHER, id, { title: 'mine' }))).toBe('403 FORBIDDEN');
+    expect(await outcome(sut.delete(OTHER, id))).toBe('403 FORBIDDEN');
+
+    await sut.delete(AUTHOR, id);
+    expect((await row(id)).status).toBe('deleted');
+    expect((await outboxFor(id)).map((r) => r.event?.type)).toEqual(['published', 'unpublished']);
+    expect(changes.at(-1)).toEqual({ id, authorId: AUTHOR, kind: 'deleted' });
+
+    // Deleted stays deleted: publish says why, everything else no longer finds it.
+    expect(await outcome(sut.publish(AUTHOR, id))).toBe('409 INVALID_STATE');
+    expect(await outcome(sut.delete(AUTHOR, id))).toBe('404 NOT_FOUND');
+    expect(await outcome(sut.update(AUTHOR, id, { title: 't' }))).toBe('404 NOT_FOUND');
+    expect(await outcome(sut.setTop(AUTHOR, id, true))).toBe('404 NOT_FOUND');
+    expect(await outcome(sut.setVisibility(AUTHOR, id, 'private'))).toBe('404 NOT_FOUND');
+    expect(
+      await outcome(sut.confirmContent(AUTHOR, id, await upload(sut, await sut.createDraft(AUTHOR)))),
+    ).toBe('404 NOT_FOUND');
+    expect(await outcome(sut.publish(OTHER, id))).toBe('404 NOT_FOUND');
+    expect((await outboxFor(id)).length).toBe(2);
+  });
+
+  it('deletes a draft without an outbox row', async () => {
+    const sut = newService();
+    const id = await sut.createDraft(AUTHOR);
+    await sut.confirmContent(AUTHOR, id, await upload(sut, id));
+    await sut.delete(AUTHOR, id);
+    expect((await row(id)).status).toBe('deleted');
+    expect(await outboxFor(id)).toEqual([]);
+    expect(await outcome(sut.publish(AUTHOR, id))).toBe('409 INVALID_STATE');
+    expect(await outboxFor(id)).toEqual([]);
+  });
+
+  it('lets exactly one of two concurrent publishes win', async () => {
+    const sut = newService();
+    for (let round = 0; round < 5; round++) {
+      const id = await sut.createDraft(AUTHOR);
+      await sut.confirmContent(AUTHOR, id, await upload(sut, id));
+      const results = await Promise.all([outcome(sut.publish(AUTHOR, id)), outcome(sut.publish(AUTHOR, id))]);
+      expect(results.sort()).toEqual(['409 INVALID_STATE', 'ok']);
+      expect((await outboxFor(id)).map((r) => r.event?.type)).toEqual(['published']);
+    }
+  });
+
+  it('keeps transitions and outbox rows in step when publish and delete race', async () => {
+    const sut = newService();
+    for (let round = 0; round < 6; round++) {
+      const id = await sut.createDraft(AUTHOR);
+      await sut.confirmContent(AUTHOR, id, await upload(sut, id));
+      const [published, deleted] = await Promise.all([
+        outcome(sut.publish(AUTHOR, id)),
+        outcome(sut.delete(AUTHOR, id)),
+      ]);
+      expect(deleted).toBe('ok');
+      expect((await row(id)).status).toBe('deleted');
+      const types = (await outboxFor(id)).map((r) => r.event?.type);
+      // Published first: counted up and down again; deleted first: never counted.
+      expect(types).toEqual(published === 'ok' ? ['published', 'unpublished'] : []);
+      if (published !== 'ok') expect(published).toBe('409 INVALID_STATE');
+    }
+  });
+
+  it('edits metadata, checks image entries and announces what changed', async () => {
+    const sut = newService();
+    const id = await sut.createDraft(AUTHOR);
+    const presigned = await sut.presign(AUTHOR, {
+      scene: 'knowpost_image',
+      postId: id,
+      contentType: 'image/png',
+    });
+    await storage.put(presigned.objectKey, Buffer.from('png'), 'image/png');
+    changes.length = 0;
+
+    await sut.update(AUTHOR, id, {
+      title: 'Hello',
+      tags: ['a', 'b'],
+      tagId: 3,
+      imgUrls: [presigned.objectKey, 'https://cdn.example.com/x.png'],
+      description: 'short',
+      visible: 'private',
+      isTop: true,
+    });
+    expect(await row(id)).toMatchObject({
+      title: 'Hello',
+      tags_json: '["a","b"]',
+      tag_id: 3,
+      img_urls_json: JSON.stringify([presigned.objectKey, 'https://cdn.example.com/x.png']),
+      description: 'short',
+      visible: 'private',
+      is_top: 1,
+    });
+    expect(changes.map((c) => c.kind)).toEqual(['updated', 'visibility', 'top']);
+
+    changes.length = 0;
+    await sut.setTop(AUTHOR, id, false);
+    await sut.setVisibility(AUTHOR, id, 'unlisted');
+    await sut.update(AUTHOR, id, { tagId: null });
+    expect(await row(id)).toMatchObject({ is_top: 0, visible: 'unlisted', tag_id: null, title: 'Hello' });
+    expect(changes.map((c) => c.kind)).toEqual(['top', 'visibility', 'updated']);
+
+    const imgs = (imgUrls: string[]) => outcome(sut.update(AUTHOR, id, { imgUrls }));
+    expect(await imgs([`posts/${id}/images/20250601/00000000.png`])).toBe('400 BAD_REQUEST');
+    const other = await sut.createDraft(AUTHOR);
+    expect(await imgs([presigned.objectKey.replace(id, other)])).toBe('400 BAD_REQUEST');
+    expect(await imgs(['javascript:alert(1)'])).toBe('400 BAD_REQUEST');
+    expect(await imgs(['ftp://example.com/a.png'])).toBe('400 BAD_REQUEST');
+    expect(await imgs([`posts/${id}/content.md`])).toBe('400 BAD_REQUEST');
+    expect(await outcome(sut.update(AUTHOR, id, {}))).toBe('400 BAD_REQUEST');
+    expect(JSON.parse((await row(id)).img_urls_json)).toEqual([
+      presigned.objectKey,
+      'https://cdn.example.com/x.png',
+    ]);
+  });
+
+  it('refuses and deletes an oversized image', async () => {
+    const sut = newService({ imageMaxBytes: 1024 });
+    const id = await sut.createDraft(AUTHOR);
+    const presigned = await sut.presign(AUTHOR, {
+      scene: 'knowpost_image',
+      postId: id,
+      contentType: 'image/jpeg',
+    });
+    await storage.put(presigned.objectKey, Buffer.alloc(2048), 'image/jpeg');
+    expect(await outcome(sut.update(AUTHOR, id, { imgUrls: [presigned.objectKey] }))).toBe(
+      '413 PAYLOAD_TOO_LARGE',
+    );
+    expect(await storage.head(presigned.objectKey)).toBeNull();
+    expect((await row(id)).img_urls_json).toBe('[]');
+  });
+
+  it('hides other authors’ drafts and non-public posts behind 404', async () => {
+    const sut = newService();
+    const draft = await sut.createDraft(AUTHOR);
+    const hidden = await publishedPost(sut);
+    await sut.setVisibility(AUTHOR, hidden, 'private');
+    for (const id of [draft, hidden, '9999999999']) {
+      expect(await outcome(sut.update(OTHER, id, { title: 'x' }))).toBe('404 NOT_FOUND');
+      expect(await outcome(sut.setTop(OTHER, id, true))).toBe('404 NOT_FOUND');
+      expect(await outcome(sut.delete(OTHER, id))).toBe('404 NOT_FOUND');
+      expect(await outcome(sut.publish(OTHER, id))).toBe('404 NOT_FOUND');
+    }
+    expect((await row(hidden)).title).toBeNull();
+  });
+
+  it('keeps going when a change listener fails', async () => {
+    const warned: unknown[] = [];
+    const sut = new PostService({
+      posts: new PostRepository(backend.db),
+      storage,
+      limiter: createSqliteRateLimiter(limiterDb, { prefix: 'listener:' }),
+      outbox: new OutboxWriter(),
+      ids,
+      limits: { contentMaxBytes: 1024, imageMaxBytes: 1024, presignExpiresSeconds: 60 },
+      onChange: [
+        () => {
+          throw new Error('cache down');
+        },
+        (change) => void changes.push(change),
+      ],
+      log: { warn: (obj: unknown) => void warned.push(obj) },
+    });
+    const id = await sut.createDraft(AUTHOR);
+    expect(changes).toEqual([{ id, authorId: AUTHOR, kind: 'created' }]);
+    expect(warned).toHaveLength(1);
+  });
+});

@@ -1,0 +1,324 @@
+import { createHash } from 'node:crypto';
+import type { Logger } from 'pino';
+import { mayView } from '../counter/entity-directory.js';
+import {
+  BadRequestError,
+  ConflictError,
+  ForbiddenError,
+  NotFoundError,
+  PayloadTooLargeError,
+  RateLimitedError,
+  UniqueViolationError,
+} from '../platform/errors/errors.js';
+import type { OutboxWriter } from '../platform/outbox/outbox.js';
+import type { RateLimiter } from '../platform/ratelimit/ratelimit.js';
+import type { ObjectStorage } from '../platform/storage/object-storage.js';
+import {
+  postEvent,
+  postEventMessage,
+  type PostChange,
+  type PostChangeKind,
+  type PostChangeListener,
+} from './post-events.js';
+import { isContentKey, isExternalImageUrl, isImageKey, normalizeEtag, uploadTarget } from './post-keys.js';
+import type { PostFields, PostRecord, PostRepository } from './post.repository.js';
+import type { ConfirmBody, PresignBody, PresignResponse, Visible } from './post.schema.js';
+
+export interface PostLimits {
+  contentMaxBytes: number;
+  imageMaxBytes: number;
+  presignExpiresSeconds: number;
+  /** Presigned uploads per user per minute. */
+  presignPerMinute?: number;
+  /** New drafts per user per hour. */
+  draftsPerHour?: number;
+  /** Drafts a user may hold at once (published and deleted posts do not count). */
+  maxOpenDrafts?: number;
+}
+
+export interface PostServiceOptions {
+  posts: PostRepository;
+  storage: ObjectStorage;
+  limiter: RateLimiter;
+  outbox: OutboxWriter;
+  /** Snowflake ids; distinct worker ids per process keep them unique across a deployment. */
+  ids: { next(): string };
+  limits: PostLimits;
+  /**
+   * Told after every committed change, in order, awaited. The list is read at each change, so
+   * listeners may be added after the service is built.
+   */
+  onChange?: readonly PostChangeListener[];
+  log?: Pick<Logger, 'warn'>;
+  now?: () => number;
+}
+
+/**
+ * The write side of posts: drafts, uploads, metadata and the publish state machine
+ *
+ *   draft ──publish (content confirmed)──► published
+ *     │                                        │
+ *     └──────────delete──────► deleted ◄──delete┘
+ *
+ * Every transition is one conditional UPDATE on the state it leaves, so of two concurrent requests
+ * exactly one changes the row. Leaving or entering `published` appends a `post-events` message in
+ * the same transaction: the author's post count moves exactly once per transition.
+ *
+ * Who gets which answer: a post the caller may not see (missing, deleted, someone else's draft or
+ * non-public post) is 404 for every route, so ids cannot be probed; someone else's post the caller
+ * may see (published, public or unlisted) is 403. Only `publish` and `presign` tell the author that
+ * their post is deleted (409 `INVALID_STATE`); elsewhere a deleted post is 404.
+ */
+export class PostService {
+  private readonly posts: PostRepository;
+  private readonly storage: ObjectStorage;
+  private readonly limiter: RateLimiter;
+  private readonly outbox: OutboxWriter;
+  private readonly ids: { next(): string };
+  private readonly limits: Required<PostLimits>;
+  private readonly listeners: readonly PostChangeListener[];
+  private readonly log: Pick<Logger, 'warn'> | undefined;
+  private readonly now: () => number;
+
+  constructor(options: PostServiceOptions) {
+    this.posts = options.posts;
+    this.storage = options.storage;
+    this.limiter = options.limiter;
+    this.outbox = options.outbox;
+    this.ids = options.ids;
+    this.limits = { presignPerMinute: 60, draftsPerHour: 60, maxOpenDrafts: 100, ...options.limits };
+    this.listeners = options.onChange ?? [];
+    this.log = options.log;
+    this.now = options.now ?? Date.now;
+  }
+
+  async createDraft(userId: number): Promise<string> {
+    await this.rateLimit(`post-draft:${userId}`, this.limits.draftsPerHour, 3_600_000, 'drafts');
+    if ((await this.posts.countDrafts(userId)) >= this.limits.maxOpenDrafts) {
+      throw new ConflictError(
+        `At most ${this.limits.maxOpenDrafts} drafts may be open; publish or delete one first`,
+        'DRAFT_LIMIT',
+      );
+    }
+    const now = this.now();
+    // A process started with another's worker id can repeat an id; a fresh one then succeeds.
+    for (let attempt = 0; ; attempt++) {
+      const id = this.ids.next();
+      try {
+        await this.posts.insertDraft(id, userId, now);
+        await this.announce({ id, authorId: userId, kind: 'created' });
+        return id;
+      } catch (err) {
+        if (!(err instanceof UniqueViolationError) || attempt >= 2) throw err;
+      }
+    }
+  }
+
+  async presign(userId: number, request: PresignBody): Promise<PresignResponse> {
+    await this.rateLimit(`post-presign:${userId}`, this.limits.presignPerMinute, 60_000, 'upload requests');
+    const post = await this.owned(userId, request.postId, true);
+    if (post.status === 'deleted') throw new ConflictError('The post is deleted', 'INVALID_STATE');
+    const target = uploadTarget(request.scene, post.id, request.contentType, request.ext, this.now());
+    const maxBytes =
+      request.scene === 'knowpost_content' ? this.limits.contentMaxBytes : this.limits.imageMaxBytes;
+    const signed = await this.storage.presignPut(target.key, {
+      contentType: target.contentType,
+      maxBytes,
+      expiresInSeconds: this.limits.presignExpiresSeconds,
+    });
+    return {
+      objectKey: target.key,
+      putUrl: signed.url,
+      headers: { 'Content-Type': signed.headers['Content-Type'] ?? target.contentType },
+      expiresIn: signed.expiresIn,
+    };
+  }
+
+  /**
+   * Records the uploaded body. The object must be exactly what the client says it uploaded: same
+   * size, ETag and SHA-256 (read back from the store), within the size limit. A missing object is
+   * 409 `OBJECT_NOT_UPLOADED` (upload first, then confirm); an oversized one is deleted and 413.
+   */
+  async confirmContent(userId: number, postId: string, body: ConfirmBody): Promise<void> {
+    const post = await this.owned(userId, postId);
+    if (!isContentKey(post.id, body.objectKey)) {
+      throw new BadRequestError(`objectKey must be posts/${post.id}/content with an allowed extension`);
+    }
+    const limit = this.limits.contentMaxBytes;
+    const head = await this.storage.head(body.objectKey);
+    if (!head) throw notUploaded();
+    if (head.size > limit) await this.refuseOversize(body.objectKey, limit);
+    if (head.size !== body.size) throw new BadRequestError('size does not match the uploaded object');
+    const got = await this.storage.get(body.objectKey);
+    if (!got) throw notUploaded();
+    const hash = createHash('sha256');
+    let bytes = 0;
+    try {
+      for await (const chunk of got.body) {
+        const buffer = chunk as Buffer;
+        bytes += buffer.length;
+        // Replaced since the HEAD by a larger object: stop reading at the limit.
+        if (bytes > limit) await this.refuseOversize(body.objectKey, limit);
+        hash.update(buffer);
+      }
+    } finally {
+      got.body.destroy();
+    }
+    // Judged on what was read, so an object replaced since the HEAD is judged as it is now.
+    if (bytes !== body.size) throw new BadRequestError('size does not match the uploaded object');
+    if (normalizeEtag(got.object.etag) !== normalizeEtag(body.etag))
+      throw new BadRequestError('etag does not match the uploaded object');
+    const sha256 = body.sha256.toLowerCase();
+    if (hash.digest('hex') !== sha256) throw new BadRequestError('sha256 does not match the uploaded object');
+
+    const stored = await this.posts.setContent(
+      post.id,
+      userId,
+      { key: body.objectKey, etag: normalizeEtag(got.object.etag), size: bytes, sha256 },
+      this.now(),
+    );
+    if (!stored) throw notFound();
+    if (post.contentKey !== null && post.contentKey !== body.objectKey) {
+      // The body moved to another extension; the old object is no longer referenced.
+      await this.storage.delete(post.contentKey).catch((err: unknown) => {
+        this.log?.warn({ err, key: post.contentKey }, 'could not delete a replaced post body');
+      });
+    }
+    await this.announce({ id: post.id, authorId: userId, kind: 'updated' });
+  }
+
+  /**
+   * Metadata edits. Image entries are this post's image keys (checked to exist within the image
+   * size limit, like confirm does for the body) or absolute http(s) URLs.
+   */
+  async update(userId: number, postId: string, fields: PostFields): Promise<void> {
+    if (Object.values(fields).every((v) => v === undefined))
+      throw new BadRequestError('body must set at least one field');
+    const post = await this.owned(userId, postId);
+    if (fields.imgUrls !== undefined) await this.checkImages(post, fields.imgUrls);
+    if (!(await this.posts.update(post.id, userId, fields, this.now()))) throw notFound();
+    const kinds: PostChangeKind[] = [];
+    const { visible, isTop, ...rest } = fields;
+    if (Object.values(rest).some((v) => v !== undefined)) kinds.push('updated');
+    if (visible !== undefined) kinds.push('visibility');
+    if (isTop !== undefined) kinds.push('top');
+    for (const kind of kinds) await this.announce({ id: post.id, authorId: userId, kind });
+  }
+
+  async setTop(userId: number, postId: string, isTop: boolean): Promise<void> {
+    await this.update(userId, postId, { isTop });
+  }
+
+  async setVisibility(userId: number, postId: string, visible: Visible): Promise<void> {
+    await this.update(userId, postId, { visible });
+  }
+
+  /** draft → published. 409 `INVALID_STATE` unless a draft; 409 `CONTENT_REQUIRED` without a confirmed body. */
+  async publish(userId: number, postId: string): Promise<void> {
+    const post = await this.owned(userId, postId, true);
+    if (post.status !== 'draft') throw invalidState(post.status);
+    if (post.contentKey === null)
+      throw new ConflictError('Confirm the post body before publishing', 'CONTENT_REQUIRED');
+    const now = this.now();
+    const published = await this.posts.transaction(async (trx) => {
+      if (!(await this.posts.publish(trx, post.id, userId, now))) return false;
+      await this.outbox.append(trx, postEventMessage(postEvent('published', post.id, userId, now)));
+      return true;
+    });
+    if (!published) {
+      // Lost a race: another request published or deleted it since it was read.
+      const current = await this.posts.find(post.id);
+      throw invalidState(current?.status ?? 'deleted');
+    }
+    await this.announce({ id: post.id, authorId: userId, kind: 'published' });
+  }
+
+  /** Soft delete; leaving `published` appends `unpublished` in the same transaction. */
+  async delete(userId: number, postId: string): Promise<void> {
+    for (let attempt = 0; attempt < 3; attempt++) {
+      const post = await this.owned(userId, postId);
+      const from = post.status as 'draft' | 'published';
+      const now = this.now();
+      const deleted = await this.posts.transaction(async (trx) => {
+        if (!(await this.posts.softDelete(trx, post.id, userId, from, now))) return false;
+        if (from === 'published')
+          await this.outbox.append(trx, postEventMessage(postEvent('unpublished', post.id, userId, now)));
+        return true;
+      });
+      if (deleted) {
+        await this.announce({ id: post.id, authorId: userId, kind: 'deleted' });
+        return;
+      }
+      // The post changed state in between (published or deleted meanwhile): judge it again.
+    }
+    throw new ConflictError('The post changed while it was being deleted; try again');
+  }
+
+  /**
+   * The caller's post. 404 when they may not see it (see the class comment), 403 when they may
+   * see it but it is someone else's. Deleted posts are 404 unless `deletedToo`, for routes that
+   * tell the author why they cannot act.
+   */
+  private async owned(userId: number, postId: string, deletedToo = false): Promise<PostRecord> {
+    const post = await this.posts.find(postId);
+    if (!post) throw notFound();
+    if (post.authorId !== userId) {
+      if (mayView(post, userId)) throw new ForbiddenError('Only the author may change this post');
+      throw notFound();
+    }
+    if (post.status === 'deleted' && !deletedToo) throw notFound();
+    return post;
+  }
+
+  private async checkImages(post: PostRecord, imgUrls: string[]): Promise<void> {
+    const fresh: { key: string; index: number }[] = [];
+    imgUrls.forEach((value, index) => {
+      if (isImageKey(post.id, value)) {
+        if (!post.imgUrls.includes(value)) fresh.push({ key: value, index });
+      } else if (!isExternalImageUrl(value)) {
+        throw new BadRequestError(
+          `imgUrls[${index}] must be an image key under posts/${post.id}/images/ or an http(s) URL`,
+        );
+      }
+    });
+    const heads = await Promise.all(fresh.map(({ key }) => this.storage.head(key)));
+    for (const [i, head] of heads.entries()) {
+      const { key, index } = fresh[i]!;
+      if (!head) throw new BadRequestError(`imgUrls[${index}]: no image was uploaded under ${key}`);
+      if (head.size > this.limits.imageMaxBytes) await this.refuseOversize(key, this.limits.imageMaxBytes);
+    }
+  }
+
+  private async refuseOversize(key: string, limit: number): Promise<never> {
+    await this.storage.delete(key);
+    throw new PayloadTooLargeError(`The upload exceeds its limit of ${limit} bytes and was removed`);
+  }
+
+  private async rateLimit(key: string, limit: number, windowMs: number, what: string): Promise<void> {
+    const decision = await this.limiter.hit(key, limit, windowMs);
+    if (!decision.allowed)
+      throw new RateLimitedError(`Too many ${what}; try again later`, decision.retryAfterMs / 1000);
+  }
+
+  private async announce(change: PostChange): Promise<void> {
+    for (const listener of this.listeners) {
+      try {
+        await listener(change);
+      } catch (err) {
+        this.log?.warn({ err, post: change.id, kind: change.kind }, 'post change listener failed');
+      }
+    }
+  }
+}
+
+function notFound(): NotFoundError {
+  return new NotFoundError('Post not found');
+}
+
+function notUploaded(): ConflictError {
+  return new ConflictError('No object was uploaded under objectKey; upload it first', 'OBJECT_NOT_UPLOADED');
+}
+
+function invalidState(status: string): ConflictError {
+  return new ConflictError(`Only a draft can be published; this post is ${status}`, 'INVALID_STATE');
+}

@@ -1,0 +1,135 @@
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { Redis } from 'ioredis';
+import { Registry } from 'prom-client';
+import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import { services, uniqueName } from '../../test/rig/resources.js';
+import type { EntityRef } from '../counter/model.js';
+import type { CounterStore } from '../counter/store/counter-store.js';
+import { RedisCounterStore } from '../counter/store/redis-counter-store.js';
+import { SqliteCounterStore } from '../counter/store/sqlite-counter-store.js';
+import { migrate, openSqlite } from '../platform/db/database.js';
+import type { EventLog } from '../platform/eventlog/eventlog.js';
+import { KafkaEventLog } from '../platform/eventlog/kafka-eventlog.js';
+import { SqliteEventLog } from '../platform/eventlog/sqlite-eventlog.js';
+import { VIEW_GROUP, VIEW_TOPIC, ViewAggregator, ViewMetrics, ViewRecorder } from './views.js';
+
+type Profile = 'embedded' | 'cluster';
+
+async function openRig(
+  profile: Profile,
+): Promise<{ events: EventLog; store: CounterStore; cleanup(): Promise<void> }> {
+  if (profile === 'embedded') {
+    const dir = mkdtempSync(join(tmpdir(), 'zg-views-'));
+    const db = openSqlite(join(dir, 'zhiguang.db'));
+    await migrate(db);
+    const events = new SqliteEventLog(db, { idlePollMs: 10 });
+    return {
+      events,
+      store: new SqliteCounterStore(db),
+      cleanup: async () => {
+        await events.close();
+        await db.close();
+        rmSync(dir, { recursive: true, force: true });
+      },
+    };
+  }
+  const redis = new Redis(services.redisUrl(), { maxRetriesPerRequest: 1 });
+  const keyPrefix = `${uniqueName('views')}:`;
+  const events = new KafkaEventLog({
+    brokers: services.kafkaBrokers(),
+    prefix: `${uniqueName('views')}.`,
+    partitions: 2,
+    clientId: 'zg-views',
+    sessionTimeoutMs: 6_000,
+    heartbeatIntervalMs: 500,
+    retryBackoffMs: { min: 50, max: 500 },
+  });
+  return {
+    events,
+    store: new RedisCounterStore(redis, { prefix: keyPrefix, groups: 16 }),
+    cleanup: async () => {
+      await events.deleteGroups([VIEW_GROUP]).catch(() => undefined);
+      await events.deleteTopics([VIEW_TOPIC]).catch(() => undefined);
+      await events.close();
+      let cursor = '0';
+      do {
+        const [next, keys] = await redis.scan(cursor, 'MATCH', `${keyPrefix}*`, 'COUNT', 1000);
+        if (keys.length > 0) await redis.del(...keys);
+        cursor = next;
+      } while (cursor !== '0');
+      await redis.quit();
+    },
+  };
+}
+
+const ref = (n: number): EntityRef => ({
+  etype: 'knowpost',
+  eid: String(7_500_000_000_000_000_000n + BigInt(n)),
+});
+
+describe.each<Profile>(['embedded', 'cluster'])('views pipeline (%s)', (profile) => {
+  let rig: Awaited<ReturnType<typeof openRig>>;
+  let aggregator: ViewAggregator;
+  let registry: Registry;
+  let metrics: ViewMetrics;
+  const errors: unknown[] = [];
+
+  beforeEach(async () => {
+    rig = await openRig(profile);
+    await rig.events.ensureTopics([VIEW_TOPIC]);
+    registry = new Registry();
+    metrics = new ViewMetrics(registry);
+    aggregator = new ViewAggregator(rig.events, rig.store, metrics, (err) => errors.push(err), {
+      maxBatch: 500,
+      maxWaitMs: 20,
+    });
+    await aggregator.start();
+  });
+  afterEach(async () => {
+    await aggregator.stop();
+    await rig.cleanup();
+  });
+
+  const reads = async (refs: EntityRef[]) => (await rig.store.readSnapshots(refs)).map((c) => c?.[0] ?? null);
+
+  async function until(check: () => Promise<boolean>, ms = 10_000): Promise<void> {
+    const deadline = Date.now() + ms;
+    while (!(await check())) {
+      if (Date.now() > deadline) throw new Error('not reached in time');
+      await new Promise((r) => setTimeout(r, 25));
+    }
+  }
+
+  it('adds recorded views to the snapshots’ read field, leaving likes alone', async () => {
+    const posts = [ref(1), ref(2), ref(3)];
+    await rig.store.toggle(posts[0]!, 'like', 5, true, Date.now());
+    await rig.store.rebuild(posts[0]!);
+    const recorder = new ViewRecorder(rig.events, metrics, { maxItems: 7, flushMs: 50 });
+    const plan = [5, 1, 12];
+    for (let round = 0; round < 12; round++)
+      plan.forEach((n, i) => {
+        if (round < n) recorder.record(posts[i]!.eid);
+      });
+    await recorder.close();
+    await until(async () => JSON.stringify(await reads(posts)) === JSON.stringify(plan));
+    const [first] = await rig.store.readSnapshots([posts[0]!]);
+    expect(first).toEqual([5, 1, 0, 0, 0]);
+    const applied = await registry.getSingleMetric('zg_views_applied_total')?.get();
+    expect(applied?.values[0]?.value).toBe(18);
+  });
+
+  it('skips malformed records and still applies the rest of the batch', async () => {
+    await rig.events.publish(VIEW_TOPIC, [
+      { key: 'x', value: 'not json' },
+      {
+        key: `knowpost:${ref(9).eid}`,
+        value: JSON.stringify({ etype: 'knowpost', eid: ref(9).eid, n: 4, ts: 1 }),
+      },
+      { key: 'y', value: JSON.stringify({ etype: 'knowpost', eid: 'abc', n: 4 }) },
+    ]);
+    await until(async () => (await reads([ref(9)]))[0] === 4);
+    expect(errors.length).toBeGreaterThanOrEqual(2);
+  });
+});

@@ -1,0 +1,158 @@
+import { Registry } from 'prom-client';
+import { afterEach, describe, expect, it, vi } from 'vitest';
+import type { EventRecord } from '../platform/eventlog/eventlog.js';
+import { parseViewEvent, VIEW_TOPIC, ViewMetrics, ViewRecorder } from './views.js';
+
+/** An event log that keeps what it was given and can be made to fail. */
+class FakeLog {
+  batches: { topic: string; records: EventRecord[] }[] = [];
+  failing = false;
+
+  async publish(topic: string, records: EventRecord[]): Promise<void> {
+    if (this.failing) throw new Error('log down');
+    this.batches.push({ topic, records });
+  }
+
+  /** Views per post over every batch so far. */
+  totals(): Record<string, number> {
+    const sums: Record<string, number> = {};
+    for (const b of this.batches)
+      for (const r of b.records) {
+        const e = parseViewEvent(r.value)!;
+        expect(r.key).toBe(`knowpost:${e.eid}`);
+        sums[e.eid] = (sums[e.eid] ?? 0) + e.n;
+      }
+    return sums;
+  }
+}
+
+async function metric(registry: Registry, name: string): Promise<number> {
+  const m = await registry.getSingleMetric(name)?.get();
+  return m?.values[0]?.value ?? Number.NaN;
+}
+
+describe(ViewRecorder.name, () => {
+  afterEach(() => vi.useRealTimers());
+
+  const setup = (options: { maxItems?: number; flushMs?: number; maxPosts?: number } = {}) => {
+    const log = new FakeLog();
+    const registry = new Registry();
+    const errors: unknown[] = [];
+    const sut = new ViewRecorder(log, new ViewMetrics(registry), {
+      maxItems: options.maxItems ?? 100,
+      flushMs: options.flushMs ?? 200,
+      ...(options.maxPosts !== undefined ? { maxPosts: options.maxPosts } : {}),
+      onError: (err) => errors.push(err),
+      now: () => 42,
+    });
+    return { log, registry, errors, sut };
+  };
+
+  it('publishes one record per post with the summed views, flushMs after the first view', async () => {
+    vi.useFakeTimers();
+    const { log, sut, registry } = setup();
+    for (const id of ['1', '2', '1', '1']) sut.record(id);
+    expect(await metric(registry, 'zg_views_buffered')).toBe(4);
+    await vi.advanceTimersByTimeAsync(199);
+    expect(log.batches).toEqual([]);
+    await vi.advanceTimersByTimeAsync(1);
+    expect(log.batches).toHaveLength(1);
+    expect(log.batches[0]!.topic).toBe(VIEW_TOPIC);
+    expect(log.batches[0]!.records.map((r) => [r.key, parseViewEvent(r.value)])).toEqual([
+      ['knowpost:1', { etype: 'knowpost', eid: '1', n: 3, ts: 42 }],
+      ['knowpost:2', { etype: 'knowpost', eid: '2', n: 1, ts: 42 }],
+    ]);
+    expect(await metric(registry, 'zg_views_buffered')).toBe(0);
+    expect(await metric(registry, 'zg_views_published_total')).toBe(4);
+    await vi.advanceTimersByTimeAsync(1_000);
+    expect(log.batches).toHaveLength(1);
+  });
+
+  it('publishes as soon as maxItems views are buffered', async () => {
+    vi.useFakeTimers();
+    const { log, sut } = setup({ maxItems: 3, flushMs: 10_000 });
+    sut.record('1');
+    sut.record('2');
+    expect(log.batches).toHaveLength(0);
+    sut.record('2');
+    await vi.advanceTimersByTimeAsync(0);
+    expect(log.totals()).toEqual({ '1': 1, '2': 2 });
+  });
+
+  it('keeps views whose publish failed and publishes them with later ones', async () => {
+    vi.useFakeTimers();
+    const { log, sut, errors, registry } = setup();
+    log.failing = true;
+    sut.record('1');
+    sut.record('1');
+    await vi.advanceTimersByTimeAsync(200);
+    expect(errors).toHaveLength(1);
+    expect(await metric(registry, 'zg_views_publish_failed_total')).toBe(2);
+    expect(await metric(registry, 'zg_views_buffered')).toBe(2);
+    log.failing = false;
+    sut.record('1');
+    await vi.advanceTimersByTimeAsync(200);
+    expect(log.totals()).toEqual({ '1': 3 });
+    expect(await metric(registry, 'zg_views_buffered')).toBe(0);
+  });
+
+  it('bounds the posts kept during an outage and counts what it drops', async () => {
+    const { log, sut, registry } = setup({ maxPosts: 2, flushMs: 60_000 });
+    log.failing = true;
+    for (const id of ['1', '2', '3', '1']) sut.record(id);
+    expect(await metric(registry, 'zg_views_dropped_total')).toBe(1);
+    log.failing = false;
+    await sut.flush();
+    expect(log.totals()).toEqual({ '1': 2, '2': 1 });
+  });
+
+  it('publishes what is left on close and drops views recorded afterwards', async () => {
+    const { log, sut, registry } = setup({ flushMs: 60_000 });
+    sut.record('7');
+    sut.record('7');
+    await sut.close();
+    expect(log.totals()).toEqual({ '7': 2 });
+    sut.record('7');
+    await sut.flush();
+    expect(log.totals()).toEqual({ '7': 2 });
+    expect(await metric(registry, 'zg_views_dropped_total')).toBe(1);
+  });
+
+  it('runs one publish at a time, however often it is asked to', async () => {
+    const { log, sut } = setup({ maxItems: 1, flushMs: 60_000 });
+    let inFlight = 0;
+    let most = 0;
+    const publish = log.publish.bind(log);
+    log.publish = async (topic, records) => {
+      most = Math.max(most, ++inFlight);
+      await new Promise((r) => setTimeout(r, 5));
+      await publish(topic, records);
+      inFlight--;
+    };
+    for (let i = 0; i < 50; i++) sut.record(String(1 + (i % 5)));
+    await sut.flush();
+    expect(most).toBe(1);
+    expect(log.batches.length).toBeLessThanOrEqual(3);
+    expect(log.totals()).toEqual({ '1': 10, '2': 10, '3': 10, '4': 10, '5': 10 });
+  });
+});
+
+describe(parseViewEvent.name, () => {
+  it('accepts view events and refuses anything else', () => {
+    expect(parseViewEvent('{"etype":"knowpost","eid":"12","n":3,"ts":1}')).toEqual({
+      etype: 'knowpost',
+      eid: '12',
+      n: 3,
+      ts: 1,
+    });
+    for (const bad of [
+      'nope',
+      '{"etype":"user","eid":"12","n":1}',
+      '{"etype":"knowpost","eid":"012","n":1}',
+      '{"etype":"knowpost","eid":"12","n":0}',
+      '{"etype":"knowpost","eid":"12","n":1.5}',
+      '{"etype":"knowpost","eid":12,"n":1}',
+    ])
+      expect(parseViewEvent(bad), bad).toBeNull();
+  });
+});

@@ -1,0 +1,248 @@
+import { Counter, Gauge, type Registry } from 'prom-client';
+import { ENTITY_TYPES, entityKey, type EntityRef, type EntityType } from '../counter/model.js';
+import type { CounterStore, ViewIncrement } from '../counter/store/counter-store.js';
+import type { EventLog, Subscription } from '../platform/eventlog/eventlog.js';
+import type { ViewSink } from './detail.service.js';
+
+/**
+ * Views (the snapshot's `read` field). A detail read records a view in this process's buffer, which
+ * sums views per post and publishes them in batches to `read-events` (one record per post, keyed by
+ * entity) when it holds `maxItems` views, `flushMs` after the first view it took, and on shutdown.
+ * The `view-agg` consumer sums a batch per post, adds the sums to the snapshots and commits. Views
+ * are approximate under a crash (the buffer of a killed process is lost; a consumer that dies between
+ * adding and committing has its batch added again); likes and favourites do not go this way.
+ */
+export const VIEW_TOPIC = 'read-events';
+export const VIEW_GROUP = 'view-agg';
+
+export interface ViewEvent {
+  etype: EntityType;
+  eid: string;
+  n: number;
+  ts: number;
+}
+
+export function parseViewEvent(value: string): ViewEvent | null {
+  try {
+    const v = JSON.parse(value) as Partial<ViewEvent>;
+    if (
+      typeof v.etype === 'string' &&
+      (ENTITY_TYPES as readonly string[]).includes(v.etype) &&
+      typeof v.eid === 'string' &&
+      /^[1-9][0-9]{0,19}$/.test(v.eid) &&
+      typeof v.n === 'number' &&
+      Number.isSafeInteger(v.n) &&
+      v.n > 0
+    )
+      return { etype: v.etype, eid: v.eid, n: v.n, ts: typeof v.ts === 'number' ? v.ts : 0 };
+  } catch {
+    // fall through
+  }
+  return null;
+}
+
+export class ViewMetrics {
+  readonly buffered: Gauge;
+  readonly recorded: Counter;
+  readonly published: Counter;
+  readonly publishFailed: Counter;
+  readonly dropped: Counter;
+  readonly applied: Counter;
+
+  constructor(registry: Registry) {
+    const registers = [registry];
+    this.buffered = new Gauge({
+      name: 'zg_views_buffered',
+      help: 'Views recorded in this process and not yet published to read-events',
+      registers,
+    });
+    this.recorded = new Counter({
+      name: 'zg_views_recorded_total',
+      help: 'Views recorded by detail reads in this process',
+      registers,
+    });
+    this.published = new Counter({
+      name: 'zg_views_published_total',
+      help: 'Views acknowledged by the event log',
+      registers,
+    });
+    this.publishFailed = new Counter({
+      name: 'zg_views_publish_failed_total',
+      help: 'Views whose publish failed (kept for the next attempt unless the buffer is full)',
+      registers,
+    });
+    this.dropped = new Counter({
+      name: 'zg_views_dropped_total',
+      help: 'Views given up: buffer full while the event log was unreachable, or recorded after shutdown',
+      registers,
+    });
+    this.applied = new Counter({
+      name: 'zg_views_applied_total',
+      help: 'Views added to snapshots by view-agg',
+      registers,
+    });
+  }
+}
+
+export interface ViewRecorderOptions {
+  /** Publish once this many views are buffered. */
+  maxItems: number;
+  /** Publish at the latest this long after the first buffered view. */
+  flushMs: number;
+  /** Distinct posts kept while the event log cannot be reached; views of further posts are dropped. */
+  maxPosts?: number;
+  onError?: (err: unknown) => void;
+  now?: () => number;
+}
+
+/** The in-process buffer of views; see the module comment. */
+export class ViewRecorder implements ViewSink {
+  private pending = new Map<string, number>();
+  private count = 0;
+  private timer: NodeJS.Timeout | undefined;
+  private chain: Promise<void> = Promise.resolve();
+  private closed = false;
+  /** A flush is waiting behind the one in flight: later triggers join it instead of queueing more. */
+  private queued = false;
+  private readonly maxPosts: number;
+  private readonly now: () => number;
+
+  constructor(
+    private readonly events: Pick<EventLog, 'publish'>,
+    private readonly metrics: ViewMetrics,
+    private readonly options: ViewRecorderOptions,
+  ) {
+    this.maxPosts = options.maxPosts ?? 100_000;
+    this.now = options.now ?? Date.now;
+  }
+
+  record(postId: string): void {
+    this.metrics.recorded.inc();
+    if (this.closed) {
+      this.metrics.dropped.inc();
+      return;
+    }
+    this.add(postId, 1);
+    if (this.count >= this.options.maxItems) void this.flush();
+    else this.schedule();
+  }
+
+  /** Publishes what is buffered now; resolves when that publish (and any before it) finished. */
+  flush(): Promise<void> {
+    if (this.timer) clearTimeout(this.timer);
+    this.timer = undefined;
+    if (this.queued) return this.chain;
+    this.queued = true;
+    this.chain = this.chain.then(() => {
+      this.queued = false;
+      return this.publishBuffered();
+    });
+    return this.chain;
+  }
+
+  /** Publishes what is left; views recorded afterwards are dropped. */
+  async close(): Promise<void> {
+    this.closed = true;
+    await this.flush();
+    if (this.timer) clearTimeout(this.timer);
+    this.timer = undefined;
+  }
+
+  private add(postId: string, n: number): boolean {
+    const had = this.pending.get(postId);
+    if (had === undefined && this.pending.size >= this.maxPosts) {
+      this.metrics.dropped.inc(n);
+      return false;
+    }
+    this.pending.set(postId, (had ?? 0) + n);
+    this.count += n;
+    this.metrics.buffered.inc(n);
+    return true;
+  }
+
+  private schedule(): void {
+    if (this.timer || this.count === 0) return;
+    this.timer = setTimeout(() => {
+      this.timer = undefined;
+      void this.flush();
+    }, this.options.flushMs);
+    this.timer.unref();
+  }
+
+  private async publishBuffered(): Promise<void> {
+    if (this.pending.size === 0) return;
+    const batch = this.pending;
+    const total = this.count;
+    this.pending = new Map();
+    this.count = 0;
+    this.metrics.buffered.dec(total);
+    const ts = this.now();
+    const records = [...batch].map(([eid, n]) => {
+      const ref: EntityRef = { etype: 'knowpost', eid };
+      return {
+        key: entityKey(ref),
+        value: JSON.stringify({ etype: ref.etype, eid, n, ts } satisfies ViewEvent),
+      };
+    });
+    try {
+      await this.events.publish(VIEW_TOPIC, records);
+      this.metrics.published.inc(total);
+    } catch (err) {
+      this.metrics.publishFailed.inc(total);
+      this.options.onError?.(err);
+      // Kept for the next attempt; views are approximate, but an outage should not lose them all.
+      for (const [eid, n] of batch) this.add(eid, n);
+      if (!this.closed) this.schedule();
+    }
+  }
+}
+
+/** The `view-agg` consumer (worker role): sums each batch per post and adds the sums to snapshots. */
+export class ViewAggregator {
+  private subscription: Subscription | undefined;
+
+  constructor(
+    private readonly events: EventLog,
+    private readonly store: Pick<CounterStore, 'addViews'>,
+    private readonly metrics: ViewMetrics,
+    private readonly onError: (err: unknown) => void,
+    private readonly options: { maxBatch: number; maxWaitMs: number } = { maxBatch: 5000, maxWaitMs: 100 },
+  ) {}
+
+  async start(): Promise<void> {
+    this.subscription = await this.events.subscribe({
+      group: VIEW_GROUP,
+      topics: [VIEW_TOPIC],
+      maxBatch: this.options.maxBatch,
+      maxWaitMs: this.options.maxWaitMs,
+      handler: async (batch) => {
+        const sums = new Map<string, ViewIncrement>();
+        let total = 0;
+        for (const record of batch.records) {
+          const event = parseViewEvent(record.value);
+          if (!event) {
+            this.onError(
+              new Error(`skipping a malformed view event at ${record.partition}:${record.offset}`),
+            );
+            continue;
+          }
+          const ref: EntityRef = { etype: event.etype, eid: event.eid };
+          const key = entityKey(ref);
+          const entry = sums.get(key);
+          if (entry) entry.n += event.n;
+          else sums.set(key, { ref, n: event.n });
+          total += event.n;
+        }
+        if (sums.size === 0) return;
+        await this.store.addViews([...sums.values()]);
+        this.metrics.applied.inc(total);
+      },
+      onError: this.onError,
+    });
+  }
+
+  async stop(): Promise<void> {
+    await this.subscription?.close();
+    this.subscription = undefined;
+  }
+}

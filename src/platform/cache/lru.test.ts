@@ -1,0 +1,62 @@
+import { describe, expect, it } from 'vitest';
+import { LruCache } from './lru.js';
+
+describe(LruCache.name, () => {
+  const clock = () => {
+    let now = 1_000;
+    return { now: () => now, advance: (ms: number) => (now += ms) };
+  };
+
+  it('returns what was set until its time to live has passed', () => {
+    const c = clock();
+    const sut = new LruCache<string>({ maxEntries: 10, ttlMs: 100, now: c.now });
+    sut.set('a', 'A');
+    expect(sut.get('a')).toBe('A');
+    c.advance(99);
+    expect(sut.get('a')).toBe('A');
+    c.advance(1);
+    expect(sut.get('a')).toBeUndefined();
+    expect(sut.size).toBe(0);
+  });
+
+  it('evicts the least recently used entry, counting reads as use', () => {
+    const sut = new LruCache<number>({ maxEntries: 3, ttlMs: 1_000 });
+    sut.set('a', 1);
+    sut.set('b', 2);
+    sut.set('c', 3);
+    expect(sut.get('a')).toBe(1);
+    sut.set('d', 4);
+    expect(sut.get('b')).toBeUndefined();
+    expect([sut.get('a'), sut.get('c'), sut.get('d')]).toEqual([1, 3, 4]);
+    expect(sut.size).toBe(3);
+  });
+
+  it('restarts the time to live and the recency of a key set again', () => {
+    const c = clock();
+    const sut = new LruCache<string>({ maxEntries: 2, ttlMs: 100, now: c.now });
+    sut.set('a', 'old');
+    c.advance(80);
+    sut.set('a', 'new');
+    c.advance(80);
+    expect(sut.get('a')).toBe('new');
+  });
+
+  it('keeps nothing when disabled by a zero size or time to live', () => {
+    const off = new LruCache<string>({ maxEntries: 0, ttlMs: 1_000 });
+    const noTtl = new LruCache<string>({ maxEntries: 10, ttlMs: 0 });
+    off.set('a', 'A');
+    noTtl.set('a', 'A');
+    expect([off.get('a'), noTtl.get('a')]).toEqual([undefined, undefined]);
+  });
+
+  it('deletes single keys, matching keys and everything', () => {
+    const sut = new LruCache<number>({ maxEntries: 10, ttlMs: 1_000 });
+    for (const [i, k] of ['feed:1', 'feed:2', 'post:1', 'post:2'].entries()) sut.set(k, i);
+    expect(sut.delete('post:1')).toBe(true);
+    expect(sut.delete('post:1')).toBe(false);
+    expect(sut.deleteWhere((k) => k.startsWith('feed:'))).toBe(2);
+    expect([sut.get('feed:1'), sut.get('post:2')]).toEqual([undefined, 3]);
+    sut.clear();
+    expect(sut.size).toBe(0);
+  });
+});

@@ -1,0 +1,101 @@
+import type { ChainableCommander, Redis } from 'ioredis';
+import type { CacheFill, CacheRead, CacheSlot, SharedCache } from './shared-cache.js';
+
+// A value is stored as "<generation>|<value>" and read only while its guard still has that
+// generation, so moving the guard hides every value under it without finding them.
+const GET_LUA = `
+local g = redis.call('GET', KEYS[1]) or '0'
+local v = redis.call('GET', KEYS[2])
+if v then
+  local sep = string.find(v, '|', 1, true)
+  if sep and string.sub(v, 1, sep - 1) == g then return {g, string.sub(v, sep + 1)} end
+end
+return {g}
+`;
+const FILL_LUA = `
+local g = redis.call('GET', KEYS[1]) or '0'
+if g ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[2], g .. '|' .. ARGV[2], 'PX', ARGV[3])
+return 1
+`;
+const CMD = { get: 'zgCacheGet', fill: 'zgCacheFill' } as const;
+
+type ScriptPipeline = ChainableCommander &
+  Record<(typeof CMD)[keyof typeof CMD], (...args: (string | number)[]) => ChainableCommander>;
+
+export interface RedisSharedCacheOptions {
+  /** Prefix of every key (the deployment's Redis prefix). */
+  prefix: string;
+  /**
+   * How long a guard's generation is kept after it last moved. A value must not outlive it (a
+   * forgotten generation starts again at 0), so fills are capped at half of it.
+   */
+  guardTtlMs?: number;
+}
+
+async function exec(pipeline: ChainableCommander): Promise<unknown[]> {
+  const replies = await pipeline.exec();
+  if (!replies) throw new Error('Redis pipeline was discarded');
+  return replies.map(([error, value]) => {
+    if (error) throw error;
+    return value;
+  });
+}
+
+/**
+ * `SharedCache` in Redis. A guard's generation and the values under it share one hash tag, so each
+ * per-entry script touches one slot (Redis Cluster ready); a call is one pipeline of such scripts.
+ */
+export class RedisSharedCache implements SharedCache {
+  private readonly prefix: string;
+  private readonly guardTtlMs: number;
+
+  constructor(
+    private readonly redis: Redis,
+    options: RedisSharedCacheOptions,
+  ) {
+    this.prefix = options.prefix;
+    this.guardTtlMs = options.guardTtlMs ?? 24 * 3600_000;
+    const commands = redis as unknown as Record<string, unknown>;
+    if (typeof commands[CMD.get] !== 'function')
+      redis.defineCommand(CMD.get, { numberOfKeys: 2, lua: GET_LUA });
+    if (typeof commands[CMD.fill] !== 'function')
+      redis.defineCommand(CMD.fill, { numberOfKeys: 2, lua: FILL_LUA });
+  }
+
+  private genKey(guard: string): string {
+    if (/[{}]/.test(guard)) throw new RangeError(`cache guard must not contain braces: ${guard}`);
+    return `${this.prefix}c:{${guard}}`;
+  }
+
+  private valueKey(slot: CacheSlot): string {
+    return `${this.genKey(slot.guard)}:${slot.key}`;
+  }
+
+  async get(slots: readonly CacheSlot[]): Promise<CacheRead[]> {
+    if (slots.length === 0) return [];
+    const pipeline = this.redis.pipeline() as ScriptPipeline;
+    for (const slot of slots) pipeline[CMD.get](this.genKey(slot.guard), this.valueKey(slot));
+    const replies = (await exec(pipeline)) as [string, string?][];
+    return replies.map(([gen, value]) => ({ gen: String(gen), value: value ?? null }));
+  }
+
+  async fill(entries: readonly CacheFill[], ttlMs: number): Promise<void> {
+    if (entries.length === 0) return;
+    const ttl = Math.ceil(Math.min(ttlMs, this.guardTtlMs / 2));
+    if (!(ttl > 0)) throw new RangeError(`ttlMs must be positive, got ${ttlMs}`);
+    const pipeline = this.redis.pipeline() as ScriptPipeline;
+    for (const e of entries) pipeline[CMD.fill](this.genKey(e.guard), this.valueKey(e), e.gen, e.value, ttl);
+    await exec(pipeline);
+  }
+
+  async invalidate(guards: readonly string[]): Promise<void> {
+    if (guards.length === 0) return;
+    const pipeline = this.redis.pipeline();
+    for (const guard of new Set(guards)) {
+      const key = this.genKey(guard);
+      pipeline.incr(key).pexpire(key, this.guardTtlMs);
+    }
+    await exec(pipeline);
+  }
+}

@@ -1,0 +1,71 @@
+import { Redis } from 'ioredis';
+import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import { services, uniqueName } from '../../../test/rig/resources.js';
+import { createNoSharedCache, createRedisSharedCache } from './create.js';
+import { defineSharedCacheContract } from './shared-cache.contract.js';
+
+async function keysByPrefix(redis: Redis, prefix: string): Promise<string[]> {
+  const pattern = `${prefix.replace(/[*?[\]\\]/g, '\\$&')}*`;
+  const found: string[] = [];
+  let cursor = '0';
+  do {
+    const [next, keys] = await redis.scan(cursor, 'MATCH', pattern, 'COUNT', 1_000);
+    found.push(...keys);
+    cursor = next;
+  } while (cursor !== '0');
+  return found;
+}
+
+async function deleteByPrefix(redis: Redis, prefix: string): Promise<void> {
+  const keys = await keysByPrefix(redis, prefix);
+  if (keys.length > 0) await redis.del(...keys);
+}
+
+defineSharedCacheContract('none (embedded)', async () => ({
+  sut: createNoSharedCache(),
+  remembers: false,
+  cleanup: async () => {},
+}));
+
+defineSharedCacheContract('redis', async () => {
+  const redis = new Redis(services.redisUrl(), { maxRetriesPerRequest: 1 });
+  const prefix = `${uniqueName('cache')}:`;
+  return {
+    sut: createRedisSharedCache(redis, prefix),
+    remembers: true,
+    cleanup: async () => {
+      await deleteByPrefix(redis, prefix);
+      await redis.quit();
+    },
+  };
+});
+
+describe('RedisSharedCache keys', () => {
+  let redis: Redis;
+  let prefix: string;
+
+  beforeEach(() => {
+    redis = new Redis(services.redisUrl(), { maxRetriesPerRequest: 1 });
+    prefix = `${uniqueName('cache')}:`;
+  });
+  afterEach(async () => {
+    await deleteByPrefix(redis, prefix);
+    await redis.quit();
+  });
+
+  it('keeps a guard and its values in one hash slot, under the prefix, with expiries', async () => {
+    const sut = createRedisSharedCache(redis, prefix);
+    const slot = { key: 'feed:1:20', guard: 'feed' };
+    const [r] = await sut.get([slot]);
+    await sut.fill([{ ...slot, gen: r!.gen, value: '[1,2]' }], 5_000);
+    await sut.invalidate(['feed']);
+    const keys = (await keysByPrefix(redis, prefix)).sort();
+    expect(keys).toEqual([`${prefix}c:{feed}`, `${prefix}c:{feed}:feed:1:20`]);
+    for (const key of keys) expect(await redis.pttl(key)).toBeGreaterThan(0);
+  });
+
+  it('refuses guards that would break the hash tag', async () => {
+    const sut = createRedisSharedCache(redis, prefix);
+    await expect(sut.get([{ key: 'k', guard: 'a}b' }])).rejects.toThrow(RangeError);
+  });
+});

@@ -1,0 +1,79 @@
+import type { Logger } from 'pino';
+import { Registry } from 'prom-client';
+import type { Config } from '../platform/config/config.js';
+import { OutboxWriter } from '../platform/outbox/outbox.js';
+import { createPlatform } from '../platform/wiring.js';
+import { createUserCounters } from '../user-counter/user-counters.js';
+import { rebuildRelations, verifyRelations } from './maintenance.js';
+import { RelationReconciler } from './reconciler.js';
+import { RelationMetrics } from './relation.metrics.js';
+import { RelationRepository } from './relation.repository.js';
+import { relationUserCountParts } from './user-count-parts.js';
+
+export const RELATIONS_USAGE = `  relations verify [--fix]            compare every user's follower projection, followings/followers counters
+                                      and cached lists with the following table; --fix heals what differs
+  relations rebuild                   re-derive the follower projection, every user's counters and the list
+                                      caches from the following table`;
+
+export interface AdminIo {
+  /** Progress lines (overwritten in place on a terminal). */
+  progress(message: string): void;
+  /** The one-line JSON summary. */
+  summary(line: string): void;
+}
+
+/** `zhiguang relations verify [--fix] | rebuild`; resolves with the exit code. */
+export async function runRelationsCommand(
+  config: Config,
+  log: Logger,
+  command: string,
+  options: { fix: boolean },
+  io: AdminIo,
+): Promise<number> {
+  if (command !== 'verify' && command !== 'rebuild') return 2;
+  const platform = await createPlatform(config, log);
+  const started = Date.now();
+  try {
+    const repo = new RelationRepository(platform.db, new OutboxWriter());
+    const counters = createUserCounters({
+      db: platform.db,
+      store: platform.userCounterStore,
+      events: platform.events,
+      registry: new Registry(),
+      log,
+      reconcileIntervalMs: config.counters.reconcileIntervalMs,
+      parts: relationUserCountParts(platform.db, platform.counterStore),
+    });
+    const rebuildCounters = (userId: number) => counters.service.rebuild(userId, 'overwrite', 'admin');
+    let summary: object;
+    if (command === 'verify') {
+      const reconciler = new RelationReconciler({
+        repo,
+        counters: platform.userCounterStore,
+        lists: platform.relationLists,
+        bus: platform.invalidation,
+        rebuildCounters,
+        metrics: new RelationMetrics(new Registry()),
+        maxCompare: Number.MAX_SAFE_INTEGER,
+        settleMs: 0,
+        sampleSize: 0,
+      });
+      summary = await verifyRelations(repo, reconciler, options.fix, (message) => io.progress(message));
+    } else {
+      summary = await rebuildRelations(
+        { repo, lists: platform.relationLists, bus: platform.invalidation, rebuildCounters },
+        (message) => io.progress(message),
+      );
+    }
+    io.summary(
+      JSON.stringify({
+        command: `relations ${command}${options.fix ? ' --fix' : ''}`,
+        ...summary,
+        seconds: (Date.now() - started) / 1000,
+      }),
+    );
+    return 0;
+  } finally {
+    await platform.close();
+  }
+}

@@ -1,0 +1,228 @@
+/**
+ * Likes and favourites received, on both profiles' stores: counter events of a post move its
+ * author's snapshot once, whatever is delivered twice; a skipped seq is healed by a rebuild from the
+ * facts at once, and the late event is not counted again; rebuilds while events are in flight are
+ * exact.
+ */
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { Redis } from 'ioredis';
+import { Registry } from 'prom-client';
+import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import { createMysqlDatabase, services, uniqueName } from '../../test/rig/resources.js';
+import type { CounterEvent, FactMetric } from '../counter/model.js';
+import type { CounterStore } from '../counter/store/counter-store.js';
+import { RedisCounterStore } from '../counter/store/redis-counter-store.js';
+import { SqliteCounterStore } from '../counter/store/sqlite-counter-store.js';
+import { migrate, openMysql, openSqlite, type Db } from '../platform/db/database.js';
+import type { EventLog } from '../platform/eventlog/eventlog.js';
+import { DbUserCountSource } from '../user-counter/source.js';
+import { RedisUserCounterStore } from '../user-counter/store/redis-user-counter-store.js';
+import { SqliteUserCounterStore } from '../user-counter/store/sqlite-user-counter-store.js';
+import { DEFAULT_RETENTION_MS, type UserCounterStore } from '../user-counter/store/user-counter-store.js';
+import { UserCounterMetrics } from '../user-counter/user-counter.metrics.js';
+import { UserCounterService } from '../user-counter/user-counter.service.js';
+import { LikesReceivedConsumer, LikesReceivedPart, LikesReceivedRepository } from './likes-received.js';
+import { RelationMetrics } from './relation.metrics.js';
+
+type Dialect = 'sqlite' | 'mariadb';
+
+interface Rig {
+  db: Db;
+  counters: CounterStore;
+  store: UserCounterStore;
+  service: UserCounterService;
+  sut: LikesReceivedConsumer;
+  gaps: number[];
+  cleanup(): Promise<void>;
+}
+
+async function openRig(dialect: Dialect): Promise<Rig> {
+  let db: Db;
+  let counters: CounterStore;
+  let store: UserCounterStore;
+  let close: () => Promise<void>;
+  if (dialect === 'sqlite') {
+    const dir = mkdtempSync(join(tmpdir(), 'zg-likes-'));
+    db = openSqlite(join(dir, 'zhiguang.db'));
+    await migrate(db);
+    counters = new SqliteCounterStore(db);
+    store = new SqliteUserCounterStore(db);
+    const sqlite = db;
+    close = async () => {
+      await sqlite.close();
+      rmSync(dir, { recursive: true, force: true });
+    };
+  } else {
+    const database = await createMysqlDatabase();
+    db = await openMysql(database.url, 4);
+    await migrate(db);
+    const redis = new Redis(services.redisUrl(), { maxRetriesPerRequest: 1, enableAutoPipelining: true });
+    const prefix = `${uniqueName('likes')}:`;
+    counters = new RedisCounterStore(redis, { prefix, groups: 16 });
+    store = new RedisUserCounterStore(redis, { prefix, groups: 16 });
+    const mysql = db;
+    close = async () => {
+      let cursor = '0';
+      do {
+        const [next, keys] = await redis.scan(cursor, 'MATCH', `${prefix}*`, 'COUNT', 1000);
+        if (keys.length > 0) await redis.del(...keys);
+        cursor = next;
+      } while (cursor !== '0');
+      await redis.quit();
+      await mysql.close();
+      await database.drop();
+    };
+  }
+  const repo = new LikesReceivedRepository(db);
+  const source = new DbUserCountSource(db, [new LikesReceivedPart(repo, counters)], DEFAULT_RETENTION_MS);
+  const service = new UserCounterService(store, source, new UserCounterMetrics(new Registry()));
+  const gaps: number[] = [];
+  const errors: unknown[] = [];
+  const sut = new LikesReceivedConsumer({
+    events: undefined as unknown as EventLog,
+    repo,
+    store,
+    metrics: new RelationMetrics(new Registry()),
+    onGap: async (author) => {
+      gaps.push(author);
+      await service.rebuild(author, 'overwrite', 'drift');
+    },
+    onError: (err) => errors.push(err),
+  });
+  return {
+    db,
+    counters,
+    store,
+    service,
+    sut,
+    gaps,
+    cleanup: async () => {
+      await close();
+      expect(errors).toEqual([]);
+    },
+  };
+}
+
+let nextPost = BigInt(Date.now()) * 1_000_000n;
+let nextUser = 1;
+
+describe.each<Dialect>(['sqlite', 'mariadb'])('likes received on %s', (dialect) => {
+  let rig: Rig;
+
+  beforeEach(async () => {
+    rig = await openRig(dialect);
+  });
+  afterEach(async () => rig?.cleanup());
+
+  const newUser = async () => {
+    const id = nextUser++;
+    const now = Date.now();
+    await rig.db.kysely
+      .insertInto('users')
+      .values({
+        id,
+        phone: null,
+        email: `${uniqueName('u')}@example.test`,
+        password_hash: null,
+        nickname: 'author',
+        avatar: 'a',
+        bio: null,
+        zg_id: uniqueName('z').slice(-32),
+        gender: 'UNKNOWN',
+        birthday: null,
+        school: null,
+        tags_json: '[]',
+        created_at: now,
+        updated_at: now,
+      })
+      .execute();
+    return id;
+  };
+  const newPost = async (authorId: number) => {
+    const id = String(++nextPost);
+    const now = Date.now();
+    await rig.db.kysely
+      .insertInto('knowposts')
+      .values({
+        id,
+        author_id: authorId,
+        status: 'published',
+        visible: 'public',
+        created_at: now,
+        updated_at: now,
+      })
+      .execute();
+    return id;
+  };
+  const toggle = async (postId: string, metric: FactMetric, userId: number, on: boolean) => {
+    const result = await rig.counters.toggle(
+      { etype: 'knowpost', eid: postId },
+      metric,
+      userId,
+      on,
+      Date.now(),
+    );
+    return result.event!;
+  };
+  const received = async (userId: number) => {
+    const [counts] = await rig.service.countsMany([userId]);
+    return { likes: counts!.likesReceived, favs: counts!.favsReceived };
+  };
+
+  it('moves the author once per change, whatever is delivered twice', async () => {
+    const author = await newUser();
+    const [p1, p2] = [await newPost(author), await newPost(author)];
+    expect(await received(author)).toEqual({ likes: 0, favs: 0 });
+    const events: CounterEvent[] = [
+      await toggle(p1, 'like', 101, true),
+      await toggle(p1, 'like', 102, true),
+      await toggle(p2, 'like', 101, true),
+      await toggle(p1, 'fav', 101, true),
+    ];
+    await rig.sut.apply(events);
+    await rig.sut.apply(events);
+    await rig.sut.apply(events.slice(1, 3));
+    expect(await received(author)).toEqual({ likes: 3, favs: 1 });
+    const unlike = await toggle(p1, 'like', 102, false);
+    await rig.sut.apply([unlike, ...events]);
+    expect(await received(author)).toEqual({ likes: 2, favs: 1 });
+    expect(rig.gaps).toEqual([]);
+  });
+
+  it('heals a skipped seq from the facts at once and ignores the late event', async () => {
+    const author = await newUser();
+    const post = await newPost(author);
+    await received(author); // a snapshot exists
+    const e1 = await toggle(post, 'like', 1, true);
+    const e2 = await toggle(post, 'like', 2, true);
+    const e3 = await toggle(post, 'like', 3, true);
+    await rig.sut.apply([e1, e3]);
+    expect(rig.gaps).toEqual([author]);
+    expect(await received(author)).toEqual({ likes: 3, favs: 0 });
+    await rig.sut.apply([e2]);
+    expect(await received(author)).toEqual({ likes: 3, favs: 0 });
+  });
+
+  it('rebuilds exactly while events are in flight', async () => {
+    const author = await newUser();
+    const post = await newPost(author);
+    const early = [await toggle(post, 'like', 1, true), await toggle(post, 'fav', 1, true)];
+    await rig.sut.apply(early);
+    const inFlight = [await toggle(post, 'like', 2, true), await toggle(post, 'like', 3, true)];
+    await rig.store.remove([author]);
+    expect(await received(author)).toEqual({ likes: 3, favs: 1 }); // rebuilt from the facts
+    await rig.sut.apply(inFlight);
+    expect(await received(author)).toEqual({ likes: 3, favs: 1 });
+    await rig.sut.apply([await toggle(post, 'like', 3, false)]);
+    expect(await received(author)).toEqual({ likes: 2, favs: 1 });
+  });
+
+  it('skips events of posts it does not know', async () => {
+    const author = await newUser();
+    await received(author);
+    await rig.sut.apply([await toggle('999999999', 'like', 5, true)]);
+    expect(await received(author)).toEqual({ likes: 0, favs: 0 });
+  });
+});

@@ -1,0 +1,247 @@
+import { parseCounterEvent } from '../counter/aggregator.js';
+import { COUNTER_TOPIC, type CounterEvent, type EntityRef } from '../counter/model.js';
+import type { CounterStore } from '../counter/store/counter-store.js';
+import { LruCache } from '../platform/cache/lru.js';
+import type { Db } from '../platform/db/database.js';
+import type { EventLog, Subscription } from '../platform/eventlog/eventlog.js';
+import type { UserCounterDelta } from '../user-counter/model.js';
+import type { UnappliedEvent, UserCountPart } from '../user-counter/source.js';
+import type { UserCounterStore } from '../user-counter/store/user-counter-store.js';
+import type { RelationMetrics } from './relation.metrics.js';
+
+export const LIKES_RECEIVED_GROUP = 'user-likes-received';
+
+// Far below both dialects' limits on bound parameters per statement.
+const CHUNK = 400;
+/** Events a rebuild lists as possibly unapplied at most, per post (a consumer that far behind is stalled). */
+const MAX_UNAPPLIED_PER_POST = 10_000;
+
+const eventIdOf = (postId: string, seq: number) => `knowpost:${postId}:${seq}`;
+
+/**
+ * Posts' authors (they never change, so they are cached for long) and, per post, the highest
+ * counter-event seq already applied to the author's likes/favourites received.
+ */
+export class LikesReceivedRepository {
+  private readonly authors = new LruCache<number>({ maxEntries: 100_000, ttlMs: 3_600_000 });
+
+  constructor(private readonly db: Db) {}
+
+  /** Author of each post that exists; one query for the posts not cached. */
+  async authorsOf(postIds: readonly string[]): Promise<Map<string, number>> {
+    const found = new Map<string, number>();
+    const missing: string[] = [];
+    for (const id of new Set(postIds)) {
+      const author = this.authors.get(id);
+      if (author === undefined) missing.push(id);
+      else found.set(id, author);
+    }
+    for (let i = 0; i < missing.length; i += CHUNK) {
+      const rows = await this.db.kysely
+        .selectFrom('knowposts')
+        .select(['id', 'author_id'])
+        .where('id', 'in', missing.slice(i, i + CHUNK))
+        .execute();
+      for (const row of rows) {
+        const id = String(row.id);
+        this.authors.set(id, Number(row.author_id));
+        found.set(id, Number(row.author_id));
+      }
+    }
+    return found;
+  }
+
+  async postsOf(authorId: number): Promise<string[]> {
+    const rows = await this.db.kysely
+      .selectFrom('knowposts')
+      .select('id')
+      .where('author_id', '=', authorId)
+      .execute();
+    return rows.map((r) => String(r.id));
+  }
+
+  async marks(postIds: readonly string[]): Promise<Map<string, number>> {
+    const found = new Map<string, number>();
+    for (let i = 0; i < postIds.length; i += CHUNK) {
+      const rows = await this.db.kysely
+        .selectFrom('likes_received_marks')
+        .select(['post_id', 'applied_seq'])
+        .where('post_id', 'in', postIds.slice(i, i + CHUNK))
+        .execute();
+      for (const row of rows) found.set(String(row.post_id), Number(row.applied_seq));
+    }
+    return found;
+  }
+
+  /** Raises marks (never lowers them); the same SQL on both dialects. */
+  async raiseMarks(marks: ReadonlyMap<string, number>): Promise<void> {
+    if (marks.size === 0) return;
+    await this.db.kysely.transaction().execute(async (trx) => {
+      for (const [postId, seq] of marks) {
+        const updated = await trx
+          .updateTable('likes_received_marks')
+          .set({ applied_seq: seq })
+          .where('post_id', '=', postId)
+          .where('applied_seq', '<', seq)
+          .executeTakeFirst();
+        if (Number(updated.numUpdatedRows) === 0) {
+          await trx
+            .insertInto('likes_received_marks')
+            .orIgnore()
+            .values({ post_id: postId, applied_seq: seq })
+            .execute();
+        }
+      }
+    });
+  }
+}
+
+export interface LikesReceivedConsumerDeps {
+  events: EventLog;
+  repo: LikesReceivedRepository;
+  store: UserCounterStore;
+  metrics: RelationMetrics;
+  /** A post's events skipped a seq: the author's counts are rebuilt from the facts (exact). */
+  onGap: (authorId: number) => Promise<unknown>;
+  onError: (err: unknown) => void;
+  /** Told which authors a batch moved (the user-counter reconciler checks them first). */
+  onApplied?: (userIds: number[]) => void;
+  now?: () => number;
+}
+
+/**
+ * The `user-likes-received` consumer: each like or favourite a post gains or loses moves its
+ * author's `likesReceived` or `favsReceived` by the same amount.
+ *
+ * Idempotent twice over: deltas carry the counter event's id (`knowpost:<id>:<seq>`), which the
+ * user-counter store applies once per user; and each post has a mark, the highest seq applied, at or
+ * below which events are skipped. Events of one post normally arrive in seq order. When they do
+ * not — a seq was skipped because two API processes published one hot post's events in another
+ * order — the skipped event will be at or below the mark when it comes, so it is dropped, and the
+ * author's counts are rebuilt at once from the facts (the likes-received count part), which counts
+ * it exactly; the periodic user-counter reconciler heals whatever a crash in between left behind.
+ */
+export class LikesReceivedConsumer {
+  private subscription: Subscription | undefined;
+  private readonly now: () => number;
+
+  constructor(private readonly deps: LikesReceivedConsumerDeps) {
+    this.now = deps.now ?? Date.now;
+  }
+
+  async start(): Promise<void> {
+    this.subscription = await this.deps.events.subscribe({
+      group: LIKES_RECEIVED_GROUP,
+      topics: [COUNTER_TOPIC],
+      maxBatch: 5_000,
+      maxWaitMs: 50,
+      handler: async (batch) => {
+        const events: CounterEvent[] = [];
+        for (const record of batch.records) {
+          const event = parseCounterEvent(record.value);
+          if (event && event.entityType === 'knowpost' && /^\d{1,20}$/.test(event.entityId))
+            events.push(event);
+          else this.deps.metrics.likesReceivedEvents.inc({ outcome: 'malformed' });
+        }
+        await this.apply(events);
+      },
+      onError: this.deps.onError,
+    });
+  }
+
+  async stop(): Promise<void> {
+    await this.subscription?.close();
+    this.subscription = undefined;
+  }
+
+  /** Applies a batch of counter events; idempotent (exported for tests). */
+  async apply(events: readonly CounterEvent[]): Promise<void> {
+    if (events.length === 0) return;
+    const { repo, metrics } = this.deps;
+    const byPost = new Map<string, CounterEvent[]>();
+    for (const e of events) {
+      const list = byPost.get(e.entityId);
+      if (list) list.push(e);
+      else byPost.set(e.entityId, [e]);
+    }
+    const postIds = [...byPost.keys()];
+    const [authors, marks] = await Promise.all([repo.authorsOf(postIds), repo.marks(postIds)]);
+
+    const deltas: UserCounterDelta[] = [];
+    const raised = new Map<string, number>();
+    const gaps = new Set<number>();
+    let skipped = 0;
+    let unknown = 0;
+    for (const [postId, list] of byPost) {
+      const author = authors.get(postId);
+      if (author === undefined) {
+        unknown += list.length;
+        continue;
+      }
+      let mark = marks.get(postId) ?? 0;
+      for (const e of [...list].sort((x, y) => x.seq - y.seq)) {
+        if (e.seq <= mark) {
+          skipped++;
+          continue;
+        }
+        if (e.seq > mark + 1) gaps.add(author);
+        deltas.push({
+          eventId: eventIdOf(postId, e.seq),
+          userId: author,
+          field: e.metric === 'like' ? 'likesReceived' : 'favsReceived',
+          delta: e.delta,
+        });
+        mark = e.seq;
+      }
+      if (mark > (marks.get(postId) ?? 0)) raised.set(postId, mark);
+    }
+    const result = await this.deps.store.apply(deltas, this.now());
+    await repo.raiseMarks(raised);
+    for (const author of gaps) await this.deps.onGap(author);
+
+    metrics.likesReceivedEvents.inc({ outcome: 'applied' }, result.applied);
+    if (result.skipped + skipped > 0)
+      metrics.likesReceivedEvents.inc({ outcome: 'skipped' }, result.skipped + skipped);
+    if (unknown > 0) metrics.likesReceivedEvents.inc({ outcome: 'unknown-post' }, unknown);
+    if (deltas.length > 0) this.deps.onApplied?.([...new Set(deltas.map((d) => d.userId))]);
+  }
+}
+
+/**
+ * `likesReceived` and `favsReceived` for user-counter rebuilds: the likes and favourites held on
+ * every post of the author, by the posts' fact sets. Read per post in this order — the post's mark,
+ * then its facts with their seq in one atomic step — so every event counted in the facts is either
+ * at or below the mark (applied, or skipped when it comes) or listed as unapplied (seq above the
+ * mark up to the facts' seq). The listed events' deltas are not known from facts and are given as 0
+ * (their ids are what a rebuild needs); a check that runs while such events are in flight may
+ * therefore call their author drifted, and the healing rebuild is exact.
+ */
+export class LikesReceivedPart implements UserCountPart {
+  readonly fields = ['likesReceived', 'favsReceived'] as const;
+
+  constructor(
+    private readonly repo: LikesReceivedRepository,
+    private readonly counters: CounterStore,
+  ) {}
+
+  async read(userId: number) {
+    const posts = await this.repo.postsOf(userId);
+    const marks = await this.repo.marks(posts);
+    const inspections = await Promise.all(
+      posts.map((eid) => this.counters.inspect({ etype: 'knowpost', eid } satisfies EntityRef)),
+    );
+    let likesReceived = 0;
+    let favsReceived = 0;
+    const unapplied: UnappliedEvent[] = [];
+    posts.forEach((postId, i) => {
+      const inspection = inspections[i]!;
+      likesReceived += inspection.facts.like;
+      favsReceived += inspection.facts.fav;
+      const from = Math.max(marks.get(postId) ?? 0, inspection.seq - MAX_UNAPPLIED_PER_POST);
+      for (let seq = from + 1; seq <= inspection.seq; seq++) {
+        unapplied.push({ eventId: eventIdOf(postId, seq), field: 'likesReceived', delta: 0 });
+      }
+    });
+    return { counts: { likesReceived, favsReceived }, unapplied };
+  }
+}

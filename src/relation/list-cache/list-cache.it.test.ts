@@ -1,0 +1,46 @@
+import { Redis } from 'ioredis';
+import { services, uniqueName } from '../../../test/rig/resources.js';
+import { defineListCacheContract } from './list-cache.contract.js';
+import { MemoryListCache } from './memory-list-cache.js';
+import { RedisListCache } from './redis-list-cache.js';
+
+async function deleteByPrefix(redis: Redis, prefix: string): Promise<void> {
+  const pattern = `${prefix.replace(/[*?[\]\\]/g, '\\$&')}*`;
+  let cursor = '0';
+  do {
+    const [next, keys] = await redis.scan(cursor, 'MATCH', pattern, 'COUNT', 1_000);
+    if (keys.length > 0) await redis.del(...keys);
+    cursor = next;
+  } while (cursor !== '0');
+}
+
+defineListCacheContract('memory', async () => {
+  let now = Date.parse('2030-01-01T00:00:00Z');
+  const ttlMs = 60_000;
+  const maxEntries = 50;
+  return {
+    sut: new MemoryListCache({ ttlMs, maxEntries, maxLists: 1000, now: () => now }),
+    ttlMs,
+    maxEntries,
+    advance: (ms) => {
+      now += ms;
+    },
+    cleanup: async () => undefined,
+  };
+});
+
+defineListCacheContract('redis', async () => {
+  const redis = new Redis(services.redisUrl(), { maxRetriesPerRequest: 1, enableAutoPipelining: true });
+  const prefix = `${uniqueName('rel')}:`;
+  const ttlMs = 600;
+  const maxEntries = 1200;
+  return {
+    sut: new RedisListCache(redis, { prefix, ttlMs, maxEntries }),
+    ttlMs,
+    maxEntries,
+    cleanup: async () => {
+      await deleteByPrefix(redis, prefix);
+      await redis.quit();
+    },
+  };
+});

@@ -1,0 +1,147 @@
+import type { InvalidationBus } from '../platform/cache/invalidation-bus.js';
+import type { ListCache } from './list-cache/list-cache.js';
+import { hasDrift, type RelationReconciler } from './reconciler.js';
+import type { Pair, RelationRepository } from './relation.repository.js';
+import { FIRST_PAGE_SCOPE } from './relation.service.js';
+
+export type Progress = (message: string) => void;
+
+export interface RelationVerifyReport {
+  checked: number;
+  /** Users with any drift (at most the first 1000 ids are listed). */
+  driftedUsers: number;
+  drifted: number[];
+  /** Follower rows that did not mirror `following`. */
+  projectionPairs: number;
+  /** Users whose followings/followers counters differed from the tables. */
+  counterUsers: number;
+  /** Cached lists that differed from their tables. */
+  cacheLists: number;
+  fixed: boolean;
+  /** Changes whose counter deltas are still on their way, and the age of the oldest (ms). */
+  inFlight: number;
+  oldestInFlightMs: number | null;
+}
+
+/** `zhiguang relations verify [--fix]`: every user, page by page. */
+export async function verifyRelations(
+  repo: RelationRepository,
+  reconciler: RelationReconciler,
+  fix: boolean,
+  progress: Progress,
+  now: () => number = Date.now,
+  pageSize = 500,
+): Promise<RelationVerifyReport> {
+  const report: RelationVerifyReport = {
+    checked: 0,
+    driftedUsers: 0,
+    drifted: [],
+    projectionPairs: 0,
+    counterUsers: 0,
+    cacheLists: 0,
+    fixed: fix,
+    inFlight: 0,
+    oldestInFlightMs: null,
+  };
+  let after = 0;
+  for (;;) {
+    const page = await repo.userIdsAfter(after, pageSize);
+    if (page.length === 0) break;
+    for (const userId of page) {
+      const drift = await reconciler.check(userId);
+      report.checked++;
+      if (!hasDrift(drift)) continue;
+      report.driftedUsers++;
+      if (report.drifted.length < 1000) report.drifted.push(userId);
+      report.projectionPairs += drift.projection.length;
+      if (drift.counters.length > 0) report.counterUsers++;
+      report.cacheLists += drift.caches.length;
+      reconciler.count(drift);
+      if (fix) await reconciler.heal(drift);
+    }
+    after = page[page.length - 1]!;
+    progress(`relations verify: ${report.checked} users checked, ${report.driftedUsers} drifted`);
+  }
+  const inFlight = await repo.unappliedSummary(now());
+  report.inFlight = inFlight.count;
+  report.oldestInFlightMs = inFlight.oldestAgeMs;
+  return report;
+}
+
+export interface RelationRebuildReport {
+  /** Follow rows walked in `following` and rows walked in `follower`. */
+  following: number;
+  follower: number;
+  /** Pairs whose `follower` row had to change. */
+  projectionChanged: number;
+  /** Users whose counters were rewritten from the tables, and lists dropped from the cache. */
+  users: number;
+  countersRewritten: number;
+  listsDropped: number;
+}
+
+/**
+ * `zhiguang relations rebuild`: makes the `follower` projection mirror `following` (walking both
+ * tables, so rows of either side are visited), rewrites every user's counters from the tables and
+ * drops every cached list. Safe while the service runs: each step derives from the truth as it is
+ * when the step runs, and the consumer's own work stays idempotent.
+ */
+export async function rebuildRelations(
+  deps: {
+    repo: RelationRepository;
+    lists: ListCache;
+    bus: InvalidationBus;
+    rebuildCounters: (userId: number) => Promise<{ written: boolean } | null>;
+  },
+  progress: Progress,
+  pageSize = 1000,
+): Promise<RelationRebuildReport> {
+  const report: RelationRebuildReport = {
+    following: 0,
+    follower: 0,
+    projectionChanged: 0,
+    users: 0,
+    countersRewritten: 0,
+    listsDropped: 0,
+  };
+  const walk = async (
+    read: (after: Pair | null, limit: number) => Promise<Pair[]>,
+    field: 'following' | 'follower',
+  ) => {
+    let after: Pair | null = null;
+    for (;;) {
+      const page = await read(after, pageSize);
+      if (page.length === 0) return;
+      const synced = await deps.repo.syncPairs(page);
+      report[field] += page.length;
+      report.projectionChanged += synced.filter((s) => s.changed).length;
+      after = page[page.length - 1]!;
+      progress(
+        `relations rebuild: ${field} ${report[field]} rows, ${report.projectionChanged} pairs changed`,
+      );
+    }
+  };
+  await walk((after, limit) => deps.repo.followingPage(after, limit), 'following');
+  await walk((after, limit) => deps.repo.followerPage(after, limit), 'follower');
+
+  let afterId = 0;
+  for (;;) {
+    const users = await deps.repo.userIdsAfter(afterId, pageSize);
+    if (users.length === 0) break;
+    await deps.lists.invalidate(
+      users.flatMap((owner) => [
+        { owner, kind: 'following' as const },
+        { owner, kind: 'followers' as const },
+      ]),
+    );
+    report.listsDropped += users.length * 2;
+    await deps.bus.publish(FIRST_PAGE_SCOPE, users.map(String)).catch(() => undefined);
+    for (const userId of users) {
+      if ((await deps.rebuildCounters(userId))?.written) report.countersRewritten++;
+      report.users++;
+    }
+    afterId = users[users.length - 1]!;
+    progress(`relations rebuild: ${report.users} users, ${report.countersRewritten} counters rewritten`);
+  }
+  return report;
+}

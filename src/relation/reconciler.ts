@@ -1,0 +1,190 @@
+import { setTimeout as sleep } from 'node:timers/promises';
+import type { InvalidationBus } from '../platform/cache/invalidation-bus.js';
+import type { UserCounterStore } from '../user-counter/store/user-counter-store.js';
+import type { ListCache, ListRef } from './list-cache/list-cache.js';
+import type { ListEntry, ListKind } from './model.js';
+import type { RelationMetrics } from './relation.metrics.js';
+import type { Pair, RelationRepository } from './relation.repository.js';
+import { FIRST_PAGE_SCOPE } from './relation.service.js';
+
+/** What one check of one user found; empty lists mean "in order". */
+export interface RelationDrift {
+  userId: number;
+  /** Pairs (followers of the user) whose `follower` row does not mirror `following`. */
+  projection: Pair[];
+  /** Counter fields that differ from the truth, net of deltas still on their way. */
+  counters: { field: 'followings' | 'followers'; expected: number; actual: number }[];
+  /** Cached lists whose content differs from the table they are filled from. */
+  caches: ListKind[];
+}
+
+export interface RelationReconcilerDeps {
+  repo: RelationRepository;
+  counters: UserCounterStore;
+  lists: ListCache;
+  bus: InvalidationBus;
+  /** Rewrites a user's counter snapshot from the database (the user-counter rebuild, exact). */
+  rebuildCounters: (userId: number) => Promise<unknown>;
+  metrics: RelationMetrics;
+  /** Longest list compared entry by entry; longer ones are compared by size. */
+  maxCompare: number;
+  /** Wait before a drift is checked again and only then healed (lets in-flight work land). */
+  settleMs: number;
+  /** Users per periodic round: recently touched ones first, then random ones. */
+  sampleSize: number;
+}
+
+const pairKey = (p: Pair) => `${p.fromUserId}:${p.toUserId}`;
+const sameEntries = (a: readonly ListEntry[], b: readonly ListEntry[]) =>
+  a.length === b.length && a.every((e, i) => e.userId === b[i]!.userId && e.createdAt === b[i]!.createdAt);
+
+export function hasDrift(d: RelationDrift): boolean {
+  return d.projection.length > 0 || d.counters.length > 0 || d.caches.length > 0;
+}
+
+/**
+ * Compares, per user, what the relation pipeline derived with the truth: the `follower` projection
+ * with `following`, the `followings`/`followers` counters with the tables, and cached lists with the
+ * tables they are filled from. Changes still in flight (their unapplied marks are present) are not
+ * drift. The periodic round checks a drifted user again after `settleMs` and heals only what is
+ * still wrong: pairs are re-synced from the truth, counters rebuilt (exact against deltas in flight),
+ * cached lists dropped.
+ */
+export class RelationReconciler {
+  private readonly recent = new Set<number>();
+
+  constructor(private readonly deps: RelationReconcilerDeps) {}
+
+  /** Users touched by recent events, checked first by the next round. */
+  touched(userIds: readonly number[]): void {
+    for (const id of userIds) {
+      this.recent.delete(id);
+      this.recent.add(id);
+    }
+    while (this.recent.size > 10_000) {
+      const oldest = this.recent.values().next();
+      if (oldest.done) break;
+      this.recent.delete(oldest.value);
+    }
+  }
+
+  async check(userId: number): Promise<RelationDrift> {
+    const { repo } = this.deps;
+    const inFlight = new Set((await repo.unappliedFor(userId)).map(pairKey));
+    const drift: RelationDrift = { userId, projection: [], counters: [], caches: [] };
+
+    const source = await repo.countSource(userId);
+
+    // Projection: the followers of the user by the truth and by the mirror. Long lists are walked
+    // only when their sizes differ (`relations verify` walks every one).
+    const mirrored = (await repo.counts([userId], 'followers')).get(userId) ?? 0;
+    if (source.followers <= this.deps.maxCompare || mirrored !== source.followers) {
+      for (const pair of await repo.followerDiff(userId)) {
+        if (!inFlight.has(pairKey(pair))) drift.projection.push(pair);
+      }
+    }
+
+    // Counters: the truth minus the deltas of changes not applied yet.
+    const inspection = await this.deps.counters.inspect(
+      userId,
+      source.unapplied.map((u) => u.eventId),
+    );
+    if (inspection.counts) {
+      const expected = { followings: source.followings, followers: source.followers };
+      source.unapplied.forEach((u, i) => {
+        if (!inspection.applied[i]) expected[u.field] -= u.delta;
+      });
+      for (const field of ['followings', 'followers'] as const) {
+        if (inspection.counts[field] !== expected[field]) {
+          drift.counters.push({ field, expected: expected[field], actual: inspection.counts[field] });
+        }
+      }
+    }
+
+    // Caches: a cached list must equal its table, apart from pairs in flight.
+    for (const kind of ['following', 'followers'] as const) {
+      const cached = await this.deps.lists.all({ owner: userId, kind });
+      if (cached === null) continue;
+      const table = await repo.head(userId, kind, this.deps.maxCompare + 1);
+      const settled = (entries: readonly ListEntry[]) =>
+        entries.filter((e) => {
+          const pair =
+            kind === 'following'
+              ? { fromUserId: userId, toUserId: e.userId }
+              : { fromUserId: e.userId, toUserId: userId };
+          return !inFlight.has(pairKey(pair));
+        });
+      if (!sameEntries(settled(cached), settled(table))) drift.caches.push(kind);
+    }
+    return drift;
+  }
+
+  /** Heals what `drift` names (idempotent; each step derives from the truth, not from `drift`'s numbers). */
+  async heal(drift: RelationDrift): Promise<void> {
+    const { repo, metrics } = this.deps;
+    if (drift.projection.length > 0) {
+      await repo.syncPairs(drift.projection);
+      metrics.driftHealed.inc({ kind: 'projection' }, drift.projection.length);
+    }
+    if (drift.counters.length > 0) {
+      await this.deps.rebuildCounters(drift.userId);
+      metrics.driftHealed.inc({ kind: 'counters' });
+    }
+    // A healed projection changes the followers list too: drop it with the drifted ones.
+    const lists: ListRef[] = drift.caches.map((kind) => ({ owner: drift.userId, kind }));
+    if (drift.projection.length > 0 && !drift.caches.includes('followers'))
+      lists.push({ owner: drift.userId, kind: 'followers' });
+    if (lists.length > 0) {
+      await this.deps.lists.invalidate(lists);
+      await this.deps.bus.publish(FIRST_PAGE_SCOPE, [String(drift.userId)]).catch(() => undefined);
+      if (drift.caches.length > 0) metrics.driftHealed.inc({ kind: 'cache' }, drift.caches.length);
+    }
+  }
+
+  /**
+   * One periodic round: check the sample, check the drifted users again after `settleMs`, heal
+   * what both checks found. Resolves with what it did.
+   */
+  async runOnce(): Promise<{ checked: number; drifted: number; healed: number }> {
+    const sample = [...this.recent].slice(-this.deps.sampleSize).reverse();
+    for (const id of sample) this.recent.delete(id);
+    if (sample.length < this.deps.sampleSize) {
+      const random = await this.deps.repo.sampleUserIds(this.deps.sampleSize - sample.length);
+      for (const id of random) if (!sample.includes(id)) sample.push(id);
+    }
+    const suspects: RelationDrift[] = [];
+    for (const userId of sample) {
+      const drift = await this.check(userId);
+      if (hasDrift(drift)) suspects.push(drift);
+    }
+    if (suspects.length === 0) return { checked: sample.length, drifted: 0, healed: 0 };
+    await sleep(this.deps.settleMs);
+    let healed = 0;
+    for (const first of suspects) {
+      const confirmed = confirm(first, await this.check(first.userId));
+      if (!hasDrift(confirmed)) continue;
+      this.count(confirmed);
+      await this.heal(confirmed);
+      healed++;
+    }
+    return { checked: sample.length, drifted: healed, healed };
+  }
+
+  count(drift: RelationDrift): void {
+    const { metrics } = this.deps;
+    if (drift.projection.length > 0) metrics.driftFound.inc({ kind: 'projection' }, drift.projection.length);
+    if (drift.counters.length > 0) metrics.driftFound.inc({ kind: 'counters' });
+    if (drift.caches.length > 0) metrics.driftFound.inc({ kind: 'cache' }, drift.caches.length);
+  }
+}
+
+/** What two checks of one user agree on. */
+function confirm(first: RelationDrift, second: RelationDrift): RelationDrift {
+  const pairs = new Set(first.projection.map(pairKey));
+  return {
+    userId: second.userId,
+    projection: second.projection.filter((p) => pairs.has(pairKey(p))),
+    counters: second.counters.filter((c) => first.counters.some((f) => f.field === c.field)),
+    caches: second.caches.filter((k) => first.caches.includes(k)),
+  };
+}

@@ -1,0 +1,573 @@
+/**
+ * The relation module inside one process, on both dialects (SQLite with the in-process list cache
+ * and user-counter tables; MariaDB with Redis): follow/unfollow with the outbox, the relation-proj
+ * projection under redelivery and reordering, user-counter rebuilds racing with events in flight,
+ * list reads and their caches, and the reconciler. The outbox is drained by the real relay into a
+ * recording log, so tests decide when, how often and in which order the consumer sees events.
+ */
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { Redis } from 'ioredis';
+import pino from 'pino';
+import { Registry } from 'prom-client';
+import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import { createMysqlDatabase, services, uniqueName } from '../../test/rig/resources.js';
+import { LocalInvalidationBus } from '../platform/cache/local-invalidation-bus.js';
+import { migrate, openMysql, openSqlite, type Db } from '../platform/db/database.js';
+import { AppError } from '../platform/errors/errors.js';
+import type { EventLog } from '../platform/eventlog/eventlog.js';
+import { MysqlOutboxStore } from '../platform/outbox/mysql-outbox-store.js';
+import { OutboxWriter, type OutboxStore } from '../platform/outbox/outbox.js';
+import { OutboxRelay } from '../platform/outbox/relay.js';
+import { SqliteOutboxStore } from '../platform/outbox/sqlite-outbox-store.js';
+import { createRedisRateLimiter, createSqliteRateLimiter } from '../platform/ratelimit/create.js';
+import type { RateLimiter } from '../platform/ratelimit/ratelimit.js';
+import { UsersRepository } from '../profile/users.repository.js';
+import { DbUserCountSource } from '../user-counter/source.js';
+import { RedisUserCounterStore } from '../user-counter/store/redis-user-counter-store.js';
+import { SqliteUserCounterStore } from '../user-counter/store/sqlite-user-counter-store.js';
+import { DEFAULT_RETENTION_MS, type UserCounterStore } from '../user-counter/store/user-counter-store.js';
+import { UserCounterMetrics } from '../user-counter/user-counter.metrics.js';
+import { UserCounterService } from '../user-counter/user-counter.service.js';
+import type { ListCache } from './list-cache/list-cache.js';
+import { MemoryListCache } from './list-cache/memory-list-cache.js';
+import { RedisListCache } from './list-cache/redis-list-cache.js';
+import { parseRelationEvent, RELATION_TOPIC, type ListEntry, type RelationEvent } from './model.js';
+import { RelationProjector } from './projector.js';
+import { rebuildRelations, verifyRelations } from './maintenance.js';
+import { hasDrift, RelationReconciler } from './reconciler.js';
+import { RelationCountPart } from './relation-count.part.js';
+import { RelationMetrics } from './relation.metrics.js';
+import { RelationRepository } from './relation.repository.js';
+import { RelationService, type RelationLimits } from './relation.service.js';
+
+type Dialect = 'sqlite' | 'mariadb';
+
+interface Rig {
+  db: Db;
+  repo: RelationRepository;
+  users: UsersRepository;
+  store: UserCounterStore;
+  counters: UserCounterService;
+  lists: ListCache;
+  bus: LocalInvalidationBus;
+  limiter: RateLimiter;
+  metrics: RelationMetrics;
+  projector: RelationProjector;
+  reconciler: RelationReconciler;
+  service(limits?: Partial<RelationLimits>): RelationService;
+  /** Publishes every outbox row through the real relay; returns the relation events, in order. */
+  drain(): Promise<RelationEvent[]>;
+  newUser(): Promise<number>;
+  cleanup(): Promise<void>;
+}
+
+const silent = pino({ level: 'silent' });
+
+async function openRig(dialect: Dialect): Promise<Rig> {
+  const closers: (() => Promise<void>)[] = [];
+  let db: Db;
+  let store: UserCounterStore;
+  let lists: ListCache;
+  let limiter: RateLimiter;
+  let outboxStore: OutboxStore;
+  if (dialect === 'sqlite') {
+    const dir = mkdtempSync(join(tmpdir(), 'zg-rel-'));
+    db = openSqlite(join(dir, 'zhiguang.db'));
+    await migrate(db);
+    store = new SqliteUserCounterStore(db);
+    lists = new MemoryListCache({ ttlMs: 60_000, maxEntries: 50, maxLists: 1_000 });
+    limiter = createSqliteRateLimiter(db);
+    outboxStore = new SqliteOutboxStore(db);
+    const sqlite = db;
+    closers.push(async () => {
+      await sqlite.close();
+      rmSync(dir, { recursive: true, force: true });
+    });
+  } else {
+    const database = await createMysqlDatabase();
+    db = await openMysql(database.url, 6);
+    await migrate(db);
+    const redis = new Redis(services.redisUrl(), { maxRetriesPerRequest: 1, enableAutoPipelining: true });
+    const prefix = `${uniqueName('rel')}:`;
+    store = new RedisUserCounterStore(redis, { prefix, groups: 16 });
+    lists = new RedisListCache(redis, { prefix, ttlMs: 60_000, maxEntries: 50 });
+    limiter = createRedisRateLimiter(redis, prefix);
+    outboxStore = new MysqlOutboxStore(db);
+    const mysql = db;
+    closers.push(async () => {
+      let cursor = '0';
+      do {
+        const [next, keys] = await redis.scan(cursor, 'MATCH', `${prefix}*`, 'COUNT', 1000);
+        if (keys.length > 0) await redis.del(...keys);
+        cursor = next;
+      } while (cursor !== '0');
+      await redis.quit();
+      await mysql.close();
+      await database.drop();
+    });
+  }
+  const repo = new RelationRepository(db, new OutboxWriter());
+  const users = new UsersRepository(db);
+  const userMetrics = new UserCounterMetrics(new Registry());
+  const source = new DbUserCountSource(db, [new RelationCountPart(repo)], DEFAULT_RETENTION_MS);
+  const counters = new UserCounterService(store, source, userMetrics);
+  const bus = new LocalInvalidationBus();
+  const metrics = new RelationMetrics(new Registry());
+  const errors: unknown[] = [];
+  const projector = new RelationProjector({
+    events: undefined as unknown as EventLog,
+    repo,
+    counters: store,
+    lists,
+    bus,
+    metrics,
+    onError: (err) => errors.push(err),
+  });
+  const reconciler = new RelationReconciler({
+    repo,
+    counters: store,
+    lists,
+    bus,
+    rebuildCounters: (userId) => counters.rebuild(userId, 'overwrite', 'drift'),
+    metrics,
+    maxCompare: 1_000,
+    settleMs: 10,
+    sampleSize: 50,
+  });
+  const published: RelationEvent[] = [];
+  const recorder: EventLog = {
+    ensureTopics: async () => undefined,
+    publish: async (topic, records) => {
+      for (const r of records) if (topic === RELATION_TOPIC) published.push(parseRelationEvent(r.value)!);
+    },
+    subscribe: () => Promise.reject(new Error('not used')),
+    endOffsets: () => Promise.reject(new Error('not used')),
+    readRange: () => Promise.reject(new Error('not used')),
+    ping: async () => true,
+    close: async () => undefined,
+  };
+  const relay = new OutboxRelay({ store: outboxStore, events: recorder, batchSize: 500 });
+  let nextPhone = 0;
+  return {
+    db,
+    repo,
+    users,
+    store,
+    counters,
+    lists,
+    bus,
+    limiter,
+    metrics,
+    projector,
+    reconciler,
+    service: (limits = {}) =>
+      new RelationService({
+        repo,
+        users,
+        limiter,
+        lists,
+        counts: counters,
+        bus,
+        metrics,
+        limits: {
+          changesPerMinute: 1_000,
+          bigAccountFollowers: 1_000_000,
+          firstPageTtlMs: 60_000,
+          listCacheMaxEntries: 50,
+          ...limits,
+        },
+        log: silent,
+      }),
+    async drain() {
+      while ((await relay.runOnce()) > 0);
+      return published.splice(0);
+    },
+    async newUser() {
+      const now = Date.now();
+      const user = await users.insert({
+        phone: `1${String(Date.now() % 1e6).padStart(6, '0')}${String(nextPhone++).padStart(4, '0')}`,
+        email: `${uniqueName('u')}@example.test`,
+        password_hash: null,
+        nickname: 'someone',
+        avatar: 'https://example.test/a.png',
+        bio: null,
+        zg_id: uniqueName('z').slice(-32),
+        gender: 'UNKNOWN',
+        birthday: null,
+        school: null,
+        tags_json: '[]',
+        created_at: now,
+        updated_at: now,
+      });
+      return user.id;
+    },
+    async cleanup() {
+      if (errors.length > 0) throw new AggregateError(errors, 'the projector reported errors');
+      for (const close of closers) await close();
+    },
+  };
+}
+
+async function tableRows(db: Db, table: 'following' | 'follower') {
+  const rows = await db.kysely
+    .selectFrom(table)
+    .select(['from_user_id', 'to_user_id', 'created_at'])
+    .execute();
+  return rows.map((r) => `${Number(r.from_user_id)}>${Number(r.to_user_id)}@${Number(r.created_at)}`).sort();
+}
+
+async function expectError(promise: Promise<unknown>, status: number, code: string) {
+  const err = await promise.then(
+    () => null,
+    (e: unknown) => e,
+  );
+  expect(err).toBeInstanceOf(AppError);
+  expect((err as AppError).status).toBe(status);
+  expect((err as AppError).code).toBe(code);
+}
+
+describe.each<Dialect>(['sqlite', 'mariadb'])('relations on %s', (dialect) => {
+  let rig: Rig;
+  let sut: RelationService;
+
+  beforeEach(async () => {
+    rig = await openRig(dialect);
+    sut = rig.service();
+  });
+  afterEach(async () => {
+    sut?.close();
+    await rig?.cleanup();
+  });
+
+  it('changes state once: a repeated follow or unfollow is false and writes no event', async () => {
+    const [a, b] = [await rig.newUser(), await rig.newUser()];
+    expect(await sut.follow(a, b)).toBe(true);
+    expect(await sut.follow(a, b)).toBe(false);
+    expect(await sut.unfollow(a, b)).toBe(true);
+    expect(await sut.unfollow(a, b)).toBe(false);
+    expect(await sut.follow(a, b)).toBe(true);
+    const events = await rig.drain();
+    expect(events.map((e) => e.type)).toEqual(['follow', 'unfollow', 'follow']);
+    expect(new Set(events.map((e) => e.eventId)).size).toBe(3);
+    expect(events.every((e) => e.fromUserId === a && e.toUserId === b)).toBe(true);
+  });
+
+  it('lets exactly one of many concurrent identical follows change the state', async () => {
+    const [a, b] = [await rig.newUser(), await rig.newUser()];
+    const results = await Promise.all(Array.from({ length: 12 }, () => sut.follow(a, b)));
+    expect(results.filter(Boolean)).toHaveLength(1);
+    const unfollows = await Promise.all(Array.from({ length: 12 }, () => sut.unfollow(a, b)));
+    expect(unfollows.filter(Boolean)).toHaveLength(1);
+    expect((await rig.drain()).map((e) => e.type)).toEqual(['follow', 'unfollow']);
+  });
+
+  it('rejects following yourself, unknown users and too many changes', async () => {
+    const [a, b] = [await rig.newUser(), await rig.newUser()];
+    await expectError(sut.follow(a, a), 400, 'BAD_REQUEST');
+    await expectError(sut.follow(a, 987_654_321), 404, 'NOT_FOUND');
+    await expectError(sut.unfollow(a, 987_654_321), 404, 'NOT_FOUND');
+    await expectError(sut.status(a, 987_654_321), 404, 'NOT_FOUND');
+    await expectError(sut.list(987_654_321, 'followers', { offset: 0 }, 10), 404, 'NOT_FOUND');
+    const limited = rig.service({ changesPerMinute: 3 });
+    try {
+      expect(await limited.follow(b, a)).toBe(true);
+      expect(await limited.unfollow(b, a)).toBe(true);
+      expect(await limited.follow(b, a)).toBe(true);
+      await expectError(limited.unfollow(b, a), 429, 'RATE_LIMITED');
+    } finally {
+      limited.close();
+    }
+    expect(await rig.drain()).toHaveLength(3);
+  });
+
+  it('projects follower rows and counters exactly, also when batches are delivered twice or reordered', async () => {
+    const [a, b, c] = [await rig.newUser(), await rig.newUser(), await rig.newUser()];
+    await sut.follow(a, b);
+    await sut.follow(c, b);
+    await sut.follow(b, a);
+    await sut.unfollow(a, b);
+    await sut.follow(a, b);
+    await sut.unfollow(c, b);
+    const events = await rig.drain();
+    await rig.projector.apply(events);
+    await rig.projector.apply(events); // redelivered
+    await rig.projector.apply([...events].reverse()); // and out of order
+    expect(await tableRows(rig.db, 'follower')).toEqual(await tableRows(rig.db, 'following'));
+    const [ca, cb, cc] = await rig.counters.countsMany([a, b, c]);
+    expect(ca).toMatchObject({ followings: 1, followers: 1 });
+    expect(cb).toMatchObject({ followings: 1, followers: 1 });
+    expect(cc).toMatchObject({ followings: 0, followers: 0 });
+    expect(await rig.repo.unappliedFor(a)).toEqual([]);
+    expect(await sut.status(a, b)).toEqual({ following: true, followedBy: true, mutual: true });
+    expect(await sut.status(c, b)).toEqual({ following: false, followedBy: false, mutual: false });
+  });
+
+  it('keeps the projection equal to the truth when a late event arrives after newer changes', async () => {
+    const [a, b] = [await rig.newUser(), await rig.newUser()];
+    await sut.follow(a, b);
+    const first = await rig.drain();
+    await rig.projector.apply(first);
+    await sleep(5); // so the second follow has another time than the first
+    await sut.unfollow(a, b);
+    await sut.follow(a, b);
+    const later = await rig.drain();
+    // Only the last event of the pair is seen (the unfollow is still on its way): the mirror
+    // takes the current row, with the second follow's time.
+    await rig.projector.apply(later.slice(1));
+    expect(await tableRows(rig.db, 'follower')).toEqual(await tableRows(rig.db, 'following'));
+    // The first follow delivered again after the newer changes changes nothing.
+    await rig.projector.apply(first);
+    await rig.projector.apply(later.slice(0, 1));
+    expect(await tableRows(rig.db, 'follower')).toEqual(await tableRows(rig.db, 'following'));
+    expect((await rig.counters.countsMany([a, b]))[1]).toMatchObject({ followers: 1 });
+  });
+
+  it('rebuilds counters exactly while events are still on their way', async () => {
+    const [a, b, c] = [await rig.newUser(), await rig.newUser(), await rig.newUser()];
+    await sut.follow(a, b);
+    await rig.projector.apply(await rig.drain());
+    await sut.follow(c, b); // committed, not consumed yet
+    await rig.store.remove([b]); // the snapshot is lost: the next read rebuilds it from the tables
+    expect((await rig.counters.countsMany([b]))[0]).toMatchObject({ followers: 2 });
+    await rig.projector.apply(await rig.drain()); // the in-flight event is recorded as applied
+    expect((await rig.counters.countsMany([b]))[0]).toMatchObject({ followers: 2 });
+    expect((await rig.counters.countsMany([c]))[0]).toMatchObject({ followings: 1 });
+  });
+
+  it('keeps counts exact while reads rebuild snapshots concurrently with the consumer', async () => {
+    for (let round = 0; round < 3; round++) {
+      const owner = await rig.newUser();
+      const fans: number[] = [];
+      for (let i = 0; i < 7; i++) {
+        const fan = await rig.newUser();
+        fans.push(fan);
+        await sut.follow(fan, owner);
+        if (i % 2 === 0) await rig.projector.apply(await rig.drain());
+      }
+      const reads = Promise.all(Array.from({ length: 5 }, () => rig.counters.countsMany([owner])));
+      await rig.projector.apply(await rig.drain());
+      await reads;
+      expect((await rig.counters.countsMany([owner]))[0]).toMatchObject({ followers: 7 });
+      await sut.unfollow(fans[2]!, owner);
+      await rig.projector.apply(await rig.drain());
+      expect((await rig.counters.countsMany([owner]))[0]).toMatchObject({ followers: 6 });
+    }
+  });
+
+  it('pages lists newest first by offset and by exclusive cursor, without private fields', async () => {
+    const owner = await rig.newUser();
+    const fans: number[] = [];
+    for (let i = 0; i < 7; i++) {
+      const fan = await rig.newUser();
+      fans.push(fan);
+      await sut.follow(fan, owner);
+    }
+    await rig.projector.apply(await rig.drain());
+    const newestFirst = [...fans].reverse();
+
+    const first = await sut.list(owner, 'followers', { offset: 0 }, 3);
+    expect(first.items.map((p) => p.id)).toEqual(newestFirst.slice(0, 3));
+    expect(first.nextCursor).not.toBeNull();
+    for (const p of first.items) {
+      expect(p).not.toHaveProperty('phone');
+      expect(p).not.toHaveProperty('email');
+    }
+    const seen = [...first.items.map((p) => p.id)];
+    let cursor = first.nextCursor;
+    while (cursor) {
+      const [createdAt, userId] = cursor.split('.').map(Number) as [number, number];
+      const page = await sut.list(owner, 'followers', { after: { createdAt, userId } }, 3);
+      seen.push(...page.items.map((p) => p.id));
+      cursor = page.nextCursor;
+    }
+    expect(seen).toEqual(newestFirst);
+    expect((await sut.list(owner, 'followers', { offset: 6 }, 3)).items.map((p) => p.id)).toEqual([
+      newestFirst[6],
+    ]);
+    const mine = await sut.list(fans[0]!, 'following', { offset: 0 }, 20);
+    expect(mine.items.map((p) => p.id)).toEqual([owner]);
+    expect(mine.nextCursor).toBeNull();
+  });
+
+  it('serves lists from complete caches and keeps them complete through changes', async () => {
+    const [owner, x, y, z] = [
+      await rig.newUser(),
+      await rig.newUser(),
+      await rig.newUser(),
+      await rig.newUser(),
+    ];
+    await sut.follow(x, owner);
+    await rig.projector.apply(await rig.drain());
+    // A change to a list nobody cached must not create a one-entry cache.
+    await sut.follow(owner, y);
+    await rig.projector.apply(await rig.drain());
+    await sut.follow(owner, z);
+    expect(await rig.lists.all({ owner, kind: 'following' })).toBeNull();
+    const following = await sut.list(owner, 'following', { offset: 0 }, 10);
+    expect(following.items.map((p) => p.id)).toEqual([z, y]);
+    expect((await rig.lists.all({ owner, kind: 'following' }))?.map((e: ListEntry) => e.userId)).toEqual([
+      z,
+      y,
+    ]);
+    // The caller's own change shows at once (the cache is updated after the commit) ...
+    await sut.unfollow(owner, y);
+    expect((await sut.list(owner, 'following', { offset: 0 }, 10)).items.map((p) => p.id)).toEqual([z]);
+    // ... and the consumer's repeat of it changes nothing more.
+    await rig.projector.apply(await rig.drain());
+    expect((await sut.list(owner, 'following', { offset: 0 }, 10)).items.map((p) => p.id)).toEqual([z]);
+    expect((await sut.list(owner, 'followers', { offset: 0 }, 10)).items.map((p) => p.id)).toEqual([x]);
+    const hits = (await rig.metrics.cacheReads.get()).values.find(
+      (v) => v.labels.cache === 'list' && v.labels.result === 'hit',
+    );
+    expect(hits?.value ?? 0).toBeGreaterThanOrEqual(2);
+  });
+
+  it("keeps a big account's first followers page in process and drops it on a change", async () => {
+    const big = rig.service({ bigAccountFollowers: 2, listCacheMaxEntries: 1 });
+    try {
+      const owner = await rig.newUser();
+      const [f1, f2, f3] = [await rig.newUser(), await rig.newUser(), await rig.newUser()];
+      await big.follow(f1, owner);
+      await big.follow(f2, owner);
+      await rig.projector.apply(await rig.drain());
+      expect((await big.list(owner, 'followers', { offset: 0 }, 10)).items.map((p) => p.id)).toEqual([
+        f2,
+        f1,
+      ]);
+      // Written behind the service's back: the cached page does not see it ...
+      await rig.db.kysely
+        .insertInto('follower')
+        .values({ to_user_id: owner, from_user_id: f3, created_at: Date.now() + 1_000 })
+        .execute();
+      expect((await big.list(owner, 'followers', { offset: 0 }, 10)).items.map((p) => p.id)).toEqual([
+        f2,
+        f1,
+      ]);
+      // ... until a change of the account is announced.
+      await rig.db.kysely.deleteFrom('follower').where('from_user_id', '=', f3).execute();
+      await big.follow(f3, owner);
+      await rig.projector.apply(await rig.drain());
+      const page = await big.list(owner, 'followers', { offset: 0 }, 2);
+      expect(page.items.map((p) => p.id)).toEqual([f3, f2]);
+      expect(page.nextCursor).not.toBeNull();
+      const firstPageHits = (await rig.metrics.cacheReads.get()).values.find(
+        (v) => v.labels.cache === 'first-page' && v.labels.result === 'hit',
+      );
+      expect(firstPageHits?.value).toBeGreaterThanOrEqual(1);
+    } finally {
+      big.close();
+    }
+  });
+
+  it('finds and heals drift of the projection, the counters and the caches', async () => {
+    const [a, b, c] = [await rig.newUser(), await rig.newUser(), await rig.newUser()];
+    await sut.follow(a, b);
+    await sut.follow(c, b);
+    await rig.projector.apply(await rig.drain());
+    await sut.list(b, 'followers', { offset: 0 }, 10); // cached
+    expect(hasDrift(await rig.reconciler.check(b))).toBe(false);
+
+    await rig.db.kysely.deleteFrom('follower').where('from_user_id', '=', a).execute();
+    await rig.db.kysely
+      .insertInto('follower')
+      .values({ to_user_id: b, from_user_id: 999_999, created_at: 1 })
+      .execute();
+    await rig.store.write(
+      b,
+      { followings: 0, followers: 7, posts: 0, likesReceived: 0, favsReceived: 0 },
+      {},
+      Date.now(),
+    );
+    await rig.lists.apply([{ owner: b, kind: 'followers', userId: 424_242, createdAt: 5 }]);
+
+    const drift = await rig.reconciler.check(b);
+    expect(drift.projection.map((p) => p.fromUserId).sort((x, y) => x - y)).toEqual([a, 999_999]);
+    expect(drift.counters).toEqual([{ field: 'followers', expected: 2, actual: 7 }]);
+    expect(drift.caches).toEqual(['followers']);
+
+    rig.reconciler.touched([b]);
+    const round = await rig.reconciler.runOnce();
+    expect(round.healed).toBeGreaterThanOrEqual(1);
+    expect(hasDrift(await rig.reconciler.check(b))).toBe(false);
+    expect(await tableRows(rig.db, 'follower')).toEqual(await tableRows(rig.db, 'following'));
+    expect((await rig.counters.countsMany([b]))[0]).toMatchObject({ followers: 2 });
+    expect((await sut.list(b, 'followers', { offset: 0 }, 10)).items.map((p) => p.id)).toEqual([c, a]);
+  });
+
+  it('verifies every user and heals with --fix; rebuild re-derives projection, counters and caches', async () => {
+    const [a, b, c] = [await rig.newUser(), await rig.newUser(), await rig.newUser()];
+    await sut.follow(a, b);
+    await sut.follow(b, c);
+    await sut.follow(c, a);
+    await rig.projector.apply(await rig.drain());
+    await sut.list(a, 'following', { offset: 0 }, 10);
+    const progress: string[] = [];
+    const clean = await verifyRelations(rig.repo, rig.reconciler, false, (m) => progress.push(m));
+    expect(clean).toMatchObject({ checked: 3, driftedUsers: 0, inFlight: 0 });
+    expect(progress.length).toBeGreaterThan(0);
+
+    await rig.db.kysely.deleteFrom('follower').where('to_user_id', '=', c).execute();
+    await rig.store.write(
+      a,
+      { followings: 5, followers: 1, posts: 0, likesReceived: 0, favsReceived: 0 },
+      {},
+      Date.now(),
+    );
+    await rig.lists.apply([{ owner: a, kind: 'following', userId: 777, createdAt: 1 }]);
+    const found = await verifyRelations(rig.repo, rig.reconciler, false, () => undefined);
+    expect(found).toMatchObject({ driftedUsers: 2, projectionPairs: 1, counterUsers: 1, cacheLists: 1 });
+    expect(found.drifted.sort((x, y) => x - y)).toEqual([a, c].sort((x, y) => x - y));
+    const fixed = await verifyRelations(rig.repo, rig.reconciler, true, () => undefined);
+    expect(fixed.driftedUsers).toBe(2);
+    expect((await verifyRelations(rig.repo, rig.reconciler, false, () => undefined)).driftedUsers).toBe(0);
+
+    // Lose the whole projection and every snapshot; rebuild brings them back from `following`.
+    await rig.db.kysely.deleteFrom('follower').execute();
+    await rig.db.kysely
+      .insertInto('follower')
+      .values({ to_user_id: a, from_user_id: 31_337, created_at: 9 })
+      .execute();
+    await rig.store.write(
+      b,
+      { followings: 9, followers: 9, posts: 0, likesReceived: 0, favsReceived: 0 },
+      {},
+      Date.now(),
+    );
+    const report = await rebuildRelations(
+      {
+        repo: rig.repo,
+        lists: rig.lists,
+        bus: rig.bus,
+        rebuildCounters: (userId) => rig.counters.rebuild(userId, 'overwrite', 'admin'),
+      },
+      () => undefined,
+    );
+    expect(report).toMatchObject({
+      following: 3,
+      follower: 4,
+      projectionChanged: 4,
+      users: 3,
+      countersRewritten: 3,
+    });
+    expect(await tableRows(rig.db, 'follower')).toEqual(await tableRows(rig.db, 'following'));
+    expect((await rig.counters.countsMany([b]))[0]).toMatchObject({ followings: 1, followers: 1 });
+    expect(await rig.lists.all({ owner: a, kind: 'following' })).toBeNull();
+    expect((await verifyRelations(rig.repo, rig.reconciler, false, () => undefined)).driftedUsers).toBe(0);
+  });
+
+  it('does not call changes still in flight drift', async () => {
+    const [a, b] = [await rig.newUser(), await rig.newUser()];
+    await sut.follow(a, b);
+    await rig.projector.apply(await rig.drain());
+    await sut.list(b, 'followers', { offset: 0 }, 10);
+    await sut.unfollow(a, b); // committed; projection, counters and caches not yet told
+    await rig.lists.invalidate([{ owner: b, kind: 'followers' }]);
+    expect(hasDrift(await rig.reconciler.check(b))).toBe(false);
+    expect(hasDrift(await rig.reconciler.check(a))).toBe(false);
+    await rig.projector.apply(await rig.drain());
+    expect(hasDrift(await rig.reconciler.check(b))).toBe(false);
+  });
+});

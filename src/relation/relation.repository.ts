@@ -1,0 +1,432 @@
+import type { ExpressionBuilder, Kysely, Transaction } from 'kysely';
+import type { Db } from '../platform/db/database.js';
+import type { Database } from '../platform/db/schema.js';
+import type { OutboxWriter } from '../platform/outbox/outbox.js';
+import {
+  relationEvent,
+  relationEventMessage,
+  type ListEntry,
+  type ListKind,
+  type ListPosition,
+  type RelationEvent,
+} from './model.js';
+
+/** A pair of users: `from` follows (or followed) `to`. */
+export interface Pair {
+  fromUserId: number;
+  toUserId: number;
+}
+
+/** What the projection did for one pair: it now mirrors `following` (`createdAt` null = absent). */
+export interface PairSync extends Pair {
+  createdAt: number | null;
+  changed: boolean;
+}
+
+// Far below both dialects' limits on bound parameters per statement.
+const CHUNK = 400;
+
+/** Columns of one list: the table, the owner column and the other user's column. */
+const LISTS = {
+  following: { table: 'following', owner: 'from_user_id', other: 'to_user_id' },
+  followers: { table: 'follower', owner: 'to_user_id', other: 'from_user_id' },
+} as const;
+
+type Q = Kysely<Database> | Transaction<Database>;
+
+const pairKey = (p: Pair) => `${p.fromUserId}:${p.toUserId}`;
+
+/**
+ * The `following` table (the truth, written here together with the outbox row of the change) and
+ * its `follower` projection. The SQL is the same on both dialects: `orIgnore` is `INSERT OR IGNORE`
+ * on SQLite and `INSERT IGNORE` on MySQL, and both report the rows really inserted or deleted, which
+ * is what tells a real change from a repeated request.
+ */
+export class RelationRepository {
+  constructor(
+    private readonly db: Db,
+    private readonly outbox: OutboxWriter,
+  ) {}
+
+  /**
+   * Inserts the `following` row and, only when it was not there, the outbox row of the change, in
+   * one transaction. Of concurrent identical follows exactly one sees an inserted row.
+   */
+  async follow(fromUserId: number, toUserId: number, now: number): Promise<RelationEvent | null> {
+    return this.db.kysely.transaction().execute(async (trx) => {
+      const result = await trx
+        .insertInto('following')
+        .orIgnore()
+        .values({ from_user_id: fromUserId, to_user_id: toUserId, created_at: now })
+        .executeTakeFirst();
+      if (Number(result.numInsertedOrUpdatedRows ?? 0n) !== 1) return null;
+      return this.record(trx, relationEvent('follow', fromUserId, toUserId, now));
+    });
+  }
+
+  /** Deletes the `following` row and, only when one was deleted, appends the outbox row. */
+  async unfollow(fromUserId: number, toUserId: number, now: number): Promise<RelationEvent | null> {
+    return this.db.kysely.transaction().execute(async (trx) => {
+      const result = await trx
+        .deleteFrom('following')
+        .where('from_user_id', '=', fromUserId)
+        .where('to_user_id', '=', toUserId)
+        .executeTakeFirst();
+      if (Number(result.numDeletedRows) !== 1) return null;
+      return this.record(trx, relationEvent('unfollow', fromUserId, toUserId, now));
+    });
+  }
+
+  /** The event of a change, in the change's transaction: its outbox row and its unapplied mark. */
+  private async record(trx: Transaction<Database>, event: RelationEvent): Promise<RelationEvent> {
+    await trx
+      .insertInto('relation_unapplied')
+      .values({
+        event_id: event.eventId,
+        from_user_id: event.fromUserId,
+        to_user_id: event.toUserId,
+        delta: event.type === 'follow' ? 1 : -1,
+        created_at: event.ts,
+      })
+      .execute();
+    await this.outbox.append(trx, relationEventMessage(event));
+    return event;
+  }
+
+  /** Forgets the unapplied marks of events whose counter deltas are now in the user-counter store. */
+  async markApplied(eventIds: readonly string[]): Promise<void> {
+    for (let i = 0; i < eventIds.length; i += CHUNK) {
+      await this.db.kysely
+        .deleteFrom('relation_unapplied')
+        .where('event_id', 'in', eventIds.slice(i, i + CHUNK))
+        .execute();
+    }
+  }
+
+  /**
+   * What a user's `followings` and `followers` are by the truth, and which changes counted in them
+   * have deltas that may not have reached the user-counter store yet, as of one instant (one read
+   * transaction), so a counter rebuild can write the counts and mark those events applied together.
+   */
+  async countSource(userId: number): Promise<{
+    followings: number;
+    followers: number;
+    unapplied: { eventId: string; field: 'followings' | 'followers'; delta: number }[];
+  }> {
+    return this.db.kysely.transaction().execute(async (trx) => {
+      const [followings, followers, pending] = [
+        await countWhere(trx, 'following', 'from_user_id', userId),
+        await countWhere(trx, 'following', 'to_user_id', userId),
+        await unappliedOf(trx, userId),
+      ];
+      const unapplied: { eventId: string; field: 'followings' | 'followers'; delta: number }[] = [];
+      for (const p of pending) {
+        if (p.fromUserId === userId)
+          unapplied.push({ eventId: p.eventId, field: 'followings', delta: p.delta });
+        if (p.toUserId === userId) unapplied.push({ eventId: p.eventId, field: 'followers', delta: p.delta });
+      }
+      return { followings, followers, unapplied };
+    });
+  }
+
+  /** Changes involving `userId` whose counter deltas are not applied yet (in flight). */
+  async unappliedFor(userId: number): Promise<(Pair & { eventId: string; delta: number })[]> {
+    return unappliedOf(this.db.kysely, userId);
+  }
+
+  /** Both directions between two users, read from the truth in one query. */
+  async between(me: number, other: number): Promise<{ following: boolean; followedBy: boolean }> {
+    const rows = await this.db.kysely
+      .selectFrom('following')
+      .select(['from_user_id', 'to_user_id'])
+      .where((eb) =>
+        eb.or([
+          eb.and([eb('from_user_id', '=', me), eb('to_user_id', '=', other)]),
+          eb.and([eb('from_user_id', '=', other), eb('to_user_id', '=', me)]),
+        ]),
+      )
+      .execute();
+    return {
+      following: rows.some((r) => Number(r.from_user_id) === me),
+      followedBy: rows.some((r) => Number(r.from_user_id) === other),
+    };
+  }
+
+  /** One page of a list, newest first, and whether more follow; one indexed query. */
+  async page(
+    owner: number,
+    kind: ListKind,
+    position: ListPosition,
+    limit: number,
+  ): Promise<{ entries: ListEntry[]; more: boolean }> {
+    const { table, owner: ownerCol, other } = LISTS[kind];
+    let query = this.db.kysely
+      .selectFrom(table)
+      .select([`${other} as user_id`, 'created_at'])
+      .where(ownerCol, '=', owner);
+    if ('after' in position) {
+      const { createdAt, userId } = position.after;
+      query = query.where((eb: ExpressionBuilder<Database, typeof table>) =>
+        eb.or([
+          eb('created_at', '<', createdAt),
+          eb.and([eb('created_at', '=', createdAt), eb(other, '<', userId)]),
+        ]),
+      );
+    }
+    query = query
+      .orderBy('created_at', 'desc')
+      .orderBy(other, 'desc')
+      .limit(limit + 1);
+    if ('offset' in position && position.offset > 0) query = query.offset(position.offset);
+    const rows = (await query.execute()).map(toEntry);
+    return { entries: rows.slice(0, limit), more: rows.length > limit };
+  }
+
+  /** The first `max` entries of a list (the whole list when it has at most `max`). */
+  async head(owner: number, kind: ListKind, max: number): Promise<ListEntry[]> {
+    return (await this.page(owner, kind, { offset: 0 }, max)).entries;
+  }
+
+  /** Sizes of one kind of list for many owners, in one query; owners without entries count 0. */
+  async counts(owners: readonly number[], kind: ListKind): Promise<Map<number, number>> {
+    const { table, owner: ownerCol } = LISTS[kind];
+    const found = new Map<number, number>(owners.map((o) => [o, 0]));
+    for (let i = 0; i < owners.length; i += CHUNK) {
+      const chunk = owners.slice(i, i + CHUNK);
+      const rows = await this.db.kysely
+        .selectFrom(table)
+        .select([`${ownerCol} as owner`, (eb) => eb.fn.countAll<number | string>().as('n')])
+        .where(ownerCol, 'in', chunk)
+        .groupBy(ownerCol)
+        .execute();
+      for (const r of rows) found.set(Number(r.owner), Number(r.n));
+    }
+    return found;
+  }
+
+  /**
+   * The followers of `owner` on which `following` and its `follower` mirror disagree (missing,
+   * extra or with another `created_at`): a merge of both, walked in follower-id order a page at a
+   * time, so any list size costs bounded memory.
+   */
+  async followerDiff(owner: number, pageSize = 5_000): Promise<Pair[]> {
+    const diffs: Pair[] = [];
+    let after = 0;
+    for (;;) {
+      const truth = await this.db.kysely
+        .selectFrom('following')
+        .select(['from_user_id', 'created_at'])
+        .where('to_user_id', '=', owner)
+        .where('from_user_id', '>', after)
+        .orderBy('from_user_id')
+        .limit(pageSize)
+        .execute();
+      const upper = truth.length === pageSize ? Number(truth[truth.length - 1]!.from_user_id) : null;
+      let mirrorQuery = this.db.kysely
+        .selectFrom('follower')
+        .select(['from_user_id', 'created_at'])
+        .where('to_user_id', '=', owner)
+        .where('from_user_id', '>', after);
+      if (upper !== null) mirrorQuery = mirrorQuery.where('from_user_id', '<=', upper);
+      const mirror = await mirrorQuery.execute();
+      const want = new Map(truth.map((r) => [Number(r.from_user_id), Number(r.created_at)]));
+      const have = new Map(mirror.map((r) => [Number(r.from_user_id), Number(r.created_at)]));
+      for (const id of new Set([...want.keys(), ...have.keys()])) {
+        if (want.get(id) !== have.get(id)) diffs.push({ fromUserId: id, toUserId: owner });
+      }
+      if (upper === null) return diffs;
+      after = upper;
+    }
+  }
+
+  /**
+   * Makes the projection mirror `following` for each pair, whatever it held before: a pair present
+   * in `following` gets its `follower` row with the same `created_at`, an absent pair loses it. The
+   * outcome depends only on the truth at the time of the call, so a redelivered, repeated or
+   * reordered event can never leave the projection behind the last change of its pair.
+   * One transaction; reads and writes are batched.
+   */
+  async syncPairs(pairs: readonly Pair[]): Promise<PairSync[]> {
+    const unique = [...new Map(pairs.map((p) => [pairKey(p), p])).values()];
+    if (unique.length === 0) return [];
+    return this.db.kysely.transaction().execute(async (trx) => {
+      const results: PairSync[] = [];
+      for (let i = 0; i < unique.length; i += CHUNK) {
+        results.push(...(await this.syncChunk(trx, unique.slice(i, i + CHUNK))));
+      }
+      return results;
+    });
+  }
+
+  private async syncChunk(trx: Q, pairs: Pair[]): Promise<PairSync[]> {
+    const truthRows = await trx
+      .selectFrom('following')
+      .select(['from_user_id', 'to_user_id', 'created_at'])
+      .where((eb) =>
+        eb(
+          eb.refTuple('from_user_id', 'to_user_id'),
+          'in',
+          pairs.map((p) => eb.tuple(p.fromUserId, p.toUserId)),
+        ),
+      )
+      .execute();
+    const mirrorRows = await trx
+      .selectFrom('follower')
+      .select(['from_user_id', 'to_user_id', 'created_at'])
+      .where((eb) =>
+        eb(
+          eb.refTuple('to_user_id', 'from_user_id'),
+          'in',
+          pairs.map((p) => eb.tuple(p.toUserId, p.fromUserId)),
+        ),
+      )
+      .execute();
+    const truth = new Map(truthRows.map((r) => [pairKey(toPair(r)), Number(r.created_at)]));
+    const mirror = new Map(mirrorRows.map((r) => [pairKey(toPair(r)), Number(r.created_at)]));
+
+    const insert: { to_user_id: number; from_user_id: number; created_at: number }[] = [];
+    const update: PairSync[] = [];
+    const remove: Pair[] = [];
+    const results: PairSync[] = [];
+    for (const p of pairs) {
+      const want = truth.get(pairKey(p));
+      const have = mirror.get(pairKey(p));
+      const sync: PairSync = {
+        fromUserId: p.fromUserId,
+        toUserId: p.toUserId,
+        createdAt: want ?? null,
+        changed: want !== have,
+      };
+      results.push(sync);
+      if (want !== undefined && have === undefined)
+        insert.push({ to_user_id: p.toUserId, from_user_id: p.fromUserId, created_at: want });
+      else if (want !== undefined && have !== want) update.push(sync);
+      else if (want === undefined && have !== undefined) remove.push(p);
+    }
+    if (insert.length > 0) await trx.insertInto('follower').orIgnore().values(insert).execute();
+    for (const u of update) {
+      await trx
+        .updateTable('follower')
+        .set({ created_at: u.createdAt! })
+        .where('to_user_id', '=', u.toUserId)
+        .where('from_user_id', '=', u.fromUserId)
+        .execute();
+    }
+    if (remove.length > 0) {
+      await trx
+        .deleteFrom('follower')
+        .where((eb) =>
+          eb(
+            eb.refTuple('to_user_id', 'from_user_id'),
+            'in',
+            remove.map((p) => eb.tuple(p.toUserId, p.fromUserId)),
+          ),
+        )
+        .execute();
+    }
+    return results;
+  }
+
+  /**
+   * One page of the truth in primary-key order, after `after` (exclusive); for jobs that walk every
+   * follow (projection verify and rebuild).
+   */
+  async followingPage(after: Pair | null, limit: number): Promise<(Pair & { createdAt: number })[]> {
+    let query = this.db.kysely.selectFrom('following').select(['from_user_id', 'to_user_id', 'created_at']);
+    if (after) {
+      query = query.where((eb) =>
+        eb.or([
+          eb('from_user_id', '>', after.fromUserId),
+          eb.and([eb('from_user_id', '=', after.fromUserId), eb('to_user_id', '>', after.toUserId)]),
+        ]),
+      );
+    }
+    const rows = await query.orderBy('from_user_id').orderBy('to_user_id').limit(limit).execute();
+    return rows.map((r) => ({ ...toPair(r), createdAt: Number(r.created_at) }));
+  }
+
+  /** One page of the projection in primary-key order (followed user, then follower). */
+  async followerPage(after: Pair | null, limit: number): Promise<(Pair & { createdAt: number })[]> {
+    let query = this.db.kysely.selectFrom('follower').select(['from_user_id', 'to_user_id', 'created_at']);
+    if (after) {
+      query = query.where((eb) =>
+        eb.or([
+          eb('to_user_id', '>', after.toUserId),
+          eb.and([eb('to_user_id', '=', after.toUserId), eb('from_user_id', '>', after.fromUserId)]),
+        ]),
+      );
+    }
+    const rows = await query.orderBy('to_user_id').orderBy('from_user_id').limit(limit).execute();
+    return rows.map((r) => ({ ...toPair(r), createdAt: Number(r.created_at) }));
+  }
+
+  /** User ids in ascending order after `afterId`, for jobs that visit every user. */
+  async userIdsAfter(afterId: number, limit: number): Promise<number[]> {
+    const rows = await this.db.kysely
+      .selectFrom('users')
+      .select('id')
+      .where('id', '>', afterId)
+      .orderBy('id')
+      .limit(limit)
+      .execute();
+    return rows.map((r) => Number(r.id));
+  }
+
+  /** Up to `limit` user ids picked at random (cheap on both dialects: a random start id, then a range). */
+  async sampleUserIds(limit: number): Promise<number[]> {
+    const bounds = await this.db.kysely
+      .selectFrom('users')
+      .select((eb) => [eb.fn.min<number | string>('id').as('lo'), eb.fn.max<number | string>('id').as('hi')])
+      .executeTakeFirst();
+    if (!bounds || bounds.lo === null || bounds.hi === null) return [];
+    const lo = Number(bounds.lo);
+    const hi = Number(bounds.hi);
+    const start = lo + Math.floor(Math.random() * (hi - lo + 1)) - 1;
+    const ids = await this.userIdsAfter(start, limit);
+    return ids.length < limit ? [...ids, ...(await this.userIdsAfter(lo - 1, limit - ids.length))] : ids;
+  }
+
+  /** Changes whose counter deltas are not applied yet, and the age of the oldest (ms), or null. */
+  async unappliedSummary(now: number): Promise<{ count: number; oldestAgeMs: number | null }> {
+    const row = await this.db.kysely
+      .selectFrom('relation_unapplied')
+      .select((eb) => [
+        eb.fn.countAll<number | string>().as('n'),
+        eb.fn.min<number | string>('created_at').as('oldest'),
+      ])
+      .executeTakeFirst();
+    const oldest = row?.oldest === null || row?.oldest === undefined ? null : Number(row.oldest);
+    return { count: Number(row?.n ?? 0), oldestAgeMs: oldest === null ? null : Math.max(0, now - oldest) };
+  }
+}
+
+async function unappliedOf(q: Q, userId: number): Promise<(Pair & { eventId: string; delta: number })[]> {
+  const rows = await q
+    .selectFrom('relation_unapplied')
+    .select(['event_id', 'from_user_id', 'to_user_id', 'delta'])
+    .where((eb) => eb.or([eb('from_user_id', '=', userId), eb('to_user_id', '=', userId)]))
+    .execute();
+  return rows.map((r) => ({ ...toPair(r), eventId: r.event_id, delta: Number(r.delta) }));
+}
+
+async function countWhere(
+  q: Q,
+  table: 'following' | 'follower',
+  column: 'from_user_id' | 'to_user_id',
+  userId: number,
+): Promise<number> {
+  const row = await q
+    .selectFrom(table)
+    .select((eb) => eb.fn.countAll<number | string>().as('n'))
+    .where(column, '=', userId)
+    .executeTakeFirst();
+  return Number(row?.n ?? 0);
+}
+
+function toEntry(row: { user_id: number | string; created_at: number | string }): ListEntry {
+  return { userId: Number(row.user_id), createdAt: Number(row.created_at) };
+}
+
+function toPair(row: { from_user_id: number | string; to_user_id: number | string }): Pair {
+  return { fromUserId: Number(row.from_user_id), toUserId: Number(row.to_user_id) };
+}

@@ -1,0 +1,81 @@
+import type { FastifyInstance } from 'fastify';
+import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
+import type { AuthGuards } from '../auth/auth.guard.js';
+import { principalOf } from '../auth/auth.guard.js';
+import { BadRequestError } from '../platform/errors/errors.js';
+import { errorResponses } from '../platform/http/schemas.js';
+import { decodeCursor, type ListKind, type ListPosition } from './model.js';
+import { ChangedResponse, ListQuery, ListResponse, StatusResponse, TargetQuery } from './relation.schema.js';
+import type { RelationService } from './relation.service.js';
+
+export function relationRoutes(deps: { relations: RelationService; guards: AuthGuards }) {
+  return async (root: FastifyInstance): Promise<void> => {
+    const app = root.withTypeProvider<TypeBoxTypeProvider>();
+    const tags = ['relations'];
+    const security = [{ bearerAuth: [] }];
+
+    for (const action of ['follow', 'unfollow'] as const) {
+      app.post(
+        `/api/v1/relation/${action}`,
+        {
+          preHandler: deps.guards.required,
+          schema: {
+            tags,
+            security,
+            querystring: TargetQuery,
+            response: { 200: ChangedResponse, ...errorResponses(400, 401, 404, 429) },
+          },
+        },
+        async (request) => {
+          const me = principalOf(request).userId;
+          const to = request.query.toUserId;
+          return action === 'follow' ? deps.relations.follow(me, to) : deps.relations.unfollow(me, to);
+        },
+      );
+    }
+
+    app.get(
+      '/api/v1/relation/status',
+      {
+        preHandler: deps.guards.required,
+        schema: {
+          tags,
+          security,
+          querystring: TargetQuery,
+          response: { 200: StatusResponse, ...errorResponses(400, 401, 404) },
+        },
+      },
+      async (request) => deps.relations.status(principalOf(request).userId, request.query.toUserId),
+    );
+
+    const list = (kind: ListKind) =>
+      app.get(
+        `/api/v1/relation/${kind}`,
+        {
+          preHandler: deps.guards.required,
+          schema: {
+            tags,
+            security,
+            description:
+              'Newest first. When more items follow, the X-Next-Cursor header holds the cursor of the next page.',
+            querystring: ListQuery,
+            response: { 200: ListResponse, ...errorResponses(400, 401, 404) },
+          },
+        },
+        async (request, reply) => {
+          const { userId, limit, offset, cursor } = request.query;
+          let position: ListPosition = { offset };
+          if (cursor !== undefined) {
+            const after = decodeCursor(cursor);
+            if (!after) throw new BadRequestError('query.cursor is not a cursor this server issued');
+            position = { after };
+          }
+          const page = await deps.relations.list(userId, kind, position, limit);
+          if (page.nextCursor !== null) void reply.header('x-next-cursor', page.nextCursor);
+          return page.items;
+        },
+      );
+    list('following');
+    list('followers');
+  };
+}

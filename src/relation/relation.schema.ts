@@ -1,0 +1,48 @@
+import { Type } from 'typebox';
+import { Nullable } from '../platform/http/schemas.js';
+import { MAX_PAGE } from './relation.service.js';
+
+const UserId = Type.Integer({ minimum: 1, maximum: Number.MAX_SAFE_INTEGER });
+
+export const TargetQuery = Type.Object({ toUserId: UserId }, { additionalProperties: false });
+
+/** Offsets beyond this page through the cursor instead (the database walks every skipped entry). */
+export const MAX_OFFSET = 1_000_000;
+
+export const ListQuery = Type.Object(
+  {
+    userId: UserId,
+    limit: Type.Integer({ minimum: 1, maximum: MAX_PAGE, default: 20 }),
+    offset: Type.Integer({ minimum: 0, maximum: MAX_OFFSET, default: 0 }),
+    cursor: Type.Optional(
+      Type.String({
+        maxLength: 40,
+        description: 'X-Next-Cursor of the previous page; the page starts after it and offset is ignored',
+      }),
+    ),
+  },
+  { additionalProperties: false },
+);
+
+export const ChangedResponse = Type.Boolean({ description: 'true when the state changed' });
+
+export const StatusResponse = Type.Object({
+  following: Type.Boolean(),
+  followedBy: Type.Boolean(),
+  mutual: Type.Boolean(),
+});
+
+/** `ProfileResponse` without phone and e-mail. */
+export const PublicProfileResponse = Type.Object({
+  id: Type.Integer(),
+  nickname: Type.String(),
+  avatar: Type.String(),
+  bio: Nullable(Type.String()),
+  zgId: Type.String(),
+  gender: Type.String(),
+  birthday: Nullable(Type.String()),
+  school: Nullable(Type.String()),
+  tagJson: Type.String(),
+});
+
+export const ListResponse = Type.Array(PublicProfileResponse);

@@ -1,0 +1,285 @@
+import type { Logger } from 'pino';
+import type { InvalidationBus } from '../platform/cache/invalidation-bus.js';
+import { LruCache } from '../platform/cache/lru.js';
+import { SingleFlight } from '../platform/cache/single-flight.js';
+import { BadRequestError, NotFoundError, RateLimitedError } from '../platform/errors/errors.js';
+import type { RateLimiter } from '../platform/ratelimit/ratelimit.js';
+import type { UserRow } from '../profile/users.repository.js';
+import type { UserCounts } from '../user-counter/model.js';
+import type { ListCache, ListChange, ListPage, ListRef } from './list-cache/list-cache.js';
+import { listKey } from './list-cache/list-cache.js';
+import {
+  encodeCursor,
+  slicePage,
+  type ListEntry,
+  type ListKind,
+  type ListPosition,
+  type RelationEvent,
+} from './model.js';
+import { toPublicProfile, type PublicProfile } from './public-profile.js';
+import type { RelationMetrics } from './relation.metrics.js';
+import type { RelationRepository } from './relation.repository.js';
+
+/** Largest page a list request may ask for; also the size of a big account's cached first page. */
+export const MAX_PAGE = 100;
+
+/** Invalidation-bus scope of big accounts' first followers pages; keys are user ids. */
+export const FIRST_PAGE_SCOPE = 'relation-first-page';
+
+export interface RelationLimits {
+  /** Follows plus unfollows one user may make per minute. */
+  changesPerMinute: number;
+  /** Users with at least this many followers keep their first followers page in process. */
+  bigAccountFollowers: number;
+  firstPageTtlMs: number;
+  /** Longest list the list cache holds (the cache's own `maxEntries`). */
+  listCacheMaxEntries: number;
+}
+
+/** Where the service learns how many followers and followings users have (the user counters). */
+export interface UserCountsReader {
+  countsMany(userIds: readonly number[]): Promise<(UserCounts | null)[]>;
+}
+
+/** The part of the users table the service needs. */
+export interface UserDirectory {
+  findById(id: number): Promise<UserRow | undefined>;
+  findByIds(ids: readonly number[]): Promise<UserRow[]>;
+}
+
+export interface RelationServiceDeps {
+  repo: RelationRepository;
+  users: UserDirectory;
+  limiter: RateLimiter;
+  lists: ListCache;
+  counts: UserCountsReader;
+  bus: InvalidationBus;
+  metrics: RelationMetrics;
+  limits: RelationLimits;
+  log: Logger;
+  /** Told after a change committed (the outbox relay publishes sooner when it runs in this process). */
+  onCommitted?: () => void;
+  now?: () => number;
+}
+
+export interface RelationStatus {
+  following: boolean;
+  followedBy: boolean;
+  mutual: boolean;
+}
+
+export interface ListResult {
+  items: PublicProfile[];
+  /** Cursor of the last item when more follow, else null. */
+  nextCursor: string | null;
+}
+
+interface FirstPage {
+  entries: ListEntry[];
+  /** Profiles by user id (public fields only: the page is shared by every caller). */
+  profiles: Map<number, PublicProfile>;
+  more: boolean;
+}
+
+/**
+ * Follow, unfollow, status and lists.
+ *
+ * Writes: a change commits the `following` row with its outbox event (nothing when the state does
+ * not change); afterwards, the caller's process updates the cached lists it can (so the caller sees
+ * their own change at once) and announces the change to every process's first-page cache. The
+ * relation-proj consumer then does the same from the event, which is what makes it certain.
+ *
+ * Reads: status reads the truth. Lists come from a complete cached list when there is one, from the
+ * database otherwise (and the database result fills the cache); lists longer than the cache holds
+ * page in the database through its indexes. Big accounts' first followers page is also kept in
+ * process for a short time.
+ */
+export class RelationService {
+  private readonly repo: RelationRepository;
+  private readonly users: UserDirectory;
+  private readonly lists: ListCache;
+  private readonly metrics: RelationMetrics;
+  private readonly limits: RelationLimits;
+  private readonly log: Logger;
+  private readonly now: () => number;
+  private readonly fills = new SingleFlight<ListEntry[]>();
+  private readonly firstPages: LruCache<FirstPage>;
+  private readonly unsubscribe: () => void;
+
+  constructor(private readonly deps: RelationServiceDeps) {
+    this.repo = deps.repo;
+    this.users = deps.users;
+    this.lists = deps.lists;
+    this.metrics = deps.metrics;
+    this.limits = deps.limits;
+    this.log = deps.log;
+    this.now = deps.now ?? Date.now;
+    this.firstPages = new LruCache<FirstPage>({
+      maxEntries: 10_000,
+      ttlMs: deps.limits.firstPageTtlMs,
+      now: this.now,
+    });
+    this.unsubscribe = deps.bus.subscribe(FIRST_PAGE_SCOPE, (keys) => {
+      for (const key of keys) this.firstPages.delete(key);
+    });
+  }
+
+  close(): void {
+    this.unsubscribe();
+  }
+
+  async follow(me: number, toUserId: number): Promise<boolean> {
+    await this.checkChange(me, toUserId, 'follow');
+    const event = await this.repo.follow(me, toUserId, this.now());
+    this.metrics.changes.inc({ action: 'follow', changed: String(event !== null) });
+    if (event) await this.afterChange(event);
+    return event !== null;
+  }
+
+  async unfollow(me: number, toUserId: number): Promise<boolean> {
+    await this.checkChange(me, toUserId, 'unfollow');
+    const event = await this.repo.unfollow(me, toUserId, this.now());
+    this.metrics.changes.inc({ action: 'unfollow', changed: String(event !== null) });
+    if (event) await this.afterChange(event);
+    return event !== null;
+  }
+
+  async status(me: number, other: number): Promise<RelationStatus> {
+    if (other !== me && !(await this.users.findById(other))) throw new NotFoundError('No such user');
+    if (other === me) return { following: false, followedBy: false, mutual: false };
+    const { following, followedBy } = await this.repo.between(me, other);
+    return { following, followedBy, mutual: following && followedBy };
+  }
+
+  async list(owner: number, kind: ListKind, position: ListPosition, limit: number): Promise<ListResult> {
+    if (!Number.isSafeInteger(limit) || limit < 1 || limit > MAX_PAGE) {
+      throw new BadRequestError(`query.limit must be from 1 to ${MAX_PAGE}`);
+    }
+    if (!(await this.users.findById(owner))) throw new NotFoundError('No such user');
+    const size = await this.listSize(owner, kind);
+    const isFirstPage = 'offset' in position && position.offset === 0;
+    if (kind === 'followers' && isFirstPage && size !== null && size >= this.limits.bigAccountFollowers) {
+      return this.bigAccountFirstPage(owner, limit);
+    }
+    const page = await this.entries({ owner, kind }, position, limit, size);
+    return { items: await this.profiles(page.entries), nextCursor: cursorAfter(page) };
+  }
+
+  /** Rejects a change that must not happen: yourself, too many changes, an unknown user. */
+  private async checkChange(me: number, toUserId: number, action: string): Promise<void> {
+    if (toUserId === me) throw new BadRequestError(`query.toUserId: you cannot ${action} yourself`);
+    const decision = await this.deps.limiter.hit(
+      `relation:change:${me}`,
+      this.limits.changesPerMinute,
+      60_000,
+    );
+    if (!decision.allowed) {
+      throw new RateLimitedError('Too many follow changes; try again later', decision.retryAfterMs / 1000);
+    }
+    if (!(await this.users.findById(toUserId))) throw new NotFoundError('No such user');
+  }
+
+  /**
+   * The caller's own view, at once: cached lists of both users take the change (only if cached),
+   * and every process forgets the followed user's first page. Best effort: the consumer repeats
+   * all of it from the event.
+   */
+  private async afterChange(event: RelationEvent): Promise<void> {
+    this.deps.onCommitted?.();
+    const createdAt = event.type === 'follow' ? event.ts : null;
+    const changes: ListChange[] = [
+      { owner: event.fromUserId, kind: 'following', userId: event.toUserId, createdAt },
+      { owner: event.toUserId, kind: 'followers', userId: event.fromUserId, createdAt },
+    ];
+    for (const c of changes) this.fills.forget(listKey(c));
+    try {
+      await this.lists.apply(changes);
+    } catch (err) {
+      this.log.warn({ err }, 'list cache not updated after a relation change; the consumer will');
+    }
+    try {
+      await this.deps.bus.publish(FIRST_PAGE_SCOPE, [String(event.toUserId)]);
+    } catch (err) {
+      this.log.warn({ err }, 'first-page invalidation not announced; the consumer will');
+    }
+  }
+
+  /** How long a list is by the user counters; null when they cannot say (then the cache decides). */
+  private async listSize(owner: number, kind: ListKind): Promise<number | null> {
+    try {
+      const [counts] = await this.deps.counts.countsMany([owner]);
+      if (!counts) return null;
+      return kind === 'following' ? counts.followings : counts.followers;
+    } catch (err) {
+      this.log.warn({ err }, 'user counters unavailable; listing without them');
+      return null;
+    }
+  }
+
+  private async entries(
+    list: ListRef,
+    position: ListPosition,
+    limit: number,
+    size: number | null,
+  ): Promise<ListPage> {
+    const max = this.limits.listCacheMaxEntries;
+    if (size !== null && size > max) {
+      this.metrics.cacheReads.inc({ cache: 'list', result: 'bypass' });
+      return this.repo.page(list.owner, list.kind, position, limit);
+    }
+    try {
+      const hit = await this.lists.page(list, position, limit);
+      if (hit) {
+        this.metrics.cacheReads.inc({ cache: 'list', result: 'hit' });
+        return hit;
+      }
+      this.metrics.cacheReads.inc({ cache: 'list', result: 'miss' });
+      const loaded = await this.fills.do(listKey(list), async () => {
+        const filled = await this.lists.fill(list, () => this.repo.head(list.owner, list.kind, max + 1));
+        return filled.entries;
+      });
+      if (loaded && loaded.length <= max) return slicePage(loaded, position, limit);
+    } catch (err) {
+      this.metrics.cacheReads.inc({ cache: 'list', result: 'error' });
+      this.log.warn({ err }, 'list cache unavailable; reading the database');
+    }
+    return this.repo.page(list.owner, list.kind, position, limit);
+  }
+
+  private async bigAccountFirstPage(owner: number, limit: number): Promise<ListResult> {
+    const key = String(owner);
+    let page = this.firstPages.get(key);
+    if (page) this.metrics.cacheReads.inc({ cache: 'first-page', result: 'hit' });
+    else {
+      this.metrics.cacheReads.inc({ cache: 'first-page', result: 'miss' });
+      // Read straight from the database: a big account's list is longer than the list cache holds.
+      const loaded = await this.repo.page(owner, 'followers', { offset: 0 }, MAX_PAGE);
+      const profiles = new Map((await this.profiles(loaded.entries)).map((p) => [p.id, p]));
+      page = { entries: loaded.entries, profiles, more: loaded.more };
+      this.firstPages.set(key, page);
+    }
+    const entries = page.entries.slice(0, limit);
+    const more = page.entries.length > limit || page.more;
+    const items = entries.flatMap((e) => {
+      const p = page.profiles.get(e.userId);
+      return p ? [p] : [];
+    });
+    return { items, nextCursor: cursorAfter({ entries, more }) };
+  }
+
+  /** Public profiles of the entries' users, in entry order, in one query. */
+  private async profiles(entries: readonly ListEntry[]): Promise<PublicProfile[]> {
+    if (entries.length === 0) return [];
+    const rows = await this.users.findByIds(entries.map((e) => e.userId));
+    const byId = new Map(rows.map((r) => [Number(r.id), r]));
+    return entries.flatMap((e) => {
+      const row = byId.get(e.userId);
+      return row ? [toPublicProfile(row)] : [];
+    });
+  }
+}
+
+function cursorAfter(page: ListPage): string | null {
+  const last = page.entries[page.entries.length - 1];
+  return page.more && last ? encodeCursor(last) : null;
+}

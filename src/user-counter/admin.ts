@@ -1,0 +1,57 @@
+import { Registry } from 'prom-client';
+import type { Logger } from 'pino';
+import type { Config } from '../platform/config/config.js';
+import type { Db } from '../platform/db/database.js';
+import { createPlatform, type Platform } from '../platform/wiring.js';
+import type { UserCountPart } from './source.js';
+import { createUserCounters } from './user-counters.js';
+
+export const USERS_USAGE = `  users verify [--fix]                compare every user's counts with the database; --fix heals the drifted ones`;
+
+export interface AdminIo {
+  /** Progress lines (overwritten in place on a terminal). */
+  progress(message: string): void;
+  /** The one-line JSON summary. */
+  summary(line: string): void;
+}
+
+/**
+ * `zhiguang users verify [--fix]`: pages through every user, compares each snapshot with the
+ * database (allowing for deltas still on their way) and, with --fix, overwrites the drifted ones.
+ * Users without a snapshot are counted, not created: the first read rebuilds them. `parts` must be
+ * the same slices of the truth the server uses (see app.ts), or fields it leaves out would be
+ * compared with, and healed to, zero.
+ */
+export async function runUsersCommand(
+  config: Config,
+  log: Logger,
+  command: string,
+  options: { fix: boolean; parts: (db: Db, platform: Platform) => UserCountPart[] },
+  io: AdminIo,
+): Promise<number> {
+  if (command !== 'verify') return 2;
+  const platform = await createPlatform(config, log);
+  const started = Date.now();
+  try {
+    const counters = createUserCounters({
+      db: platform.db,
+      store: platform.userCounterStore,
+      events: platform.events,
+      registry: new Registry(),
+      log,
+      reconcileIntervalMs: config.counters.reconcileIntervalMs,
+      parts: options.parts(platform.db, platform),
+    });
+    const report = await counters.reconciler.verifyAll(options.fix, (message) => io.progress(message));
+    io.summary(
+      JSON.stringify({
+        command: `users verify${options.fix ? ' --fix' : ''}`,
+        ...report,
+        seconds: (Date.now() - started) / 1000,
+      }),
+    );
+    return 0;
+  } finally {
+    await platform.close();
+  }
+}

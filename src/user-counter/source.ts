@@ -1,0 +1,99 @@
+import type { Db } from '../platform/db/database.js';
+import { USER_FIELDS, ZERO_USER_COUNTS, type UserCounts, type UserField } from './model.js';
+
+/**
+ * An event counted in the source's counts whose delta may not have reached the counter store yet
+ * (still in the outbox, in the event log, or in a consumer's batch). A rebuild writes the counts and
+ * records these events as applied in one atomic step, so their deltas are skipped when they arrive.
+ */
+export interface UnappliedEvent {
+  eventId: string;
+  field: UserField;
+  delta: number;
+}
+
+/** One user's counts according to the database. */
+export interface SourceCounts {
+  counts: UserCounts;
+  unapplied: UnappliedEvent[];
+}
+
+/**
+ * One slice of the truth: some of the fields, read from the database in one consistent read
+ * (counts and unapplied events from the same instant). Posts give `posts`; relations add
+ * `followings` and `followers`; likes and favourites received will add theirs.
+ *
+ * `unapplied` must list every event counted in `counts` whose delta may still be on its way. A part
+ * that knows exactly (a table of unapplied events written with the change) lists just those; one
+ * that does not lists at least the events of changes made since `since` (the caller passes the
+ * counter store's retention, the same bound as its memory of applied events).
+ */
+export interface UserCountPart {
+  readonly fields: readonly UserField[];
+  read(userId: number, since: number): Promise<{ counts: Partial<UserCounts>; unapplied: UnappliedEvent[] }>;
+}
+
+/** Where rebuilds and the reconciler read the truth. */
+export interface UserCountSource {
+  /** The user's counts by the database, or null when there is no such user. */
+  compute(userId: number, now: number): Promise<SourceCounts | null>;
+  /** Up to `limit` user ids above `after`, ascending (the reconciler's pages). */
+  userIdsAfter(after: number, limit: number): Promise<number[]>;
+  /** Up to `limit` user ids from a random starting point (the periodic reconciler's sample). */
+  sampleUserIds(limit: number): Promise<number[]>;
+}
+
+/** Fields no part covers yet are zero (likes and favourites received, until their parts exist). */
+export class DbUserCountSource implements UserCountSource {
+  constructor(
+    private readonly db: Db,
+    private readonly parts: readonly UserCountPart[],
+    /** How far back parts without an exact list report their events (see `UserCountPart`). */
+    private readonly windowMs: number,
+  ) {
+    const covered = parts.flatMap((p) => p.fields);
+    const twice = USER_FIELDS.filter((f) => covered.filter((c) => c === f).length > 1);
+    if (twice.length > 0) throw new Error(`user count fields covered twice: ${twice.join(', ')}`);
+  }
+
+  async compute(userId: number, now: number): Promise<SourceCounts | null> {
+    const user = await this.db.kysely
+      .selectFrom('users')
+      .select('id')
+      .where('id', '=', userId)
+      .executeTakeFirst();
+    if (!user) return null;
+    const counts: UserCounts = { ...ZERO_USER_COUNTS };
+    const unapplied: UnappliedEvent[] = [];
+    for (const part of this.parts) {
+      const slice = await part.read(userId, now - this.windowMs);
+      for (const field of part.fields) counts[field] = slice.counts[field] ?? 0;
+      unapplied.push(...slice.unapplied.filter((e) => part.fields.includes(e.field)));
+    }
+    return { counts, unapplied };
+  }
+
+  async userIdsAfter(after: number, limit: number): Promise<number[]> {
+    const rows = await this.db.kysely
+      .selectFrom('users')
+      .select('id')
+      .where('id', '>', after)
+      .orderBy('id')
+      .limit(limit)
+      .execute();
+    return rows.map((r) => Number(r.id));
+  }
+
+  async sampleUserIds(limit: number): Promise<number[]> {
+    const bounds = await this.db.kysely
+      .selectFrom('users')
+      .select((eb) => [eb.fn.min<number | string>('id').as('lo'), eb.fn.max<number | string>('id').as('hi')])
+      .executeTakeFirst();
+    if (!bounds || bounds.lo === null || bounds.hi === null) return [];
+    const lo = Number(bounds.lo);
+    const hi = Number(bounds.hi);
+    const start = lo - 1 + Math.floor(Math.random() * (hi - lo + 1));
+    const ids = await this.userIdsAfter(start, limit);
+    return ids.length < limit ? [...ids, ...(await this.userIdsAfter(lo - 1, limit - ids.length))] : ids;
+  }
+}

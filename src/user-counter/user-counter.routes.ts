@@ -1,0 +1,36 @@
+import type { FastifyInstance } from 'fastify';
+import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
+import type { AuthGuards } from '../auth/auth.guard.js';
+import { errorResponses } from '../platform/http/schemas.js';
+import { UserCounterQuery, UserCounterResponse } from './user-counter.schema.js';
+import type { UserCounterService } from './user-counter.service.js';
+
+export function userCounterRoutes(deps: { counters: UserCounterService; guards: AuthGuards }) {
+  return async (root: FastifyInstance): Promise<void> => {
+    const app = root.withTypeProvider<TypeBoxTypeProvider>();
+
+    app.get(
+      '/api/v1/relation/counter',
+      {
+        preHandler: deps.guards.required,
+        schema: {
+          tags: ['relations'],
+          security: [{ bearerAuth: [] }],
+          description: "A user's counts; likedPosts and favedPosts are the likes and favourites received",
+          querystring: UserCounterQuery,
+          response: { 200: UserCounterResponse, ...errorResponses(400, 401, 404) },
+        },
+      },
+      async (request) => {
+        const c = await deps.counters.counts(request.query.userId);
+        return {
+          followings: c.followings,
+          followers: c.followers,
+          posts: c.posts,
+          likedPosts: c.likesReceived,
+          favedPosts: c.favsReceived,
+        };
+      },
+    );
+  };
+}

@@ -1,0 +1,558 @@
+import { createHash } from 'node:crypto';
+import { createServer, type AddressInfo } from 'node:net';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { Client, signUp, startServer, type ProfileName, type Server, type SignedUp } from './harness.js';
+
+/**
+ * Publishing a post the way a client does: draft, presigned uploads straight to storage (the app's
+ * own file routes on embedded, the S3 store on cluster), confirm, metadata, publish; and everything
+ * it must refuse.
+ */
+const CONTENT_MAX = 2048;
+const IMAGE_MAX = 4096;
+const PNG = Buffer.concat([Buffer.from('89504e470d0a1a0a', 'hex'), Buffer.alloc(200, 7)]);
+
+interface Presigned {
+  objectKey: string;
+  putUrl: string;
+  headers: Record<string, string>;
+  expiresIn: number;
+}
+
+function freePort(): Promise<number> {
+  return new Promise((ok, fail) => {
+    const probe = createServer();
+    probe.once('error', fail);
+    probe.listen(0, '127.0.0.1', () => {
+      const { port } = probe.address() as AddressInfo;
+      probe.close(() => ok(port));
+    });
+  });
+}
+
+const sha256 = (bytes: Buffer) => createHash('sha256').update(bytes).digest('hex');
+const md5 = (bytes: Buffer) => createHash('md5').update(bytes).digest('hex');
+
+async function put(presigned: Presigned, bytes: Buffer, headers = presigned.headers) {
+  const res = await fetch(presigned.putUrl, { method: 'PUT', headers, body: bytes });
+  await res.arrayBuffer();
+  return { status: res.status, etag: res.headers.get('etag') };
+}
+
+describe.each<ProfileName>(['embedded', 'cluster'])('publishing posts (%s profile)', (profile) => {
+  let server: Server;
+  let client: Client;
+  let author: SignedUp;
+  let other: SignedUp;
+
+  beforeAll(async () => {
+    // Upload URLs of the embedded profile point at the server's public URL, so it needs a known port.
+    const port = await freePort();
+    server = await startServer(profile, {
+      PORT: String(port),
+      ZG_PUBLIC_URL: `http://127.0.0.1:${port}`,
+      ZG_POST_CONTENT_MAX_BYTES: String(CONTENT_MAX),
+      ZG_POST_IMAGE_MAX_BYTES: String(IMAGE_MAX),
+      ZG_BODY_LIMIT_BYTES: '16384',
+    });
+    client = new Client(server.baseUrl);
+    [author, other] = [await signUp(server, client), await signUp(server, client)];
+  });
+  afterAll(async () => server?.stop());
+
+  const as = (user: SignedUp) => ({
+    call: (method: string, path: string, body?: unknown) =>
+      client.call(method, path, { token: user.accessToken, ...(body !== undefined ? { body } : {}) }),
+  });
+
+  async function draft(user: SignedUp): Promise<string> {
+    const res = await as(user).call('POST', '/api/v1/knowposts/drafts');
+    expect(res.status).toBe(200);
+    expect(res.body.id).toMatch(/^[1-9]\d{0,18}$/);
+    return res.body.id as string;
+  }
+
+  async function presign(user: SignedUp, body: Record<string, unknown>) {
+    return as(user).call('POST', '/api/v1/storage/presign', body);
+  }
+
+  /** Draft with a confirmed markdown body. */
+  async function draftWithBody(user: SignedUp, text = '# Hello\n\nWorld') {
+    const id = await draft(user);
+    const bytes = Buffer.from(text);
+    const signed = (
+      await presign(user, { scene: 'knowpost_content', postId: id, contentType: 'text/markdown' })
+    ).body as Presigned;
+    const uploaded = await put(signed, bytes);
+    expect(uploaded.status).toBe(200);
+    const confirmed = await as(user).call('POST', `/api/v1/knowposts/${id}/content/confirm`, {
+      objectKey: signed.objectKey,
+      etag: uploaded.etag,
+      size: bytes.length,
+      sha256: sha256(bytes),
+    });
+    expect(confirmed.status).toBe(204);
+    return id;
+  }
+
+  it('takes a post from draft to published through presigned uploads', async () => {
+    const id = await draft(author);
+
+    const markdown = Buffer.from('# Title\n\nSome **markdown** body.\n');
+    const content = await presign(author, {
+      scene: 'knowpost_content',
+      postId: id,
+      contentType: 'text/markdown',
+    });
+    expect(content.status).toBe(200);
+    expect(content.body).toMatchObject({
+      objectKey: `posts/${id}/content.md`,
+      headers: { 'Content-Type': 'text/markdown' },
+      expiresIn: 600,
+    });
+    const contentPut = await put(content.body, markdown);
+    expect(contentPut.status).toBe(200);
+    expect(contentPut.etag?.replaceAll('"', '')).toBe(md5(markdown));
+
+    const image = await presign(author, {
+      scene: 'knowpost_image',
+      postId: id,
+      contentType: 'image/png',
+      ext: '.png',
+    });
+    expect(image.status).toBe(200);
+    expect(image.body.objectKey).toMatch(new RegExp(`^posts/${id}/images/\\d{8}/[0-9a-f]{8}\\.png$`));
+    const imagePut = await put(image.body, PNG);
+    expect(imagePut.status).toBe(200);
+    expect(imagePut.etag?.replaceAll('"', '')).toBe(md5(PNG));
+
+    const publishEarly = await as(author).call('POST', `/api/v1/knowposts/${id}/publish`);
+    expect([publishEarly.status, publishEarly.body.code]).toEqual([409, 'CONTENT_REQUIRED']);
+
+    const confirm = await as(author).call('POST', `/api/v1/knowposts/${id}/content/confirm`, {
+      objectKey: content.body.objectKey,
+      etag: contentPut.etag,
+      size: markdown.length,
+      sha256: sha256(markdown),
+    });
+    expect(confirm.status).toBe(204);
+
+    const patch = await as(author).call('PATCH', `/api/v1/knowposts/${id}`, {
+      title: 'A first post',
+      tags: ['intro', 'markdown'],
+      tagId: 1,
+      imgUrls: [image.body.objectKey, 'https://images.example.com/elsewhere.png'],
+      description: 'Short and sweet',
+      visible: 'public',
+      isTop: false,
+    });
+    expect(patch.status).toBe(204);
+    expect((await as(author).call('PATCH', `/api/v1/knowposts/${id}/top`, { isTop: true })).status).toBe(204);
+    expect(
+      (await as(author).call('PATCH', `/api/v1/knowposts/${id}/visibility`, { visible: 'unlisted' })).status,
+    ).toBe(204);
+
+    expect((await as(author).call('POST', `/api/v1/knowposts/${id}/publish`)).status).toBe(204);
+    const again = await as(author).call('POST', `/api/v1/knowposts/${id}/publish`);
+    expect(again.status).toBe(409);
+    expect(again.body).toMatchObject({ code: 'INVALID_STATE' });
+    expect(typeof again.body.requestId).toBe('string');
+
+    // Others may see it (unlisted) but not change it.
+    expect((await as(other).call('PATCH', `/api/v1/knowposts/${id}`, { title: 'mine' })).status).toBe(403);
+    expect((await as(other).call('DELETE', `/api/v1/knowposts/${id}`)).status).toBe(403);
+
+    expect((await as(author).call('DELETE', `/api/v1/knowposts/${id}`)).status).toBe(204);
+    expect((await as(author).call('PATCH', `/api/v1/knowposts/${id}`, { title: 'x' })).status).toBe(404);
+    expect((await as(author).call('DELETE', `/api/v1/knowposts/${id}`)).status).toBe(404);
+    const afterDelete = await as(author).call('POST', `/api/v1/knowposts/${id}/publish`);
+    expect([afterDelete.status, afterDelete.body.code]).toEqual([409, 'INVALID_STATE']);
+    const presignDeleted = await presign(author, {
+      scene: 'knowpost_image',
+      postId: id,
+      contentType: 'image/png',
+    });
+    expect([presignDeleted.status, presignDeleted.body.code]).toEqual([409, 'INVALID_STATE']);
+    expect(server.logLines().filter((line) => Number(line.level) >= 50)).toEqual([]);
+  });
+
+  it('lets only the author presign, confirm and edit', async () => {
+    const hidden = await draft(author);
+    const visible = await draftWithBody(author);
+    expect((await as(author).call('POST', `/api/v1/knowposts/${visible}/publish`)).status).toBe(204);
+
+    const body = { scene: 'knowpost_content', contentType: 'text/markdown' };
+    expect((await presign(other, { ...body, postId: visible })).status).toBe(403);
+    expect((await presign(other, { ...body, postId: hidden })).status).toBe(404);
+    expect((await presign(other, { ...body, postId: '123456789' })).status).toBe(404);
+    expect(
+      (await client.call('POST', '/api/v1/storage/presign', { body: { ...body, postId: hidden } })).status,
+    ).toBe(401);
+    expect((await client.call('POST', '/api/v1/knowposts/drafts')).status).toBe(401);
+    expect((await client.call('POST', `/api/v1/knowposts/${hidden}/publish`)).status).toBe(401);
+
+    const confirm = { objectKey: `posts/${hidden}/content.md`, etag: '"x"', size: 1, sha256: 'a'.repeat(64) };
+    expect(
+      (await as(other).call('POST', `/api/v1/knowposts/${hidden}/content/confirm`, confirm)).status,
+    ).toBe(404);
+    expect(
+      (await as(other).call('PATCH', `/api/v1/knowposts/${hidden}/visibility`, { visible: 'public' })).status,
+    ).toBe(404);
+    expect((await as(other).call('POST', `/api/v1/knowposts/${hidden}/publish`)).status).toBe(404);
+  });
+
+  it('refuses keys outside the post, mismatching uploads and unknown objects at confirm', async () => {
+    const id = await draft(author);
+    const elsewhere = await draft(author);
+    const bytes = Buffer.from('plain text body');
+    const signed = (
+      await presign(author, { scene: 'knowpost_content', postId: id, contentType: 'text/plain' })
+    ).body as Presigned;
+    expect(signed.objectKey).toBe(`posts/${id}/content.txt`);
+    const uploaded = await put(signed, bytes);
+    expect(uploaded.status).toBe(200);
+    const good = {
+      objectKey: signed.objectKey,
+      etag: uploaded.etag,
+      size: bytes.length,
+      sha256: sha256(bytes),
+    };
+    const confirm = (patch: Record<string, unknown>) =>
+      as(author).call('POST', `/api/v1/knowposts/${id}/content/confirm`, { ...good, ...patch });
+
+    for (const objectKey of [
+      `posts/${elsewhere}/content.txt`,
+      `posts/${id}/../${elsewhere}/content.txt`,
+      'avatars/x.png',
+    ]) {
+      const res = await confirm({ objectKey });
+      expect({ objectKey, status: res.status, code: res.body.code }).toEqual({
+        objectKey,
+        status: 400,
+        code: 'BAD_REQUEST',
+      });
+    }
+    const missing = await confirm({ objectKey: `posts/${id}/content.md` });
+    expect([missing.status, missing.body.code]).toEqual([409, 'OBJECT_NOT_UPLOADED']);
+    expect((await confirm({ size: bytes.length + 1 })).status).toBe(400);
+    expect((await confirm({ etag: '"00000000000000000000000000000000"' })).status).toBe(400);
+    expect((await confirm({ sha256: sha256(Buffer.from('other')) })).status).toBe(400);
+    expect((await confirm({ etag: uploaded.etag?.replaceAll('"', '') })).status).toBe(204);
+  });
+
+  it('refuses oversized uploads and content types outside the allow-lists', async () => {
+    const id = await draft(author);
+    const big = Buffer.alloc(CONTENT_MAX + 1, 'a');
+    const signed = (
+      await presign(author, { scene: 'knowpost_content', postId: id, contentType: 'text/markdown' })
+    ).body as Presigned;
+    const uploaded = await put(signed, big);
+    if (uploaded.status === 200) {
+      // S3 cannot cap a presigned PUT: the size is enforced at confirm, which removes the object.
+      const res = await as(author).call('POST', `/api/v1/knowposts/${id}/content/confirm`, {
+        objectKey: signed.objectKey,
+        etag: uploaded.etag,
+        size: big.length,
+        sha256: sha256(big),
+      });
+      expect([res.status, res.body.code]).toEqual([413, 'PAYLOAD_TOO_LARGE']);
+      const gone = await as(author).call('POST', `/api/v1/knowposts/${id}/content/confirm`, {
+        objectKey: signed.objectKey,
+        etag: uploaded.etag,
+        size: big.length,
+        sha256: sha256(big),
+      });
+      expect(gone.body.code).toBe('OBJECT_NOT_UPLOADED');
+    } else {
+      expect(uploaded.status).toBe(413);
+    }
+    expect(uploaded.status).toBe(profile === 'cluster' ? 200 : 413);
+
+    const image = (await presign(author, { scene: 'knowpost_image', postId: id, contentType: 'image/gif' }))
+      .body as Presigned;
+    const bigImage = await put(image, Buffer.alloc(IMAGE_MAX + 1, 1));
+    if (bigImage.status === 200) {
+      const res = await as(author).call('PATCH', `/api/v1/knowposts/${id}`, { imgUrls: [image.objectKey] });
+      expect(res.status).toBe(413);
+    } else {
+      expect(bigImage.status).toBe(413);
+    }
+
+    for (const body of [
+      { scene: 'knowpost_content', contentType: 'application/x-msdownload' },
+      { scene: 'knowpost_content', contentType: 'image/png' },
+      { scene: 'knowpost_image', contentType: 'text/html' },
+      { scene: 'knowpost_image', contentType: 'image/png', ext: '.jpg' },
+      { scene: 'knowpost_content', contentType: 'text/markdown', ext: '.exe' },
+      { scene: 'knowpost_avatar', contentType: 'image/png' },
+    ]) {
+      const res = await presign(author, { ...body, postId: id });
+      expect({ body, status: res.status }).toEqual({ body, status: 400 });
+    }
+
+    // The signature covers the Content-Type: a PUT with another one stores nothing.
+    const md = (
+      await presign(author, { scene: 'knowpost_content', postId: id, contentType: 'text/markdown' })
+    ).body as Presigned;
+    if (profile === 'embedded') {
+      const wrongType = await put(md, Buffer.from('<script>'), { 'Content-Type': 'text/html' });
+      expect(wrongType.status).toBe(403);
+    } else {
+      // The test S3 server does not check signatures; the URL must still sign the header.
+      expect(new URL(md.putUrl).searchParams.get('X-Amz-SignedHeaders')?.split(';')).toContain(
+        'content-type',
+      );
+    }
+  });
+
+  it('validates metadata edits', async () => {
+    const id = await draft(author);
+    const patch = (body: unknown) => as(author).call('PATCH', `/api/v1/knowposts/${id}`, body);
+    const cases: unknown[] = [
+      {},
+      { title: 'ok', color: 'red' },
+      { title: 'x'.repeat(257) },
+      { description: 'x'.repeat(51) },
+      { tags: Array.from({ length: 21 }, (_, i) => `t${i}`) },
+      { imgUrls: Array.from({ length: 21 }, () => 'https://example.com/a.png') },
+      { imgUrls: ['javascript:alert(1)'] },
+      { imgUrls: [`posts/${id}/images/20250101/00000000.png`] },
+      { imgUrls: ['https://example.com/' + 'a'.repeat(1024)] },
+      { visible: 'friends' },
+      { isTop: 'yes' },
+    ];
+    for (const body of cases) {
+      const res = await patch(body);
+      expect({ body, status: res.status, code: res.body?.code }).toEqual({
+        body,
+        status: 400,
+        code: 'BAD_REQUEST',
+      });
+    }
+    expect(
+      (await as(author).call('PATCH', `/api/v1/knowposts/${id}/top`, { isTop: true, extra: 1 })).status,
+    ).toBe(400);
+    expect((await as(author).call('PATCH', `/api/v1/knowposts/${id}/visibility`, {})).status).toBe(400);
+    expect((await patch({ title: 'x'.repeat(256), description: 'd'.repeat(50), tags: [] })).status).toBe(204);
+  });
+});
+
+// ---------------------------------------------------------------------------------------------
+// Fuzzing: every new route answers 4xx in the contract's shape, never 5xx.
+
+interface RouteCase {
+  method: string;
+  path: (postId: string) => string;
+  valid: (postId: string) => Record<string, unknown>;
+  /** Sent against a post of its own, since the first request that passes ends that post. */
+  spare?: boolean;
+}
+
+const ROUTES: RouteCase[] = [
+  {
+    method: 'POST',
+    path: () => '/api/v1/storage/presign',
+    valid: (postId) => ({ scene: 'knowpost_image', postId, contentType: 'image/png', ext: '.png' }),
+  },
+  { method: 'POST', path: () => '/api/v1/knowposts/drafts', valid: () => ({}) },
+  {
+    method: 'POST',
+    path: (id) => `/api/v1/knowposts/${id}/content/confirm`,
+    valid: (id) => ({ objectKey: `posts/${id}/content.md`, etag: '"abc"', size: 3, sha256: 'a'.repeat(64) }),
+  },
+  {
+    method: 'PATCH',
+    path: (id) => `/api/v1/knowposts/${id}`,
+    valid: () => ({
+      title: 't',
+      tagId: 1,
+      tags: ['a'],
+      imgUrls: ['https://example.com/a.png'],
+      visible: 'public',
+      isTop: false,
+      description: 'd',
+    }),
+  },
+  { method: 'POST', path: (id) => `/api/v1/knowposts/${id}/publish`, valid: () => ({}) },
+  { method: 'PATCH', path: (id) => `/api/v1/knowposts/${id}/top`, valid: () => ({ isTop: true }) },
+  {
+    method: 'PATCH',
+    path: (id) => `/api/v1/knowposts/${id}/visibility`,
+    valid: () => ({ visible: 'private' }),
+  },
+  { method: 'DELETE', path: (id) => `/api/v1/knowposts/${id}`, valid: () => ({}), spare: true },
+];
+
+const WRONG_VALUES: unknown[] = [
+  null,
+  0,
+  -1,
+  1.5,
+  1e308,
+  true,
+  [],
+  {},
+  ['a'],
+  [1, null],
+  { a: 1 },
+  'x'.repeat(5000),
+  '',
+  '\u0000',
+  '\ud800',
+  '../../etc/passwd',
+  '99999999999999999999999',
+  'posts/1/content.md',
+];
+
+function* randomBodies(seed: number, count: number): Generator<unknown> {
+  let s = seed;
+  const next = () => (s = (s * 1103515245 + 12345) & 0x7fffffff) / 0x7fffffff;
+  const atoms = () => [
+    null,
+    next() * 1e12,
+    -next(),
+    next() > 0.5,
+    'ü'.repeat(Math.floor(next() * 40)),
+    '{"',
+    '\ud800',
+    'posts/',
+  ];
+  const keys = [
+    'scene',
+    'postId',
+    'contentType',
+    'ext',
+    'objectKey',
+    'etag',
+    'size',
+    'sha256',
+    'title',
+    'tags',
+    'imgUrls',
+    'visible',
+    'isTop',
+  ];
+  const value = (depth: number): unknown => {
+    const r = next();
+    if (depth > 2 || r < 0.5) return atoms()[Math.floor(next() * 8)];
+    if (r < 0.75) return Array.from({ length: Math.floor(next() * 4) }, () => value(depth + 1));
+    return Object.fromEntries(
+      Array.from({ length: Math.floor(next() * 5) }, () => [
+        keys[Math.floor(next() * keys.length)],
+        value(depth + 1),
+      ]),
+    );
+  };
+  for (let i = 0; i < count; i++) yield value(0);
+}
+
+describe.each<ProfileName>(['embedded', 'cluster'])('bad input to post routes (%s profile)', (profile) => {
+  let server: Server;
+  let client: Client;
+  let user: SignedUp;
+  let postId: string;
+  let spareId: string;
+
+  beforeAll(async () => {
+    server = await startServer(profile, { ZG_BODY_LIMIT_BYTES: '16384' });
+    client = new Client(server.baseUrl);
+    user = await signUp(server, client);
+    postId = (await client.call('POST', '/api/v1/knowposts/drafts', { token: user.accessToken })).body.id;
+    spareId = (await client.call('POST', '/api/v1/knowposts/drafts', { token: user.accessToken })).body.id;
+  });
+  afterAll(async () => server?.stop());
+
+  const expect4xx = (label: string, res: { status: number; body: any }) => {
+    expect({ label, status: res.status >= 400 && res.status < 500 ? '4xx' : res.status }).toEqual({
+      label,
+      status: '4xx',
+    });
+    expect({
+      label,
+      shape:
+        typeof res.body?.code === 'string' &&
+        typeof res.body?.message === 'string' &&
+        typeof res.body?.requestId === 'string',
+    }).toEqual({ label, shape: true });
+  };
+
+  const send = (
+    route: RouteCase,
+    raw: string,
+    contentType = 'application/json',
+    path = route.path(route.spare ? spareId : postId),
+  ) =>
+    client.call(route.method, path, {
+      raw,
+      token: user.accessToken,
+      headers: { 'content-type': contentType },
+    });
+
+  it('answers malformed JSON, wrong content types and oversized bodies with a 4xx', async () => {
+    for (const route of ROUTES) {
+      for (const raw of ['{', '{"a":', 'nul', '[1,2', '{"title":"x",}', '\u0000\u0001']) {
+        expect4xx(`${route.method} ${route.path('ID')} ${JSON.stringify(raw)}`, await send(route, raw));
+      }
+      const oversized = await send(
+        route,
+        JSON.stringify({ ...route.valid(postId), pad: 'x'.repeat(20_000) }),
+      );
+      expect4xx(`${route.path('ID')} oversized`, oversized);
+      expect(oversized.status).toBe(413);
+    }
+  });
+
+  it('answers bodies of the wrong type, wrong field types and unknown fields with a 4xx', async () => {
+    for (const route of ROUTES) {
+      const label = `${route.method} ${route.path('ID')}`;
+      for (const body of ['"string"', '42', 'null', '[]', 'true']) {
+        const res = await send(route, body);
+        // Routes without a body ignore it; the rest must refuse it.
+        if (res.status < 400) expect(Object.keys(route.valid(postId))).toEqual([]);
+        else expect4xx(`${label} body ${body}`, res);
+      }
+      for (const field of Object.keys(route.valid(postId))) {
+        for (const wrong of WRONG_VALUES) {
+          const res = await send(route, JSON.stringify({ ...route.valid(postId), [field]: wrong }));
+          if (res.status < 400) continue; // some odd values are legitimately accepted (e.g. an empty title)
+          expect4xx(`${label} ${field}=${JSON.stringify(wrong).slice(0, 20)}`, res);
+        }
+        const { [field]: _dropped, ...missing } = route.valid(postId);
+        expect((await send(route, JSON.stringify(missing))).status).toBeLessThan(500);
+      }
+      if (Object.keys(route.valid(postId)).length > 0) {
+        const res = await send(route, JSON.stringify({ ...route.valid(postId), unknownField: 1 }));
+        expect4xx(`${label} unknown field`, res);
+        expect(res.status).toBe(400);
+      }
+    }
+  }, 120_000);
+
+  it('never answers random bodies with a 5xx', async () => {
+    for (const route of ROUTES) {
+      for (const body of randomBodies(route.path('ID').length * 7919 + route.method.length, 60)) {
+        const res = await send(route, JSON.stringify(body) ?? 'null');
+        expect({ route: route.path('ID'), body, status: res.status < 500 }).toEqual({
+          route: route.path('ID'),
+          body,
+          status: true,
+        });
+        if (res.status >= 400) expect4xx(route.path('ID'), res);
+      }
+    }
+  }, 120_000);
+
+  it('answers bad post ids in paths with a 4xx', async () => {
+    for (const route of ROUTES.filter((r) => r.path('ID').includes('ID'))) {
+      for (const bad of ['abc', '-1', '0', '1.5', '99999999999999999999999', '%00', '..', '1%2F2']) {
+        const res = await send(
+          route,
+          JSON.stringify(route.valid(postId)),
+          'application/json',
+          route.path(bad),
+        );
+        expect4xx(`${route.method} ${route.path(bad)}`, res);
+      }
+    }
+  });
+});

@@ -1,0 +1,157 @@
+import { createHash } from 'node:crypto';
+import { createServer, type AddressInfo } from 'node:net';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { Client, signUp, startServer, type ProfileName, type Server, type SignedUp } from './harness.js';
+
+/**
+ * A user's counts as clients read them (`GET /api/v1/relation/counter`), moved by publishing and
+ * deleting posts through the public routes: outbox → relay → post-events → user-counters consumer.
+ */
+function freePort(): Promise<number> {
+  return new Promise((ok, fail) => {
+    const probe = createServer();
+    probe.once('error', fail);
+    probe.listen(0, '127.0.0.1', () => {
+      const { port } = probe.address() as AddressInfo;
+      probe.close(() => ok(port));
+    });
+  });
+}
+
+/** Polls `read` until `accept` holds or `ms` pass; returns the last value. */
+async function eventually<T>(read: () => Promise<T>, accept: (v: T) => boolean, ms = 5000): Promise<T> {
+  const deadline = Date.now() + ms;
+  let value = await read();
+  while (!accept(value) && Date.now() < deadline) {
+    await new Promise((r) => setTimeout(r, 50));
+    value = await read();
+  }
+  return value;
+}
+
+const zero = { followings: 0, followers: 0, posts: 0, likedPosts: 0, favedPosts: 0 };
+
+describe.each<ProfileName>(['embedded', 'cluster'])('user counters (%s profile)', (profile) => {
+  let server: Server;
+  let client: Client;
+  let author: SignedUp;
+  let reader: SignedUp;
+
+  beforeAll(async () => {
+    // Upload URLs of the embedded profile point at the server's public URL, so it needs a known port.
+    const port = await freePort();
+    server = await startServer(profile, { PORT: String(port), ZG_PUBLIC_URL: `http://127.0.0.1:${port}` });
+    client = new Client(server.baseUrl);
+    [author, reader] = [await signUp(server, client), await signUp(server, client)];
+  });
+  afterAll(async () => server?.stop());
+
+  /** As the reader by default; `null` sends no token. */
+  const counter = (userId: number | string, token: string | null = reader.accessToken) =>
+    client.call('GET', `/api/v1/relation/counter?userId=${userId}`, { token: token ?? undefined });
+  const as = (user: SignedUp, method: string, path: string, body?: unknown) =>
+    client.call(method, path, { token: user.accessToken, ...(body !== undefined ? { body } : {}) });
+
+  /** A draft with a confirmed markdown body, through presign, PUT and confirm. */
+  async function draftWithBody(user: SignedUp): Promise<string> {
+    const draft = await as(user, 'POST', '/api/v1/knowposts/drafts');
+    expect(draft.status).toBe(200);
+    const id = draft.body.id as string;
+    const bytes = Buffer.from(`# Post ${id}\n\nbody\n`);
+    const signed = await as(user, 'POST', '/api/v1/storage/presign', {
+      scene: 'knowpost_content',
+      postId: id,
+      contentType: 'text/markdown',
+    });
+    expect(signed.status).toBe(200);
+    const put = await fetch(signed.body.putUrl, { method: 'PUT', headers: signed.body.headers, body: bytes });
+    await put.arrayBuffer();
+    expect(put.status).toBe(200);
+    const confirmed = await as(user, 'POST', `/api/v1/knowposts/${id}/content/confirm`, {
+      objectKey: signed.body.objectKey,
+      etag: put.headers.get('etag'),
+      size: bytes.length,
+      sha256: createHash('sha256').update(bytes).digest('hex'),
+    });
+    expect(confirmed.status).toBe(204);
+    return id;
+  }
+
+  async function publish(user: SignedUp): Promise<string> {
+    const id = await draftWithBody(user);
+    expect((await as(user, 'POST', `/api/v1/knowposts/${id}/publish`)).status).toBe(204);
+    return id;
+  }
+
+  it('answers the five counts of any user to a signed-in caller, and refuses everything else', async () => {
+    expect((await counter(author.userId)).body).toEqual(zero);
+    expect((await counter(reader.userId, reader.accessToken)).body).toEqual(zero);
+
+    const anonymous = await counter(author.userId, null);
+    expect(anonymous.status).toBe(401);
+    expect(anonymous.body).toMatchObject({ code: 'UNAUTHORIZED', requestId: expect.any(String) });
+    expect((await counter(author.userId, 'not-a-token')).status).toBe(401);
+
+    for (const bad of ['0', '-3', 'abc', '1.5', '', '99999999999999999999', `${author.userId}&userId=x`]) {
+      const res = await counter(bad);
+      expect({ bad, status: res.status, code: res.body.code }).toEqual({
+        bad,
+        status: 400,
+        code: 'BAD_REQUEST',
+      });
+      expect(res.body.message).toMatch(/userId/);
+    }
+    const missing = await client.call('GET', '/api/v1/relation/counter', { token: reader.accessToken });
+    expect(missing.status).toBe(400);
+    expect(missing.body.message).toMatch(/userId/);
+
+    const unknown = await counter(author.userId + 1_000_000);
+    expect(unknown.status).toBe(404);
+    expect(unknown.body).toMatchObject({ code: 'NOT_FOUND', requestId: expect.any(String) });
+  });
+
+  it('counts a published post within seconds, once, and takes it back when the post is deleted', async () => {
+    const user = await signUp(server, client);
+    // Read first: the snapshot exists, so the count moves by the consumer's delta.
+    expect((await counter(user.userId)).body).toEqual(zero);
+    const draftOnly = await draftWithBody(user);
+    const id = await publish(user);
+    const started = Date.now();
+    const shown = await eventually(
+      () => counter(user.userId),
+      (r) => r.body.posts === 1,
+    );
+    expect(shown.body).toEqual({ ...zero, posts: 1 });
+    expect(Date.now() - started).toBeLessThan(5_000);
+    // A repeated publish is refused and moves nothing; neither does deleting a draft.
+    expect((await as(user, 'POST', `/api/v1/knowposts/${id}/publish`)).status).toBe(409);
+    expect((await as(user, 'DELETE', `/api/v1/knowposts/${draftOnly}`)).status).toBe(204);
+    await new Promise((r) => setTimeout(r, 1_000));
+    expect((await counter(user.userId)).body).toEqual({ ...zero, posts: 1 });
+
+    expect((await as(user, 'DELETE', `/api/v1/knowposts/${id}`)).status).toBe(204);
+    const gone = await eventually(
+      () => counter(user.userId),
+      (r) => r.body.posts === 0,
+    );
+    expect(gone.body).toEqual(zero);
+    expect((await as(user, 'DELETE', `/api/v1/knowposts/${id}`)).status).toBeGreaterThanOrEqual(400);
+    await new Promise((r) => setTimeout(r, 1_000));
+    expect((await counter(user.userId)).body).toEqual(zero);
+  });
+
+  it('answers right away from the database for a user never read, and does not count the event on its way again', async () => {
+    const user = await signUp(server, client);
+    const ids = [await publish(user), await publish(user)];
+    // Read at once: the snapshot is rebuilt from the database while the events may still travel.
+    expect((await counter(user.userId)).body).toEqual({ ...zero, posts: 2 });
+    await new Promise((r) => setTimeout(r, 2_000));
+    expect((await counter(user.userId)).body).toEqual({ ...zero, posts: 2 });
+    expect((await as(user, 'DELETE', `/api/v1/knowposts/${ids[0]}`)).status).toBe(204);
+    const after = await eventually(
+      () => counter(user.userId),
+      (r) => r.body.posts === 1,
+    );
+    expect(after.body).toEqual({ ...zero, posts: 1 });
+  });
+});
