@@ -1,19 +1,16 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { Client, signUp, startServer, type ProfileName, type Server, type SignedUp } from './harness.js';
+import {
+  Client,
+  eventually,
+  signUp,
+  startServer,
+  type ProfileName,
+  type Server,
+  type SignedUp,
+} from './harness.js';
 
 let nextPost = BigInt(Date.now()) * 1_000_000n;
 const newPostId = () => String(++nextPost);
-
-/** Polls `read` until `accept` holds or `ms` pass; returns the last value. */
-async function eventually<T>(read: () => Promise<T>, accept: (v: T) => boolean, ms = 3000): Promise<T> {
-  const deadline = Date.now() + ms;
-  let value = await read();
-  while (!accept(value) && Date.now() < deadline) {
-    await new Promise((r) => setTimeout(r, 50));
-    value = await read();
-  }
-  return value;
-}
 
 describe.each<ProfileName>(['embedded', 'cluster'])(
   'likes, favourites and counts (%s profile)',

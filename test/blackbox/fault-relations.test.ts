@@ -400,8 +400,6 @@ describe('follow relations under faults (cluster profile: 3 API processes, a wor
       const recovery = quiet(60_000, backAt)
         .then(() => {
           timings.caughtUpAfterKafkaBackMs = Date.now() - backAt;
-          console.log('DIAG backAt', backAt, 'downAt', downAt);
-          for (const l of worker!.lines) if (Number(l.level) >= 40 || /kafka|relay/i.test(String(l.msg))) console.log('DIAG', (Number(l.time) - backAt), JSON.stringify(l).slice(0, 400));
         })
         .finally(() => (recoverySettled = true));
       const remaining = OPS - load.done;

@@ -2,6 +2,7 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { generateKeyPairSync } from 'node:crypto';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
+import { createServer, type AddressInfo } from 'node:net';
 import { join, resolve } from 'node:path';
 import { createInterface } from 'node:readline';
 import { SMTPServer } from 'smtp-server';
@@ -44,6 +45,33 @@ export interface Server {
 
 const ROOT = resolve(import.meta.dirname, '../..');
 
+/** A port nothing listens on right now (the caller binds it soon after). */
+function freePort(): Promise<number> {
+  return new Promise((ok, fail) => {
+    const probe = createServer();
+    probe.once('error', fail);
+    probe.listen(0, '127.0.0.1', () => {
+      const { port } = probe.address() as AddressInfo;
+      probe.close(() => ok(port));
+    });
+  });
+}
+
+/** Polls `read` until `accept` holds or `ms` pass; returns the last value. */
+export async function eventually<T>(
+  read: () => Promise<T>,
+  accept: (value: T) => boolean,
+  ms = 5000,
+): Promise<T> {
+  const deadline = Date.now() + ms;
+  let value = await read();
+  while (!accept(value) && Date.now() < deadline) {
+    await new Promise((r) => setTimeout(r, 50));
+    value = await read();
+  }
+  return value;
+}
+
 export async function startServer(
   profile: ProfileName,
   extraEnv: Record<string, string> = {},
@@ -67,7 +95,6 @@ export async function startServer(
     HOME: process.env.HOME ?? '/tmp',
     ZG_PROFILE: profile,
     HOST: '127.0.0.1',
-    PORT: '0',
     LOG_LEVEL: 'info',
     ZG_DATA_DIR: dataDir,
     ZG_JWT_PRIVATE_KEY: privateKeyPem,
@@ -127,40 +154,75 @@ export async function startServer(
   }
   Object.assign(env, extraEnv);
 
-  const child: ChildProcess = spawn(process.execPath, [join(ROOT, 'dist/main.js')], {
-    env,
-    stdio: ['ignore', 'pipe', 'pipe'],
-  });
-  let stderr = '';
-  child.stderr?.on('data', (d: Buffer) => (stderr += d.toString()));
-  const exited = new Promise<number | null>((ok) => child.once('exit', (code) => ok(code)));
-
-  const address = await new Promise<string>((ok, fail) => {
-    const timer = setTimeout(() => fail(new Error(`server did not start within 60 s\n${stderr}`)), 60_000);
-    void exited.then((code) => fail(new Error(`server exited with ${code}\n${stderr}`)));
-    createInterface({ input: child.stdout! }).on('line', (line) => {
-      let parsed: Record<string, unknown>;
-      try {
-        parsed = JSON.parse(line) as Record<string, unknown>;
-      } catch {
-        return;
-      }
-      lines.push(parsed);
-      if (parsed.msg === 'verification code' && typeof parsed.code === 'string') {
-        delivered.push({
-          identifier: String(parsed.identifier),
-          scene: String(parsed.scene),
-          code: parsed.code,
-          at: Date.now(),
-        });
-        notify();
-      }
-      if (parsed.msg === 'zhiguang started' && typeof parsed.address === 'string') {
-        clearTimeout(timer);
-        ok(parsed.address);
-      }
+  // Signed upload and download URLs name the server's public URL, so it must listen on a known port.
+  const choosePort = extraEnv.PORT === undefined;
+  const launch = async () => {
+    if (choosePort) env.PORT = String(await freePort());
+    if (extraEnv.ZG_PUBLIC_URL === undefined && env.PORT !== '0') {
+      env.ZG_PUBLIC_URL = `http://${env.HOST}:${env.PORT}`;
+    }
+    lines.length = 0;
+    const child: ChildProcess = spawn(process.execPath, [join(ROOT, 'dist/main.js')], {
+      env,
+      stdio: ['ignore', 'pipe', 'pipe'],
     });
-  });
+    let stderr = '';
+    child.stderr?.on('data', (d: Buffer) => (stderr += d.toString()));
+    const exited = new Promise<number | null>((ok) => child.once('exit', (code) => ok(code)));
+    try {
+      const address = await new Promise<string>((ok, fail) => {
+        const timer = setTimeout(
+          () => fail(new Error(`server did not start within 60 s\n${stderr}`)),
+          60_000,
+        );
+        void exited.then((code) => {
+          clearTimeout(timer);
+          fail(new Error(`server exited with ${code}\n${stderr}`));
+        });
+        createInterface({ input: child.stdout! }).on('line', (line) => {
+          let parsed: Record<string, unknown>;
+          try {
+            parsed = JSON.parse(line) as Record<string, unknown>;
+          } catch {
+            return;
+          }
+          lines.push(parsed);
+          if (parsed.msg === 'verification code' && typeof parsed.code === 'string') {
+            delivered.push({
+              identifier: String(parsed.identifier),
+              scene: String(parsed.scene),
+              code: parsed.code,
+              at: Date.now(),
+            });
+            notify();
+          }
+          if (parsed.msg === 'zhiguang started' && typeof parsed.address === 'string') {
+            clearTimeout(timer);
+            ok(parsed.address);
+          }
+        });
+      });
+      return { child, exited, address };
+    } catch (err) {
+      if (child.exitCode === null) child.kill('SIGKILL');
+      await exited;
+      throw err;
+    }
+  };
+
+  let started: Awaited<ReturnType<typeof launch>>;
+  for (let attempt = 1; ; attempt++) {
+    try {
+      started = await launch();
+      break;
+    } catch (err) {
+      // Another process may take the probed port before the server binds it: probe again.
+      if (choosePort && attempt < 3 && String(err).includes('EADDRINUSE')) continue;
+      for (const cleanup of cleanups.reverse()) await cleanup();
+      throw err;
+    }
+  }
+  const { child, exited, address } = started;
 
   return {
     profile,

@@ -1,13 +1,19 @@
-import { createHash } from 'node:crypto';
-import { createServer, type AddressInfo } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { Client, signUp, startServer, type ProfileName, type Server, type SignedUp } from './harness.js';
+import {
+  Client,
+  eventually,
+  signUp,
+  startServer,
+  type ProfileName,
+  type Server,
+  type SignedUp,
+} from './harness.js';
+import { fetchBytes, PNG, writePost, type NewPost } from './posts.js';
 
 /**
  * Reading posts as clients do: detail, the public feed and the author's own list, with live counts and
  * flags, through every cache tier; and what they must never show to someone else.
  */
-const PNG = Buffer.concat([Buffer.from('89504e470d0a1a0a', 'hex'), Buffer.alloc(120, 3)]);
 const FEED_ITEM_KEYS = [
   'authorAvatar',
   'authorNickname',
@@ -44,47 +50,6 @@ const DETAIL_KEYS = [
   'visible',
 ];
 
-function freePort(): Promise<number> {
-  return new Promise((ok, fail) => {
-    const probe = createServer();
-    probe.once('error', fail);
-    probe.listen(0, '127.0.0.1', () => {
-      const { port } = probe.address() as AddressInfo;
-      probe.close(() => ok(port));
-    });
-  });
-}
-
-const sha256 = (bytes: Buffer) => createHash('sha256').update(bytes).digest('hex');
-
-/** Polls `read` until `accept` holds or `ms` pass; returns the last value. */
-async function eventually<T>(read: () => Promise<T>, accept: (v: T) => boolean, ms: number): Promise<T> {
-  const deadline = Date.now() + ms;
-  let value = await read();
-  while (!accept(value) && Date.now() < deadline) {
-    await new Promise((r) => setTimeout(r, 50));
-    value = await read();
-  }
-  return value;
-}
-
-async function fetchBytes(url: string): Promise<{ status: number; bytes: Buffer }> {
-  const res = await fetch(url);
-  return { status: res.status, bytes: Buffer.from(await res.arrayBuffer()) };
-}
-
-interface NewPost {
-  title?: string;
-  tags?: string[];
-  description?: string;
-  visible?: string;
-  /** Uploaded images first, then these absolute URLs. */
-  externalImages?: string[];
-  images?: number;
-  publish?: boolean;
-  isTop?: boolean;
-}
-
 describe.each<ProfileName>(['embedded', 'cluster'])('reading posts (%s profile)', (profile) => {
   let server: Server;
   let client: Client;
@@ -93,11 +58,7 @@ describe.each<ProfileName>(['embedded', 'cluster'])('reading posts (%s profile)'
   const bodies = new Map<string, Buffer>();
 
   beforeAll(async () => {
-    // Signed URLs of the embedded profile point at the server's public URL: it needs a known port.
-    const port = await freePort();
     server = await startServer(profile, {
-      PORT: String(port),
-      ZG_PUBLIC_URL: `http://127.0.0.1:${port}`,
       ZG_COUNTER_FLUSH_MS: '200',
       // Long enough that only invalidation can explain a change showing at once.
       ZG_POST_CACHE_MS: '30000',
@@ -115,57 +76,10 @@ describe.each<ProfileName>(['embedded', 'cluster'])('reading posts (%s profile)'
     return res;
   };
 
-  /** A post written through the public write routes: body, images, metadata, then publish. */
+  /** A post written through the public write routes; its body is kept to compare with reads. */
   async function newPost(user: SignedUp, spec: NewPost = {}): Promise<string> {
-    const token = user.accessToken;
-    const id = ok(await call('POST', '/api/v1/knowposts/drafts', token), 200).body.id as string;
-    const text = Buffer.from(`# ${spec.title ?? 'post'} ${id}\n\nbody of ${id}\n`);
-    const content = ok(
-      await call('POST', '/api/v1/storage/presign', token, {
-        scene: 'knowpost_content',
-        postId: id,
-        contentType: 'text/markdown',
-      }),
-      200,
-    ).body;
-    const put = await fetch(content.putUrl, { method: 'PUT', headers: content.headers, body: text });
-    await put.arrayBuffer();
-    ok(
-      await call('POST', `/api/v1/knowposts/${id}/content/confirm`, token, {
-        objectKey: content.objectKey,
-        etag: put.headers.get('etag'),
-        size: text.length,
-        sha256: sha256(text),
-      }),
-    );
-    bodies.set(id, text);
-    const imgUrls: string[] = [];
-    for (let i = 0; i < (spec.images ?? 0); i++) {
-      const image = ok(
-        await call('POST', '/api/v1/storage/presign', token, {
-          scene: 'knowpost_image',
-          postId: id,
-          contentType: 'image/png',
-        }),
-        200,
-      ).body;
-      const res = await fetch(image.putUrl, { method: 'PUT', headers: image.headers, body: PNG });
-      await res.arrayBuffer();
-      expect(res.status).toBe(200);
-      imgUrls.push(image.objectKey);
-    }
-    imgUrls.push(...(spec.externalImages ?? []));
-    ok(
-      await call('PATCH', `/api/v1/knowposts/${id}`, token, {
-        title: spec.title ?? `post ${id}`,
-        tags: spec.tags ?? ['t'],
-        imgUrls,
-        description: spec.description ?? 'about it',
-        visible: spec.visible ?? 'public',
-        ...(spec.isTop !== undefined ? { isTop: spec.isTop } : {}),
-      }),
-    );
-    if (spec.publish !== false) ok(await call('POST', `/api/v1/knowposts/${id}/publish`, token));
+    const { id, content } = await writePost(client, user, spec);
+    bodies.set(id, content);
     return id;
   }
 

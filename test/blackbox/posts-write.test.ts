@@ -1,7 +1,16 @@
-import { createHash } from 'node:crypto';
-import { createServer, type AddressInfo } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { expect4xx, randomBodies, WRONG_VALUES } from './fuzz.js';
 import { Client, signUp, startServer, type ProfileName, type Server, type SignedUp } from './harness.js';
+import {
+  callAs,
+  createDraft,
+  draftWithContent,
+  md5,
+  PNG,
+  putObject as put,
+  sha256,
+  type Presigned,
+} from './posts.js';
 
 /**
  * Publishing a post the way a client does: draft, presigned uploads straight to storage (the app's
@@ -10,35 +19,6 @@ import { Client, signUp, startServer, type ProfileName, type Server, type Signed
  */
 const CONTENT_MAX = 2048;
 const IMAGE_MAX = 4096;
-const PNG = Buffer.concat([Buffer.from('89504e470d0a1a0a', 'hex'), Buffer.alloc(200, 7)]);
-
-interface Presigned {
-  objectKey: string;
-  putUrl: string;
-  headers: Record<string, string>;
-  expiresIn: number;
-}
-
-function freePort(): Promise<number> {
-  return new Promise((ok, fail) => {
-    const probe = createServer();
-    probe.once('error', fail);
-    probe.listen(0, '127.0.0.1', () => {
-      const { port } = probe.address() as AddressInfo;
-      probe.close(() => ok(port));
-    });
-  });
-}
-
-const sha256 = (bytes: Buffer) => createHash('sha256').update(bytes).digest('hex');
-const md5 = (bytes: Buffer) => createHash('md5').update(bytes).digest('hex');
-
-async function put(presigned: Presigned, bytes: Buffer, headers = presigned.headers) {
-  const res = await fetch(presigned.putUrl, { method: 'PUT', headers, body: bytes });
-  await res.arrayBuffer();
-  return { status: res.status, etag: res.headers.get('etag') };
-}
-
 describe.each<ProfileName>(['embedded', 'cluster'])('publishing posts (%s profile)', (profile) => {
   let server: Server;
   let client: Client;
@@ -46,11 +26,7 @@ describe.each<ProfileName>(['embedded', 'cluster'])('publishing posts (%s profil
   let other: SignedUp;
 
   beforeAll(async () => {
-    // Upload URLs of the embedded profile point at the server's public URL, so it needs a known port.
-    const port = await freePort();
     server = await startServer(profile, {
-      PORT: String(port),
-      ZG_PUBLIC_URL: `http://127.0.0.1:${port}`,
       ZG_POST_CONTENT_MAX_BYTES: String(CONTENT_MAX),
       ZG_POST_IMAGE_MAX_BYTES: String(IMAGE_MAX),
       ZG_BODY_LIMIT_BYTES: '16384',
@@ -61,39 +37,11 @@ describe.each<ProfileName>(['embedded', 'cluster'])('publishing posts (%s profil
   afterAll(async () => server?.stop());
 
   const as = (user: SignedUp) => ({
-    call: (method: string, path: string, body?: unknown) =>
-      client.call(method, path, { token: user.accessToken, ...(body !== undefined ? { body } : {}) }),
+    call: (method: string, path: string, body?: unknown) => callAs(client, user, method, path, body),
   });
-
-  async function draft(user: SignedUp): Promise<string> {
-    const res = await as(user).call('POST', '/api/v1/knowposts/drafts');
-    expect(res.status).toBe(200);
-    expect(res.body.id).toMatch(/^[1-9]\d{0,18}$/);
-    return res.body.id as string;
-  }
-
-  async function presign(user: SignedUp, body: Record<string, unknown>) {
-    return as(user).call('POST', '/api/v1/storage/presign', body);
-  }
-
-  /** Draft with a confirmed markdown body. */
-  async function draftWithBody(user: SignedUp, text = '# Hello\n\nWorld') {
-    const id = await draft(user);
-    const bytes = Buffer.from(text);
-    const signed = (
-      await presign(user, { scene: 'knowpost_content', postId: id, contentType: 'text/markdown' })
-    ).body as Presigned;
-    const uploaded = await put(signed, bytes);
-    expect(uploaded.status).toBe(200);
-    const confirmed = await as(user).call('POST', `/api/v1/knowposts/${id}/content/confirm`, {
-      objectKey: signed.objectKey,
-      etag: uploaded.etag,
-      size: bytes.length,
-      sha256: sha256(bytes),
-    });
-    expect(confirmed.status).toBe(204);
-    return id;
-  }
+  const draft = (user: SignedUp) => createDraft(client, user);
+  const presign = (user: SignedUp, body: Record<string, unknown>) =>
+    as(user).call('POST', '/api/v1/storage/presign', body);
 
   it('takes a post from draft to published through presigned uploads', async () => {
     const id = await draft(author);
@@ -178,7 +126,7 @@ describe.each<ProfileName>(['embedded', 'cluster'])('publishing posts (%s profil
 
   it('lets only the author presign, confirm and edit', async () => {
     const hidden = await draft(author);
-    const visible = await draftWithBody(author);
+    const { id: visible } = await draftWithContent(client, author);
     expect((await as(author).call('POST', `/api/v1/knowposts/${visible}/publish`)).status).toBe(204);
 
     const body = { scene: 'knowpost_content', contentType: 'text/markdown' };
@@ -383,68 +331,31 @@ const ROUTES: RouteCase[] = [
   { method: 'DELETE', path: (id) => `/api/v1/knowposts/${id}`, valid: () => ({}), spare: true },
 ];
 
-const WRONG_VALUES: unknown[] = [
-  null,
-  0,
-  -1,
-  1.5,
+/** The common wrong values and more aimed at post ids, object keys and sizes. */
+const POST_WRONG_VALUES: unknown[] = [
+  ...WRONG_VALUES,
   1e308,
-  true,
-  [],
-  {},
-  ['a'],
   [1, null],
-  { a: 1 },
-  'x'.repeat(5000),
-  '',
-  '\u0000',
   '\ud800',
-  '../../etc/passwd',
   '99999999999999999999999',
   'posts/1/content.md',
 ];
 
-function* randomBodies(seed: number, count: number): Generator<unknown> {
-  let s = seed;
-  const next = () => (s = (s * 1103515245 + 12345) & 0x7fffffff) / 0x7fffffff;
-  const atoms = () => [
-    null,
-    next() * 1e12,
-    -next(),
-    next() > 0.5,
-    'ü'.repeat(Math.floor(next() * 40)),
-    '{"',
-    '\ud800',
-    'posts/',
-  ];
-  const keys = [
-    'scene',
-    'postId',
-    'contentType',
-    'ext',
-    'objectKey',
-    'etag',
-    'size',
-    'sha256',
-    'title',
-    'tags',
-    'imgUrls',
-    'visible',
-    'isTop',
-  ];
-  const value = (depth: number): unknown => {
-    const r = next();
-    if (depth > 2 || r < 0.5) return atoms()[Math.floor(next() * 8)];
-    if (r < 0.75) return Array.from({ length: Math.floor(next() * 4) }, () => value(depth + 1));
-    return Object.fromEntries(
-      Array.from({ length: Math.floor(next() * 5) }, () => [
-        keys[Math.floor(next() * keys.length)],
-        value(depth + 1),
-      ]),
-    );
-  };
-  for (let i = 0; i < count; i++) yield value(0);
-}
+const BODY_KEYS = [
+  'scene',
+  'postId',
+  'contentType',
+  'ext',
+  'objectKey',
+  'etag',
+  'size',
+  'sha256',
+  'title',
+  'tags',
+  'imgUrls',
+  'visible',
+  'isTop',
+];
 
 describe.each<ProfileName>(['embedded', 'cluster'])('bad input to post routes (%s profile)', (profile) => {
   let server: Server;
@@ -457,24 +368,10 @@ describe.each<ProfileName>(['embedded', 'cluster'])('bad input to post routes (%
     server = await startServer(profile, { ZG_BODY_LIMIT_BYTES: '16384' });
     client = new Client(server.baseUrl);
     user = await signUp(server, client);
-    postId = (await client.call('POST', '/api/v1/knowposts/drafts', { token: user.accessToken })).body.id;
-    spareId = (await client.call('POST', '/api/v1/knowposts/drafts', { token: user.accessToken })).body.id;
+    postId = await createDraft(client, user);
+    spareId = await createDraft(client, user);
   });
   afterAll(async () => server?.stop());
-
-  const expect4xx = (label: string, res: { status: number; body: any }) => {
-    expect({ label, status: res.status >= 400 && res.status < 500 ? '4xx' : res.status }).toEqual({
-      label,
-      status: '4xx',
-    });
-    expect({
-      label,
-      shape:
-        typeof res.body?.code === 'string' &&
-        typeof res.body?.message === 'string' &&
-        typeof res.body?.requestId === 'string',
-    }).toEqual({ label, shape: true });
-  };
 
   const send = (
     route: RouteCase,
@@ -512,7 +409,7 @@ describe.each<ProfileName>(['embedded', 'cluster'])('bad input to post routes (%
         else expect4xx(`${label} body ${body}`, res);
       }
       for (const field of Object.keys(route.valid(postId))) {
-        for (const wrong of WRONG_VALUES) {
+        for (const wrong of POST_WRONG_VALUES) {
           const res = await send(route, JSON.stringify({ ...route.valid(postId), [field]: wrong }));
           if (res.status < 400) continue; // some odd values are legitimately accepted (e.g. an empty title)
           expect4xx(`${label} ${field}=${JSON.stringify(wrong).slice(0, 20)}`, res);
@@ -530,7 +427,7 @@ describe.each<ProfileName>(['embedded', 'cluster'])('bad input to post routes (%
 
   it('never answers random bodies with a 5xx', async () => {
     for (const route of ROUTES) {
-      for (const body of randomBodies(route.path('ID').length * 7919 + route.method.length, 60)) {
+      for (const body of randomBodies(route.path('ID').length * 7919 + route.method.length, 60, BODY_KEYS)) {
         const res = await send(route, JSON.stringify(body) ?? 'null');
         expect({ route: route.path('ID'), body, status: res.status < 500 }).toEqual({
           route: route.path('ID'),

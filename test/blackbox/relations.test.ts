@@ -1,6 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import {
   Client,
+  eventually,
   newPhone,
   signUp,
   startServer,
@@ -8,17 +9,6 @@ import {
   type Server,
   type SignedUp,
 } from './harness.js';
-
-/** Polls `read` until `accept` holds or `ms` pass; returns the last value. */
-async function eventually<T>(read: () => Promise<T>, accept: (v: T) => boolean, ms = 5000): Promise<T> {
-  const deadline = Date.now() + ms;
-  let value = await read();
-  while (!accept(value) && Date.now() < deadline) {
-    await new Promise((r) => setTimeout(r, 50));
-    value = await read();
-  }
-  return value;
-}
 
 /** Registers a user by phone (codes to phones are written to the server's log). */
 async function signUpByPhone(server: Server, client: Client): Promise<SignedUp & { phone: string }> {

@@ -1,34 +1,19 @@
-import { createHash } from 'node:crypto';
-import { createServer, type AddressInfo } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { Client, signUp, startServer, type ProfileName, type Server, type SignedUp } from './harness.js';
+import {
+  Client,
+  eventually,
+  signUp,
+  startServer,
+  type ProfileName,
+  type Server,
+  type SignedUp,
+} from './harness.js';
+import { callAs, draftWithContent, publish as publishDraft } from './posts.js';
 
 /**
  * A user's counts as clients read them (`GET /api/v1/relation/counter`), moved by publishing and
  * deleting posts through the public routes: outbox → relay → post-events → user-counters consumer.
  */
-function freePort(): Promise<number> {
-  return new Promise((ok, fail) => {
-    const probe = createServer();
-    probe.once('error', fail);
-    probe.listen(0, '127.0.0.1', () => {
-      const { port } = probe.address() as AddressInfo;
-      probe.close(() => ok(port));
-    });
-  });
-}
-
-/** Polls `read` until `accept` holds or `ms` pass; returns the last value. */
-async function eventually<T>(read: () => Promise<T>, accept: (v: T) => boolean, ms = 5000): Promise<T> {
-  const deadline = Date.now() + ms;
-  let value = await read();
-  while (!accept(value) && Date.now() < deadline) {
-    await new Promise((r) => setTimeout(r, 50));
-    value = await read();
-  }
-  return value;
-}
-
 const zero = { followings: 0, followers: 0, posts: 0, likedPosts: 0, favedPosts: 0 };
 
 describe.each<ProfileName>(['embedded', 'cluster'])('user counters (%s profile)', (profile) => {
@@ -38,9 +23,7 @@ describe.each<ProfileName>(['embedded', 'cluster'])('user counters (%s profile)'
   let reader: SignedUp;
 
   beforeAll(async () => {
-    // Upload URLs of the embedded profile point at the server's public URL, so it needs a known port.
-    const port = await freePort();
-    server = await startServer(profile, { PORT: String(port), ZG_PUBLIC_URL: `http://127.0.0.1:${port}` });
+    server = await startServer(profile);
     client = new Client(server.baseUrl);
     [author, reader] = [await signUp(server, client), await signUp(server, client)];
   });
@@ -50,36 +33,13 @@ describe.each<ProfileName>(['embedded', 'cluster'])('user counters (%s profile)'
   const counter = (userId: number | string, token: string | null = reader.accessToken) =>
     client.call('GET', `/api/v1/relation/counter?userId=${userId}`, { token: token ?? undefined });
   const as = (user: SignedUp, method: string, path: string, body?: unknown) =>
-    client.call(method, path, { token: user.accessToken, ...(body !== undefined ? { body } : {}) });
-
+    callAs(client, user, method, path, body);
   /** A draft with a confirmed markdown body, through presign, PUT and confirm. */
-  async function draftWithBody(user: SignedUp): Promise<string> {
-    const draft = await as(user, 'POST', '/api/v1/knowposts/drafts');
-    expect(draft.status).toBe(200);
-    const id = draft.body.id as string;
-    const bytes = Buffer.from(`# Post ${id}\n\nbody\n`);
-    const signed = await as(user, 'POST', '/api/v1/storage/presign', {
-      scene: 'knowpost_content',
-      postId: id,
-      contentType: 'text/markdown',
-    });
-    expect(signed.status).toBe(200);
-    const put = await fetch(signed.body.putUrl, { method: 'PUT', headers: signed.body.headers, body: bytes });
-    await put.arrayBuffer();
-    expect(put.status).toBe(200);
-    const confirmed = await as(user, 'POST', `/api/v1/knowposts/${id}/content/confirm`, {
-      objectKey: signed.body.objectKey,
-      etag: put.headers.get('etag'),
-      size: bytes.length,
-      sha256: createHash('sha256').update(bytes).digest('hex'),
-    });
-    expect(confirmed.status).toBe(204);
-    return id;
-  }
+  const draftWithBody = async (user: SignedUp) => (await draftWithContent(client, user)).id;
 
   async function publish(user: SignedUp): Promise<string> {
     const id = await draftWithBody(user);
-    expect((await as(user, 'POST', `/api/v1/knowposts/${id}/publish`)).status).toBe(204);
+    await publishDraft(client, user, id);
     return id;
   }
 

@@ -57,6 +57,8 @@ const DEFAULT_MAX_BATCH = 100;
 const DEFAULT_MAX_WAIT_MS = 100;
 /** Most bytes one range-read fetch returns (per partition and in all). */
 const FETCH_MAX_BYTES = 8 * 1024 * 1024;
+/** Longest a subscription's fetch waits at the broker for a first record. */
+const IDLE_FETCH_WAIT_MS = 500;
 /** Most bytes one fetch of a subscription returns. */
 const SUBSCRIBE_FETCH_MAX_BYTES = 4 * 1024 * 1024;
 
@@ -389,7 +391,7 @@ export class KafkaEventLog implements EventLog {
     ]);
   }
 
-  createConsumer(group: string, maxWaitMs: number, maxBatch: number, instanceId?: string): StringConsumer {
+  createConsumer(group: string, maxBatch: number, instanceId?: string): StringConsumer {
     return new Consumer({
       ...this.clientOptions('consumer'),
       groupId: this.name(group),
@@ -400,7 +402,10 @@ export class KafkaEventLog implements EventLog {
       rebalanceTimeout: Math.max(this.s.sessionTimeoutMs, 30_000),
       heartbeatInterval: this.s.heartbeatIntervalMs,
       heartbeatStallTimeout: this.s.sessionTimeoutMs,
-      maxWaitTime: Math.min(Math.max(maxWaitMs, 50), 1_000),
+      // How long the broker holds a fetch when it has nothing new; it answers as soon as a record
+      // arrives, so this adds no latency, and an idle subscription polls a few times a second
+      // instead of every `maxWaitMs` (which bounds only how long a batch waits to fill).
+      maxWaitTime: IDLE_FETCH_WAIT_MS,
       highWaterMark: Math.max(2 * maxBatch, 64),
       // The client's default (50 MB) makes a consumer behind by a large backlog decode all of it
       // before the first batch is handed over; smaller fetches let decoding overlap the handler.
@@ -528,12 +533,7 @@ class KafkaSubscription implements Subscription {
     if (this.consumer && this.consumerFailed) await this.teardown(true);
     if (!this.consumer) {
       this.consumerFailed = false;
-      const consumer = this.log.createConsumer(
-        this.options.group,
-        this.maxWaitMs,
-        this.maxBatch,
-        this.instanceId,
-      );
+      const consumer = this.log.createConsumer(this.options.group, this.maxBatch, this.instanceId);
       this.consumer = consumer;
       // An unhandled 'error' event would crash the process, and a failed rejoin also ends the
       // heartbeats; the listeners stay attached (and go quiet) once this consumer is replaced.
