@@ -159,21 +159,12 @@ describe('RedisCounterStore (cluster specifics)', () => {
 
   it('declares only keys of the entity’s group, on every script', async () => {
     const store = open({ groups: 64, sparseMax: 5 });
-    const monitor = await redis.monitor();
+    const recorder = recordCommands(redis, prefix);
     const calls: string[][] = [];
-    let listening = true;
-    monitor.on('monitor', (_time: string, args: string[]) => {
-      if (!listening) return;
-      if (/^eval(sha)?$/i.test(args[0] ?? '') && args.some((a) => a.startsWith(prefix))) calls.push(args);
-    });
-    // Lines still in flight when the connection closes reach ioredis after it left monitor mode.
-    monitor.on('error', () => undefined);
     const stop = (): void => {
-      listening = false;
-      monitor.disconnect();
+      recorder.stop();
+      calls.push(...recorder.seen.filter((args) => /^eval(sha)?$/i.test(args[0] ?? '')));
     };
-    await sleep(50);
-
     const refs = [post('7300000000000000011'), post('7300000000000000012'), post('12')];
     const events: CounterEvent[] = [];
     for (const ref of refs) {
@@ -393,17 +384,11 @@ describe('RedisCounterStore (cluster specifics)', () => {
     it('costs one round trip of a constant number of commands when idle, whatever the number of groups', async () => {
       const store = open({ groups: 4096 });
       await store.staleUnpublished(NOW, 1_000, 10); // an instance's first call sweeps every group
-      const monitor = await redis.monitor();
-      const commands: string[] = [];
-      monitor.on('monitor', (_time: string, args: string[]) => {
-        if (args.some((a) => a.startsWith(prefix))) commands.push(String(args[0]).toLowerCase());
-      });
-      monitor.on('error', () => undefined);
-      await sleep(50);
+      const recorder = recordCommands(redis, prefix);
       expect(await store.staleUnpublished(NOW, 1_000, 10)).toEqual([]);
       expect(await store.staleUnpublished(NOW, 1_000, 10)).toEqual([]);
-      await sleep(100);
-      monitor.disconnect();
+      recorder.stop();
+      const commands = recorder.seen.map((args) => String(args[0]).toLowerCase());
       expect(commands.length).toBeLessThanOrEqual(2 * 20);
       expect(commands.filter((c) => c === 'zrangebyscore')).toHaveLength(2);
     });
@@ -459,16 +444,10 @@ describe('RedisCounterStore (cluster specifics)', () => {
     for (let u = 0; u < 40; u += 2) events.push({ ...fakeEvent(ref, u, ++seq), delta: -1 });
     events.push({ ...fakeEvent(ref, 7, ++seq), metric: 'fav', idx: 2 });
     const shuffled = [...events].sort(() => Math.random() - 0.5);
-    const monitor = await redis.monitor();
-    let scripts = 0;
-    monitor.on('monitor', (_time: string, args: string[]) => {
-      if (/^evalsha$/i.test(args[0] ?? '') && args.some((a) => a.startsWith(prefix))) scripts++;
-    });
-    monitor.on('error', () => undefined);
-    await sleep(50);
+    const recorder = recordCommands(redis, prefix);
     await store.replayFacts(shuffled);
-    await sleep(100);
-    monitor.disconnect();
+    recorder.stop();
+    const scripts = recorder.seen.filter((args) => /^evalsha$/i.test(args[0] ?? '')).length;
     expect(scripts).toBeLessThanOrEqual(2 + 2); // EVAL, not EVALSHA, on a script's first use
     expect(await store.factCounts(ref)).toEqual({ like: 20, fav: 1 });
     expect(await store.flags(1, [ref])).toEqual([{ like: true, fav: false }]);
@@ -548,5 +527,29 @@ function fakeEvent(ref: EntityRef, userId: number, seq: number): CounterEvent {
     delta: 1,
     ts: NOW,
     seq,
+  };
+}
+
+/**
+ * Records the commands one client sends that name a key under `prefix` (command name first, then
+ * its arguments as strings). Unlike MONITOR it sees only this client, so tests running beside this
+ * file on the same Redis cannot disturb it.
+ */
+function recordCommands(client: Redis, prefix: string): { seen: string[][]; stop(): void } {
+  const seen: string[][] = [];
+  const send = client.sendCommand.bind(client);
+  client.sendCommand = (...params: Parameters<Redis['sendCommand']>) => {
+    const [command] = params;
+    const args = [
+      command.name,
+      ...command.args.map((a) => (Buffer.isBuffer(a) ? a.toString('latin1') : String(a))),
+    ];
+    if (args.some((a) => a.startsWith(prefix))) seen.push(args);
+    return send(...params);
+  };
+  return {
+    seen,
+    // The instance property only shadowed the prototype's method.
+    stop: () => void Reflect.deleteProperty(client, 'sendCommand'),
   };
 }
