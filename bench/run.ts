@@ -11,6 +11,7 @@
  *   rtt, staleness
  *   aggregator, replay                    counter pipeline in process against Redis and Kafka
  *   embedded                              embedded profile, like endpoint against its own baseline
+ *   relations                             cluster profile, follow endpoint and outbox lag (bench/relations.ts)
  *   memory                                bench/counter-memory.ts, included verbatim
  *
  * Settings (environment): BENCH_SECONDS (10: measured seconds of each request, and as many of its
@@ -24,6 +25,7 @@
  * pipeline part profiles its measured phases), BENCH_SERVER_ENV (space-separated VAR=value pairs added
  * to every server's environment, for diagnostic runs; reported with the results), BENCH_SERVER_ENTRY
  * (another build's main.js to run instead of dist/main.js, for A/B comparisons; reported too).
+ * Relations: BENCH_RELATION_USERS (200), BENCH_RELATION_RATE (1000), BENCH_RELATION_SECONDS (10).
  * Services: ZG_REDIS_URL, ZG_MYSQL_ROOT_URL, ZG_KAFKA_BROKERS (default: local, broker started by
  * scripts/kafka-broker.sh).
  */
@@ -67,6 +69,16 @@ import {
   type ServerProcess,
 } from './servers.js';
 import { measureStaleness, type StalenessResult } from './staleness.js';
+import {
+  followMix,
+  measureOutboxLag,
+  outboxLagCells,
+  outboxLagMarkdown,
+  RELATION_BENCH_ENV,
+  relationChanges,
+  signUpPhoneUsers,
+  type OutboxLagResult,
+} from './relations.js';
 
 const PARTS = [
   'like',
@@ -80,6 +92,7 @@ const PARTS = [
   'replay',
   'embedded',
   'memory',
+  'relations',
 ] as const;
 type Part = (typeof PARTS)[number];
 
@@ -177,6 +190,7 @@ const results: {
   likeServerStats?: string;
   rtt: RttRow[];
   staleness?: StalenessResult;
+  relations?: { lag?: OutboxLagResult; changedShare?: number; users: number };
   pipeline?: PipelineResult;
   memory?: { output: string; seconds: number } | { skipped: string };
   notes: string[];
@@ -533,6 +547,61 @@ async function pipeline(): Promise<void> {
   }
 }
 
+async function relations(): Promise<void> {
+  const cleanups = newCleanups();
+  try {
+    const stack = await createClusterStack(cleanups, { ...RELATION_BENCH_ENV, ...cfg.serverEnv });
+    const servers = await startServers(stack.env, stack.inbox, cleanups, 'cluster');
+    const api = servers[0]!;
+    const count = Math.round(num('BENCH_RELATION_USERS', 200));
+    log(
+      `relations: server${servers.length > 1 ? 's' : ''} up at ${api.baseUrl}; signing up ${count} + ${2 * cfg.probes} users`,
+    );
+    const all = await signUpPhoneUsers(api.baseUrl, stack.inbox, count + 2 * cfg.probes);
+    const users = all.slice(0, count);
+    const probeUsers = all.slice(count);
+    results.relations = { users: users.length };
+    const [c0, u0] = await relationChanges(api.baseUrl);
+    await httpRun(
+      'cluster',
+      servers,
+      'POST /api/v1/relation/follow|unfollow',
+      `${users.length} users, random pair, follow or unfollow 50/50`,
+      followMix(users),
+      0.4,
+    );
+    const [c1, u1] = await relationChanges(api.baseUrl);
+    results.relations.changedShare = (c1 - c0) / (c1 - c0 + u1 - u0);
+    const rate = num('BENCH_RELATION_RATE', 1000);
+    const seconds = num('BENCH_RELATION_SECONDS', 10);
+    log(`relations: outbox lag at ${rate} follows/s for ${seconds} s, ${cfg.probes} probes`);
+    results.relations.lag = await measureOutboxLag({
+      baseUrl: api.baseUrl,
+      serverUrls: servers.map((s) => s.baseUrl),
+      mysqlUrl: stack.mysqlUrl,
+      users,
+      probes: Array.from({ length: cfg.probes }, (_, i) => ({
+        from: probeUsers[2 * i]!,
+        to: probeUsers[2 * i + 1]!,
+      })),
+      rate,
+      seconds,
+      connections: cfg.connections,
+      pollMs: cfg.pollMs,
+      pauseMaxMs: 300,
+    });
+    const l = results.relations.lag;
+    log(`  ${l.samples} samples: p50 ${fmt(l.p50)} ms, p99 ${fmt(l.p99)} ms at ${fmt(l.load.rps)} follows/s`);
+    for (const s of servers) {
+      const w = s.warnings();
+      if (w.length > 0)
+        results.notes.push(`relations server ${s.pid} logged ${w.length} warnings; first: ${w[0]}`);
+    }
+  } finally {
+    await cleanups.runAll(log);
+  }
+}
+
 async function embedded(): Promise<void> {
   const cleanups = newCleanups();
   try {
@@ -721,6 +790,7 @@ function textTable(): string {
         widths,
       ),
     );
+  if (results.relations?.lag) lines.push(row(outboxLagCells(results.relations.lag), widths));
   for (const r of results.rtt) lines.push(`redis: ${r.name}: ${describeTraffic(r.samples)}`);
   return lines.join('\n');
 }
@@ -865,6 +935,16 @@ function markdown(): string {
       );
     }
   }
+  if (results.relations?.changedShare !== undefined)
+    out.push(
+      `Follow mix: ${(results.relations.changedShare * 100).toFixed(1)} % of follow/unfollow requests changed state (${results.relations.users} users; the relations part runs its own deployment with \`${Object.entries(
+        RELATION_BENCH_ENV,
+      )
+        .map(([k, v]) => `${k}=${v}`)
+        .join(' ')}\`, so the per-user limit never answers 429).`,
+      '',
+    );
+  if (results.relations?.lag) out.push(...outboxLagMarkdown(results.relations.lag, cfg.connections, 300));
   const mem = results.memory;
   if (mem) {
     out.push('### Memory (bench/counter-memory.ts)', '');
@@ -904,6 +984,7 @@ async function main(): Promise<void> {
   if (clusterParts.length > 0) await clusterHttp();
   if (wanted('aggregator') || wanted('replay')) await pipeline();
   if (wanted('embedded')) await embedded();
+  if (wanted('relations')) await relations();
   if (wanted('memory')) await memory();
   log(`done in ${((performance.now() - t0) / 1000).toFixed(0)} s`);
   if (results.cpuProfiles.length > 0)
