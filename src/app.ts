@@ -253,6 +253,10 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
   const relay = new OutboxRelay({
     store: platform.outboxStore,
     events: platform.events,
+    // An API process's commits cannot wake a relay in a worker process; polling bounds that wait.
+    pollIntervalMs: 100,
+    // Short back-off so the backlog goes out within seconds of the broker coming back.
+    retryBackoffMs: { min: 200, max: 2_000 },
     onError: (err) => workerError('outbox-relay', err),
   });
   const reconciler = new CounterReconciler(platform.counterStore, counterMetrics);

@@ -104,6 +104,12 @@ export class RelationService {
   private readonly now: () => number;
   private readonly fills = new SingleFlight<ListEntry[]>();
   private readonly firstPages: LruCache<FirstPage>;
+  /**
+   * Invalidation generation of each user whose first page is being loaded (entries exist only while
+   * a load is in flight). An invalidation bumps it; a load caches its page only if the generation it
+   * read before reading the database is still current.
+   */
+  private readonly firstPageLoads = new Map<string, { generation: number; loads: number }>();
   private readonly unsubscribe: () => void;
 
   constructor(private readonly deps: RelationServiceDeps) {
@@ -120,7 +126,11 @@ export class RelationService {
       now: this.now,
     });
     this.unsubscribe = deps.bus.subscribe(FIRST_PAGE_SCOPE, (keys) => {
-      for (const key of keys) this.firstPages.delete(key);
+      for (const key of keys) {
+        this.firstPages.delete(key);
+        const inFlight = this.firstPageLoads.get(key);
+        if (inFlight) inFlight.generation += 1;
+      }
     });
   }
 
@@ -165,24 +175,38 @@ export class RelationService {
     return { items: await this.profiles(page.entries), nextCursor: cursorAfter(page) };
   }
 
-  /** Rejects a change that must not happen: yourself, too many changes, an unknown user. */
+  /**
+   * Rejects a change that must not happen, in this order: yourself, too many changes, an unknown
+   * user. The rate limit and the user lookup run side by side; both are awaited before deciding, so
+   * the answer does not depend on which finishes first (a change to an unknown user still counts
+   * against the limit, as it did when they ran one after the other).
+   */
   private async checkChange(me: number, toUserId: number, action: string): Promise<void> {
     if (toUserId === me) throw new BadRequestError(`query.toUserId: you cannot ${action} yourself`);
-    const decision = await this.deps.limiter.hit(
-      `relation:change:${me}`,
-      this.limits.changesPerMinute,
-      60_000,
-    );
-    if (!decision.allowed) {
-      throw new RateLimitedError('Too many follow changes; try again later', decision.retryAfterMs / 1000);
+    const [decision, target] = await Promise.allSettled([
+      this.deps.limiter.hit(`relation:change:${me}`, this.limits.changesPerMinute, 60_000),
+      this.users.findById(toUserId),
+    ]);
+    if (decision.status === 'rejected') throw decision.reason;
+    if (!decision.value.allowed) {
+      throw new RateLimitedError(
+        'Too many follow changes; try again later',
+        decision.value.retryAfterMs / 1000,
+      );
     }
-    if (!(await this.users.findById(toUserId))) throw new NotFoundError('No such user');
+    if (target.status === 'rejected') throw target.reason;
+    if (!target.value) throw new NotFoundError('No such user');
   }
 
   /**
    * The caller's own view, at once: cached lists of both users take the change (only if cached),
    * and every process forgets the followed user's first page. Best effort: the consumer repeats
    * all of it from the event.
+   *
+   * Only the list update is awaited: it is what lets the caller's next request, on any process,
+   * read their own change (the consumer may run later). The first-page announcement reaches this
+   * process's cache synchronously inside `publish`; other processes can never be waited for (the
+   * bus delivers to them after `publish` returns), so its round trip to the bus is not awaited.
    */
   private async afterChange(event: RelationEvent): Promise<void> {
     this.deps.onCommitted?.();
@@ -192,15 +216,14 @@ export class RelationService {
       { owner: event.toUserId, kind: 'followers', userId: event.fromUserId, createdAt },
     ];
     for (const c of changes) this.fills.forget(listKey(c));
+    const announce = async () => this.deps.bus.publish(FIRST_PAGE_SCOPE, [String(event.toUserId)]);
+    announce().catch((err: unknown) => {
+      this.log.warn({ err }, 'first-page invalidation not announced; the consumer will');
+    });
     try {
       await this.lists.apply(changes);
     } catch (err) {
       this.log.warn({ err }, 'list cache not updated after a relation change; the consumer will');
-    }
-    try {
-      await this.deps.bus.publish(FIRST_PAGE_SCOPE, [String(event.toUserId)]);
-    } catch (err) {
-      this.log.warn({ err }, 'first-page invalidation not announced; the consumer will');
     }
   }
 
@@ -252,11 +275,21 @@ export class RelationService {
     if (page) this.metrics.cacheReads.inc({ cache: 'first-page', result: 'hit' });
     else {
       this.metrics.cacheReads.inc({ cache: 'first-page', result: 'miss' });
-      // Read straight from the database: a big account's list is longer than the list cache holds.
-      const loaded = await this.repo.page(owner, 'followers', { offset: 0 }, MAX_PAGE);
-      const profiles = new Map((await this.profiles(loaded.entries)).map((p) => [p.id, p]));
-      page = { entries: loaded.entries, profiles, more: loaded.more };
-      this.firstPages.set(key, page);
+      let inFlight = this.firstPageLoads.get(key);
+      if (!inFlight) this.firstPageLoads.set(key, (inFlight = { generation: 0, loads: 0 }));
+      inFlight.loads += 1;
+      const generation = inFlight.generation;
+      try {
+        // Read straight from the database: a big account's list is longer than the list cache holds.
+        const loaded = await this.repo.page(owner, 'followers', { offset: 0 }, MAX_PAGE);
+        const profiles = new Map((await this.profiles(loaded.entries)).map((p) => [p.id, p]));
+        page = { entries: loaded.entries, profiles, more: loaded.more };
+        // An invalidation during the load may postdate what was read: serve it, but do not keep it.
+        if (inFlight.generation === generation) this.firstPages.set(key, page);
+      } finally {
+        inFlight.loads -= 1;
+        if (inFlight.loads === 0) this.firstPageLoads.delete(key);
+      }
     }
     const entries = page.entries.slice(0, limit);
     const more = page.entries.length > limit || page.more;

@@ -1,0 +1,223 @@
+/**
+ * RelationService against controllable stand-ins: a big account's first-page cache under an
+ * invalidation that arrives while the page loads, and the order of the checks of a change.
+ */
+import pino from 'pino';
+import { Registry } from 'prom-client';
+import { describe, expect, it } from 'vitest';
+import { LocalInvalidationBus } from '../platform/cache/local-invalidation-bus.js';
+import { AppError } from '../platform/errors/errors.js';
+import type { RateLimitDecision, RateLimiter } from '../platform/ratelimit/ratelimit.js';
+import type { UserRow } from '../profile/users.repository.js';
+import { MemoryListCache } from './list-cache/memory-list-cache.js';
+import type { ListEntry, ListKind, ListPosition, RelationEvent } from './model.js';
+import { RelationMetrics } from './relation.metrics.js';
+import type { RelationRepository } from './relation.repository.js';
+import { FIRST_PAGE_SCOPE, RelationService, type UserDirectory } from './relation.service.js';
+
+const OWNER = 1;
+
+function userRow(id: number): UserRow {
+  return {
+    id,
+    phone: null,
+    email: null,
+    password_hash: null,
+    nickname: `u${id}`,
+    avatar: 'https://example.test/a.png',
+    bio: null,
+    zg_id: `z${id}`,
+    gender: 'UNKNOWN',
+    birthday: null,
+    school: null,
+    tags_json: '[]',
+  } as unknown as UserRow;
+}
+
+function deferred(): { promise: Promise<void>; resolve: () => void } {
+  let resolve!: () => void;
+  const promise = new Promise<void>((r) => (resolve = r));
+  return { promise, resolve };
+}
+
+interface Setup {
+  service: RelationService;
+  bus: LocalInvalidationBus;
+  /** The owner's followers, newest first, as the database has them. */
+  followers: ListEntry[];
+  /** When set, the next followers-page read waits for it (after reading). */
+  hold?: Promise<void> | undefined;
+  pageReads: number;
+  limiterCalls: number;
+  lookups: number;
+  allowed: boolean;
+  known: Set<number>;
+}
+
+function setup(): Setup {
+  const s: Setup = {
+    service: undefined as unknown as RelationService,
+    bus: new LocalInvalidationBus(),
+    followers: [
+      { userId: 3, createdAt: 2 },
+      { userId: 2, createdAt: 1 },
+    ],
+    pageReads: 0,
+    limiterCalls: 0,
+    lookups: 0,
+    allowed: true,
+    known: new Set([OWNER, 2, 3, 4]),
+  };
+  const repo = {
+    async page(_owner: number, _kind: ListKind, _position: ListPosition, limit: number) {
+      s.pageReads++;
+      const entries = s.followers.slice(0, limit);
+      const hold = s.hold;
+      s.hold = undefined;
+      if (hold) await hold;
+      return { entries, more: s.followers.length > limit };
+    },
+    async follow(from: number, to: number, now: number): Promise<RelationEvent | null> {
+      return { eventId: `e${now}`, type: 'follow', fromUserId: from, toUserId: to, ts: now };
+    },
+  } as unknown as RelationRepository;
+  const users: UserDirectory = {
+    async findById(id) {
+      s.lookups++;
+      return s.known.has(id) ? userRow(id) : undefined;
+    },
+    async findByIds(ids) {
+      return ids.filter((id) => s.known.has(id)).map(userRow);
+    },
+  };
+  const limiter: RateLimiter = {
+    async hit(): Promise<RateLimitDecision> {
+      s.limiterCalls++;
+      return { allowed: s.allowed, remaining: 0, retryAfterMs: 1_000 };
+    },
+    async reset() {},
+  };
+  s.service = new RelationService({
+    repo,
+    users,
+    limiter,
+    lists: new MemoryListCache({ ttlMs: 60_000, maxEntries: 10, maxLists: 10 }),
+    counts: {
+      async countsMany(ids) {
+        return ids.map(() => ({ followers: 1_000, followings: 0 }) as never);
+      },
+    },
+    bus: s.bus,
+    metrics: new RelationMetrics(new Registry()),
+    limits: {
+      changesPerMinute: 10,
+      bigAccountFollowers: 100,
+      firstPageTtlMs: 60_000,
+      listCacheMaxEntries: 10,
+    },
+    log: pino({ level: 'silent' }),
+  });
+  return s;
+}
+
+const ids = async (s: Setup) =>
+  (await s.service.list(OWNER, 'followers', { offset: 0 }, 10)).items.map((p) => p.id);
+
+describe("a big account's first followers page", () => {
+  it('is kept in process and dropped by an invalidation', async () => {
+    const s = setup();
+    expect(await ids(s)).toEqual([3, 2]);
+    s.followers.unshift({ userId: 4, createdAt: 3 });
+    expect(await ids(s)).toEqual([3, 2]);
+    expect(s.pageReads).toBe(1);
+    await s.bus.publish(FIRST_PAGE_SCOPE, [String(OWNER)]);
+    expect(await ids(s)).toEqual([4, 3, 2]);
+    s.service.close();
+  });
+
+  it('is not kept when an invalidation arrives while it loads', async () => {
+    const s = setup();
+    const gate = deferred();
+    s.hold = gate.promise;
+    const loading = ids(s);
+    // The load has read the database; a change lands and is announced before the load finishes.
+    await new Promise((r) => setTimeout(r, 5));
+    expect(s.pageReads).toBe(1);
+    s.followers.unshift({ userId: 4, createdAt: 3 });
+    await s.bus.publish(FIRST_PAGE_SCOPE, [String(OWNER)]);
+    gate.resolve();
+    // The load still answers with what it read ...
+    expect(await loading).toEqual([3, 2]);
+    // ... but did not keep it: the next read sees the change.
+    expect(await ids(s)).toEqual([4, 3, 2]);
+    expect(s.pageReads).toBe(2);
+    // And the page loaded without interference is kept again.
+    expect(await ids(s)).toEqual([4, 3, 2]);
+    expect(s.pageReads).toBe(2);
+    s.service.close();
+  });
+
+  it('is kept when the invalidation during the load concerns another user', async () => {
+    const s = setup();
+    const gate = deferred();
+    s.hold = gate.promise;
+    const loading = ids(s);
+    await new Promise((r) => setTimeout(r, 5));
+    await s.bus.publish(FIRST_PAGE_SCOPE, ['999']);
+    gate.resolve();
+    expect(await loading).toEqual([3, 2]);
+    expect(await ids(s)).toEqual([3, 2]);
+    expect(s.pageReads).toBe(1);
+    s.service.close();
+  });
+});
+
+describe('checks of a change', () => {
+  const status = async (p: Promise<unknown>) => {
+    try {
+      await p;
+      return 200;
+    } catch (err) {
+      return err instanceof AppError ? err.status : 500;
+    }
+  };
+
+  it('answers 400 for yourself before anything else, then 429, then 404', async () => {
+    const s = setup();
+    s.allowed = false;
+    expect(await status(s.service.follow(OWNER, OWNER))).toBe(400);
+    expect(s.limiterCalls + s.lookups).toBe(0);
+    expect(await status(s.service.follow(OWNER, 12345))).toBe(429);
+    expect(await status(s.service.follow(OWNER, 2))).toBe(429);
+    s.allowed = true;
+    expect(await status(s.service.follow(OWNER, 12345))).toBe(404);
+    expect(await status(s.service.follow(OWNER, 2))).toBe(200);
+    s.service.close();
+  });
+
+  it('runs the rate limit and the user lookup side by side', async () => {
+    const s = setup();
+    let inFlight = 0;
+    let most = 0;
+    const track = async <T>(work: () => Promise<T>): Promise<T> => {
+      most = Math.max(most, ++inFlight);
+      await new Promise((r) => setTimeout(r, 5));
+      inFlight--;
+      return work();
+    };
+    const hit = s.service['deps'].limiter.hit.bind(s.service['deps'].limiter);
+    const findById = s.service['deps'].users.findById.bind(s.service['deps'].users);
+    s.service['deps'].limiter.hit = (...args) => track(() => hit(...args));
+    s.service['deps'].users.findById = (id) => track(() => findById(id));
+    expect(await s.service.follow(OWNER, 2)).toBe(true);
+    expect(most).toBe(2);
+    s.service.close();
+  });
+
+  it('answers without waiting for the first-page announcement to reach other processes', async () => {
+    const s = setup();
+    s.bus.publish = () => new Promise<void>(() => {});
+    expect(await s.service.follow(OWNER, 2)).toBe(true);
+    s.service.close();
+  });
+});
