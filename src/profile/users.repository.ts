@@ -49,3 +49,29 @@ export class UsersRepository {
     }
   }
 }
+
+/** User ids in ascending order after `afterId`, for jobs that visit every user. */
+export async function userIdsAfter(db: Db, afterId: number, limit: number): Promise<number[]> {
+  const rows = await db.kysely
+    .selectFrom('users')
+    .select('id')
+    .where('id', '>', afterId)
+    .orderBy('id')
+    .limit(limit)
+    .execute();
+  return rows.map((r) => Number(r.id));
+}
+
+/** Up to `limit` user ids picked at random (cheap on both dialects: a random start id, then a range). */
+export async function sampleUserIds(db: Db, limit: number): Promise<number[]> {
+  const bounds = await db.kysely
+    .selectFrom('users')
+    .select((eb) => [eb.fn.min<number | string>('id').as('lo'), eb.fn.max<number | string>('id').as('hi')])
+    .executeTakeFirst();
+  if (!bounds || bounds.lo === null || bounds.hi === null) return [];
+  const lo = Number(bounds.lo);
+  const hi = Number(bounds.hi);
+  const start = lo - 1 + Math.floor(Math.random() * (hi - lo + 1));
+  const ids = await userIdsAfter(db, start, limit);
+  return ids.length < limit ? [...ids, ...(await userIdsAfter(db, lo - 1, limit - ids.length))] : ids;
+}

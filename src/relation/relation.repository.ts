@@ -1,6 +1,7 @@
 import type { ExpressionBuilder, Kysely, Transaction } from 'kysely';
 import type { Db } from '../platform/db/database.js';
 import type { Database } from '../platform/db/schema.js';
+import { sampleUserIds, userIdsAfter } from '../profile/users.repository.js';
 import type { OutboxWriter } from '../platform/outbox/outbox.js';
 import {
   relationEvent,
@@ -361,29 +362,13 @@ export class RelationRepository {
   }
 
   /** User ids in ascending order after `afterId`, for jobs that visit every user. */
-  async userIdsAfter(afterId: number, limit: number): Promise<number[]> {
-    const rows = await this.db.kysely
-      .selectFrom('users')
-      .select('id')
-      .where('id', '>', afterId)
-      .orderBy('id')
-      .limit(limit)
-      .execute();
-    return rows.map((r) => Number(r.id));
+  userIdsAfter(afterId: number, limit: number): Promise<number[]> {
+    return userIdsAfter(this.db, afterId, limit);
   }
 
-  /** Up to `limit` user ids picked at random (cheap on both dialects: a random start id, then a range). */
-  async sampleUserIds(limit: number): Promise<number[]> {
-    const bounds = await this.db.kysely
-      .selectFrom('users')
-      .select((eb) => [eb.fn.min<number | string>('id').as('lo'), eb.fn.max<number | string>('id').as('hi')])
-      .executeTakeFirst();
-    if (!bounds || bounds.lo === null || bounds.hi === null) return [];
-    const lo = Number(bounds.lo);
-    const hi = Number(bounds.hi);
-    const start = lo + Math.floor(Math.random() * (hi - lo + 1)) - 1;
-    const ids = await this.userIdsAfter(start, limit);
-    return ids.length < limit ? [...ids, ...(await this.userIdsAfter(lo - 1, limit - ids.length))] : ids;
+  /** Up to `limit` user ids picked at random. */
+  sampleUserIds(limit: number): Promise<number[]> {
+    return sampleUserIds(this.db, limit);
   }
 
   /** Changes whose counter deltas are not applied yet, and the age of the oldest (ms), or null. */

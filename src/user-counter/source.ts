@@ -1,5 +1,6 @@
 import type { Db } from '../platform/db/database.js';
 import { USER_FIELDS, ZERO_USER_COUNTS, type UserCounts, type UserField } from './model.js';
+import { sampleUserIds, userIdsAfter } from '../profile/users.repository.js';
 
 /**
  * An event counted in the source's counts whose delta may not have reached the counter store yet
@@ -73,27 +74,11 @@ export class DbUserCountSource implements UserCountSource {
     return { counts, unapplied };
   }
 
-  async userIdsAfter(after: number, limit: number): Promise<number[]> {
-    const rows = await this.db.kysely
-      .selectFrom('users')
-      .select('id')
-      .where('id', '>', after)
-      .orderBy('id')
-      .limit(limit)
-      .execute();
-    return rows.map((r) => Number(r.id));
+  userIdsAfter(after: number, limit: number): Promise<number[]> {
+    return userIdsAfter(this.db, after, limit);
   }
 
-  async sampleUserIds(limit: number): Promise<number[]> {
-    const bounds = await this.db.kysely
-      .selectFrom('users')
-      .select((eb) => [eb.fn.min<number | string>('id').as('lo'), eb.fn.max<number | string>('id').as('hi')])
-      .executeTakeFirst();
-    if (!bounds || bounds.lo === null || bounds.hi === null) return [];
-    const lo = Number(bounds.lo);
-    const hi = Number(bounds.hi);
-    const start = lo - 1 + Math.floor(Math.random() * (hi - lo + 1));
-    const ids = await this.userIdsAfter(start, limit);
-    return ids.length < limit ? [...ids, ...(await this.userIdsAfter(lo - 1, limit - ids.length))] : ids;
+  sampleUserIds(limit: number): Promise<number[]> {
+    return sampleUserIds(this.db, limit);
   }
 }

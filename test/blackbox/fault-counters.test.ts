@@ -25,6 +25,7 @@ import {
   clusterDeployment,
   embeddedDeployment,
   PrivateKafka,
+  prng,
   runCli,
   startNode,
   type Deployment,
@@ -49,17 +50,6 @@ const COUNTER_ENV = {
 interface User {
   id: number;
   token: string;
-}
-
-function prng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
 }
 
 /** Real sign-ups (send code, read it from the API's log, register) until `max` users or the budget runs out. */

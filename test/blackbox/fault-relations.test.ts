@@ -37,6 +37,7 @@ import { services } from '../rig/resources.js';
 import {
   clusterDeployment,
   PrivateKafka,
+  prng,
   runCli,
   signUpByPhone,
   startNode,
@@ -64,17 +65,6 @@ const RELATION_ENV = {
   ZG_COUNTER_RECONCILE_MS: '86400000',
   ZG_SESSION_CHECK_CACHE_MS: '10000',
 };
-
-function prng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 /** A set of pair keys that can hand out a random member in O(1). */
 class PickableSet {

@@ -335,3 +335,15 @@ export async function signUpByPhone(
   await Promise.all(Array.from({ length: concurrency }, one));
   return users;
 }
+
+/** A small seeded generator (mulberry32), so a fault run can be replayed with the same choices. */
+export function prng(seed: number): () => number {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}

@@ -24,6 +24,7 @@ import type {
   ToggleResult,
   ViewIncrement,
 } from './counter-store.js';
+import { runExclusive } from '../../platform/db/sqlite-exclusive.js';
 
 export interface SqliteCounterStoreOptions {
   /** Event log topic the toggles append to. */
@@ -485,24 +486,9 @@ export class SqliteCounterStore implements CounterStore {
       .execute();
   }
 
-  /**
-   * Runs `work` in one transaction while holding Kysely's connection lock: no Kysely query or
-   * transaction can interleave, and since `work` is synchronous neither can anything else. Writes
-   * take the write lock up front, so a second process cannot make the transaction fail half-way.
-   */
+  /** One transaction under Kysely's connection lock (see `runExclusive`). */
   private exclusive<T>(work: () => T, mode: 'write' | 'read' = 'write'): Promise<T> {
-    return this.kysely.connection().execute(async () => {
-      const s = this.s;
-      (mode === 'write' ? s.begin : s.beginRead).run();
-      try {
-        const result = work();
-        s.commit.run();
-        return result;
-      } catch (err) {
-        if (this.raw.isTransaction) this.raw.exec('ROLLBACK');
-        throw err;
-      }
-    });
+    return runExclusive(this.kysely, this.raw, this.s, work, mode);
   }
 }
 

@@ -14,6 +14,7 @@ import {
   type WriteOptions,
   type WriteResult,
 } from './user-counter-store.js';
+import { runExclusive } from '../../platform/db/sqlite-exclusive.js';
 
 export interface SqliteUserCounterStoreOptions {
   /** How long a (user, event) pair stays recorded as applied. */
@@ -142,23 +143,9 @@ export class SqliteUserCounterStore implements UserCounterStore {
     await this.exclusive(() => void this.s.upsertData.run(userId, bytes));
   }
 
-  /**
-   * Runs `work` in one transaction while holding Kysely's connection lock. Writes take the write
-   * lock up front, so another process cannot make the transaction fail half-way.
-   */
+  /** One transaction under Kysely's connection lock (see `runExclusive`). */
   private exclusive<T>(work: () => T, mode: 'write' | 'read' = 'write'): Promise<T> {
-    return this.kysely.connection().execute(async () => {
-      const s = this.s;
-      (mode === 'write' ? s.begin : s.beginRead).run();
-      try {
-        const result = work();
-        s.commit.run();
-        return result;
-      } catch (err) {
-        if (this.raw.isTransaction) this.raw.exec('ROLLBACK');
-        throw err;
-      }
-    });
+    return runExclusive(this.kysely, this.raw, this.s, work, mode);
   }
 }
 
