@@ -2,7 +2,7 @@
  * Load generation with autocannon (in the benchmark's own process) and the request mixes the
  * benchmarks send.
  */
-import { readFileSync } from 'node:fs';
+import { readdirSync, readFileSync } from 'node:fs';
 import os from 'node:os';
 import autocannon from 'autocannon';
 import type { BenchUser } from './servers.js';
@@ -93,6 +93,8 @@ export interface Cpu {
   server: number;
   generator: number;
   machine: number;
+  /** Cores used by each backing service's processes (shared with anything else using them). */
+  services: Record<ServiceName, number>;
 }
 
 export interface Interleaved {
@@ -154,6 +156,7 @@ class CpuSum {
   private server = 0;
   private generator = 0;
   private machine = 0;
+  private readonly services = noServices();
 
   add(a: CpuMark, b: CpuMark): void {
     const c = cpuBetween(a, b);
@@ -162,11 +165,14 @@ class CpuSum {
     this.server += c.server * s;
     this.generator += c.generator * s;
     this.machine += c.machine * s;
+    for (const name of SERVICE_NAMES) this.services[name] += c.services[name] * s;
   }
 
   average(): Cpu {
     const d = this.seconds || 1;
-    return { server: this.server / d, generator: this.generator / d, machine: this.machine / d };
+    const services = noServices();
+    for (const name of SERVICE_NAMES) services[name] = this.services[name] / d;
+    return { server: this.server / d, generator: this.generator / d, machine: this.machine / d, services };
   }
 }
 
@@ -255,10 +261,46 @@ export async function scrape(baseUrl: string, prefixes: readonly string[]): Prom
 export const TOGGLES_CHANGED = 'zg_counter_toggles_total{metric="like",changed="true"}';
 export const TOGGLES_UNCHANGED = 'zg_counter_toggles_total{metric="like",changed="false"}';
 
+export const SERVICE_NAMES = ['redis', 'mariadb', 'kafka'] as const;
+export type ServiceName = (typeof SERVICE_NAMES)[number];
+
+function noServices(): Record<ServiceName, number> {
+  return { redis: 0, mariadb: 0, kafka: 0 };
+}
+
+/** Which backing service a process belongs to, by its command line; null for anything else. */
+function serviceOf(cmdline: string): ServiceName | null {
+  const program = cmdline.split('\0')[0] ?? '';
+  if (/(^|\/)redis-server$/.test(program) || cmdline.startsWith('redis-server')) return 'redis';
+  if (/(^|\/)(mariadbd|mysqld)$/.test(program)) return 'mariadb';
+  if (/(^|\/)java$/.test(program) && /kafka\.Kafka|kafka-server|kafka_2\./.test(cmdline)) return 'kafka';
+  return null;
+}
+
+let servicePids: { pid: number; service: ServiceName }[] | undefined;
+
+/** The backing services' processes on this machine, found once (Kafka is started before any load). */
+function findServicePids(): { pid: number; service: ServiceName }[] {
+  if (servicePids) return servicePids;
+  const found: { pid: number; service: ServiceName }[] = [];
+  for (const entry of readdirSync('/proc')) {
+    if (!/^\d+$/.test(entry)) continue;
+    try {
+      const service = serviceOf(readFileSync(`/proc/${entry}/cmdline`, 'utf8'));
+      if (service) found.push({ pid: Number(entry), service });
+    } catch {
+      // The process ended while being looked at.
+    }
+  }
+  servicePids = found;
+  return found;
+}
+
 /** CPU time of the server processes, of this process (the load generator) and of the whole machine. */
 export interface CpuMark {
   at: number;
   serverTicks: number;
+  serviceTicks: Record<ServiceName, number>;
   generator: NodeJS.CpuUsage;
   machineBusy: number;
   machineTotal: number;
@@ -286,9 +328,12 @@ export function cpuMark(serverPids: readonly number[]): CpuMark {
     .map(Number);
   const total = cpu.reduce((a, b) => a + b, 0);
   const idle = (cpu[3] ?? 0) + (cpu[4] ?? 0);
+  const serviceTicks = noServices();
+  for (const { pid, service } of findServicePids()) serviceTicks[service] += processTicks(pid);
   return {
     at: performance.now(),
     serverTicks: serverPids.reduce((sum, pid) => sum + processTicks(pid), 0),
+    serviceTicks,
     generator: process.cpuUsage(),
     machineBusy: total - idle,
     machineTotal: total,
@@ -296,10 +341,14 @@ export function cpuMark(serverPids: readonly number[]): CpuMark {
 }
 
 /** Cores used on average between two marks: by the server, by the load generator, by the whole machine. */
-export function cpuBetween(a: CpuMark, b: CpuMark): { server: number; generator: number; machine: number } {
+export function cpuBetween(a: CpuMark, b: CpuMark): Cpu {
   const seconds = (b.at - a.at) / 1000;
   const cores = os.cpus().length;
+  const services = noServices();
+  for (const name of SERVICE_NAMES)
+    services[name] = (b.serviceTicks[name] - a.serviceTicks[name]) / TICKS_PER_SECOND / seconds;
   return {
+    services,
     server: (b.serverTicks - a.serverTicks) / TICKS_PER_SECOND / seconds,
     generator:
       (b.generator.user + b.generator.system - a.generator.user - a.generator.system) / 1e6 / seconds,

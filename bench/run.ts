@@ -48,6 +48,7 @@ import {
   singleCountsMix,
   TOGGLES_CHANGED,
   TOGGLES_UNCHANGED,
+  SERVICE_NAMES,
   type Cpu,
   type LoadResult,
 } from './load.js';
@@ -249,7 +250,8 @@ async function httpRun(
     r.baseline.timeouts;
   log(
     `  ${fmt(r.subject.rps)} req/s (p99 ${fmt(r.subject.p99, 1)} ms) against ${fmt(r.baseline.rps)} (p99 ${fmt(r.baseline.p99, 1)} ms): ${row.ratio.toFixed(2)}× baseline; ` +
-      `server CPU ${fmt(perRequest(row.cpu, r.subject))} µs/req vs ${fmt(perRequest(row.baselineCpu, r.baseline))}; machine ${row.cpu.machine.toFixed(2)} cores busy` +
+      `server CPU ${fmt(perRequest(row.cpu, r.subject))} µs/req vs ${fmt(perRequest(row.baselineCpu, r.baseline))}; machine ${row.cpu.machine.toFixed(2)} cores busy; ` +
+      `Redis/MariaDB/Kafka ${SERVICE_NAMES.map((n) => fmt((row.cpu.services[n] / r.subject.rps) * 1e6)).join('/')} µs/req` +
       `${bad > 0 ? `; ${bad} non-2xx/errors/timeouts` : ''}`,
   );
   return row;
@@ -831,8 +833,8 @@ function markdown(): string {
         `(baseline, request, request, baseline, …; ${cfg.seconds} s of each in total), so load from anything else on the machine weighs on both alike. ` +
         "Latencies are of 2xx answers, computed from every response. Server CPU per request is the server process's CPU time (user + system, role `all` includes the workers) divided by the answers.",
       '',
-      '| profile | request | mix | req/s | baseline req/s | × baseline | p50 ms | p99 ms | baseline p99 ms | target | met | server CPU µs/req (request / baseline) | cores busy during request: server / load gen / machine |',
-      '|---|---|---|---:|---:|---:|---:|---:|---:|---|---|---:|---|',
+      '| profile | request | mix | req/s | baseline req/s | × baseline | p50 ms | p99 ms | baseline p99 ms | target | met | server CPU µs/req (request / baseline) | cores busy during request: server / load gen / machine | backing services µs/req: Redis / MariaDB / Kafka |',
+      '|---|---|---|---:|---:|---:|---:|---:|---:|---|---|---:|---|---|',
     );
     for (const r of results.http) {
       const bad = r.load.non2xx + r.load.errors + r.load.timeouts;
@@ -840,7 +842,8 @@ function markdown(): string {
         `| ${r.profile} | \`${r.name.replace(/\|/g, '\\|')}\` | ${r.detail}${bad > 0 ? ` (${r.load.non2xx} non-2xx, ${r.load.errors} errors, ${r.load.timeouts} timeouts)` : ''} ` +
           `| ${fmt(r.load.rps)} | ${fmt(r.baseline.rps)} | ${r.ratio.toFixed(2)} | ${fmt(r.load.p50, 1)} | ${fmt(r.load.p99, 1)} | ${fmt(r.baseline.p99, 1)} ` +
           `| ${r.target === null ? '—' : `≥ ${r.target}× baseline`} | ${r.target === null ? '—' : verdict(r.ratio, r.target)} ` +
-          `| ${fmt(perRequest(r.cpu, r.load))} / ${fmt(perRequest(r.baselineCpu, r.baseline))} | ${r.cpu.server.toFixed(2)} / ${r.cpu.generator.toFixed(2)} / ${r.cpu.machine.toFixed(2)} |`,
+          `| ${fmt(perRequest(r.cpu, r.load))} / ${fmt(perRequest(r.baselineCpu, r.baseline))} | ${r.cpu.server.toFixed(2)} / ${r.cpu.generator.toFixed(2)} / ${r.cpu.machine.toFixed(2)} ` +
+          `| ${SERVICE_NAMES.map((n) => fmt((r.cpu.services[n] / r.load.rps) * 1e6)).join(' / ')} |`,
       );
     }
     out.push('');

@@ -25,7 +25,7 @@ export class CounterEventPublisher {
     private readonly events: EventLog,
     private readonly store: CounterStore,
     private readonly hooks: PublisherHooks = {},
-    private readonly options = { lingerMs: 5, maxBatch: 1000, maxBuffered: 100_000, maxBackoffMs: 5_000 },
+    private readonly options = { lingerMs: 20, maxBatch: 1000, maxBuffered: 100_000, maxBackoffMs: 5_000 },
   ) {}
 
   enqueue(event: CounterEvent): void {

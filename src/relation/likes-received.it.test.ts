@@ -171,6 +171,15 @@ describe.each<Dialect>(['sqlite', 'mariadb'])('likes received on %s', (dialect) 
     return { likes: counts!.likesReceived, favs: counts!.favsReceived };
   };
 
+  it('raises marks in one statement per chunk and never lowers them', async () => {
+    const repo = new LikesReceivedRepository(rig.db);
+    const posts = Array.from({ length: 450 }, () => String(++nextPost));
+    await repo.raiseMarks(new Map(posts.map((p, i) => [p, i + 10])));
+    await repo.raiseMarks(new Map(posts.map((p, i) => [p, i % 2 === 0 ? i + 20 : 1])));
+    const marks = await repo.marks(posts);
+    expect(posts.map((p) => marks.get(p))).toEqual(posts.map((_, i) => (i % 2 === 0 ? i + 20 : i + 10)));
+  });
+
   it('moves the author once per change, whatever is delivered twice', async () => {
     const author = await newUser();
     const [p1, p2] = [await newPost(author), await newPost(author)];

@@ -39,6 +39,11 @@ export interface SubscribeOptions {
   maxBatch?: number;
   /** Longest wait to fill a batch before handing over what there is. */
   maxWaitMs?: number;
+  /**
+   * Where the log fetches in bulk (Kafka): the longest a fetch may wait for more records to arrive,
+   * which delays a record by as much under light load. Subscriptions nobody waits on take longer.
+   */
+  fetchMaxWaitMs?: number;
   fromLatest?: boolean;
   /**
    * Handles one batch. When it resolves, the batch's offsets are committed for the group; when it

@@ -45,6 +45,14 @@ export interface KafkaEventLogOptions {
   heartbeatIntervalMs?: number;
   /** First and longest wait before a subscription retries after a failure. */
   retryBackoffMs?: { min: number; max: number };
+  /**
+   * A subscription's fetch is answered once this many bytes are there, or after `fetchMaxWaitMs`.
+   * Under steady load this turns a fetch per handful of records into one per few hundred, which is
+   * most of the broker's and the consumers' cost; it delays a record by at most `fetchMaxWaitMs`.
+   */
+  fetchMinBytes?: number;
+  /** Longest a subscription's fetch waits at the broker for `fetchMinBytes`. */
+  fetchMaxWaitMs?: number;
 }
 
 type Settings = Required<Omit<KafkaEventLogOptions, 'brokers'>> & { brokers: string[] };
@@ -57,8 +65,8 @@ const DEFAULT_MAX_BATCH = 100;
 const DEFAULT_MAX_WAIT_MS = 100;
 /** Most bytes one range-read fetch returns (per partition and in all). */
 const FETCH_MAX_BYTES = 8 * 1024 * 1024;
-/** Longest a subscription's fetch waits at the broker for a first record. */
-const IDLE_FETCH_WAIT_MS = 500;
+const DEFAULT_FETCH_MIN_BYTES = 32 * 1024;
+const DEFAULT_FETCH_MAX_WAIT_MS = 50;
 /** Most bytes one fetch of a subscription returns. */
 const SUBSCRIBE_FETCH_MAX_BYTES = 4 * 1024 * 1024;
 
@@ -95,6 +103,8 @@ export class KafkaEventLog implements EventLog {
       sessionTimeoutMs: options.sessionTimeoutMs ?? 10_000,
       heartbeatIntervalMs: options.heartbeatIntervalMs ?? 1_000,
       retryBackoffMs: options.retryBackoffMs ?? { min: 200, max: 10_000 },
+      fetchMinBytes: options.fetchMinBytes ?? DEFAULT_FETCH_MIN_BYTES,
+      fetchMaxWaitMs: options.fetchMaxWaitMs ?? DEFAULT_FETCH_MAX_WAIT_MS,
     };
     this.producer = new Producer({
       ...this.clientOptions('producer'),
@@ -391,7 +401,12 @@ export class KafkaEventLog implements EventLog {
     ]);
   }
 
-  createConsumer(group: string, maxBatch: number, instanceId?: string): StringConsumer {
+  createConsumer(
+    group: string,
+    maxBatch: number,
+    instanceId?: string,
+    fetchMaxWaitMs = this.s.fetchMaxWaitMs,
+  ): StringConsumer {
     return new Consumer({
       ...this.clientOptions('consumer'),
       groupId: this.name(group),
@@ -402,10 +417,10 @@ export class KafkaEventLog implements EventLog {
       rebalanceTimeout: Math.max(this.s.sessionTimeoutMs, 30_000),
       heartbeatInterval: this.s.heartbeatIntervalMs,
       heartbeatStallTimeout: this.s.sessionTimeoutMs,
-      // How long the broker holds a fetch when it has nothing new; it answers as soon as a record
-      // arrives, so this adds no latency, and an idle subscription polls a few times a second
-      // instead of every `maxWaitMs` (which bounds only how long a batch waits to fill).
-      maxWaitTime: IDLE_FETCH_WAIT_MS,
+      // The broker answers a fetch once `fetchMinBytes` are there or after `fetchMaxWaitMs`, so a
+      // steady trickle of records arrives in a few large fetches instead of one fetch each.
+      minBytes: this.s.fetchMinBytes,
+      maxWaitTime: fetchMaxWaitMs,
       highWaterMark: Math.max(2 * maxBatch, 64),
       // The client's default (50 MB) makes a consumer behind by a large backlog decode all of it
       // before the first batch is handed over; smaller fetches let decoding overlap the handler.
@@ -533,7 +548,12 @@ class KafkaSubscription implements Subscription {
     if (this.consumer && this.consumerFailed) await this.teardown(true);
     if (!this.consumer) {
       this.consumerFailed = false;
-      const consumer = this.log.createConsumer(this.options.group, this.maxBatch, this.instanceId);
+      const consumer = this.log.createConsumer(
+        this.options.group,
+        this.maxBatch,
+        this.instanceId,
+        this.options.fetchMaxWaitMs,
+      );
       this.consumer = consumer;
       // An unhandled 'error' event would crash the process, and a failed rejoin also ends the
       // heartbeats; the listeners stay attached (and go quiet) once this consumer is replaced.
