@@ -7,17 +7,18 @@ import type { Db } from '../platform/db/database.js';
 import type { EventLog, Subscription } from '../platform/eventlog/eventlog.js';
 import type { UserCounterDelta } from '../user-counter/model.js';
 import type { UnappliedEvent, UserCountPart } from '../user-counter/source.js';
-import type { UserCounterStore } from '../user-counter/store/user-counter-store.js';
+import { sequencedEventId, type UserCounterStore } from '../user-counter/store/user-counter-store.js';
 import type { RelationMetrics } from './relation.metrics.js';
 
 export const LIKES_RECEIVED_GROUP = 'user-likes-received';
 
 // Far below both dialects' limits on bound parameters per statement.
 const CHUNK = 400;
-/** Events a rebuild lists as possibly unapplied at most, per post (a consumer that far behind is stalled). */
-const MAX_UNAPPLIED_PER_POST = 10_000;
-
-const eventIdOf = (postId: string, seq: number) => `knowpost:${postId}:${seq}`;
+/**
+ * A post's counter events are sequenced (seq 1, 2, 3… per post), so the user-counter store keeps one
+ * mark per (author, post) for them rather than one applied id per like.
+ */
+const eventIdOf = (postId: string, seq: number) => sequencedEventId(`knowpost:${postId}`, seq);
 
 /**
  * Posts' authors (they never change, so they are cached for long) and, per post, the highest
@@ -111,9 +112,10 @@ export interface LikesReceivedConsumerDeps {
  * The `user-likes-received` consumer: each like or favourite a post gains or loses moves its
  * author's `likesReceived` or `favsReceived` by the same amount.
  *
- * Idempotent twice over: deltas carry the counter event's id (`knowpost:<id>:<seq>`), which the
- * user-counter store applies once per user; and each post has a mark, the highest seq applied, at or
- * below which events are skipped. Events of one post normally arrive in seq order. When they do
+ * Idempotent twice over: deltas carry the counter event's sequenced id (`knowpost:<id>#<seq>`),
+ * which the user-counter store applies once per author, keeping one mark per (author, post) in the
+ * same atomic step as the counts; and each post has a mark in the database, the highest seq applied,
+ * at or below which events are not even sent. Events of one post normally arrive in seq order. When they do
  * not — a seq was skipped because two API processes published one hot post's events in another
  * order — the skipped event will be at or below the mark when it comes, so it is dropped, and the
  * author's counts are rebuilt at once from the facts (the likes-received count part), which counts
@@ -211,9 +213,10 @@ export class LikesReceivedConsumer {
  * `likesReceived` and `favsReceived` for user-counter rebuilds: the likes and favourites held on
  * every post of the author, by the posts' fact sets. Read per post in this order — the post's mark,
  * then its facts with their seq in one atomic step — so every event counted in the facts is either
- * at or below the mark (applied, or skipped when it comes) or listed as unapplied (seq above the
- * mark up to the facts' seq). The listed events' deltas are not known from facts and are given as 0
- * (their ids are what a rebuild needs); a check that runs while such events are in flight may
+ * at or below the mark (applied, or skipped when it comes) or above it up to the facts' seq. Of
+ * those only the one at the facts' seq is listed as unapplied: recording it raises the store's mark
+ * for the post, which covers the ones below it. Its delta is not known from facts and is given as 0
+ * (its id is what a rebuild needs); a check that runs while such events are in flight may
  * therefore call their author drifted, and the healing rebuild is exact.
  */
 export class LikesReceivedPart implements UserCountPart {
@@ -237,10 +240,9 @@ export class LikesReceivedPart implements UserCountPart {
       const inspection = inspections[i]!;
       likesReceived += inspection.facts.like;
       favsReceived += inspection.facts.fav;
-      const from = Math.max(marks.get(postId) ?? 0, inspection.seq - MAX_UNAPPLIED_PER_POST);
-      for (let seq = from + 1; seq <= inspection.seq; seq++) {
-        unapplied.push({ eventId: eventIdOf(postId, seq), field: 'likesReceived', delta: 0 });
-      }
+      // The highest one stands for all: recording it raises the post's mark over the rest.
+      if (inspection.seq > (marks.get(postId) ?? 0))
+        unapplied.push({ eventId: eventIdOf(postId, inspection.seq), field: 'likesReceived', delta: 0 });
     });
     return { counts: { likesReceived, favsReceived }, unapplied };
   }

@@ -114,4 +114,41 @@ describe.each<ProfileName>(['embedded', 'cluster'])('user counters (%s profile)'
     );
     expect(after.body).toEqual({ ...zero, posts: 1 });
   });
+
+  it("moves the author's likes and favourites received with every change on their posts, once", async () => {
+    const user = await signUp(server, client);
+    const fans = [await signUp(server, client), await signUp(server, client)];
+    const [first, second] = [await publish(user), await publish(user)];
+    expect((await counter(user.userId)).body).toEqual({ ...zero, posts: 2 });
+    const act = async (fan: SignedUp, action: string, postId: string) => {
+      const res = await as(fan, 'POST', `/api/v1/action/${action}`, {
+        entityType: 'knowpost',
+        entityId: postId,
+      });
+      expect(res.status).toBe(200);
+      return res.body;
+    };
+    await act(fans[0]!, 'like', first);
+    await act(fans[1]!, 'like', first);
+    await act(fans[1]!, 'like', second);
+    await act(fans[0]!, 'fav', second);
+    expect(await act(fans[0]!, 'like', first)).toEqual({ changed: false, liked: true });
+    const shown = await eventually(
+      () => counter(user.userId),
+      (r) => r.body.likedPosts === 3 && r.body.favedPosts === 1,
+    );
+    expect(shown.body).toEqual({ ...zero, posts: 2, likedPosts: 3, favedPosts: 1 });
+
+    await act(fans[1]!, 'unlike', first);
+    await act(fans[0]!, 'unfav', second);
+    const after = await eventually(
+      () => counter(user.userId),
+      (r) => r.body.likedPosts === 2 && r.body.favedPosts === 0,
+    );
+    expect(after.body).toEqual({ ...zero, posts: 2, likedPosts: 2 });
+    // Nobody else's counts moved.
+    expect((await counter(fans[0]!.userId)).body).toEqual(zero);
+    await new Promise((r) => setTimeout(r, 1_000));
+    expect((await counter(user.userId)).body).toEqual({ ...zero, posts: 2, likedPosts: 2 });
+  });
 });

@@ -160,6 +160,13 @@ export interface RelationUnappliedTable {
 }
 
 /** Per post, the highest counter-event seq applied to its author's likes/favourites received. */
+/** Per (user, source), the highest seq of the source's sequenced event ids applied to the user. */
+export interface UserCounterMarksTable {
+  user_id: number;
+  source: string;
+  seq: number;
+}
+
 export interface LikesReceivedMarksTable {
   /** Snowflake as a decimal string (TEXT on SQLite, BIGINT UNSIGNED on MySQL). */
   post_id: string;
@@ -180,6 +187,7 @@ export interface Database {
   knowposts: KnowpostsTable;
   user_counters: UserCountersTable;
   user_counter_applied: UserCounterAppliedTable;
+  user_counter_marks: UserCounterMarksTable;
   following: FollowingTable;
   follower: FollowerTable;
   relation_unapplied: RelationUnappliedTable;

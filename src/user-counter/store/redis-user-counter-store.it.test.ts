@@ -157,7 +157,7 @@ describe('RedisUserCounterStore (cluster specifics)', () => {
     expect(calls.length).toBe(5);
     for (const args of calls) {
       const keys = args.slice(3, 3 + Number(args[2]));
-      expect(keys.length).toBe(3);
+      expect(keys.length).toBe(4);
       expect(keys.every((k) => k.startsWith(`${prefix}uc:`))).toBe(true);
       expect(new Set(keys.map(hashTag)).size).toBe(1);
     }

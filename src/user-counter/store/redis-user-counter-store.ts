@@ -28,14 +28,43 @@ export interface RedisUserCounterStoreOptions {
 
 export const DEFAULT_USER_GROUPS = 4096;
 
-// Every script touches the keys of one group only (KEYS: snapshots, versions, applied), so it is
-// atomic for the group and runs on one node of a cluster. A snapshot is valid only at 20 bytes; a
-// user's field in the hashes is its decimal id (an integer inside a listpack), its applied ids are
-// `<userId>:<eventId>` members of the group's sorted set, scored by the time they were recorded.
+// Every script touches the keys of one group only (KEYS: snapshots, versions, applied, marks), so
+// it is atomic for the group and runs on one node of a cluster. A snapshot is valid only at 20
+// bytes; a user's field in the hashes is its decimal id (an integer inside a listpack), its applied
+// ids are `<userId>:<eventId>` members of the group's sorted set, scored by the time they were
+// recorded, and its marks are `<userId>:<source>` fields of the marks hash.
+
+// Shared by the scripts: whether an event id is recorded for a user, and recording it. A sequenced
+// id (`<source>#<seq>`, 1 to 15 digits, as parseSequencedEventId reads it) is recorded when its seq
+// is at or below the mark of (user, source); recording raises the mark, never lowers it.
+const EVENT_LUA = `
+local function sequenced(id)
+  local src, q = string.match(id, '^([^#]+)#([1-9]%d*)$')
+  if src and #q <= 15 then return src, tonumber(q), q end
+  return nil, nil, nil
+end
+local function recorded(uid, id)
+  local src, q = sequenced(id)
+  if src then return q <= tonumber(redis.call('HGET', KEYS[4], uid .. ':' .. src) or '0') end
+  return redis.call('ZSCORE', KEYS[3], uid .. ':' .. id) ~= false
+end
+-- True when the event was not recorded before.
+local function record(uid, id, now)
+  local src, q, digits = sequenced(id)
+  if src then
+    local field = uid .. ':' .. src
+    if q <= tonumber(redis.call('HGET', KEYS[4], field) or '0') then return false end
+    -- The digits as given: a Lua number would be written with 14 significant digits at most.
+    redis.call('HSET', KEYS[4], field, digits)
+    return true
+  end
+  return redis.call('ZADD', KEYS[3], 'NX', now, uid .. ':' .. id) == 1
+end
+`;
 
 // ARGV: now, horizon (recorded before it is forgotten), then per (user, event): user id, event id,
 // n, and n pairs of field index (0-based) and delta.
-const APPLY_LUA = `
+const APPLY_LUA = `${EVENT_LUA}
 local now = ARGV[1]
 redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', '(' .. ARGV[2])
 local applied, skipped = 0, 0
@@ -43,7 +72,7 @@ local i = 3
 while i <= #ARGV do
   local uid, n = ARGV[i], tonumber(ARGV[i + 2])
   local first = i + 3
-  if redis.call('ZADD', KEYS[3], 'NX', now, uid .. ':' .. ARGV[i + 1]) == 0 then
+  if not record(uid, ARGV[i + 1], now) then
     skipped = skipped + n
   else
     applied = applied + n
@@ -67,23 +96,23 @@ return { applied, skipped }
 `;
 
 // ARGV: user id, snapshot bytes, if-absent (1/0), if-version ('' for any), now, event ids to record.
-const WRITE_LUA = `
+const WRITE_LUA = `${EVENT_LUA}
 local uid = ARGV[1]
 local raw = redis.call('HGET', KEYS[1], uid)
 if ARGV[3] == '1' and raw and #raw == 20 then return { 'present', raw } end
 local version = redis.call('HGET', KEYS[2], uid) or '0'
 if ARGV[4] ~= '' and version ~= ARGV[4] then return { 'conflict', version } end
 redis.call('HSET', KEYS[1], uid, ARGV[2])
-for i = 6, #ARGV do redis.call('ZADD', KEYS[3], 'NX', ARGV[5], uid .. ':' .. ARGV[i]) end
+for i = 6, #ARGV do record(uid, ARGV[i], ARGV[5]) end
 return { 'written' }
 `;
 
 // ARGV: user id, event ids. Returns the snapshot (or false), the version and a 1/0 per event id.
-const INSPECT_LUA = `
+const INSPECT_LUA = `${EVENT_LUA}
 local uid = ARGV[1]
 local out = { redis.call('HGET', KEYS[1], uid) or false, redis.call('HGET', KEYS[2], uid) or '0' }
 for i = 2, #ARGV do
-  out[#out + 1] = redis.call('ZSCORE', KEYS[3], uid .. ':' .. ARGV[i]) and 1 or 0
+  out[#out + 1] = recorded(uid, ARGV[i]) and 1 or 0
 end
 return out
 `;
@@ -136,6 +165,7 @@ function byGroup<T>(items: readonly T[], groupOf: (item: T) => number): Map<numb
  *   uc:s:{u<g>}   HASH user id → 20-byte snapshot
  *   uc:v:{u<g>}   HASH user id → version (applied deltas so far)
  *   uc:ap:{u<g>}  ZSET `<userId>:<eventId>` by the time it was recorded (trimmed by age on apply)
+ *   uc:sm:{u<g>}  HASH `<userId>:<source>` → highest seq applied (sequenced event ids)
  *
  * Round trips: `read` (any number of users), `apply` (all groups of the batch), `write`, `inspect`
  * and `remove` take one each.
@@ -157,9 +187,9 @@ export class RedisUserCounterStore implements UserCounterStore {
     this.prefix = options.prefix;
     this.groups = groups;
     this.retentionMs = options.retentionMs ?? DEFAULT_RETENTION_MS;
-    defineScript(redis, CMD.apply, 3, APPLY_LUA);
-    defineScript(redis, CMD.write, 3, WRITE_LUA);
-    defineScript(redis, CMD.inspect, 3, INSPECT_LUA);
+    defineScript(redis, CMD.apply, 4, APPLY_LUA);
+    defineScript(redis, CMD.write, 4, WRITE_LUA);
+    defineScript(redis, CMD.inspect, 4, INSPECT_LUA);
     this.writeScript = bufferVariant(redis, CMD.write);
     this.inspectScript = bufferVariant(redis, CMD.inspect);
   }
@@ -168,13 +198,18 @@ export class RedisUserCounterStore implements UserCounterStore {
     return userId % this.groups;
   }
 
-  /** Name of a group's key: `s` (snapshots), `v` (versions) or `ap` (applied ids). */
-  groupKey(kind: 's' | 'v' | 'ap', group: number): string {
+  /** Name of a group's key: `s` (snapshots), `v` (versions), `ap` (applied ids) or `sm` (marks). */
+  groupKey(kind: 's' | 'v' | 'ap' | 'sm', group: number): string {
     return `${this.prefix}uc:${kind}:{u${group}}`;
   }
 
-  private keys(group: number): [string, string, string] {
-    return [this.groupKey('s', group), this.groupKey('v', group), this.groupKey('ap', group)];
+  private keys(group: number): [string, string, string, string] {
+    return [
+      this.groupKey('s', group),
+      this.groupKey('v', group),
+      this.groupKey('ap', group),
+      this.groupKey('sm', group),
+    ];
   }
 
   async read(userIds: readonly number[]): Promise<(UserCounts | null)[]> {

@@ -8,6 +8,7 @@ import { eventRuns } from './runs.js';
 import {
   checkUserId,
   DEFAULT_RETENTION_MS,
+  parseSequencedEventId,
   type ApplyResult,
   type UserCounterStore,
   type UserInspection,
@@ -28,8 +29,8 @@ const SWEEP_MIN = 1_000;
 
 /**
  * `UserCounterStore` over the embedded database: `user_counters` (snapshot bytes, null when not
- * known, and the version) and `user_counter_applied` ((user, event) pairs with the time they were
- * recorded). Each operation that writes is one `BEGIN IMMEDIATE` transaction on prepared statements,
+ * known, and the version), `user_counter_applied` ((user, event) pairs with the time they were
+ * recorded) and `user_counter_marks` (per (user, source), the highest seq of sequenced ids). Each operation that writes is one `BEGIN IMMEDIATE` transaction on prepared statements,
  * run synchronously while holding Kysely's connection lock, so nothing can interleave with it — not
  * in this process, and not in another one (the admin command line) that shares the file.
  */
@@ -80,7 +81,7 @@ export class SqliteUserCounterStore implements UserCounterStore {
       let applied = 0;
       let skipped = repeats;
       for (const run of runs) {
-        if (s.record.run(run.userId, run.eventId, now).changes === 0) {
+        if (!this.record(run.userId, run.eventId, now)) {
           skipped += run.deltas.size;
           continue;
         }
@@ -109,7 +110,7 @@ export class SqliteUserCounterStore implements UserCounterStore {
         return { outcome: 'conflict', version };
       }
       s.upsertData.run(userId, bytes);
-      for (const eventId of new Set(options.markApplied ?? [])) s.record.run(userId, eventId, now);
+      for (const eventId of new Set(options.markApplied ?? [])) this.record(userId, eventId, now);
       return { outcome: 'written' };
     });
   }
@@ -122,7 +123,7 @@ export class SqliteUserCounterStore implements UserCounterStore {
       return {
         counts: decode(row?.data),
         version: Number(row?.version ?? 0),
-        applied: eventIds.map((id) => s.isRecorded.get(userId, id) !== undefined),
+        applied: eventIds.map((id) => this.isRecorded(userId, id)),
       };
     }, 'read');
   }
@@ -141,6 +142,20 @@ export class SqliteUserCounterStore implements UserCounterStore {
   async writeRawSnapshot(userId: number, bytes: Buffer | null): Promise<void> {
     checkUserId(userId);
     await this.exclusive(() => void this.s.upsertData.run(userId, bytes));
+  }
+
+  /** Records an event as applied to the user (inside a transaction); false when it already was. */
+  private record(userId: number, eventId: string, now: number): boolean {
+    const sequenced = parseSequencedEventId(eventId);
+    if (!sequenced) return this.s.record.run(userId, eventId, now).changes > 0;
+    return this.s.raiseMark.run(userId, sequenced.source, sequenced.seq).changes > 0;
+  }
+
+  private isRecorded(userId: number, eventId: string): boolean {
+    const sequenced = parseSequencedEventId(eventId);
+    if (!sequenced) return this.s.isRecorded.get(userId, eventId) !== undefined;
+    const row = this.s.mark.get(userId, sequenced.source) as { seq: number } | undefined;
+    return row !== undefined && sequenced.seq <= Number(row.seq);
   }
 
   /** One transaction under Kysely's connection lock (see `runExclusive`). */
@@ -173,6 +188,13 @@ function prepareStatements(raw: DatabaseSync) {
       `INSERT INTO user_counter_applied (user_id, event_id, applied_at)
        VALUES (CAST(? AS INTEGER), ?, CAST(? AS INTEGER)) ON CONFLICT DO NOTHING`,
     ),
+    // Changes a row exactly when the seq is above the mark (or there was none).
+    raiseMark: p(
+      `INSERT INTO user_counter_marks (user_id, source, seq)
+       VALUES (CAST(? AS INTEGER), ?, CAST(? AS INTEGER))
+       ON CONFLICT (user_id, source) DO UPDATE SET seq = excluded.seq WHERE excluded.seq > seq`,
+    ),
+    mark: p('SELECT seq FROM user_counter_marks WHERE user_id = CAST(? AS INTEGER) AND source = ?'),
     isRecorded: p(
       'SELECT 1 AS one FROM user_counter_applied WHERE user_id = CAST(? AS INTEGER) AND event_id = ?',
     ),

@@ -1,7 +1,7 @@
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { encodeSnapshot } from '../../counter/snapshot.js';
 import { ZERO_USER_COUNTS, type UserCounterDelta, type UserCounts, type UserField } from '../model.js';
-import type { UserCounterStore } from './user-counter-store.js';
+import { sequencedEventId, type UserCounterStore } from './user-counter-store.js';
 
 export interface UserCounterStoreFixture {
   sut: UserCounterStore;
@@ -241,6 +241,74 @@ export function defineUserCounterStoreContract(
       await store.apply([delta('new', 20, 'followers', 1)], NOW + 60_001);
       expect((await store.inspect(20, ['old', 'new'])).applied).toEqual([false, true]);
       expect(await store.read([20])).toEqual([counts({ posts: 1, followers: 1 })]);
+    });
+
+    it('keeps one mark per (user, source) for sequenced ids: at or below it counts as applied, for ever', async () => {
+      const short = await factory({ retentionMs: 60_000 });
+      extra.push(short);
+      const store = short.sut;
+      const like = (seq: number, userId = 40, d = 1) =>
+        delta(sequencedEventId('knowpost:77', seq), userId, 'likesReceived', d);
+      await store.write(40, counts({}), {}, NOW);
+      await store.write(41, counts({}), {}, NOW);
+      expect(await store.apply([like(1), like(2), like(3, 40, -1), like(2), like(1, 41)], NOW)).toEqual({
+        applied: 4,
+        skipped: 1,
+      });
+      // Redelivered long after the retention: still applied, since marks are never trimmed.
+      await store.apply([delta('unrelated', 40, 'posts', 1)], NOW + 3_600_000);
+      expect(await store.apply([like(3, 40, -1), like(2)], NOW + 3_600_000)).toEqual({
+        applied: 0,
+        skipped: 2,
+      });
+      // A lower seq after a higher one is at or below the mark: skipped (the caller heals gaps).
+      expect(await store.apply([like(5), like(4)], NOW + 3_600_000)).toEqual({ applied: 1, skipped: 1 });
+      expect(await store.read([40, 41])).toEqual([
+        counts({ likesReceived: 2, posts: 1 }),
+        counts({ likesReceived: 1 }),
+      ]);
+      const ids = [1, 5, 6, 15].map((seq) => sequencedEventId('knowpost:77', seq));
+      expect((await store.inspect(40, ids)).applied).toEqual([true, true, false, false]);
+      expect((await store.inspect(41, ids)).applied).toEqual([true, false, false, false]);
+      expect((await store.inspect(40, [sequencedEventId('knowpost:78', 1)])).applied).toEqual([false]);
+
+      // A write raises the mark to the highest seq it includes and never lowers it.
+      const v = (await store.inspect(40)).version;
+      await store.write(
+        40,
+        counts({ likesReceived: 9 }),
+        { ifVersion: v, markApplied: [sequencedEventId('knowpost:77', 123_456_789_012_345), ids[0]!] },
+        NOW,
+      );
+      expect(
+        (await store.inspect(40, [sequencedEventId('knowpost:77', 123_456_789_012_345)])).applied,
+      ).toEqual([true]);
+      expect(await store.apply([like(123_456_789_012_345), like(123_456_789_012_346)], NOW)).toEqual({
+        applied: 1,
+        skipped: 1,
+      });
+      expect(await store.read([40])).toEqual([counts({ likesReceived: 10 })]);
+    });
+
+    it('counts every sequenced event once when batches are applied concurrently from several stores', async () => {
+      const users = [500, 501, 502];
+      for (const u of users) await sut.write(u, counts({}), {}, NOW);
+      const stores = [sut, fx.another(), fx.another()];
+      // Each post's events in seq order; every batch is a prefix of the next one's events.
+      const events = (post: number, upTo: number) =>
+        Array.from({ length: upTo }, (_, i) =>
+          delta(sequencedEventId(`knowpost:${post}`, i + 1), users[post % 3]!, 'likesReceived', 1),
+        );
+      await Promise.all(
+        [10, 20, 30, 40, 50].flatMap((upTo, b) =>
+          [0, 1, 2, 3, 4, 5].map((post) => stores[(b + post) % 3]!.apply(events(post, upTo), NOW)),
+        ),
+      );
+      expect(await sut.read(users)).toEqual([
+        counts({ likesReceived: 100 }),
+        counts({ likesReceived: 100 }),
+        counts({ likesReceived: 100 }),
+      ]);
     });
 
     it('stores exactly the snapshot layout the codec defines', async () => {

@@ -13,25 +13,32 @@ import type { UserCounterDelta, UserCounts } from '../model.js';
  *   exists. Rebuilds write conditionally on it, so a delta applied while a rebuild was reading the
  *   database is never overwritten (lost);
  * - the **applied ids**: which events have moved the user, as (user, eventId) pairs, kept for
- *   `retentionMs` after they were recorded and trimmed by age as new ones arrive.
+ *   `retentionMs` after they were recorded and trimmed by age as new ones arrive;
+ * - the **marks** of sequenced sources: an event id `<source>#<seq>` (see `sequencedEventId`) names
+ *   the seq-th event of a source that numbers its events 1, 2, 3… and delivers them in that order
+ *   (a post's likes, hundreds a second on a hot post). For those only the highest seq applied per
+ *   (user, source) is kept, forever and in constant space: an event at or below the mark counts as
+ *   applied. A consumer that hands one over out of order must heal the user (rebuild), since a lower
+ *   seq arriving after a higher one is skipped.
  *
  * Semantics every adapter guarantees (proved by `user-counter-store.contract.ts`):
  * - `read` is one round trip for any number of users, in order; null for a missing or malformed
  *   snapshot.
- * - `apply` is idempotent by event: a (user, eventId) pair that is already recorded skips all of that
- *   event's deltas for that user; deltas repeated within one batch (same event, user and field) count
+ * - `apply` is idempotent by event: a (user, eventId) pair that is already recorded (for a sequenced
+ *   id: at or below the user's mark of its source) skips all of that event's deltas for that user; deltas repeated within one batch (same event, user and field) count
  *   once. Each applied delta raises the user's version and records the pair, atomically with the
  *   change (per group on Redis, per batch on SQLite). A delta for a user without a snapshot changes
  *   no counts (the rebuild reads the database, which already holds the change) but is still recorded
  *   and still raises the version. Fields saturate at 0 and 2^32 - 1: never below zero.
  * - `write` sets a user's counts, optionally only if no snapshot exists (`ifAbsent`) and/or only if
  *   the user's version is still `ifVersion`; in the same atomic step it records `markApplied` as
- *   applied, so events whose effect the written counts already include are skipped when they arrive.
+ *   applied (a sequenced id raises its source's mark to its seq, never lowers it), so events whose
+ *   effect the written counts already include are skipped when they arrive.
  * - `inspect` reads one user's snapshot, version and whether the given events are recorded, as of one
  *   instant.
  *
- * The bound: a (user, event) pair is remembered for `retentionMs` (default 7 days) after it was
- * recorded. An event delivered again later than that — only possible when no consumer ran for that
+ * The bound: a (user, event) pair of an unsequenced id is remembered for `retentionMs` (default
+ * 7 days) after it was recorded. An event delivered again later than that — only possible when no consumer ran for that
  * long after one applied it and died before committing — would count again; the reconciler
  * (`zhiguang users verify --fix`) heals such drift.
  */
@@ -80,4 +87,18 @@ export const DEFAULT_RETENTION_MS = 7 * 24 * 3_600_000;
 
 export function checkUserId(userId: number): void {
   if (!Number.isSafeInteger(userId) || userId <= 0) throw new RangeError(`invalid user id: ${userId}`);
+}
+
+/** The event id of the `seq`-th event (1, 2, 3…) of a source that delivers its events in order. */
+export function sequencedEventId(source: string, seq: number): string {
+  if (source === '' || source.includes('#')) throw new RangeError(`invalid source: ${source}`);
+  if (!Number.isSafeInteger(seq) || seq < 1 || seq >= 1e15) throw new RangeError(`invalid seq: ${seq}`);
+  return `${source}#${seq}`;
+}
+
+/** Source and seq of a sequenced event id; null for any other id. */
+export function parseSequencedEventId(eventId: string): { source: string; seq: number } | null {
+  // At most 15 digits, so every seq is a safe integer; the Redis scripts read ids the same way.
+  const match = /^([^#]+)#([1-9][0-9]{0,14})$/.exec(eventId);
+  return match ? { source: match[1]!, seq: Number(match[2]) } : null;
 }

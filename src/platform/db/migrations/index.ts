@@ -113,6 +113,13 @@ const sqlite: Record<string, Step> = {
     `CREATE TABLE likes_received_marks (
        post_id TEXT NOT NULL PRIMARY KEY, applied_seq INTEGER NOT NULL) WITHOUT ROWID`,
   ),
+  // Per (user, source), the highest seq applied of a source's sequenced event ids (a post's likes):
+  // one row per source instead of one per event.
+  '0008_user_counter_marks': exec(
+    `CREATE TABLE user_counter_marks (
+       user_id INTEGER NOT NULL, source TEXT NOT NULL, seq INTEGER NOT NULL,
+       PRIMARY KEY (user_id, source)) WITHOUT ROWID`,
+  ),
 };
 
 const mysql: Record<string, Step> = {
@@ -181,6 +188,8 @@ const mysql: Record<string, Step> = {
        post_id BIGINT UNSIGNED NOT NULL PRIMARY KEY, applied_seq BIGINT NOT NULL
      ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin`,
   ),
+  // Redis keeps the cluster profile's user-counter marks.
+  '0008_user_counter_marks': exec(),
 };
 
 export function migrationsFor(dialect: Dialect): Record<string, Migration> {
