@@ -11,12 +11,20 @@
  *     group counts, since the bucket size per group decides the encoding (128 groups puts ~780
  *     entities in a bucket, past the default listpack limit of 512, to show that cliff).
  *
+ * (d) likes received: 200,000 like events on 5,000 posts of 1,000 authors applied to the user-counter
+ *     store, by sequenced ids (`knowpost:<id>#<seq>`, one mark per author and post) and, for
+ *     comparison, by plain event ids (one applied id per event, kept for the retention): the bytes
+ *     of the store's memory of what it applied, per like.
+ *
  * Uses its own key prefix and deletes every key it wrote, also when it fails.
  */
 import { randomBytes } from 'node:crypto';
 import { Redis } from 'ioredis';
 import type { CounterEvent, EntityRef } from '../src/counter/model.js';
 import { RedisCounterStore } from '../src/counter/store/redis-counter-store.js';
+import type { UserCounterDelta } from '../src/user-counter/model.js';
+import { RedisUserCounterStore } from '../src/user-counter/store/redis-user-counter-store.js';
+import { sequencedEventId } from '../src/user-counter/store/user-counter-store.js';
 
 const REDIS_URL = process.env.ZG_REDIS_URL ?? 'redis://127.0.0.1:6379';
 const NOW = Date.now();
@@ -179,6 +187,35 @@ async function snapshots(redis: Redis, prefix: string, groups: number): Promise<
   ];
 }
 
+async function likesReceived(redis: Redis, prefix: string, sequenced: boolean): Promise<Row> {
+  const store = new RedisUserCounterStore(redis, { prefix });
+  const authors = 1_000;
+  const deltas: UserCounterDelta[] = [];
+  for (let post = 0; post < authors * 5; post++) {
+    const source = `knowpost:${snowflake(NOW - post * 60_000, 1, post % 4096)}`;
+    for (let seq = 1; seq <= 40; seq++) {
+      deltas.push({
+        eventId: sequenced ? sequencedEventId(source, seq) : `${source}:${seq}`,
+        userId: 1 + (post % authors),
+        field: 'likesReceived',
+        delta: 1,
+      });
+    }
+  }
+  for (let i = 0; i < deltas.length; i += 5_000) await store.apply(deltas.slice(i, i + 5_000), NOW);
+  const groups = Array.from({ length: store.groups }, (_, g) => g);
+  return {
+    scenario: `(d) likes received, ${sequenced ? 'sequenced ids (marks)' : 'plain ids (applied set)'}`,
+    items: deltas.length,
+    unit: 'like',
+    bytes: await memoryOf(redis, [
+      ...groups.map((g) => store.groupKey('ap', g)),
+      ...groups.map((g) => store.groupKey('sm', g)),
+    ]),
+    target: null,
+  };
+}
+
 function print(rows: readonly Row[]): void {
   const lines = rows.map((r) => {
     const per = r.bytes / r.items;
@@ -217,6 +254,10 @@ async function main(): Promise<void> {
     await deleteByPrefix(redis, `${prefix}a:`);
     rows.push(await densePost(redis, `${prefix}b:`));
     await deleteByPrefix(redis, `${prefix}b:`);
+    for (const sequenced of [true, false]) {
+      rows.push(await likesReceived(redis, `${prefix}d:`, sequenced));
+      await deleteByPrefix(redis, `${prefix}d:`);
+    }
     for (const groups of [4096, 1024, 256, 128]) {
       rows.push(...(await snapshots(redis, `${prefix}c${groups}:`, groups)));
       await deleteByPrefix(redis, `${prefix}c${groups}:`);
