@@ -157,8 +157,8 @@ describe('RedisCounterStore (cluster specifics)', () => {
     expect((await store.inspect(ref)).seq).toBe(events.length);
   });
 
-  it('declares only keys of the entity’s group, on every script', async () => {
-    const store = open({ groups: 64, sparseMax: 5 });
+  it('declares only keys of the entity’s group, on every script (Redis Cluster mode)', async () => {
+    const store = open({ groups: 64, sparseMax: 5, singleNode: false });
     const recorder = recordCommands(redis, prefix);
     const calls: string[][] = [];
     const stop = (): void => {
@@ -328,6 +328,37 @@ describe('RedisCounterStore (cluster specifics)', () => {
     expect(calls).toBeLessThanOrEqual(Math.ceil(300 / 128) + 1);
     expect(await store.readSnapshots([ref])).toEqual([[0, 2, 0, 0, 0]]);
     expect((await store.inspect(ref)).pending).toBe(false);
+  });
+
+  it('answers the flags of a page spanning groups and both encodings with one script on one node, per group in cluster mode', async () => {
+    const single = open({ groups: 64, sparseMax: 3 });
+    const perGroup = open({ groups: 64, sparseMax: 3, singleNode: false });
+    const refs = Array.from({ length: 12 }, (_, i) => post(String(7_300_000_000_000_000_500n + BigInt(i))));
+    expect(new Set(refs.map((ref) => single.groupOf(ref))).size).toBeGreaterThan(6);
+    const viewer = 40_001;
+    const expected = refs.map((_, i) => ({ like: i % 2 === 0, fav: i % 3 === 0 }));
+    for (const [i, ref] of refs.entries()) {
+      // Every third post gets enough other likers to be sharded, so both encodings are read.
+      if (i % 3 === 1) for (let u = 1; u <= 6; u++) await single.toggle(ref, 'like', u, true, NOW);
+      if (expected[i]!.like) await single.toggle(ref, 'like', viewer, true, NOW);
+      if (expected[i]!.fav) await single.toggle(ref, 'fav', viewer, true, NOW);
+    }
+    const recorder = recordCommands(redis, prefix);
+    const one = await single.flags(viewer, [...refs, refs[0]!]);
+    recorder.stop();
+    expect(one).toEqual([...expected, expected[0]]);
+    expect(recorder.seen.filter((args) => /^eval(sha)?$/i.test(args[0] ?? ''))).toHaveLength(1);
+
+    const cluster = recordCommands(redis, prefix);
+    expect(await perGroup.flags(viewer, refs)).toEqual(expected);
+    cluster.stop();
+    const scripts = cluster.seen.filter((args) => /^eval(sha)?$/i.test(args[0] ?? ''));
+    expect(scripts).toHaveLength(new Set(refs.map((ref) => single.groupOf(ref))).size);
+    for (const args of scripts) {
+      const keys = args.slice(3, 3 + Number(args[2]));
+      expect(new Set(keys.map(hashTag)).size).toBe(1);
+    }
+    expect(await single.flags(viewer + 1, refs)).toEqual(refs.map(() => ({ like: false, fav: false })));
   });
 
   it('reads snapshots and flags of a page, and marks events published, in one socket write each when auto-pipelining', async () => {

@@ -33,6 +33,12 @@ export interface RedisCounterStoreOptions {
   groups?: number;
   /** Members a fact set keeps as a plain SET before it is sharded; at most 512 keeps it intset-encoded. */
   sparseMax?: number;
+  /**
+   * Whether the client talks to one Redis node (the default; not a Redis Cluster). Then a read that
+   * spans groups (`flags` of a feed page) is one script over all of its keys; otherwise every
+   * script stays within one group's slot, so a page costs one script per group it touches.
+   */
+  singleNode?: boolean;
 }
 
 export const DEFAULT_GROUPS = 4096;
@@ -283,13 +289,16 @@ return 1
 `;
 
 // Atomic across both encodings: a conversion cannot hide a member between two reads.
-// KEYS: like set, like hash, fav set, fav hash. ARGV: uid, shard, offset.
+// KEYS: per entity, like set, like hash, fav set, fav hash. ARGV: uid, shard, offset.
+// Replies with a like and a fav flag (1/0) per entity, in order.
 const FLAGS_LUA = `${SHARDED_LUA}
 local off = tonumber(ARGV[3])
-return {
-  has_fact(KEYS[1], KEYS[2], ARGV[1], ARGV[2], off) and 1 or 0,
-  has_fact(KEYS[3], KEYS[4], ARGV[1], ARGV[2], off) and 1 or 0,
-}
+local out = {}
+for i = 1, #KEYS, 4 do
+  out[#out + 1] = has_fact(KEYS[i], KEYS[i + 1], ARGV[1], ARGV[2], off) and 1 or 0
+  out[#out + 1] = has_fact(KEYS[i + 2], KEYS[i + 3], ARGV[1], ARGV[2], off) and 1 or 0
+end
+return out
 `;
 
 // KEYS: like set, like hash, fav set, fav hash.
@@ -530,6 +539,18 @@ function shuffle<T>(items: T[]): T[] {
   return items;
 }
 
+/** Indexes grouped by a key, in first-seen order. */
+function byGroupIndex(indexes: readonly number[], groupOf: (i: number) => number): Map<number, number[]> {
+  const groups = new Map<number, number[]>();
+  for (const i of indexes) {
+    const g = groupOf(i);
+    const list = groups.get(g);
+    if (list) list.push(i);
+    else groups.set(g, [i]);
+  }
+  return groups;
+}
+
 /**
  * `CounterStore` on Redis. Keys (g = fnv1a32(`etype:eid`) % groups, always inside `{g}`, so one
  * group is one cluster slot):
@@ -569,6 +590,7 @@ export class RedisCounterStore implements CounterStore {
   private readonly toggleScript: ScriptCall;
   private readonly countScript: ScriptCall;
   private readonly flagsScript: ScriptCall;
+  private readonly singleNode: boolean;
   private readonly rebuildScript: ScriptCall;
   private readonly inspectScript: ScriptCall;
   private readonly viewsScript: ScriptCall;
@@ -599,7 +621,8 @@ export class RedisCounterStore implements CounterStore {
     this.unpubKey = `${this.prefix}c:unpub`;
     this.toggleScript = defineScript<ScriptCall>(redis, CMD.toggle, 4, TOGGLE_LUA);
     defineScript(redis, CMD.replay, 3, REPLAY_LUA);
-    this.flagsScript = defineScript<ScriptCall>(redis, CMD.flags, 4, FLAGS_LUA);
+    this.flagsScript = defineScript<ScriptCall>(redis, CMD.flags, null, FLAGS_LUA);
+    this.singleNode = options.singleNode ?? true;
     this.countScript = defineScript<ScriptCall>(redis, CMD.count, 4, COUNT_LUA);
     defineScript(redis, CMD.apply, 4, APPLY_LUA);
     defineScript(redis, CMD.fold, 4, FOLD_LUA);
@@ -699,11 +722,20 @@ export class RedisCounterStore implements CounterStore {
     if (refs.length === 0) return [];
     const shard = Math.floor(userId / SHARD_USERS);
     const offset = userId % SHARD_USERS;
-    // Issued in one tick: auto-pipelining writes them together with other requests' commands.
-    const replies = (await Promise.all(
-      refs.map((ref) => this.flagsScript(...this.factKeys(ref), userId, shard, offset)),
-    )) as [number, number][];
-    return replies.map(([like, fav]) => ({ like: like === 1, fav: fav === 1 }));
+    const call = async (indexes: number[]): Promise<[number[], number[]]> => {
+      const keys = indexes.flatMap((i) => this.factKeys(refs[i]!));
+      return [indexes, (await this.flagsScript(keys.length, ...keys, userId, shard, offset)) as number[]];
+    };
+    const all = refs.map((_, i) => i);
+    // Per group, issued in one tick: auto-pipelining writes them together with other requests' commands.
+    const replies = this.singleNode
+      ? [await call(all)]
+      : await Promise.all([...byGroupIndex(all, (i) => this.groupOf(refs[i]!)).values()].map(call));
+    const out = new Array<Flags>(refs.length);
+    for (const [indexes, flags] of replies) {
+      indexes.forEach((i, k) => (out[i] = { like: flags[2 * k] === 1, fav: flags[2 * k + 1] === 1 }));
+    }
+    return out;
   }
 
   async factCounts(ref: EntityRef): Promise<Record<FactMetric, number>> {

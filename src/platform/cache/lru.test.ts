@@ -31,6 +31,21 @@ describe(LruCache.name, () => {
     expect(sut.size).toBe(3);
   });
 
+  it('never evicts an entry read since half of the cache was written', () => {
+    const sut = new LruCache<number>({ maxEntries: 100, ttlMs: 60_000 });
+    let next = 0;
+    const hot = ['h1', 'h2', 'h3'];
+    for (const k of hot) sut.set(k, next++);
+    for (let round = 0; round < 50; round++) {
+      // 40 new keys between reads of the hot ones: fewer than half of the cache each time.
+      for (let i = 0; i < 40; i++) sut.set(`k${next}`, next++);
+      for (const k of hot) expect(sut.get(k)).toBeDefined();
+    }
+    expect(sut.size).toBe(100);
+    // A key that is never read again is evicted once 100 newer writes passed it.
+    expect(sut.get('k3')).toBeUndefined();
+  });
+
   it('restarts the time to live and the recency of a key set again', () => {
     const c = clock();
     const sut = new LruCache<string>({ maxEntries: 2, ttlMs: 100, now: c.now });

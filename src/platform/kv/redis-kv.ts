@@ -17,9 +17,11 @@ type IncrWithTtl = (key: string, by: number, ttlMs: number) => Promise<number>;
  * Registers a Lua script on the client once (ioredis sends EVAL on a connection's first use and
  * EVALSHA afterwards) and returns it as a typed function.
  */
-export function defineScript<F>(redis: Redis, name: string, numberOfKeys: number, lua: string): F {
+export function defineScript<F>(redis: Redis, name: string, numberOfKeys: number | null, lua: string): F {
   const commands = redis as unknown as Record<string, unknown>;
-  if (typeof commands[name] !== 'function') redis.defineCommand(name, { numberOfKeys, lua });
+  // Without a fixed number of keys, a call passes it first.
+  if (typeof commands[name] !== 'function')
+    redis.defineCommand(name, numberOfKeys === null ? { lua } : { numberOfKeys, lua });
   const fn = commands[name] as (...args: unknown[]) => unknown;
   return fn.bind(redis) as F;
 }
