@@ -76,6 +76,8 @@ export class UserCounterConsumer {
       topics: this.topics,
       maxBatch: this.options.maxBatch,
       maxWaitMs: this.options.maxWaitMs,
+      // Nobody waits on these within a fraction of a second; fewer, larger fetches are cheaper.
+      fetchMaxWaitMs: 250,
       handler: async (batch) => {
         const feed = this.feeds.get(batch.topic);
         const deltas: UserCounterDelta[] = [];
