@@ -1,0 +1,72 @@
+/**
+ * Where a request's CPU goes when API and workers run as separate processes: each request mix runs
+ * alone (no baseline slices) against `--role api` and `--role worker` servers of one throwaway
+ * cluster deployment, and the CPU time of each process and of the backing services is divided by
+ * the answers. A diagnostic beside `bench/run.ts`, which reports ratios.
+ *
+ *   npx tsx bench/split.ts                      # like, then the bare route
+ *   SPLIT_MIX=like,counts,feed,feedu,detail SPLIT_SECONDS=10 npx tsx bench/split.ts
+ *   SPLIT_CPU_PROF=/tmp/prof npx tsx bench/split.ts   # V8 CPU profile of the API process
+ *
+ * Needs what `npm run bench` needs (Redis, MariaDB, the Kafka broker of scripts/kafka-broker.sh, the
+ * S3 test server); cleans up everything it created.
+ */
+import type autocannon from 'autocannon';
+import {
+  cpuBetween,
+  cpuMark,
+  detailMix,
+  feedMix,
+  fire,
+  healthz,
+  likeMix,
+  SERVICE_NAMES,
+  singleCountsMix,
+} from './load.js';
+import {
+  Cleanups,
+  createClusterStack,
+  insertPosts,
+  newPostIds,
+  signUpUsers,
+  spawnServer,
+} from './servers.js';
+
+const mixNames = (process.env.SPLIT_MIX ?? 'like').split(',').map((m) => m.trim());
+const seconds = Number(process.env.SPLIT_SECONDS ?? 8);
+const cleanups = new Cleanups();
+try {
+  const stack = await createClusterStack(cleanups, {});
+  const api = await spawnServer(stack.env, 'api', stack.inbox, cleanups, process.env.SPLIT_CPU_PROF);
+  const worker = await spawnServer(stack.env, 'worker', stack.inbox, cleanups);
+  const users = await signUpUsers(api.baseUrl, stack.inbox, 20);
+  const posts = newPostIds(2000);
+  await insertPosts(stack, posts, users[0]!.userId);
+  const mixes: Record<string, autocannon.Request[]> = {
+    like: likeMix(users, posts),
+    counts: singleCountsMix(posts),
+    feed: feedMix(null),
+    feedu: feedMix(users),
+    detail: detailMix(posts),
+    healthz,
+  };
+  for (const name of mixNames) if (!mixes[name]) throw new Error(`unknown mix ${name}`);
+  await fire({ url: api.baseUrl, connections: 50, seconds: 2, requests: healthz });
+  console.log(
+    'mix       req/s   API µs/req  worker µs/req  ' + SERVICE_NAMES.map((n) => `${n} µs/req`).join('  '),
+  );
+  for (const name of [...mixNames, 'healthz']) {
+    const before = { api: cpuMark([api.pid]), worker: cpuMark([worker.pid]) };
+    const r = await fire({ url: api.baseUrl, connections: 50, seconds, requests: mixes[name]! });
+    const a = cpuBetween(before.api, cpuMark([api.pid]));
+    const w = cpuBetween(before.worker, cpuMark([worker.pid]));
+    const per = (cores: number) => ((cores / r.rps) * 1e6).toFixed(0).padStart(6);
+    console.log(
+      `${name.padEnd(8)} ${r.rps.toFixed(0).padStart(6)}   ${per(a.server)}      ${per(w.server)}        ` +
+        SERVICE_NAMES.map((n) => per(a.services[n]).padStart(n.length + 7)).join('  ') +
+        (r.non2xx + r.errors > 0 ? `   (${r.non2xx} non-2xx, ${r.errors} errors)` : ''),
+    );
+  }
+} finally {
+  await cleanups.runAll((line) => console.error(line));
+}
