@@ -7,6 +7,7 @@
  *   npx tsx bench/split.ts                      # like, then the bare route
  *   SPLIT_MIX=like,counts,feed,feedu,detail SPLIT_SECONDS=10 npx tsx bench/split.ts
  *   SPLIT_CPU_PROF=/tmp/prof npx tsx bench/split.ts   # V8 CPU profile of the API process
+ *   SPLIT_SERVER_ENV='ZG_POST_CACHE_MS=5000' npx tsx bench/split.ts   # other server settings
  *
  * Needs what `npm run bench` needs (Redis, MariaDB, the Kafka broker of scripts/kafka-broker.sh, the
  * S3 test server); cleans up everything it created.
@@ -36,7 +37,13 @@ const mixNames = (process.env.SPLIT_MIX ?? 'like').split(',').map((m) => m.trim(
 const seconds = Number(process.env.SPLIT_SECONDS ?? 8);
 const cleanups = new Cleanups();
 try {
-  const stack = await createClusterStack(cleanups, {});
+  const serverEnv = Object.fromEntries(
+    (process.env.SPLIT_SERVER_ENV ?? '')
+      .split(/\s+/)
+      .filter((kv) => kv.includes('='))
+      .map((kv) => [kv.slice(0, kv.indexOf('=')), kv.slice(kv.indexOf('=') + 1)]),
+  );
+  const stack = await createClusterStack(cleanups, serverEnv);
   const api = await spawnServer(stack.env, 'api', stack.inbox, cleanups, process.env.SPLIT_CPU_PROF);
   const worker = await spawnServer(stack.env, 'worker', stack.inbox, cleanups);
   const users = await signUpUsers(api.baseUrl, stack.inbox, 20);

@@ -361,6 +361,31 @@ describe('RedisCounterStore (cluster specifics)', () => {
     expect(await single.flags(viewer + 1, refs)).toEqual(refs.map(() => ({ like: false, fav: false })));
   });
 
+  it('adds views over many groups with one script per 500 entities on one node, per group in cluster mode', async () => {
+    const single = open({ groups: 64 });
+    const perGroup = open({ groups: 64, singleNode: false });
+    const refs = Array.from({ length: 600 }, (_, i) => post(String(7_300_000_000_000_001_000n + BigInt(i))));
+    // Half of them have a like and a snapshot; the others have neither, so their snapshots are built.
+    for (const ref of refs.slice(0, 300)) {
+      await single.toggle(ref, 'like', 9, true, NOW);
+      await single.rebuild(ref);
+    }
+    const scripts = (run: () => Promise<void>) => async () => {
+      const recorder = recordCommands(redis, prefix);
+      await run();
+      recorder.stop();
+      return recorder.seen.filter((args) => /^eval(sha)?$/i.test(args[0] ?? ''));
+    };
+    const one = await scripts(() => single.addViews(refs.map((ref, i) => ({ ref, n: 1 + (i % 3) }))))();
+    expect(one).toHaveLength(2);
+    const many = await scripts(() => perGroup.addViews(refs.map((ref) => ({ ref, n: 1 }))))();
+    expect(many).toHaveLength(new Set(refs.map((ref) => single.groupOf(ref))).size);
+    for (const args of many) expect(new Set(args.slice(3, 3 + Number(args[2])).map(hashTag)).size).toBe(1);
+    expect(await single.readSnapshots(refs)).toEqual(
+      refs.map((_, i) => [2 + (i % 3), i < 300 ? 1 : 0, 0, 0, 0]),
+    );
+  });
+
   it('reads snapshots and flags of a page, and marks events published, in one socket write each when auto-pipelining', async () => {
     const client = new Redis(services.redisUrl(), { maxRetriesPerRequest: 1, enableAutoPipelining: true });
     extra.push(client);

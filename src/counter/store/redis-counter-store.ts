@@ -34,9 +34,9 @@ export interface RedisCounterStoreOptions {
   /** Members a fact set keeps as a plain SET before it is sharded; at most 512 keeps it intset-encoded. */
   sparseMax?: number;
   /**
-   * Whether the client talks to one Redis node (the default; not a Redis Cluster). Then a read that
-   * spans groups (`flags` of a feed page) is one script over all of its keys; otherwise every
-   * script stays within one group's slot, so a page costs one script per group it touches.
+   * Whether the client talks to one Redis node (the default; not a Redis Cluster). Then the calls
+   * that naturally span groups (`flags` of a feed page, a batch of `addViews`) are one script over
+   * all of their keys; otherwise every script stays within one group's slot, one per group.
    */
   singleNode?: boolean;
 }
@@ -403,18 +403,24 @@ return rebuild_entity(KEYS[5], KEYS[6], KEYS[7], KEYS[8], ARGV[1], KEYS[1], KEYS
 
 // Adds views to the `read` field (index 0) of each entity's snapshot, saturating at 2^32 - 1; nothing
 // else of the entity changes. A missing or malformed snapshot is first rebuilt from facts.
-// KEYS: snapshots, pending, seq, applied. ARGV: sparse fact prefix, sharded fact prefix, bare etype,
-// then pairs of entity field and views.
+// Per group of the call, in order: KEYS snapshots, pending, seq, applied; ARGV (after the bare etype)
+// the number n of entities, the sparse and sharded fact prefixes, then n pairs of field and views.
 const VIEWS_LUA = `${FACT_COUNT_LUA}${SNAPSHOT_LUA}
-for i = 4, #ARGV, 2 do
-  local field = ARGV[i]
-  local c = unpack_snapshot(redis.call('HGET', KEYS[1], field))
-  if not c then
-    local ls, lh, fs, fh = derived_fact_keys(ARGV[1], ARGV[2], ARGV[3], field)
-    c = rebuild_entity(KEYS[1], KEYS[2], KEYS[3], KEYS[4], field, ls, lh, fs, fh)
+local i, k = 2, 1
+while i <= #ARGV do
+  local n = tonumber(ARGV[i])
+  for j = i + 3, i + 1 + 2 * n, 2 do
+    local field = ARGV[j]
+    local c = unpack_snapshot(redis.call('HGET', KEYS[k], field))
+    if not c then
+      local ls, lh, fs, fh = derived_fact_keys(ARGV[i + 1], ARGV[i + 2], ARGV[1], field)
+      c = rebuild_entity(KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], field, ls, lh, fs, fh)
+    end
+    c[1] = math.min(c[1] + tonumber(ARGV[j + 1]), 4294967295)
+    redis.call('HSET', KEYS[k], field, pack_snapshot(c))
   end
-  c[1] = math.min(c[1] + tonumber(ARGV[i + 1]), 4294967295)
-  redis.call('HSET', KEYS[1], field, pack_snapshot(c))
+  i = i + 3 + 2 * n
+  k = k + 4
 end
 return 1
 `;
@@ -629,7 +635,7 @@ export class RedisCounterStore implements CounterStore {
     this.rebuildScript = defineScript<ScriptCall>(redis, CMD.rebuild, 8, REBUILD_LUA);
     defineScript(redis, CMD.inspect, 8, INSPECT_LUA);
     defineScript(redis, CMD.unmark, 1, UNMARK_LUA);
-    this.viewsScript = defineScript<ScriptCall>(redis, CMD.views, 4, VIEWS_LUA);
+    this.viewsScript = defineScript<ScriptCall>(redis, CMD.views, null, VIEWS_LUA);
     this.inspectScript = bufferVariant(redis, CMD.inspect);
   }
 
@@ -793,25 +799,36 @@ export class RedisCounterStore implements CounterStore {
       if (!fields) byGroup.set(group, (fields = new Map<string, number>()));
       fields.set(field, Math.min(MAX_U32, (fields.get(field) ?? 0) + n));
     }
-    // Issued in one tick: the client's auto-pipelining writes them together, one round trip.
+    // Calls of up to VIEWS_CHUNK entities: on one node a call spans groups, in cluster mode it stays in
+    // one. Issued in one tick: the client's auto-pipelining writes them together, one round trip.
     const calls: Promise<unknown>[] = [];
+    let keys: string[] = [];
+    let args: (string | number)[] = [BARE_ETYPE];
+    let size = 0;
+    const send = (): void => {
+      if (size > 0) calls.push(this.viewsScript(keys.length, ...keys, ...args));
+      keys = [];
+      args = [BARE_ETYPE];
+      size = 0;
+    };
     for (const [group, fields] of byGroup) {
       const pairs = [...fields];
-      for (let start = 0; start < pairs.length; start += VIEWS_CHUNK) {
-        calls.push(
-          this.viewsScript(
-            this.groupKey('s', group),
-            this.groupKey('pd', group),
-            this.groupKey('seq', group),
-            this.groupKey('ap', group),
-            this.factPrefix(group, false),
-            this.factPrefix(group, true),
-            BARE_ETYPE,
-            ...pairs.slice(start, start + VIEWS_CHUNK).flat(),
-          ),
+      for (let start = 0; start < pairs.length;) {
+        const take = pairs.slice(start, start + VIEWS_CHUNK - size);
+        keys.push(
+          this.groupKey('s', group),
+          this.groupKey('pd', group),
+          this.groupKey('seq', group),
+          this.groupKey('ap', group),
         );
+        args.push(take.length, this.factPrefix(group, false), this.factPrefix(group, true), ...take.flat());
+        size += take.length;
+        start += take.length;
+        if (size >= VIEWS_CHUNK) send();
       }
+      if (!this.singleNode) send();
     }
+    send();
     await Promise.all(calls);
   }
 
