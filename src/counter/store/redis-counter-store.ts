@@ -1,6 +1,12 @@
 import { randomBytes } from 'node:crypto';
 import type { ChainableCommander, Redis } from 'ioredis';
-import { defineScript } from '../../platform/kv/redis-kv.js';
+import {
+  bufferVariant,
+  byGroup,
+  defineScript,
+  execPipeline,
+  type ScriptCall,
+} from '../../platform/kv/redis-kv.js';
 import {
   entityKey,
   eventFor,
@@ -453,7 +459,6 @@ const CMD = {
   views: 'zgCounterViews',
 } as const;
 
-type ScriptCall = (...args: (string | number)[]) => Promise<unknown>;
 type ScriptPipeline = ChainableCommander &
   Record<(typeof CMD)[keyof typeof CMD], (...args: (string | number)[]) => ChainableCommander>;
 
@@ -499,22 +504,6 @@ interface Addressed {
   field: string;
 }
 
-async function exec(pipeline: ChainableCommander): Promise<unknown[]> {
-  const replies = await pipeline.exec();
-  if (!replies) throw new Error('Redis pipeline was discarded');
-  return replies.map(([error, value]) => {
-    if (error) throw error;
-    return value;
-  });
-}
-
-/** The `…Buffer` twin ioredis defines with every script: bulk replies arrive as Buffers. */
-function bufferVariant(redis: Redis, name: string): ScriptCall {
-  const fn = (redis as unknown as Record<string, ScriptCall>)[`${name}Buffer`];
-  if (!fn) throw new Error(`script ${name} is not defined`);
-  return fn.bind(redis);
-}
-
 /** The score of a `ZRANGE key 0 0 WITHSCORES` reply, null for an empty set. */
 function oldestScore(reply: unknown): number | null {
   const pair = reply as string[];
@@ -543,18 +532,6 @@ function shuffle<T>(items: T[]): T[] {
     [items[i], items[j]] = [items[j] as T, items[i] as T];
   }
   return items;
-}
-
-/** Indexes grouped by a key, in first-seen order. */
-function byGroupIndex(indexes: readonly number[], groupOf: (i: number) => number): Map<number, number[]> {
-  const groups = new Map<number, number[]>();
-  for (const i of indexes) {
-    const g = groupOf(i);
-    const list = groups.get(g);
-    if (list) list.push(i);
-    else groups.set(g, [i]);
-  }
-  return groups;
 }
 
 /**
@@ -736,7 +713,7 @@ export class RedisCounterStore implements CounterStore {
     // Per group, issued in one tick: auto-pipelining writes them together with other requests' commands.
     const replies = this.singleNode
       ? [await call(all)]
-      : await Promise.all([...byGroupIndex(all, (i) => this.groupOf(refs[i]!)).values()].map(call));
+      : await Promise.all([...byGroup(all, (i) => this.groupOf(refs[i]!)).values()].map(call));
     const out = new Array<Flags>(refs.length);
     for (const [indexes, flags] of replies) {
       indexes.forEach((i, k) => (out[i] = { like: flags[2 * k] === 1, fav: flags[2 * k + 1] === 1 }));
@@ -907,7 +884,7 @@ export class RedisCounterStore implements CounterStore {
       );
     }
     pipeline.hset(this.dirtyKey, this.markArgs(byGroup.keys()));
-    const replies = await exec(pipeline);
+    const replies = await execPipeline(pipeline);
     let r = 1;
     for (const list of byGroup.values()) {
       const marks = replies[r++] as number[];
@@ -966,7 +943,7 @@ export class RedisCounterStore implements CounterStore {
     this.sweepFrom = (this.sweepFrom + sweep.length) % this.groups;
     for (const group of sweep) pipeline.exists(this.groupKey('pd', group));
     pipeline.hmget(this.dirtyKey, ...sweep.map(String));
-    const replies = await exec(pipeline);
+    const replies = await execPipeline(pipeline);
     const folds = picked.length / 2;
     let folded = 0;
     for (let i = 0; i < folds; i++) {
@@ -990,7 +967,7 @@ export class RedisCounterStore implements CounterStore {
     if (groups.length === 0) return true;
     const pipeline = this.redis.pipeline();
     for (const g of groups) pipeline.exists(this.groupKey('pd', Number(g)));
-    const replies = await exec(pipeline);
+    const replies = await execPipeline(pipeline);
     return replies.every((n) => toInt(n) === 0);
   }
 
@@ -1026,7 +1003,7 @@ export class RedisCounterStore implements CounterStore {
       const pipeline = this.redis.pipeline();
       for (const g of chunk) pipeline.zrange(this.groupKey('un', g), 0, '0', 'WITHSCORES');
       if (start === 0) pipeline.zrangebyscore(this.unpubKey, '-inf', `(${cutoff}`, 'LIMIT', 0, this.groups);
-      const replies = await exec(pipeline);
+      const replies = await execPipeline(pipeline);
       const found: (string | number)[] = [];
       chunk.forEach((g, k) => {
         const oldest = oldestScore(replies[k]);
@@ -1047,7 +1024,7 @@ export class RedisCounterStore implements CounterStore {
         pipeline.zrangebyscore(un, '-inf', `(${cutoff}`, 'LIMIT', 0, limit - out.length);
         pipeline.zrange(un, 0, '0', 'WITHSCORES');
       }
-      const replies = await exec(pipeline);
+      const replies = await execPipeline(pipeline);
       const settle = this.redis.pipeline();
       chunk.forEach((g, k) => {
         for (const token of replies[2 * k] as string[]) {
@@ -1059,7 +1036,7 @@ export class RedisCounterStore implements CounterStore {
         if (oldest === null) empty.push(g);
         else settle.zadd(this.unpubKey, 'GT', oldest, g);
       });
-      if (settle.length > 0) await exec(settle);
+      if (settle.length > 0) await execPipeline(settle);
     }
     if (empty.length > 0) await this.unindexEmpty(empty);
     return out;
@@ -1070,7 +1047,7 @@ export class RedisCounterStore implements CounterStore {
     await this.redis.zrem(this.unpubKey, ...groups);
     const pipeline = this.redis.pipeline();
     for (const g of groups) pipeline.zrange(this.groupKey('un', g), 0, '0', 'WITHSCORES');
-    const replies = await exec(pipeline);
+    const replies = await execPipeline(pipeline);
     const back: (string | number)[] = [];
     groups.forEach((g, k) => {
       const oldest = oldestScore(replies[k]);
@@ -1130,7 +1107,7 @@ export class RedisCounterStore implements CounterStore {
         pipeline.hkeys(this.groupKey('s', g));
         pipeline.hkeys(this.groupKey('seq', g));
       }
-      const replies = (await exec(pipeline)) as string[][];
+      const replies = (await execPipeline(pipeline)) as string[][];
       for (let g = group; g < end; g++) {
         const i = (g - group) * 2;
         const fields = [...new Set([...(replies[i] ?? []), ...(replies[i + 1] ?? [])])].sort();
@@ -1160,7 +1137,7 @@ export class RedisCounterStore implements CounterStore {
       const pipeline = this.redis.pipeline();
       const chunk = order.slice(start, start + SCAN_CHUNK);
       for (const g of chunk) pipeline.hrandfield(this.groupKey('s', g), perGroup);
-      for (const fields of (await exec(pipeline)) as string[][]) {
+      for (const fields of (await execPipeline(pipeline)) as string[][]) {
         for (const field of fields) {
           const ref = this.refOfField(field);
           if (ref) seen.set(entityKey(ref), ref);
@@ -1242,7 +1219,7 @@ export class RedisCounterStore implements CounterStore {
         if (batch.length === 0) continue;
         const pipeline = this.pipeline();
         for (const args of batch) pipeline[CMD.replay](...args);
-        await exec(pipeline);
+        await execPipeline(pipeline);
       }
     };
     await Promise.all(Array.from({ length: Math.min(REPLAY_CONCURRENCY, batches.length) }, worker));

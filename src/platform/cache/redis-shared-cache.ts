@@ -1,4 +1,5 @@
 import type { ChainableCommander, Redis } from 'ioredis';
+import { execPipeline } from '../kv/redis-kv.js';
 import type { CacheFill, CacheRead, CacheSlot, SharedCache } from './shared-cache.js';
 
 // A value is stored as "<generation>|<value>" and read only while its guard still has that
@@ -31,15 +32,6 @@ export interface RedisSharedCacheOptions {
    * forgotten generation starts again at 0), so fills are capped at half of it.
    */
   guardTtlMs?: number;
-}
-
-async function exec(pipeline: ChainableCommander): Promise<unknown[]> {
-  const replies = await pipeline.exec();
-  if (!replies) throw new Error('Redis pipeline was discarded');
-  return replies.map(([error, value]) => {
-    if (error) throw error;
-    return value;
-  });
 }
 
 /**
@@ -76,7 +68,7 @@ export class RedisSharedCache implements SharedCache {
     if (slots.length === 0) return [];
     const pipeline = this.redis.pipeline() as ScriptPipeline;
     for (const slot of slots) pipeline[CMD.get](this.genKey(slot.guard), this.valueKey(slot));
-    const replies = (await exec(pipeline)) as [string, string?][];
+    const replies = (await execPipeline(pipeline)) as [string, string?][];
     return replies.map(([gen, value]) => ({ gen: String(gen), value: value ?? null }));
   }
 
@@ -86,7 +78,7 @@ export class RedisSharedCache implements SharedCache {
     if (!(ttl > 0)) throw new RangeError(`ttlMs must be positive, got ${ttlMs}`);
     const pipeline = this.redis.pipeline() as ScriptPipeline;
     for (const e of entries) pipeline[CMD.fill](this.genKey(e.guard), this.valueKey(e), e.gen, e.value, ttl);
-    await exec(pipeline);
+    await execPipeline(pipeline);
   }
 
   async invalidate(guards: readonly string[]): Promise<void> {
@@ -96,6 +88,6 @@ export class RedisSharedCache implements SharedCache {
       const key = this.genKey(guard);
       pipeline.incr(key).pexpire(key, this.guardTtlMs);
     }
-    await exec(pipeline);
+    await execPipeline(pipeline);
   }
 }

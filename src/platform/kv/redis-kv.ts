@@ -1,4 +1,4 @@
-import type { Redis } from 'ioredis';
+import type { ChainableCommander, Redis } from 'ioredis';
 import { checkIncrement, checkTtl, type KeyValueStore } from './kv.js';
 
 // EXISTS before INCRBY tells creation apart from an existing key without expiry; PEXPIRE NX alone
@@ -24,6 +24,38 @@ export function defineScript<F>(redis: Redis, name: string, numberOfKeys: number
     redis.defineCommand(name, numberOfKeys === null ? { lua } : { numberOfKeys, lua });
   const fn = commands[name] as (...args: unknown[]) => unknown;
   return fn.bind(redis) as F;
+}
+
+/** A script called with its keys and arguments, answering as Redis does. */
+export type ScriptCall = (...args: (string | number | Buffer)[]) => Promise<unknown>;
+
+/** The `…Buffer` twin ioredis defines with every script: bulk replies arrive as Buffers. */
+export function bufferVariant(redis: Redis, name: string): ScriptCall {
+  const fn = (redis as unknown as Record<string, ScriptCall>)[`${name}Buffer`];
+  if (!fn) throw new Error(`script ${name} is not defined`);
+  return fn.bind(redis);
+}
+
+/** Runs a pipeline and answers its replies in order; the first command that failed throws. */
+export async function execPipeline(pipeline: ChainableCommander): Promise<unknown[]> {
+  const replies = await pipeline.exec();
+  if (!replies) throw new Error('Redis pipeline was discarded');
+  return replies.map(([error, value]) => {
+    if (error) throw error;
+    return value;
+  });
+}
+
+/** Items by the group (hash tag) they belong to, each group's in their order, groups in first-seen order. */
+export function byGroup<T>(items: readonly T[], groupOf: (item: T) => number): Map<number, T[]> {
+  const groups = new Map<number, T[]>();
+  for (const item of items) {
+    const g = groupOf(item);
+    const list = groups.get(g);
+    if (list) list.push(item);
+    else groups.set(g, [item]);
+  }
+  return groups;
 }
 
 /**

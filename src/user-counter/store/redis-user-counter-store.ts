@@ -1,6 +1,12 @@
 import type { ChainableCommander, Redis } from 'ioredis';
 import { decodeSnapshot, encodeSnapshot } from '../../counter/snapshot.js';
-import { defineScript } from '../../platform/kv/redis-kv.js';
+import {
+  bufferVariant,
+  byGroup,
+  defineScript,
+  execPipeline,
+  type ScriptCall,
+} from '../../platform/kv/redis-kv.js';
 import { fromLayout, toLayout, type UserCounterDelta, type UserCounts } from '../model.js';
 import { eventRuns, type EventRun } from './runs.js';
 import {
@@ -123,40 +129,12 @@ const CMD = {
   inspect: 'zgUserCounterInspect',
 } as const;
 
-type ScriptCall = (...args: (string | number | Buffer)[]) => Promise<unknown>;
 type ScriptPipeline = ChainableCommander &
   Record<(typeof CMD)['apply'], (...args: (string | number)[]) => ChainableCommander>;
-
-async function exec(pipeline: ChainableCommander): Promise<unknown[]> {
-  const replies = await pipeline.exec();
-  if (!replies) throw new Error('Redis pipeline was discarded');
-  return replies.map(([error, value]) => {
-    if (error) throw error;
-    return value;
-  });
-}
-
-/** The `…Buffer` twin ioredis defines with every script: bulk replies arrive as Buffers. */
-function bufferVariant(redis: Redis, name: string): ScriptCall {
-  const fn = (redis as unknown as Record<string, ScriptCall>)[`${name}Buffer`];
-  if (!fn) throw new Error(`script ${name} is not defined`);
-  return fn.bind(redis);
-}
 
 function decode(raw: Buffer | null | undefined): UserCounts | null {
   const counts = decodeSnapshot(raw);
   return counts ? fromLayout(counts) : null;
-}
-
-function byGroup<T>(items: readonly T[], groupOf: (item: T) => number): Map<number, T[]> {
-  const groups = new Map<number, T[]>();
-  for (const item of items) {
-    const g = groupOf(item);
-    const list = groups.get(g);
-    if (list) list.push(item);
-    else groups.set(g, [item]);
-  }
-  return groups;
 }
 
 /**
@@ -223,7 +201,7 @@ export class RedisUserCounterStore implements UserCounterStore {
     for (const [group, list] of indexes) {
       pipeline.hmgetBuffer(this.groupKey('s', group), ...list.map((i) => String(userIds[i])));
     }
-    const replies = (await exec(pipeline)) as (Buffer | null)[][];
+    const replies = (await execPipeline(pipeline)) as (Buffer | null)[][];
     const out = new Array<UserCounts | null>(userIds.length).fill(null);
     let r = 0;
     for (const list of indexes.values()) {
@@ -248,7 +226,7 @@ export class RedisUserCounterStore implements UserCounterStore {
     }
     let applied = 0;
     let skipped = repeats;
-    for (const reply of (await exec(pipeline)) as [number, number][]) {
+    for (const reply of (await execPipeline(pipeline)) as [number, number][]) {
       applied += reply[0];
       skipped += reply[1];
     }
@@ -296,7 +274,7 @@ export class RedisUserCounterStore implements UserCounterStore {
     for (const [group, list] of byGroup(userIds, (id) => this.groupOf(id))) {
       pipeline.hdel(this.groupKey('s', group), ...list.map(String));
     }
-    await exec(pipeline);
+    await execPipeline(pipeline);
   }
 
   async writeRawSnapshot(userId: number, bytes: Buffer | null): Promise<void> {
