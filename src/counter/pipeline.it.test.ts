@@ -986,9 +986,10 @@ describe.each<Profile>(['embedded', 'cluster'])('counter pipeline (%s profile)',
     const side = rig.separateStore({ topic: 'counter-events-side' });
     const store = side.store;
     const fast = rig.publisherOn(rig.events, store);
+    // Far longer than a fetch's and a batch's wait, so the late half lands in later batches.
     const delayed: EventLog = intercept(rig.events, {
       publish: async (topic: string, records: { key: string; value: string }[]) => {
-        await sleep(150);
+        await sleep(500);
         return rig.events.publish(topic, records);
       },
     });
