@@ -6,8 +6,10 @@
  *
  *   npx tsx bench/split.ts                      # like, then the bare route
  *   SPLIT_MIX=like,counts,feed,feedu,detail SPLIT_SECONDS=10 npx tsx bench/split.ts
- *   SPLIT_CPU_PROF=/tmp/prof npx tsx bench/split.ts   # V8 CPU profile of the API process
+ *   SPLIT_CPU_PROF=/tmp/prof SPLIT_BASELINE=0 npx tsx bench/split.ts   # V8 CPU profile of the API
+ *                                               # process, without the bare route
  *   SPLIT_SERVER_ENV='ZG_POST_CACHE_MS=5000' npx tsx bench/split.ts   # other server settings
+ *   SPLIT_MIX=follow npx tsx bench/split.ts     # follow/unfollow among 200 phone sign-ups
  *
  * Needs what `npm run bench` needs (Redis, MariaDB, the Kafka broker of scripts/kafka-broker.sh, the
  * S3 test server); cleans up everything it created.
@@ -24,6 +26,7 @@ import {
   SERVICE_NAMES,
   singleCountsMix,
 } from './load.js';
+import { followMix, RELATION_BENCH_ENV, signUpPhoneUsers } from './relations.js';
 import {
   Cleanups,
   createClusterStack,
@@ -43,7 +46,8 @@ try {
       .filter((kv) => kv.includes('='))
       .map((kv) => [kv.slice(0, kv.indexOf('=')), kv.slice(kv.indexOf('=') + 1)]),
   );
-  const stack = await createClusterStack(cleanups, serverEnv);
+  const follows = mixNames.includes('follow');
+  const stack = await createClusterStack(cleanups, follows ? { ...RELATION_BENCH_ENV, ...serverEnv } : serverEnv);
   const api = await spawnServer(stack.env, 'api', stack.inbox, cleanups, process.env.SPLIT_CPU_PROF);
   const worker = await spawnServer(stack.env, 'worker', stack.inbox, cleanups);
   const users = await signUpUsers(api.baseUrl, stack.inbox, 20);
@@ -57,12 +61,14 @@ try {
     detail: detailMix(posts),
     healthz,
   };
+  if (follows) mixes.follow = followMix(await signUpPhoneUsers(api.baseUrl, stack.inbox, 200));
   for (const name of mixNames) if (!mixes[name]) throw new Error(`unknown mix ${name}`);
   await fire({ url: api.baseUrl, connections: 50, seconds: 2, requests: healthz });
   console.log(
     'mix       req/s   API µs/req  worker µs/req  ' + SERVICE_NAMES.map((n) => `${n} µs/req`).join('  '),
   );
-  for (const name of [...mixNames, 'healthz']) {
+  // SPLIT_BASELINE=0 leaves the bare route out (a CPU profile then shows the mixes alone).
+  for (const name of process.env.SPLIT_BASELINE === '0' ? mixNames : [...mixNames, 'healthz']) {
     const before = { api: cpuMark([api.pid]), worker: cpuMark([worker.pid]) };
     const r = await fire({ url: api.baseUrl, connections: 50, seconds, requests: mixes[name]! });
     const a = cpuBetween(before.api, cpuMark([api.pid]));

@@ -264,6 +264,116 @@ describe.each<Dialect>(['sqlite', 'mariadb'])('relations on %s', (dialect) => {
     expect((await rig.drain()).map((e) => e.type)).toEqual(['follow', 'unfollow']);
   });
 
+  it('commits changes requested together in one transaction, each answered as if it ran alone', async () => {
+    const users = await Promise.all(Array.from({ length: 8 }, () => rig.newUser()));
+    const [a, b, c, d, e, f, g, h] = users as [
+      number,
+      number,
+      number,
+      number,
+      number,
+      number,
+      number,
+      number,
+    ];
+    await rig.repo.follow(a, b, 1);
+    await rig.repo.follow(c, d, 2);
+    await rig.drain();
+    let transactions = 0;
+    const counting: Db = {
+      ...rig.db,
+      kysely: new Proxy(rig.db.kysely, {
+        get(target, prop) {
+          const value: unknown = Reflect.get(target, prop);
+          if (prop === 'transaction') transactions += 1;
+          return typeof value === 'function' ? (value as (...a: unknown[]) => unknown).bind(target) : value;
+        },
+      }),
+    };
+    const repo = new RelationRepository(counting, new OutboxWriter());
+    const results = await Promise.all([
+      repo.follow(e, f, 10), // alone: the batch behind it gathers the rest
+      repo.follow(a, b, 11), // already following
+      repo.unfollow(c, d, 12), // a real unfollow
+      repo.unfollow(g, h, 13), // nothing to undo
+      repo.follow(g, h, 14), // a real follow
+      repo.follow(g, h, 15), // the same pair again: next batch, already following
+      repo.unfollow(a, b, 16),
+    ]);
+    expect(results.map((r) => (r === null ? null : r.type))).toEqual([
+      'follow',
+      null,
+      'unfollow',
+      null,
+      'follow',
+      null,
+      'unfollow',
+    ]);
+    // [e→f] alone; then [a→b, c→d, g→h unfollow]; [g→h follow, a→b unfollow]; [g→h follow]: a
+    // pair's second change waits for the next batch.
+    expect(transactions).toBe(4);
+    const events = await rig.drain();
+    expect(events.map((ev) => [ev.type, ev.fromUserId, ev.toUserId, ev.ts])).toEqual([
+      ['follow', e, f, 10],
+      ['unfollow', c, d, 12],
+      ['follow', g, h, 14],
+      ['unfollow', a, b, 16],
+    ]);
+    const rows = await rig.db.kysely
+      .selectFrom('following')
+      .select(['from_user_id', 'to_user_id', 'created_at'])
+      .where('from_user_id', 'in', users)
+      .orderBy('created_at')
+      .execute();
+    expect(rows.map((r) => [Number(r.from_user_id), Number(r.to_user_id), Number(r.created_at)])).toEqual([
+      [e, f, 10],
+      [g, h, 14],
+    ]);
+    const marks = await rig.db.kysely.selectFrom('relation_unapplied').select('event_id').execute();
+    expect(marks.map((m) => m.event_id)).toEqual(expect.arrayContaining(events.map((ev) => ev.eventId)));
+  });
+
+  it('keeps every answer true to the table when processes change the same pairs at once', async () => {
+    const users = await Promise.all(Array.from({ length: 6 }, () => rig.newUser()));
+    const pairs = users.flatMap((x) => users.filter((y) => y !== x).map((y) => [x, y] as const));
+    const processes = [0, 1, 2].map(() => new RelationRepository(rig.db, new OutboxWriter()));
+    const answered = new Map<string, number>();
+    for (let round = 0; round < 6; round++) {
+      const results = await Promise.all(
+        processes.flatMap((repo) =>
+          pairs.map(async ([x, y]) => {
+            const event =
+              Math.random() < 0.5 ? await repo.follow(x, y, round) : await repo.unfollow(x, y, round);
+            if (event) answered.set(`${x}:${y}`, (answered.get(`${x}:${y}`) ?? 0) + 1);
+            return event;
+          }),
+        ),
+      );
+      expect(results.length).toBe(3 * pairs.length);
+    }
+    const events = await rig.drain();
+    const byPair = new Map<string, string[]>();
+    for (const ev of events) {
+      const key = `${ev.fromUserId}:${ev.toUserId}`;
+      byPair.set(key, [...(byPair.get(key) ?? []), ev.type]);
+    }
+    const rows = await rig.db.kysely
+      .selectFrom('following')
+      .select(['from_user_id', 'to_user_id'])
+      .where('from_user_id', 'in', users)
+      .execute();
+    const present = new Set(rows.map((r) => `${Number(r.from_user_id)}:${Number(r.to_user_id)}`));
+    for (const [x, y] of pairs) {
+      const key = `${x}:${y}`;
+      const types = byPair.get(key) ?? [];
+      // Every change answered true has its event, and the events of a pair alternate from "not
+      // following" to the state the table ends in.
+      expect(types.length, key).toBe(answered.get(key) ?? 0);
+      types.forEach((t, i) => expect(t, `${key} #${i}`).toBe(i % 2 === 0 ? 'follow' : 'unfollow'));
+      expect(present.has(key), key).toBe(types.length % 2 === 1);
+    }
+  });
+
   it('rejects following yourself, unknown users and too many changes', async () => {
     const [a, b] = [await rig.newUser(), await rig.newUser()];
     await expectError(sut.follow(a, a), 400, 'BAD_REQUEST');

@@ -3,6 +3,7 @@ import type { Db } from '../platform/db/database.js';
 import type { Database } from '../platform/db/schema.js';
 import { sampleUserIds, userIdsAfter } from '../profile/users.repository.js';
 import type { OutboxWriter } from '../platform/outbox/outbox.js';
+import { GroupCommit } from '../platform/db/group-commit.js';
 import {
   relationEvent,
   relationEventMessage,
@@ -10,6 +11,7 @@ import {
   type ListKind,
   type ListPosition,
   type RelationEvent,
+  type RelationEventType,
 } from './model.js';
 
 /** A pair of users: `from` follows (or followed) `to`. */
@@ -26,6 +28,29 @@ export interface PairSync extends Pair {
 
 // Far below both dialects' limits on bound parameters per statement.
 const CHUNK = 400;
+/** Most follow/unfollow changes committed in one transaction (five parameters a row at most). */
+const MAX_BATCH = 200;
+/** Tries of one batch that lost a race for one of its pairs or a deadlock. */
+const MAX_ATTEMPTS = 5;
+
+/** A requested change of one pair. */
+interface RelationChange extends Pair {
+  type: RelationEventType;
+  ts: number;
+}
+
+/** A batch's writes did not find the rows its read found: another process changed one of the pairs. */
+class PairsMoved extends Error {
+  constructor() {
+    super('a pair changed between the batch read and its write');
+  }
+}
+
+/** MariaDB/MySQL picked the transaction as a deadlock victim and rolled it back. */
+function isDeadlock(err: unknown): boolean {
+  const e = err as { code?: unknown; errno?: unknown };
+  return e.code === 'ER_LOCK_DEADLOCK' || e.errno === 1213;
+}
 
 /** Columns of one list: the table, the owner column and the other user's column. */
 const LISTS = {
@@ -44,54 +69,150 @@ const pairKey = (p: Pair) => `${p.fromUserId}:${p.toUserId}`;
  * is what tells a real change from a repeated request.
  */
 export class RelationRepository {
+  private readonly changes: GroupCommit<RelationChange, RelationEvent | null>;
+
   constructor(
     private readonly db: Db,
     private readonly outbox: OutboxWriter,
-  ) {}
+  ) {
+    this.changes = new GroupCommit<RelationChange, RelationEvent | null>((batch) => this.commit(batch), {
+      maxBatch: MAX_BATCH,
+      key: pairKey,
+    });
+  }
 
   /**
    * Inserts the `following` row and, only when it was not there, the outbox row of the change, in
-   * one transaction. Of concurrent identical follows exactly one sees an inserted row.
+   * one transaction (shared with the changes submitted meanwhile: see `commit`). Of concurrent
+   * identical follows exactly one sees an inserted row.
    */
-  async follow(fromUserId: number, toUserId: number, now: number): Promise<RelationEvent | null> {
-    return this.db.kysely.transaction().execute(async (trx) => {
-      const result = await trx
-        .insertInto('following')
-        .orIgnore()
-        .values({ from_user_id: fromUserId, to_user_id: toUserId, created_at: now })
-        .executeTakeFirst();
-      if (Number(result.numInsertedOrUpdatedRows ?? 0n) !== 1) return null;
-      return this.record(trx, relationEvent('follow', fromUserId, toUserId, now));
-    });
+  follow(fromUserId: number, toUserId: number, now: number): Promise<RelationEvent | null> {
+    return this.changes.submit({ type: 'follow', fromUserId, toUserId, ts: now });
   }
 
   /** Deletes the `following` row and, only when one was deleted, appends the outbox row. */
-  async unfollow(fromUserId: number, toUserId: number, now: number): Promise<RelationEvent | null> {
-    return this.db.kysely.transaction().execute(async (trx) => {
-      const result = await trx
-        .deleteFrom('following')
-        .where('from_user_id', '=', fromUserId)
-        .where('to_user_id', '=', toUserId)
-        .executeTakeFirst();
-      if (Number(result.numDeletedRows) !== 1) return null;
-      return this.record(trx, relationEvent('unfollow', fromUserId, toUserId, now));
-    });
+  unfollow(fromUserId: number, toUserId: number, now: number): Promise<RelationEvent | null> {
+    return this.changes.submit({ type: 'unfollow', fromUserId, toUserId, ts: now });
   }
 
-  /** The event of a change, in the change's transaction: its outbox row and its unapplied mark. */
-  private async record(trx: Transaction<Database>, event: RelationEvent): Promise<RelationEvent> {
-    await trx
-      .insertInto('relation_unapplied')
-      .values({
-        event_id: event.eventId,
-        from_user_id: event.fromUserId,
-        to_user_id: event.toUserId,
-        delta: event.type === 'follow' ? 1 : -1,
-        created_at: event.ts,
-      })
-      .execute();
-    await this.outbox.append(trx, relationEventMessage(event));
-    return event;
+  /**
+   * Commits a batch of changes of distinct pairs in one transaction (group commit: the changes
+   * requested while the previous batch was committing). A lone change is one statement that says
+   * by its row count whether it changed anything. A batch reads the pairs' rows first and writes
+   * only the real changes, with multi-row statements; the row counts of those writes must then
+   * match what was read, or another process changed one of the pairs in between: the transaction
+   * rolls back and the batch is tried again on fresh reads. So is a batch chosen as a deadlock
+   * victim.
+   */
+  private async commit(changes: RelationChange[]): Promise<(RelationEvent | null)[]> {
+    for (let attempt = 1; ; attempt++) {
+      try {
+        return await this.db.kysely
+          .transaction()
+          .execute((trx) =>
+            changes.length === 1 ? this.commitOne(trx, changes[0]!) : this.commitMany(trx, changes),
+          );
+      } catch (err) {
+        if (attempt >= MAX_ATTEMPTS || !(err instanceof PairsMoved || isDeadlock(err))) throw err;
+      }
+    }
+  }
+
+  private async commitOne(trx: Transaction<Database>, c: RelationChange): Promise<(RelationEvent | null)[]> {
+    const changed =
+      c.type === 'follow'
+        ? (
+            await trx
+              .insertInto('following')
+              .orIgnore()
+              .values({ from_user_id: c.fromUserId, to_user_id: c.toUserId, created_at: c.ts })
+              .executeTakeFirst()
+          ).numInsertedOrUpdatedRows
+        : (
+            await trx
+              .deleteFrom('following')
+              .where('from_user_id', '=', c.fromUserId)
+              .where('to_user_id', '=', c.toUserId)
+              .executeTakeFirst()
+          ).numDeletedRows;
+    if (Number(changed ?? 0n) !== 1) return [null];
+    const event = relationEvent(c.type, c.fromUserId, c.toUserId, c.ts);
+    await this.record(trx, [event]);
+    return [event];
+  }
+
+  private async commitMany(
+    trx: Transaction<Database>,
+    changes: RelationChange[],
+  ): Promise<(RelationEvent | null)[]> {
+    const present = new Set(
+      (
+        await trx
+          .selectFrom('following')
+          .select(['from_user_id', 'to_user_id'])
+          .where((eb) =>
+            eb(
+              eb.refTuple('from_user_id', 'to_user_id'),
+              'in',
+              changes.map((c) => eb.tuple(c.fromUserId, c.toUserId)),
+            ),
+          )
+          .execute()
+      ).map((r) => pairKey(toPair(r))),
+    );
+    const follows = changes.filter((c) => c.type === 'follow' && !present.has(pairKey(c)));
+    const unfollows = changes.filter((c) => c.type === 'unfollow' && present.has(pairKey(c)));
+    if (follows.length > 0) {
+      const inserted = await trx
+        .insertInto('following')
+        .orIgnore()
+        .values(
+          follows.map((c) => ({ from_user_id: c.fromUserId, to_user_id: c.toUserId, created_at: c.ts })),
+        )
+        .executeTakeFirst();
+      if (Number(inserted.numInsertedOrUpdatedRows ?? 0n) !== follows.length) throw new PairsMoved();
+    }
+    if (unfollows.length > 0) {
+      const deleted = await trx
+        .deleteFrom('following')
+        .where((eb) =>
+          eb(
+            eb.refTuple('from_user_id', 'to_user_id'),
+            'in',
+            unfollows.map((c) => eb.tuple(c.fromUserId, c.toUserId)),
+          ),
+        )
+        .executeTakeFirst();
+      if (Number(deleted.numDeletedRows) !== unfollows.length) throw new PairsMoved();
+    }
+    const changed = new Set([...follows, ...unfollows]);
+    const events = changes.map((c) =>
+      changed.has(c) ? relationEvent(c.type, c.fromUserId, c.toUserId, c.ts) : null,
+    );
+    await this.record(
+      trx,
+      events.filter((e): e is RelationEvent => e !== null),
+    );
+    return events;
+  }
+
+  /** The events of changes, in the changes' transaction: their outbox rows and unapplied marks. */
+  private async record(trx: Transaction<Database>, events: RelationEvent[]): Promise<void> {
+    if (events.length > 0) {
+      await trx
+        .insertInto('relation_unapplied')
+        .values(
+          events.map((event) => ({
+            event_id: event.eventId,
+            from_user_id: event.fromUserId,
+            to_user_id: event.toUserId,
+            delta: event.type === 'follow' ? 1 : -1,
+            created_at: event.ts,
+          })),
+        )
+        .execute();
+      await this.outbox.append(trx, events.map(relationEventMessage));
+    }
   }
 
   /** Forgets the unapplied marks of events whose counter deltas are now in the user-counter store. */

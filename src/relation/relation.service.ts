@@ -111,6 +111,11 @@ export class RelationService {
    */
   private readonly firstPageLoads = new Map<string, { generation: number; loads: number }>();
   private readonly unsubscribe: () => void;
+  /**
+   * Users known to exist (accounts are never deleted, so a found user stays found): a follow of a
+   * known user skips the lookup. Only hits are kept; an unknown id is looked up every time.
+   */
+  private readonly knownUsers: LruCache<true>;
 
   constructor(private readonly deps: RelationServiceDeps) {
     this.repo = deps.repo;
@@ -125,6 +130,7 @@ export class RelationService {
       ttlMs: deps.limits.firstPageTtlMs,
       now: this.now,
     });
+    this.knownUsers = new LruCache<true>({ maxEntries: 100_000, ttlMs: 3_600_000, now: this.now });
     this.unsubscribe = deps.bus.subscribe(FIRST_PAGE_SCOPE, (keys) => {
       for (const key of keys) {
         this.firstPages.delete(key);
@@ -185,7 +191,7 @@ export class RelationService {
     if (toUserId === me) throw new BadRequestError(`query.toUserId: you cannot ${action} yourself`);
     const [decision, target] = await Promise.allSettled([
       this.deps.limiter.hit(`relation:change:${me}`, this.limits.changesPerMinute, 60_000),
-      this.users.findById(toUserId),
+      this.userExists(toUserId),
     ]);
     if (decision.status === 'rejected') throw decision.reason;
     if (!decision.value.allowed) {
@@ -196,6 +202,14 @@ export class RelationService {
     }
     if (target.status === 'rejected') throw target.reason;
     if (!target.value) throw new NotFoundError('No such user');
+  }
+
+  private async userExists(id: number): Promise<boolean> {
+    const key = String(id);
+    if (this.knownUsers.get(key)) return true;
+    const found = (await this.users.findById(id)) !== undefined;
+    if (found) this.knownUsers.set(key, true);
+    return found;
   }
 
   /**

@@ -1,0 +1,106 @@
+import { describe, expect, it } from 'vitest';
+import { GroupCommit } from './group-commit.js';
+
+interface Item {
+  key: string;
+  value: number;
+}
+
+/** A runner that records its batches and can be held open or made to fail. */
+function recorder(fail: (items: Item[]) => boolean = () => false) {
+  const batches: Item[][] = [];
+  let release: (() => void) | null = null;
+  let hold = false;
+  const run = async (items: Item[]): Promise<number[]> => {
+    batches.push(items);
+    if (hold) await new Promise<void>((r) => (release = r));
+    if (fail(items)) throw new Error(`failed ${items.map((i) => i.value).join(',')}`);
+    return items.map((i) => i.value * 10);
+  };
+  return {
+    batches,
+    run,
+    holdNext: () => (hold = true),
+    release: () => {
+      hold = false;
+      release?.();
+    },
+  };
+}
+
+const item = (key: string, value: number): Item => ({ key, value });
+
+describe('GroupCommit', () => {
+  it('runs a lone item at once, alone', async () => {
+    const r = recorder();
+    const gc = new GroupCommit(r.run, { maxBatch: 10, key: (i) => i.key });
+    expect(await gc.submit(item('a', 1))).toBe(10);
+    expect(r.batches).toEqual([[item('a', 1)]]);
+  });
+
+  it('groups what arrives while a batch runs into the next batch, each with its own result', async () => {
+    const r = recorder();
+    const gc = new GroupCommit(r.run, { maxBatch: 10, key: (i) => i.key });
+    r.holdNext();
+    const first = gc.submit(item('a', 1));
+    const later = [gc.submit(item('b', 2)), gc.submit(item('c', 3)), gc.submit(item('d', 4))];
+    expect(gc.waiting).toBe(3);
+    r.release();
+    expect(await first).toBe(10);
+    expect(await Promise.all(later)).toEqual([20, 30, 40]);
+    expect(r.batches.map((b) => b.map((i) => i.value))).toEqual([[1], [2, 3, 4]]);
+  });
+
+  it('never puts two items with one key in a batch, and keeps their order', async () => {
+    const r = recorder();
+    const gc = new GroupCommit(r.run, { maxBatch: 10, key: (i) => i.key });
+    r.holdNext();
+    const all = [
+      gc.submit(item('x', 0)),
+      gc.submit(item('a', 1)),
+      gc.submit(item('a', 2)),
+      gc.submit(item('b', 3)),
+      gc.submit(item('a', 4)),
+      gc.submit(item('c', 5)),
+    ];
+    r.release();
+    await Promise.all(all);
+    expect(r.batches.map((b) => b.map((i) => i.value))).toEqual([[0], [1, 3, 5], [2], [4]]);
+  });
+
+  it('bounds the batch size', async () => {
+    const r = recorder();
+    const gc = new GroupCommit(r.run, { maxBatch: 2, key: (i) => i.key });
+    r.holdNext();
+    const all = [0, 1, 2, 3, 4].map((v) => gc.submit(item(`k${v}`, v)));
+    r.release();
+    await Promise.all(all);
+    expect(r.batches.map((b) => b.length)).toEqual([1, 2, 2]);
+  });
+
+  it('runs the items of a failed batch again alone, so only the bad one fails', async () => {
+    const r = recorder((items) => items.some((i) => i.value === 3));
+    const gc = new GroupCommit(r.run, { maxBatch: 10, key: (i) => i.key });
+    r.holdNext();
+    const first = gc.submit(item('a', 1));
+    const rest = [2, 3, 4].map((v) => gc.submit(item(`k${v}`, v)));
+    r.release();
+    await first;
+    const settled = await Promise.allSettled(rest);
+    expect(settled.map((s) => s.status)).toEqual(['fulfilled', 'rejected', 'fulfilled']);
+    expect((settled[1] as PromiseRejectedResult).reason).toBeInstanceOf(Error);
+    expect(r.batches.map((b) => b.map((i) => i.value))).toEqual([[1], [2, 3, 4], [2], [3], [4]]);
+  });
+
+  it('keeps going after a failure', async () => {
+    const r = recorder((items) => items[0]!.value === 1);
+    const gc = new GroupCommit(r.run, { maxBatch: 10, key: (i) => i.key });
+    await expect(gc.submit(item('a', 1))).rejects.toThrow('failed 1');
+    expect(await gc.submit(item('a', 2))).toBe(20);
+  });
+
+  it('rejects a runner that answers with the wrong number of results', async () => {
+    const gc = new GroupCommit<Item, number>(async () => [], { maxBatch: 10, key: (i) => i.key });
+    await expect(gc.submit(item('a', 1))).rejects.toThrow('0 results for 1 items');
+  });
+});
