@@ -47,7 +47,10 @@ try {
       .map((kv) => [kv.slice(0, kv.indexOf('=')), kv.slice(kv.indexOf('=') + 1)]),
   );
   const follows = mixNames.includes('follow');
-  const stack = await createClusterStack(cleanups, follows ? { ...RELATION_BENCH_ENV, ...serverEnv } : serverEnv);
+  const stack = await createClusterStack(
+    cleanups,
+    follows ? { ...RELATION_BENCH_ENV, ...serverEnv } : serverEnv,
+  );
   const api = await spawnServer(stack.env, 'api', stack.inbox, cleanups, process.env.SPLIT_CPU_PROF);
   const worker = await spawnServer(stack.env, 'worker', stack.inbox, cleanups);
   const users = await signUpUsers(api.baseUrl, stack.inbox, 20);
