@@ -1,9 +1,10 @@
 import type { FastifyInstance } from 'fastify';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import type { AuthGuards } from '../auth/auth.guard.js';
-import { errorResponses } from '../platform/http/schemas.js';
+import { errorResponses, sendJsonBytes } from '../platform/http/schemas.js';
 import { DetailParams, KnowPostDetailResponse } from './detail.schema.js';
 import type { DetailService } from './detail.service.js';
+import { detailResponseBytes } from './read-answers.js';
 
 export function detailRoutes(deps: { details: DetailService; guards: AuthGuards }) {
   return async (root: FastifyInstance): Promise<void> => {
@@ -21,7 +22,13 @@ export function detailRoutes(deps: { details: DetailService; guards: AuthGuards 
           response: { 200: KnowPostDetailResponse, ...errorResponses(400, 401, 404) },
         },
       },
-      async (request) => deps.details.detail(request.params.id, request.principal?.userId ?? null),
+      async (request, reply) =>
+        sendJsonBytes(
+          reply,
+          detailResponseBytes(
+            await deps.details.detail(request.params.id, request.principal?.userId ?? null),
+          ),
+        ),
     );
   };
 }

@@ -1,8 +1,8 @@
 import { NotFoundError } from '../platform/errors/errors.js';
-import type { KnowPostDetailResponse } from './detail.schema.js';
-import { refOf, type PostInteractions } from './feed.service.js';
+import { NO_FLAGS, refOf, type PostInteractions } from './feed.service.js';
 import type { PostCache } from './post-cache.js';
 import { mayRead } from './post-read.model.js';
+import type { Detail } from './read-answers.js';
 
 /** Where a successful detail read reports its view (buffered, see `ViewRecorder`). */
 export interface ViewSink {
@@ -21,7 +21,7 @@ export class DetailService {
     private readonly views: ViewSink,
   ) {}
 
-  async detail(id: string, viewerId: number | null): Promise<KnowPostDetailResponse> {
+  async detail(id: string, viewerId: number | null): Promise<Detail> {
     const post = await this.cache.post(id);
     if (!post || !mayRead(post, viewerId)) throw new NotFoundError('No such post');
     const ref = refOf(id);
@@ -30,28 +30,7 @@ export class DetailService {
       this.interactions.counts([ref]),
       viewerId === null ? Promise.resolve([]) : this.interactions.flags(viewerId, [ref]),
     ]);
-    const author = authors.get(post.authorId);
-    const response: KnowPostDetailResponse = {
-      id: post.id,
-      title: post.title,
-      description: post.description,
-      contentUrl: post.contentUrl,
-      images: post.images,
-      tags: post.tags,
-      authorId: String(post.authorId),
-      authorAvatar: author?.avatar ?? null,
-      authorNickname: author?.nickname ?? null,
-      authorTagJson: author?.tagsJson ?? null,
-      likeCount: counts?.[1] ?? 0,
-      favoriteCount: counts?.[2] ?? 0,
-      liked: flags?.like ?? false,
-      faved: flags?.fav ?? false,
-      isTop: post.isTop,
-      visible: post.visible,
-      type: post.type,
-      publishTime: post.publishTime === null ? null : new Date(post.publishTime).toISOString(),
-    };
     this.views.record(id);
-    return response;
+    return { post, author: authors.get(post.authorId), counts, flags: flags ?? NO_FLAGS };
   }
 }

@@ -1,10 +1,16 @@
-import type { FastifyInstance } from 'fastify';
+import type { FastifyInstance, FastifyReply } from 'fastify';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import type { AuthGuards } from '../auth/auth.guard.js';
 import { principalOf } from '../auth/auth.guard.js';
-import { errorResponses } from '../platform/http/schemas.js';
+import { errorResponses, sendJsonBytes } from '../platform/http/schemas.js';
 import { clampSize, FeedPageResponse, PageQuery } from './feed.schema.js';
 import type { FeedService } from './feed.service.js';
+import { feedResponseBytes, type FeedPage } from './read-answers.js';
+
+/** Answers with the page's JSON bytes (`FeedPageResponse`; see read-answers.ts). */
+function sendPage(reply: FastifyReply, page: FeedPage): FastifyReply {
+  return sendJsonBytes(reply, feedResponseBytes(page));
+}
 
 export function feedRoutes(deps: { feeds: FeedService; guards: AuthGuards }) {
   return async (root: FastifyInstance): Promise<void> => {
@@ -23,11 +29,14 @@ export function feedRoutes(deps: { feeds: FeedService; guards: AuthGuards }) {
           response: { 200: FeedPageResponse, ...errorResponses(400, 401) },
         },
       },
-      async (request) =>
-        deps.feeds.feed(
-          request.query.page ?? 1,
-          clampSize(request.query.size),
-          request.principal?.userId ?? null,
+      async (request, reply) =>
+        sendPage(
+          reply,
+          await deps.feeds.feed(
+            request.query.page ?? 1,
+            clampSize(request.query.size),
+            request.principal?.userId ?? null,
+          ),
         ),
     );
 
@@ -43,8 +52,15 @@ export function feedRoutes(deps: { feeds: FeedService; guards: AuthGuards }) {
           response: { 200: FeedPageResponse, ...errorResponses(400, 401) },
         },
       },
-      async (request) =>
-        deps.feeds.mine(request.query.page ?? 1, clampSize(request.query.size), principalOf(request).userId),
+      async (request, reply) =>
+        sendPage(
+          reply,
+          await deps.feeds.mine(
+            request.query.page ?? 1,
+            clampSize(request.query.size),
+            principalOf(request).userId,
+          ),
+        ),
     );
   };
 }

@@ -30,6 +30,7 @@ import { migrate, openMysql, openSqlite, type Db } from '../platform/db/database
 import { NotFoundError } from '../platform/errors/errors.js';
 import { DetailService } from './detail.service.js';
 import { FeedService } from './feed.service.js';
+import { detailResponse, detailResponseBytes, feedResponse, feedResponseBytes } from './read-answers.js';
 import { PostCache, postCacheInvalidator, subscribePostCache } from './post-cache.js';
 import { PostUrlSigner } from './post-read.model.js';
 import { PostReadRepository } from './post-read.repository.js';
@@ -230,7 +231,10 @@ describe.each<Profile>(['embedded', 'cluster'])('reading posts against real stor
       const cold: Counts = {};
       const sharedTier = backend.shared();
       const first = apiProcess(cold, sharedTier);
-      const page = await first.feeds.feed(1, size, viewer);
+      const raw = await first.feeds.feed(1, size, viewer);
+      const page = feedResponse(raw);
+      // The bytes the route sends say the same as the JSON model.
+      expect(JSON.parse(feedResponseBytes(raw).toString('utf8'))).toEqual(page);
       expect(page.items).toHaveLength(size);
       expect(page.items[0]).toMatchObject({
         id: postId(POSTS - 1),
@@ -281,7 +285,7 @@ describe.each<Profile>(['embedded', 'cluster'])('reading posts against real stor
     const measure = async (size: number) => {
       const cold: Counts = {};
       const p = apiProcess(cold);
-      const page = await p.feeds.mine(1, size, author);
+      const page = feedResponse(await p.feeds.mine(1, size, author));
       expect(page.items).toHaveLength(size);
       const warm: Counts = {};
       const q = apiProcess(warm);
@@ -308,7 +312,10 @@ describe.each<Profile>(['embedded', 'cluster'])('reading posts against real stor
     const counts: Counts = {};
     const p = apiProcess(counts);
     const id = postId(3);
-    const detail = await p.details.detail(id, viewer);
+    const raw = await p.details.detail(id, viewer);
+    const detail = detailResponse(raw);
+    // The bytes the route sends say the same as the JSON model.
+    expect(JSON.parse(detailResponseBytes(raw).toString('utf8'))).toEqual(detail);
     expect(detail).toMatchObject({
       id,
       authorId: String(authors[0]),
@@ -344,8 +351,8 @@ describe.each<Profile>(['embedded', 'cluster'])('reading posts against real stor
     const id = postId(10);
     const author = authors[1]!;
     for (const p of [a, b]) {
-      expect((await p.details.detail(id, null)).visible).toBe('public');
-      expect((await p.feeds.feed(1, 50, null)).items.map((i) => i.id)).toContain(id);
+      expect((await p.details.detail(id, null)).post.visible).toBe('public');
+      expect(feedResponse(await p.feeds.feed(1, 50, null)).items.map((i) => i.id)).toContain(id);
     }
     await backend.db.kysely
       .updateTable('knowposts')
@@ -367,8 +374,8 @@ describe.each<Profile>(['embedded', 'cluster'])('reading posts against real stor
       await new Promise((r) => setTimeout(r, 10));
     }
     for (const p of [a, b]) {
-      expect((await p.feeds.feed(1, 50, null)).items.map((i) => i.id)).not.toContain(id);
-      expect((await p.details.detail(id, author)).visible).toBe('private');
+      expect(feedResponse(await p.feeds.feed(1, 50, null)).items.map((i) => i.id)).not.toContain(id);
+      expect((await p.details.detail(id, author)).post.visible).toBe('private');
     }
     // A third process, cold, must not find the old post in the shared tier either.
     await expect(apiProcess({}, sharedTier).details.detail(id, null)).rejects.toBeInstanceOf(NotFoundError);

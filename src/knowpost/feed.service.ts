@@ -2,7 +2,7 @@ import { ZERO_COUNTS, type Counts, type EntityRef } from '../counter/model.js';
 import type { Flags } from '../counter/store/counter-store.js';
 import { LruCache } from '../platform/cache/lru.js';
 import { SingleFlight } from '../platform/cache/single-flight.js';
-import type { FeedItemResponse, FeedPageResponse } from './feed.schema.js';
+import type { FeedEntry, FeedPage } from './read-answers.js';
 import type { PostCache } from './post-cache.js';
 import type { PostReadRepository } from './post-read.repository.js';
 import { isListed, type PostView } from './post-read.model.js';
@@ -17,7 +17,7 @@ export interface PostInteractions {
 
 export const refOf = (id: string): EntityRef => ({ etype: 'knowpost', eid: id });
 
-const NO_FLAGS: Flags = { like: false, fav: false };
+export const NO_FLAGS: Flags = { like: false, fav: false };
 
 /**
  * Counts through a cache in this process that lives `ttlMs` (a fraction of a second): counts are
@@ -73,7 +73,7 @@ export class FeedService {
   ) {}
 
   /** Published public posts, newest first; `liked`/`faved` filled for a signed-in viewer. */
-  async feed(page: number, size: number, viewerId: number | null): Promise<FeedPageResponse> {
+  async feed(page: number, size: number, viewerId: number | null): Promise<FeedPage> {
     const { ids, hasMore } = await this.cache.feedPage(page, size);
     const posts = await this.cache.postsById(ids);
     // Checked again on every hit: a page may be a moment older than a post's latest state.
@@ -81,21 +81,21 @@ export class FeedService {
       const post = posts.get(id);
       return post && isListed(post) ? [post] : [];
     });
-    return { items: await this.items(shown, viewerId), page, size, hasMore };
+    return { entries: await this.entries(shown, viewerId), page, size, hasMore };
   }
 
   /** The caller's published posts of any visibility, top ones first, then newest. */
-  async mine(page: number, size: number, userId: number): Promise<FeedPageResponse> {
+  async mine(page: number, size: number, userId: number): Promise<FeedPage> {
     const { ids, hasMore } = await this.repo.authorPage(userId, page, size);
     const posts = await this.cache.postsById(ids);
     const shown = ids.flatMap((id) => {
       const post = posts.get(id);
       return post && post.authorId === userId && post.status === 'published' ? [post] : [];
     });
-    return { items: await this.items(shown, userId), page, size, hasMore };
+    return { entries: await this.entries(shown, userId), page, size, hasMore };
   }
 
-  private async items(posts: readonly PostView[], viewerId: number | null): Promise<FeedItemResponse[]> {
+  private async entries(posts: readonly PostView[], viewerId: number | null): Promise<FeedEntry[]> {
     if (posts.length === 0) return [];
     const refs = posts.map((p) => refOf(p.id));
     const [authors, counts, flags] = await Promise.all([
@@ -103,25 +103,11 @@ export class FeedService {
       this.interactions.counts(refs),
       viewerId === null ? Promise.resolve([]) : this.interactions.flags(viewerId, refs),
     ]);
-    return posts.map((post, i) => {
-      const author = authors.get(post.authorId);
-      const c = counts[i];
-      const f = flags[i] ?? NO_FLAGS;
-      return {
-        id: post.id,
-        title: post.title,
-        description: post.description,
-        coverImage: post.images[0] ?? null,
-        tags: post.tags,
-        authorAvatar: author?.avatar ?? null,
-        authorNickname: author?.nickname ?? null,
-        tagJson: author?.tagsJson ?? null,
-        likeCount: c?.[1] ?? 0,
-        favoriteCount: c?.[2] ?? 0,
-        liked: f.like,
-        faved: f.fav,
-        isTop: post.isTop,
-      };
-    });
+    return posts.map((post, i) => ({
+      post,
+      author: authors.get(post.authorId),
+      counts: counts[i],
+      flags: flags[i] ?? NO_FLAGS,
+    }));
   }
 }

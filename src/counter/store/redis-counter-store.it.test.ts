@@ -188,6 +188,7 @@ describe('RedisCounterStore (cluster specifics)', () => {
     expect(new Set(refs.map((ref) => store.groupOf(ref))).size).toBe(3);
     expect(calls.length).toBeGreaterThanOrEqual(24 + 1 + 1 + 3 + 1 + 1 + 1 + 2 + 3);
     let unmarks = 0;
+    let flagCalls = 0;
     for (const args of calls) {
       const numKeys = Number(args[2]);
       const keys = args.slice(3, 3 + numKeys);
@@ -199,13 +200,22 @@ describe('RedisCounterStore (cluster specifics)', () => {
       const tags = new Set(keys.map(hashTag));
       expect({ keys, tags: [...tags].filter((t) => t !== undefined).length }).toEqual({ keys, tags: 1 });
       expect(tags.size).toBe(1);
+      const argv = args.slice(3 + numKeys);
+      if (argv[3] === prefix) {
+        // Flags: keys are built inside from the bare prefix and each entity's group, which must be
+        // the routing key's group for every entity.
+        flagCalls++;
+        for (let i = 5; i < argv.length; i += 2) expect(argv[i]).toBe(hashTag(keys[0]!));
+        continue;
+      }
       // Key-name prefixes passed for keys built inside the script carry the same tag.
-      for (const arg of args.slice(3 + numKeys)) {
+      for (const arg of argv) {
         if (arg.startsWith(prefix)) expect(hashTag(arg)).toBe(hashTag(keys[0]!));
       }
       expect(keys.every((k) => k.startsWith(prefix))).toBe(true);
     }
     expect(unmarks).toBeGreaterThan(0);
+    expect(flagCalls).toBe(3);
     const toggleKeys = calls[0]!.slice(3, 3 + Number(calls[0]![2]));
     expect(toggleKeys).toEqual([
       store.factKey(refs[0]!, 'fav', false),
