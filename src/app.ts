@@ -183,20 +183,28 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
       log.warn({ err }, 'post change not announced to every process; their caches expire on their own'),
     ),
   );
-  const interactions: PostInteractions = withCountsCache(
-    {
-      counts: (refs) => counters.snapshots(refs),
-      flags: (userId, refs) => platform.counterStore.flags(userId, refs),
-    },
-    { ttlMs: config.postReads.countsCacheMs, maxEntries: config.postReads.localCacheEntries, now },
-  );
+  const liveInteractions: PostInteractions = {
+    counts: (refs) => counters.snapshots(refs),
+    flags: (userId, refs) => platform.counterStore.flags(userId, refs),
+  };
+  const interactions = withCountsCache(liveInteractions, {
+    ttlMs: config.postReads.countsCacheMs,
+    maxEntries: config.postReads.localCacheEntries,
+    now,
+  });
   const viewMetrics = new ViewMetrics(metrics.registry);
   const views = new ViewRecorder(platform.events, viewMetrics, {
     maxItems: config.views.flushItems,
     flushMs: config.views.flushMs,
     onError: (err) => log.warn({ err }, 'views not published yet; will retry'),
   });
-  const feeds = new FeedService(postCache, postReads, interactions);
+  // Anonymous feed answers live as long as cached counts do, so counts show no later than elsewhere.
+  const feeds = new FeedService(postCache, postReads, interactions, {
+    ttlMs: config.postReads.countsCacheMs,
+    maxEntries: 1_000,
+    counts: (refs) => liveInteractions.counts(refs),
+    now,
+  });
   const details = new DetailService(postCache, interactions, views);
 
   const relationRepo = new RelationRepository(platform.db, new OutboxWriter(now));

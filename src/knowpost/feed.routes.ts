@@ -29,15 +29,13 @@ export function feedRoutes(deps: { feeds: FeedService; guards: AuthGuards }) {
           response: { 200: FeedPageResponse, ...errorResponses(400, 401) },
         },
       },
-      async (request, reply) =>
-        sendPage(
-          reply,
-          await deps.feeds.feed(
-            request.query.page ?? 1,
-            clampSize(request.query.size),
-            request.principal?.userId ?? null,
-          ),
-        ),
+      async (request, reply) => {
+        const page = request.query.page ?? 1;
+        const size = clampSize(request.query.size);
+        const viewer = request.principal?.userId ?? null;
+        if (viewer === null) return sendJsonBytes(reply, await deps.feeds.anonymousFeedBytes(page, size));
+        return sendPage(reply, await deps.feeds.feed(page, size, viewer));
+      },
     );
 
     app.get(

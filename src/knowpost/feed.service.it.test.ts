@@ -147,7 +147,12 @@ describe.each<Profile>(['embedded', 'cluster'])('reading posts against real stor
   let viewer: number;
 
   /** One API process: its own in-process caches, everything counted into `counts`. */
-  function apiProcess(counts: Counts, shared: SharedCache = backend.shared(), localTtlMs = 60_000) {
+  function apiProcess(
+    counts: Counts,
+    shared: SharedCache = backend.shared(),
+    localTtlMs = 60_000,
+    anonymous?: { ttlMs: number; now: () => number },
+  ) {
     const db: Db = { ...backend.db, kysely: backend.db.kysely.withPlugin(new CountingPlugin(counts)) };
     const repo = new PostReadRepository(db);
     const store = counting(backend.store, counts, 'store');
@@ -173,7 +178,12 @@ describe.each<Profile>(['embedded', 'cluster'])('reading posts against real stor
     return {
       cache,
       views,
-      feeds: new FeedService(cache, repo, interactions),
+      feeds: new FeedService(
+        cache,
+        repo,
+        interactions,
+        anonymous && { ...anonymous, maxEntries: 100, counts: (refs) => interactions.counts(refs) },
+      ),
       details: new DetailService(cache, interactions, { record: (id) => views.push(id) }),
     };
   }
@@ -306,6 +316,49 @@ describe.each<Profile>(['embedded', 'cluster'])('reading posts against real stor
     });
     // The page of ids is the author's own, read each time; posts and authors come from memory.
     expect(small.warm).toEqual({ db: 1, 'store.readSnapshots': 1, 'store.flags': 1 });
+  });
+
+  it('keeps an anonymous page’s answer for its ttl and drops it on any post change', async () => {
+    let now = 1_000;
+    const counts: Counts = {};
+    const p = apiProcess(counts, backend.shared(), 60_000, { ttlMs: 200, now: () => now });
+    const clear = () => {
+      for (const k of Object.keys(counts)) delete counts[k];
+    };
+    const first = await p.feeds.anonymousFeedBytes(1, 10);
+    expect(JSON.parse(first.toString('utf8'))).toEqual(feedResponse(await p.feeds.feed(1, 10, null)));
+    expect(JSON.parse(first.toString('utf8'))).toMatchObject({ page: 1, size: 10, hasMore: true });
+    clear();
+    // Within the ttl: the same bytes, no round trip at all; another page or size is its own.
+    now += 199;
+    expect(await p.feeds.anonymousFeedBytes(1, 10)).toBe(first);
+    expect(counts).toEqual({});
+    expect(await p.feeds.anonymousFeedBytes(1, 5)).not.toBe(first);
+    clear();
+    // Past it: written again, with counts read live.
+    now += 1;
+    const second = await p.feeds.anonymousFeedBytes(1, 10);
+    expect(second).not.toBe(first);
+    expect(counts).toEqual({ 'store.readSnapshots': 1 });
+    // A post change anywhere drops it at once.
+    p.cache.invalidateLocal([postId(1)]);
+    clear();
+    const third = await p.feeds.anonymousFeedBytes(1, 10);
+    expect(third).not.toBe(second);
+    expect(counts['store.readSnapshots']).toBe(1);
+    // Concurrent callers share one write.
+    now += 200;
+    clear();
+    const [x, y] = await Promise.all([p.feeds.anonymousFeedBytes(1, 10), p.feeds.anonymousFeedBytes(1, 10)]);
+    expect(x).toBe(y);
+    expect(counts['store.readSnapshots']).toBe(1);
+    // A write that spans a change is served to its callers but not kept, nor joined by later ones.
+    now += 200;
+    const spanning = p.feeds.anonymousFeedBytes(1, 10);
+    p.cache.invalidateLocal([postId(2)]);
+    const after = p.feeds.anonymousFeedBytes(1, 10);
+    expect(await after).not.toBe(await spanning);
+    expect(await p.feeds.anonymousFeedBytes(1, 10)).toBe(await after);
   });
 
   it('reads a detail in a fixed number of round trips and records its view', async () => {

@@ -78,6 +78,7 @@ export class PostCache {
   private readonly authorFlights = new SingleFlight<AuthorRow>();
   private readonly repo: PostReadRepository;
   private readonly signer: PostUrlSigner;
+  private generation = 0;
 
   constructor(options: PostCacheOptions) {
     this.repo = options.repo;
@@ -163,6 +164,7 @@ export class PostCache {
   invalidateLocal(ids: readonly string[]): void {
     this.posts.invalidateLocal(ids.map(postKey));
     this.pages.invalidateLocal([FEED_GUARD]);
+    this.generation += 1;
   }
 
   /** Drops everything this process holds (after it may have missed announcements). */
@@ -170,6 +172,15 @@ export class PostCache {
     this.posts.clearLocal();
     this.pages.clearLocal();
     this.authorCache.clear();
+    this.generation += 1;
+  }
+
+  /**
+   * Changes with every local invalidation: whatever was made from this cache's contents under an
+   * older value may show a post as it no longer is.
+   */
+  get localGeneration(): number {
+    return this.generation;
   }
 
   /** The same in the shared tier, for every process (one round trip). */
