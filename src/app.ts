@@ -39,7 +39,7 @@ import { postRoutes, presignRoutes } from './knowpost/post.routes.js';
 import { PostService } from './knowpost/post.service.js';
 import { DetailService } from './knowpost/detail.service.js';
 import { detailRoutes } from './knowpost/detail.routes.js';
-import { FeedService, withCountsCache, type PostInteractions } from './knowpost/feed.service.js';
+import { FeedService, type PostInteractions } from './knowpost/feed.service.js';
 import { feedRoutes } from './knowpost/feed.routes.js';
 import {
   PostCache,
@@ -138,7 +138,10 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
       log.warn({ err, events: n }, 'counter events not published yet; will retry, then repair from facts');
     },
   });
-  const counters = new CounterService(platform.counterStore, directory, publisher, counterMetrics, now);
+  const counters = new CounterService(platform.counterStore, directory, publisher, counterMetrics, now, {
+    ttlMs: config.postReads.countsCacheMs,
+    maxEntries: config.postReads.localCacheEntries,
+  });
 
   // Told after every committed post change (this process only); caches of posts add themselves here.
   const postListeners: PostChangeListener[] = [
@@ -183,15 +186,10 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
       log.warn({ err }, 'post change not announced to every process; their caches expire on their own'),
     ),
   );
-  const liveInteractions: PostInteractions = {
-    counts: (refs) => counters.snapshots(refs),
+  const interactions: PostInteractions = {
+    counts: (refs) => counters.recentSnapshots(refs),
     flags: (userId, refs) => platform.counterStore.flags(userId, refs),
   };
-  const interactions = withCountsCache(liveInteractions, {
-    ttlMs: config.postReads.countsCacheMs,
-    maxEntries: config.postReads.localCacheEntries,
-    now,
-  });
   const viewMetrics = new ViewMetrics(metrics.registry);
   const views = new ViewRecorder(platform.events, viewMetrics, {
     maxItems: config.views.flushItems,
@@ -202,7 +200,7 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
   const feeds = new FeedService(postCache, postReads, interactions, {
     ttlMs: config.postReads.countsCacheMs,
     maxEntries: 1_000,
-    counts: (refs) => liveInteractions.counts(refs),
+    counts: (refs) => counters.snapshots(refs),
     now,
   });
   const details = new DetailService(postCache, interactions, views);

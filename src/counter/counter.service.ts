@@ -10,6 +10,7 @@ import {
   type FactMetric,
   type PostField,
 } from './model.js';
+import { recentCounts, type CountsReader } from './recent-counts.js';
 import type { CounterStore, Flags } from './store/counter-store.js';
 
 export type CountsView = Partial<Record<PostField, number>>;
@@ -41,6 +42,11 @@ function view(c: Counts, fields: readonly PostField[]): CountsView {
 export class CounterService {
   /** Rebuilds in flight in this process, so concurrent readers of one entity share one. */
   private readonly rebuilding = new Map<string, Promise<Counts>>();
+  /**
+   * Snapshots as the count routes, feeds and details show them: through this process's cache of
+   * `recentCountsMs` (see `recentCounts`; none when 0).
+   */
+  readonly recentSnapshots: CountsReader;
 
   constructor(
     private readonly store: CounterStore,
@@ -48,7 +54,10 @@ export class CounterService {
     private readonly publisher: CounterEventPublisher | null,
     private readonly metrics: CounterMetrics,
     private readonly now: () => number = Date.now,
-  ) {}
+    recent: { ttlMs: number; maxEntries: number } = { ttlMs: 0, maxEntries: 0 },
+  ) {
+    this.recentSnapshots = recentCounts((refs) => this.snapshots(refs), { ...recent, now });
+  }
 
   async toggle(
     ref: EntityRef,
@@ -70,7 +79,7 @@ export class CounterService {
     fields: readonly PostField[] = POST_FIELDS,
   ): Promise<CountsView> {
     await this.assertVisible([ref], viewerId);
-    const [counts] = await this.snapshots([ref]);
+    const [counts] = await this.recentSnapshots([ref]);
     return view(counts ?? ZERO_COUNTS, fields);
   }
 
@@ -82,7 +91,7 @@ export class CounterService {
   ): Promise<(CountsView | null)[]> {
     const visible = await this.directory.visible(refs, viewerId);
     const shown = visible.every(Boolean) ? refs : refs.filter((_, i) => visible[i]);
-    const counts = shown.length > 0 ? await this.snapshots(shown) : [];
+    const counts = shown.length > 0 ? await this.recentSnapshots(shown) : [];
     let next = 0;
     return visible.map((v) => (v ? view(counts[next++] ?? ZERO_COUNTS, fields) : null));
   }
@@ -96,7 +105,7 @@ export class CounterService {
     return visible.map((v) => (v ? (flags[next++] ?? { like: false, fav: false }) : null));
   }
 
-  /** Snapshots for the refs; missing or malformed ones are rebuilt from facts first. */
+  /** Snapshots for the refs, read now; missing or malformed ones are rebuilt from facts first. */
   async snapshots(refs: readonly EntityRef[]): Promise<Counts[]> {
     const found = await this.store.readSnapshots(refs);
     if (!found.includes(null)) return found as Counts[];

@@ -1,4 +1,4 @@
-import { ZERO_COUNTS, type Counts, type EntityRef } from '../counter/model.js';
+import type { Counts, EntityRef } from '../counter/model.js';
 import type { Flags } from '../counter/store/counter-store.js';
 import { LruCache } from '../platform/cache/lru.js';
 import { SingleFlight } from '../platform/cache/single-flight.js';
@@ -18,47 +18,6 @@ export interface PostInteractions {
 export const refOf = (id: string): EntityRef => ({ etype: 'knowpost', eid: id });
 
 export const NO_FLAGS: Flags = { like: false, fav: false };
-
-/**
- * Counts through a cache in this process that lives `ttlMs` (a fraction of a second): counts are
- * the same for every viewer, and snapshots change only when the flusher folds deltas (every second
- * by default), so a hot page reads them from Redis a few times a second instead of once per request.
- * A change shows at most `ttlMs` later than it would without the cache. Flags are per viewer and
- * always read live.
- */
-export function withCountsCache(
-  inner: PostInteractions,
-  options: { ttlMs: number; maxEntries: number; now?: () => number },
-): PostInteractions {
-  if (options.ttlMs <= 0) return inner;
-  const cache = new LruCache<Counts>({
-    ttlMs: options.ttlMs,
-    maxEntries: options.maxEntries,
-    ...(options.now ? { now: options.now } : {}),
-  });
-  const flights = new SingleFlight<Counts>();
-  return {
-    flags: (userId, refs) => inner.flags(userId, refs),
-    async counts(refs) {
-      const found: (Counts | undefined)[] = refs.map((r) => cache.get(r.eid));
-      const missing = [...new Set(refs.filter((_, i) => found[i] === undefined).map((r) => r.eid))];
-      if (missing.length === 0) return found as Counts[];
-      const loaded = await flights.many(missing, async (eids) => {
-        const counts = await inner.counts(eids.map(refOf));
-        const byId = new Map<string, Counts>();
-        eids.forEach((eid, i) => {
-          const c = counts[i];
-          if (c) {
-            cache.set(eid, c);
-            byId.set(eid, c);
-          }
-        });
-        return byId;
-      });
-      return refs.map((r, i) => found[i] ?? loaded.get(r.eid) ?? ZERO_COUNTS);
-    },
-  };
-}
 
 export interface AnonymousPagesOptions {
   /** How long a written page lives; also the most its counts may lag. */
