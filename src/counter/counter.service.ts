@@ -43,8 +43,9 @@ export class CounterService {
   /** Rebuilds in flight in this process, so concurrent readers of one entity share one. */
   private readonly rebuilding = new Map<string, Promise<Counts>>();
   /**
-   * Snapshots as the count routes, feeds and details show them: through this process's cache of
-   * `recentCountsMs` (see `recentCounts`; none when 0).
+   * Snapshots as feeds and details show them: through this process's cache of `recent.ttlMs` (see
+   * `recentCounts`; none when 0). The count routes read snapshots live: a cache there was measured
+   * to save nothing (their reads are auto-pipelined already) and would only make counts later.
    */
   readonly recentSnapshots: CountsReader;
 
@@ -79,7 +80,7 @@ export class CounterService {
     fields: readonly PostField[] = POST_FIELDS,
   ): Promise<CountsView> {
     await this.assertVisible([ref], viewerId);
-    const [counts] = await this.recentSnapshots([ref]);
+    const [counts] = await this.snapshots([ref]);
     return view(counts ?? ZERO_COUNTS, fields);
   }
 
@@ -91,7 +92,7 @@ export class CounterService {
   ): Promise<(CountsView | null)[]> {
     const visible = await this.directory.visible(refs, viewerId);
     const shown = visible.every(Boolean) ? refs : refs.filter((_, i) => visible[i]);
-    const counts = shown.length > 0 ? await this.recentSnapshots(shown) : [];
+    const counts = shown.length > 0 ? await this.snapshots(shown) : [];
     let next = 0;
     return visible.map((v) => (v ? view(counts[next++] ?? ZERO_COUNTS, fields) : null));
   }
