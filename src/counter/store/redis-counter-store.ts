@@ -190,12 +190,12 @@ local function to_sharded(set_key, hash_key)
   redis.call('DEL', set_key)
 end
 
+-- A fact set is in one encoding at a time (scripts convert it whole), so a member of the sparse
+-- set answers at once; otherwise the sharded hash, if any, decides (HGET of a missing key is nil).
 local function has_fact(set_key, hash_key, uid, shard, off)
-  if redis.call('EXISTS', hash_key) == 1 then
-    local s = redis.call('HGET', hash_key, shard)
-    return s ~= false and shard_has(s, off)
-  end
-  return redis.call('SISMEMBER', set_key, uid) == 1
+  if redis.call('SISMEMBER', set_key, uid) == 1 then return true end
+  local s = redis.call('HGET', hash_key, shard)
+  return s ~= false and shard_has(s, off)
 end
 
 -- Returns 1 when the fact set changed.
