@@ -190,14 +190,6 @@ local function to_sharded(set_key, hash_key)
   redis.call('DEL', set_key)
 end
 
--- A fact set is in one encoding at a time (scripts convert it whole), so a member of the sparse
--- set answers at once; otherwise the sharded hash, if any, decides (HGET of a missing key is nil).
-local function has_fact(set_key, hash_key, uid, shard, off)
-  if redis.call('SISMEMBER', set_key, uid) == 1 then return true end
-  local s = redis.call('HGET', hash_key, shard)
-  return s ~= false and shard_has(s, off)
-end
-
 -- Returns 1 when the fact set changed.
 local function set_fact(set_key, hash_key, uid, shard, off, on, sparse_max)
   if redis.call('EXISTS', hash_key) == 1 then return sharded_set(hash_key, shard, off, on) end
@@ -294,22 +286,26 @@ if tonumber(ARGV[3]) > tonumber(seq) then redis.call('HSET', KEYS[3], ARGV[1], A
 return 1
 `;
 
-// Atomic across both encodings: a conversion cannot hide a member between two reads.
+// Atomic across both encodings: a conversion cannot hide a member between two reads. A fact set is
+// in one encoding at a time (scripts convert it whole), so a member of the sparse set answers at
+// once; otherwise the sharded hash, if any, decides (HGET of a missing key is nil).
 // KEYS: one key of the (first) entity's group, which routes the call in Redis Cluster mode, where
-// every entity of a call is in that group. ARGV: uid, shard, offset, key prefix, bare etype, then
-// per entity its group and its field. The fact keys are built here (as factKey does) rather than
+// every entity of a call is in that group. ARGV: uid, shard, offset, key prefix, then per entity
+// its group and its `etype:eid`. The fact keys are built here (as factKey does), each in one
+// concatenation and the sharded one only when the sparse set does not hold the user, rather than
 // sent: four keys per entity were most of the request's bytes and of the caller's work.
 // Replies with a like and a fav flag (1/0) per entity, in order.
 const FLAGS_LUA = `${SHARDED_LUA}
-local uid, shard, off, base, bare = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
+local uid, shard, off, base = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
+local function flag(g, e, metric)
+  if redis.call('SISMEMBER', base .. 'c:f:{' .. g .. '}:' .. e .. metric, uid) == 1 then return 1 end
+  local s = redis.call('HGET', base .. 'c:fb:{' .. g .. '}:' .. e .. metric, shard)
+  return (s and shard_has(s, off)) and 1 or 0
+end
 local out = {}
-for i = 6, #ARGV, 2 do
-  local tag, field = '{' .. ARGV[i] .. '}:', ARGV[i + 1]
-  local e = field
-  if not string.find(field, ':', 1, true) then e = bare .. ':' .. field end
-  local sparse, sharded = base .. 'c:f:' .. tag .. e, base .. 'c:fb:' .. tag .. e
-  out[#out + 1] = has_fact(sparse .. ':like', sharded .. ':like', uid, shard, off) and 1 or 0
-  out[#out + 1] = has_fact(sparse .. ':fav', sharded .. ':fav', uid, shard, off) and 1 or 0
+for i = 5, #ARGV, 2 do
+  out[#out + 1] = flag(ARGV[i], ARGV[i + 1], ':like')
+  out[#out + 1] = flag(ARGV[i], ARGV[i + 1], ':fav')
 end
 return out
 `;
@@ -714,8 +710,8 @@ export class RedisCounterStore implements CounterStore {
     const offset = userId % SHARD_USERS;
     const groups = refs.map((ref) => this.groupOf(ref));
     const call = async (indexes: number[]): Promise<[number[], number[]]> => {
-      const args: (string | number)[] = [userId, shard, offset, this.prefix, BARE_ETYPE];
-      for (const i of indexes) args.push(groups[i]!, this.fieldOf(refs[i]!));
+      const args: (string | number)[] = [userId, shard, offset, this.prefix];
+      for (const i of indexes) args.push(groups[i]!, entityKey(refs[i]!));
       const route = this.groupKey('s', groups[indexes[0]!]!);
       return [indexes, (await this.flagsScript(1, route, ...args)) as number[]];
     };
