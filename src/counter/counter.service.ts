@@ -43,11 +43,10 @@ export class CounterService {
   /** Rebuilds in flight in this process, so concurrent readers of one entity share one. */
   private readonly rebuilding = new Map<string, Promise<Counts>>();
   /**
-   * Snapshots as feeds, details and the batch count route show them: through this process's cache
-   * of `recent.ttlMs` (see `recentCounts`; none when 0). Measured on the batch route (20 ids): twice
-   * the throughput. The single count route reads live: there the cache was measured to save
-   * nothing (its one read is auto-pipelined with other requests' anyway) and would only make a
-   * count later.
+   * Snapshots as feeds and details show them: through this process's cache of `recent.ttlMs` (see
+   * `recentCounts`; none when 0). The count routes read live: every read of theirs reaches the
+   * store, so a missing or malformed snapshot is rebuilt by the next count read, and a count read
+   * shows the store as it is (a reader that saw exact counts has seen healed snapshots).
    */
   readonly recentSnapshots: CountsReader;
 
@@ -86,10 +85,7 @@ export class CounterService {
     return view(counts ?? ZERO_COUNTS, fields);
   }
 
-  /**
-   * Counts of many entities in at most one round trip (through the recent-counts cache); null for
-   * those the caller may not see.
-   */
+  /** Counts of many entities in one round trip; null for those the caller may not see. */
   async countsMany(
     refs: readonly EntityRef[],
     viewerId: number | null,
@@ -97,7 +93,7 @@ export class CounterService {
   ): Promise<(CountsView | null)[]> {
     const visible = await this.directory.visible(refs, viewerId);
     const shown = visible.every(Boolean) ? refs : refs.filter((_, i) => visible[i]);
-    const counts = shown.length > 0 ? await this.recentSnapshots(shown) : [];
+    const counts = shown.length > 0 ? await this.snapshots(shown) : [];
     let next = 0;
     return visible.map((v) => (v ? view(counts[next++] ?? ZERO_COUNTS, fields) : null));
   }
