@@ -23,10 +23,14 @@ import {
   fire,
   healthz,
   likeMix,
+  scrape,
   SERVICE_NAMES,
   singleCountsMix,
 } from './load.js';
 import { followMix, RELATION_BENCH_ENV, signUpPhoneUsers } from './relations.js';
+
+/** Group commit of follows: requests and transactions (`zg_relation_commit_changes`). */
+const COMMIT_METRICS = ['zg_relation_commit_changes_sum', 'zg_relation_commit_changes_count'];
 import {
   Cleanups,
   createClusterStack,
@@ -73,6 +77,7 @@ try {
   // SPLIT_BASELINE=0 leaves the bare route out (a CPU profile then shows the mixes alone).
   for (const name of process.env.SPLIT_BASELINE === '0' ? mixNames : [...mixNames, 'healthz']) {
     const before = { api: cpuMark([api.pid]), worker: cpuMark([worker.pid]) };
+    const commits = await scrape(api.baseUrl, COMMIT_METRICS);
     const r = await fire({ url: api.baseUrl, connections: 50, seconds, requests: mixes[name]! });
     const a = cpuBetween(before.api, cpuMark([api.pid]));
     const w = cpuBetween(before.worker, cpuMark([worker.pid]));
@@ -82,6 +87,12 @@ try {
         SERVICE_NAMES.map((n) => per(a.services[n]).padStart(n.length + 7)).join('  ') +
         (r.non2xx + r.errors > 0 ? `   (${r.non2xx} non-2xx, ${r.errors} errors)` : ''),
     );
+    const [sum, count] = (await scrape(api.baseUrl, COMMIT_METRICS)).map((v, i) => v - commits[i]!);
+    if (count! > 0) {
+      console.log(
+        `         ${(sum! / count!).toFixed(1)} follow/unfollow requests per transaction (${count} transactions)`,
+      );
+    }
   }
 } finally {
   await cleanups.runAll((line) => console.error(line));

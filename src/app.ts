@@ -56,6 +56,7 @@ import { PeriodicTask } from './platform/workers/periodic.js';
 import { createUserCounters } from './user-counter/user-counters.js';
 import { userCounterRoutes } from './user-counter/user-counter.routes.js';
 import { RelationRepository } from './relation/relation.repository.js';
+import { RelationMetrics } from './relation/relation.metrics.js';
 import { LikesReceivedConsumer, LikesReceivedRepository } from './relation/likes-received.js';
 import { relationUserCountParts } from './relation/user-count-parts.js';
 import { createRelations } from './relation/relations.js';
@@ -205,7 +206,10 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
   });
   const details = new DetailService(postCache, interactions, views);
 
-  const relationRepo = new RelationRepository(platform.db, new OutboxWriter(now));
+  const relationMetrics = new RelationMetrics(metrics.registry);
+  const relationRepo = new RelationRepository(platform.db, new OutboxWriter(now), (changes) =>
+    relationMetrics.commitBatch.observe(changes),
+  );
   const userCounters = createUserCounters({
     db: platform.db,
     store: platform.userCounterStore,
@@ -218,6 +222,7 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
   });
   const relations = createRelations({
     repo: relationRepo,
+    metrics: relationMetrics,
     users,
     limiter: platform.limiter,
     lists: platform.relationLists,

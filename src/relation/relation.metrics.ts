@@ -9,6 +9,7 @@ export class RelationMetrics {
   readonly driftFound: Counter<'kind'>;
   readonly driftHealed: Counter<'kind'>;
   readonly likesReceivedEvents: Counter<'outcome'>;
+  readonly commitBatch: Histogram;
 
   constructor(registry: Registry) {
     const registers = [registry];
@@ -46,6 +47,12 @@ export class RelationMetrics {
       name: 'zg_relation_drift_healed_total',
       help: 'Drift healed by the relation reconciler, by kind',
       labelNames: ['kind'],
+      registers,
+    });
+    this.commitBatch = new Histogram({
+      name: 'zg_relation_commit_changes',
+      help: 'Follow and unfollow requests committed together in one transaction (group commit)',
+      buckets: [1, 2, 5, 10, 20, 50, 100, 200],
       registers,
     });
     this.likesReceivedEvents = new Counter({

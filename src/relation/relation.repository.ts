@@ -71,13 +71,16 @@ const pairKey = (p: Pair) => `${p.fromUserId}:${p.toUserId}`;
 export class RelationRepository {
   private readonly changes: GroupCommit<RelationChange, RelationEvent | null>;
 
+  /** `onCommit` is told how many follow/unfollow requests each transaction carried. */
   constructor(
     private readonly db: Db,
     private readonly outbox: OutboxWriter,
+    onCommit?: (changes: number) => void,
   ) {
     this.changes = new GroupCommit<RelationChange, RelationEvent | null>((batch) => this.commit(batch), {
       maxBatch: MAX_BATCH,
       key: pairKey,
+      ...(onCommit ? { onBatch: (size: number) => onCommit(size) } : {}),
     });
   }
 

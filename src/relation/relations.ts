@@ -34,6 +34,8 @@ export interface RelationsDeps {
     rebuild(userId: number, mode: 'overwrite', reason: 'drift'): Promise<unknown>;
   };
   registry: Registry;
+  /** The module's metrics when the caller made them already (to observe `repo`); else made here. */
+  metrics?: RelationMetrics;
   log: Logger;
   config: RelationsConfig;
   /** Told after a change committed (e.g. to wake the outbox relay). */
@@ -61,7 +63,7 @@ export interface Relations {
 export function createRelations(deps: RelationsDeps): Relations {
   const now = deps.now ?? Date.now;
   const log = deps.log.child({ module: 'relation' });
-  const metrics = new RelationMetrics(deps.registry);
+  const metrics = deps.metrics ?? new RelationMetrics(deps.registry);
   const service = new RelationService({
     repo: deps.repo,
     users: deps.users,

@@ -68,6 +68,26 @@ describe('GroupCommit', () => {
     expect(r.batches.map((b) => b.map((i) => i.value))).toEqual([[0], [1, 3, 5], [2], [4]]);
   });
 
+  it('reports each batch it ran with its size, failed ones too', async () => {
+    const r = recorder((items) => items.some((i) => i.value === 3));
+    const seen: number[] = [];
+    const gc = new GroupCommit(r.run, {
+      maxBatch: 10,
+      key: (i) => i.key,
+      onBatch: (size, seconds) => {
+        expect(seconds).toBeGreaterThanOrEqual(0);
+        seen.push(size);
+      },
+    });
+    r.holdNext();
+    const first = gc.submit(item('a', 1));
+    const rest = [2, 3].map((v) => gc.submit(item(`k${v}`, v)));
+    r.release();
+    await first;
+    await Promise.allSettled(rest);
+    expect(seen).toEqual([1, 2, 1, 1]);
+  });
+
   it('bounds the batch size', async () => {
     const r = recorder();
     const gc = new GroupCommit(r.run, { maxBatch: 2, key: (i) => i.key });

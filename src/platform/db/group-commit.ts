@@ -16,6 +16,8 @@ export interface GroupCommitOptions<I> {
   maxBatch: number;
   /** Items with equal keys are applied one batch after the other, in submission order. */
   key: (item: I) => string;
+  /** Told after each batch ran (committed or not): its size and how long it took. */
+  onBatch?: (size: number, seconds: number) => void;
 }
 
 interface Waiting<I, O> {
@@ -76,8 +78,9 @@ export class GroupCommit<I, O> {
   }
 
   private async runBatch(batch: Waiting<I, O>[]): Promise<void> {
+    const started = performance.now();
     try {
-      const results = await this.run(batch.map((w) => w.item));
+      const results = await this.runObserved(batch, started);
       if (results.length !== batch.length) {
         throw new Error(`group commit: ${results.length} results for ${batch.length} items`);
       }
@@ -88,6 +91,14 @@ export class GroupCommit<I, O> {
         return;
       }
       for (const w of batch) await this.runBatch([w]);
+    }
+  }
+
+  private async runObserved(batch: Waiting<I, O>[], started: number): Promise<O[]> {
+    try {
+      return await this.run(batch.map((w) => w.item));
+    } finally {
+      this.options.onBatch?.(batch.length, (performance.now() - started) / 1000);
     }
   }
 }
