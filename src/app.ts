@@ -24,6 +24,7 @@ import { profileRoutes } from './profile/profile.routes.js';
 import { UsersRepository } from './profile/users.repository.js';
 import { CounterAggregator } from './counter/aggregator.js';
 import { CounterMetrics } from './counter/counter.metrics.js';
+import { recentCounts } from './counter/recent-counts.js';
 import { counterRoutes } from './counter/counter.routes.js';
 import { CounterService } from './counter/counter.service.js';
 import { CachedEntityDirectory } from './counter/entity-directory.js';
@@ -139,10 +140,7 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
       log.warn({ err, events: n }, 'counter events not published yet; will retry, then repair from facts');
     },
   });
-  const counters = new CounterService(platform.counterStore, directory, publisher, counterMetrics, now, {
-    ttlMs: config.postReads.countsCacheMs,
-    maxEntries: config.postReads.localCacheEntries,
-  });
+  const counters = new CounterService(platform.counterStore, directory, publisher, counterMetrics, now);
 
   // Told after every committed post change (this process only); caches of posts add themselves here.
   const postListeners: PostChangeListener[] = [
@@ -187,8 +185,13 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
       log.warn({ err }, 'post change not announced to every process; their caches expire on their own'),
     ),
   );
+  // Feeds and details reuse counts briefly; the count routes read them live (so their reads heal).
   const interactions: PostInteractions = {
-    counts: (refs) => counters.recentSnapshots(refs),
+    counts: recentCounts((refs) => counters.snapshots(refs), {
+      ttlMs: config.postReads.countsCacheMs,
+      maxEntries: config.postReads.localCacheEntries,
+      now,
+    }),
     flags: (userId, refs) => platform.counterStore.flags(userId, refs),
   };
   const viewMetrics = new ViewMetrics(metrics.registry);

@@ -10,7 +10,6 @@ import {
   type FactMetric,
   type PostField,
 } from './model.js';
-import { recentCounts, type CountsReader } from './recent-counts.js';
 import type { CounterStore, Flags } from './store/counter-store.js';
 
 export type CountsView = Partial<Record<PostField, number>>;
@@ -42,13 +41,6 @@ function view(c: Counts, fields: readonly PostField[]): CountsView {
 export class CounterService {
   /** Rebuilds in flight in this process, so concurrent readers of one entity share one. */
   private readonly rebuilding = new Map<string, Promise<Counts>>();
-  /**
-   * Snapshots as feeds and details show them: through this process's cache of `recent.ttlMs` (see
-   * `recentCounts`; none when 0). The count routes read live: every read of theirs reaches the
-   * store, so a missing or malformed snapshot is rebuilt by the next count read, and a count read
-   * shows the store as it is (a reader that saw exact counts has seen healed snapshots).
-   */
-  readonly recentSnapshots: CountsReader;
 
   constructor(
     private readonly store: CounterStore,
@@ -56,10 +48,7 @@ export class CounterService {
     private readonly publisher: CounterEventPublisher | null,
     private readonly metrics: CounterMetrics,
     private readonly now: () => number = Date.now,
-    recent: { ttlMs: number; maxEntries: number } = { ttlMs: 0, maxEntries: 0 },
-  ) {
-    this.recentSnapshots = recentCounts((refs) => this.snapshots(refs), { ...recent, now });
-  }
+  ) {}
 
   async toggle(
     ref: EntityRef,
@@ -107,7 +96,7 @@ export class CounterService {
     return visible.map((v) => (v ? (flags[next++] ?? { like: false, fav: false }) : null));
   }
 
-  /** Snapshots for the refs, read now; missing or malformed ones are rebuilt from facts first. */
+  /** Snapshots for the refs; missing or malformed ones are rebuilt from facts first. */
   async snapshots(refs: readonly EntityRef[]): Promise<Counts[]> {
     const found = await this.store.readSnapshots(refs);
     if (!found.includes(null)) return found as Counts[];

@@ -41,6 +41,7 @@ export interface AnonymousPagesOptions {
 export class FeedService {
   private readonly anonymousPages: LruCache<{ bytes: Buffer; generation: number }> | null;
   private readonly pageWrites = new SingleFlight<Buffer>();
+  private readonly cachedCounts: PostInteractions['counts'] = (refs) => this.interactions.counts(refs);
 
   constructor(
     private readonly cache: PostCache,
@@ -61,11 +62,11 @@ export class FeedService {
   /** The public feed's answer for a caller who sent no token, as `feedResponseBytes` writes it. */
   async anonymousFeedBytes(page: number, size: number): Promise<Buffer> {
     const pages = this.anonymousPages;
-    if (!pages || !this.anonymous) return feedResponseBytes(await this.feed(page, size, null));
+    const counts = this.anonymous?.counts;
+    if (!pages || !counts) return feedResponseBytes(await this.feed(page, size, null));
     const key = `${page}:${size}`;
     const kept = pages.get(key);
     if (kept && kept.generation === this.cache.localGeneration) return kept.bytes;
-    const counts = this.anonymous.counts;
     const generation = this.cache.localGeneration;
     // A write started before an invalidation is not joined by callers that come after it.
     const written = await this.pageWrites.do(`${key}:${generation}`, async () => {
@@ -82,7 +83,7 @@ export class FeedService {
     page: number,
     size: number,
     viewerId: number | null,
-    counts: PostInteractions['counts'] = (refs) => this.interactions.counts(refs),
+    counts: PostInteractions['counts'] = this.cachedCounts,
   ): Promise<FeedPage> {
     const { ids, hasMore } = await this.cache.feedPage(page, size);
     const posts = await this.cache.postsById(ids);
@@ -102,13 +103,13 @@ export class FeedService {
       const post = posts.get(id);
       return post && post.authorId === userId && post.status === 'published' ? [post] : [];
     });
-    return { entries: await this.entries(shown, userId), page, size, hasMore };
+    return { entries: await this.entries(shown, userId, this.cachedCounts), page, size, hasMore };
   }
 
   private async entries(
     posts: readonly PostView[],
     viewerId: number | null,
-    readCounts: PostInteractions['counts'] = (refs) => this.interactions.counts(refs),
+    readCounts: PostInteractions['counts'],
   ): Promise<FeedEntry[]> {
     if (posts.length === 0) return [];
     const refs = posts.map((p) => refOf(p.id));
