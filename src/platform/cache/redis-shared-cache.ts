@@ -1,5 +1,5 @@
 import type { ChainableCommander, Redis } from 'ioredis';
-import { execPipeline } from '../kv/redis-kv.js';
+import { execPipeline, type ScriptCall } from '../kv/redis-kv.js';
 import type { CacheFill, CacheRead, CacheSlot, SharedCache } from './shared-cache.js';
 
 // A value is stored as "<generation>|<value>" and read only while its guard still has that
@@ -41,6 +41,7 @@ export interface RedisSharedCacheOptions {
 export class RedisSharedCache implements SharedCache {
   private readonly prefix: string;
   private readonly guardTtlMs: number;
+  private readonly getScript: ScriptCall;
 
   constructor(
     private readonly redis: Redis,
@@ -53,6 +54,7 @@ export class RedisSharedCache implements SharedCache {
       redis.defineCommand(CMD.get, { numberOfKeys: 2, lua: GET_LUA });
     if (typeof commands[CMD.fill] !== 'function')
       redis.defineCommand(CMD.fill, { numberOfKeys: 2, lua: FILL_LUA });
+    this.getScript = (commands[CMD.get] as ScriptCall).bind(redis);
   }
 
   private genKey(guard: string): string {
@@ -66,9 +68,11 @@ export class RedisSharedCache implements SharedCache {
 
   async get(slots: readonly CacheSlot[]): Promise<CacheRead[]> {
     if (slots.length === 0) return [];
-    const pipeline = this.redis.pipeline() as ScriptPipeline;
-    for (const slot of slots) pipeline[CMD.get](this.genKey(slot.guard), this.valueKey(slot));
-    const replies = (await execPipeline(pipeline)) as [string, string?][];
+    // Plain calls, not a pipeline of their own: auto-pipelining sends them in one write together
+    // with whatever other requests asked for in the same tick.
+    const replies = (await Promise.all(
+      slots.map((slot) => this.getScript(this.genKey(slot.guard), this.valueKey(slot))),
+    )) as [string, string?][];
     return replies.map(([gen, value]) => ({ gen: String(gen), value: value ?? null }));
   }
 

@@ -197,11 +197,12 @@ export class RedisUserCounterStore implements UserCounterStore {
       userIds.map((_, i) => i),
       (i) => this.groupOf(userIds[i]!),
     );
-    const pipeline = this.redis.pipeline();
-    for (const [group, list] of indexes) {
-      pipeline.hmgetBuffer(this.groupKey('s', group), ...list.map((i) => String(userIds[i])));
-    }
-    const replies = (await execPipeline(pipeline)) as (Buffer | null)[][];
+    // Auto-pipelined: one write for all groups, shared with other requests of the same tick.
+    const replies = await Promise.all(
+      [...indexes].map(([group, list]) =>
+        this.redis.hmgetBuffer(this.groupKey('s', group), ...list.map((i) => String(userIds[i]))),
+      ),
+    );
     const out = new Array<UserCounts | null>(userIds.length).fill(null);
     let r = 0;
     for (const list of indexes.values()) {
