@@ -56,15 +56,32 @@ export class MysqlOutboxStore implements OutboxStore {
         if (ready.length === 0) return 0;
 
         const done = await work(ready);
-        // One primary-key equality per row: each is a unique lookup of a row this transaction
-        // already holds, so it never waits. A multi-row `IN` delete was seen to scan past its own
-        // rows and deadlock with other relays, rolling back a batch that was already published.
-        for (const id of [...done].sort((x, y) => x - y)) {
-          await trx.deleteFrom('outbox').where('id', '=', id).execute();
+        // Deletes touch no row another relay holds, so they never wait, and a batch already
+        // published is never rolled back by a deadlock. Ids are unique integers, so a run of
+        // consecutive ids this transaction holds contains nobody else's row. A range scan reads one
+        // record past its end before it stops, and under InnoDB that read takes the record's lock:
+        // each run's range therefore ends at its own last row, which a unique equality lookup then
+        // deletes. A claim is usually one run, as committed rows get consecutive ids. (A multi-row
+        // `IN` delete was seen to scan past its rows and deadlock with other relays.)
+        for (const [from, to] of consecutiveRuns(done)) {
+          if (from < to) await trx.deleteFrom('outbox').where('id', '>=', from).where('id', '<', to).execute();
+          await trx.deleteFrom('outbox').where('id', '=', to).execute();
         }
         return ready.length;
       });
   }
+}
+
+/** Sorted runs `[from, to]` of consecutive integers covering exactly the given ids. */
+export function consecutiveRuns(ids: readonly number[]): [number, number][] {
+  const sorted = [...new Set(ids)].sort((x, y) => x - y);
+  const runs: [number, number][] = [];
+  for (const id of sorted) {
+    const last = runs[runs.length - 1];
+    if (last && id === last[1] + 1) last[1] = id;
+    else runs.push([id, id]);
+  }
+  return runs;
 }
 
 function slot(topic: string, key: string): string {
