@@ -220,11 +220,17 @@ export class RelationRepository {
 
   /** Forgets the unapplied marks of events whose counter deltas are now in the user-counter store. */
   async markApplied(eventIds: readonly string[]): Promise<void> {
-    for (let i = 0; i < eventIds.length; i += CHUNK) {
-      await this.db.kysely
-        .deleteFrom('relation_unapplied')
-        .where('event_id', 'in', eventIds.slice(i, i + CHUNK))
-        .execute();
+    const sorted = [...eventIds].sort();
+    for (let i = 0; i < sorted.length; i += CHUNK) {
+      const chunk = sorted.slice(i, i + CHUNK);
+      const remove = (db: Kysely<Database> | Transaction<Database>) =>
+        db.deleteFrom('relation_unapplied').where('event_id', 'in', chunk).execute();
+      if (this.db.dialect !== 'mysql') await remove(this.db.kysely);
+      // Under InnoDB's default isolation (repeatable read) this delete also locks gaps of the
+      // table's indexes, and under load it deadlocked with the follows inserting new marks (the
+      // whole projection batch was then delivered again). Read committed takes no gap locks, so
+      // the delete locks only the rows it removes, which no follow holds.
+      else await this.db.kysely.transaction().setIsolationLevel('read committed').execute(remove);
     }
   }
 
