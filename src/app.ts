@@ -24,6 +24,7 @@ import { profileRoutes } from './profile/profile.routes.js';
 import { UsersRepository } from './profile/users.repository.js';
 import { CounterAggregator } from './counter/aggregator.js';
 import { CounterMetrics } from './counter/counter.metrics.js';
+import { OutboxMetrics } from './platform/outbox/outbox.metrics.js';
 import { recentCounts } from './counter/recent-counts.js';
 import { counterRoutes } from './counter/counter.routes.js';
 import { CounterService } from './counter/counter.service.js';
@@ -264,6 +265,7 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
 
   const workerError = (name: string, err: unknown) =>
     log.warn({ err, worker: name }, 'background work failed; will retry');
+  const outboxMetrics = new OutboxMetrics(metrics.registry);
   const relay = new OutboxRelay({
     store: platform.outboxStore,
     events: platform.events,
@@ -271,7 +273,11 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
     pollIntervalMs: 100,
     // Short back-off so the backlog goes out within seconds of the broker coming back.
     retryBackoffMs: { min: 200, max: 2_000 },
-    onError: (err) => workerError('outbox-relay', err),
+    onError: (err) => {
+      outboxMetrics.failedRounds.inc();
+      workerError('outbox-relay', err);
+    },
+    onPublished: (count, oldestAgeMs) => outboxMetrics.round(count, oldestAgeMs),
   });
   const reconciler = new CounterReconciler(platform.counterStore, counterMetrics);
   const aggregator = new CounterAggregator(
