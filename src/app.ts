@@ -31,7 +31,7 @@ import { CounterService } from './counter/counter.service.js';
 import { CachedEntityDirectory } from './counter/entity-directory.js';
 import { CounterEventPublisher } from './counter/event-publisher.js';
 import { CounterReconciler, flushPending, repairUnpublished } from './counter/maintenance.js';
-import { COUNTER_TOPIC } from './counter/model.js';
+import { COUNTER_TOPIC, type EntityRef } from './counter/model.js';
 import { KnowpostVisibilityRepository } from './knowpost/visibility.repository.js';
 import { createDescriptionSuggester } from './knowpost/description/create.js';
 import { descriptionRoutes } from './knowpost/description.routes.js';
@@ -201,14 +201,16 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
     flushMs: config.views.flushMs,
     onError: (err) => log.warn({ err }, 'views not published yet; will retry'),
   });
-  // Anonymous feed answers live as long as cached counts do, so counts show no later than elsewhere.
-  const feeds = new FeedService(postCache, postReads, interactions, {
+  // Anonymous feed and detail answers live as long as cached counts do, so counts show no later
+  // than elsewhere.
+  const anonymousAnswers = (maxEntries: number) => ({
     ttlMs: config.postReads.countsCacheMs,
-    maxEntries: 1_000,
-    counts: (refs) => counters.snapshots(refs),
+    maxEntries,
+    counts: (refs: readonly EntityRef[]) => counters.snapshots(refs),
     now,
   });
-  const details = new DetailService(postCache, interactions, views);
+  const feeds = new FeedService(postCache, postReads, interactions, anonymousAnswers(1_000));
+  const details = new DetailService(postCache, interactions, views, anonymousAnswers(5_000));
 
   const relationMetrics = new RelationMetrics(metrics.registry);
   const relationRepo = new RelationRepository(platform.db, new OutboxWriter(now), (changes) =>

@@ -22,13 +22,12 @@ export function detailRoutes(deps: { details: DetailService; guards: AuthGuards 
           response: { 200: KnowPostDetailResponse, ...errorResponses(400, 401, 404) },
         },
       },
-      async (request, reply) =>
-        sendJsonBytes(
-          reply,
-          detailResponseBytes(
-            await deps.details.detail(request.params.id, request.principal?.userId ?? null),
-          ),
-        ),
+      async (request, reply) => {
+        const viewer = request.principal?.userId ?? null;
+        const id = request.params.id;
+        if (viewer === null) return sendJsonBytes(reply, await deps.details.anonymousDetailBytes(id));
+        return sendJsonBytes(reply, detailResponseBytes(await deps.details.detail(id, viewer)));
+      },
     );
   };
 }

@@ -175,16 +175,16 @@ describe.each<Profile>(['embedded', 'cluster'])('reading posts against real stor
       flags: (userId: number, refs: readonly EntityRef[]) => store.flags(userId, refs),
     };
     const views: string[] = [];
+    const answers = anonymous && {
+      ...anonymous,
+      maxEntries: 100,
+      counts: (refs: readonly EntityRef[]) => interactions.counts(refs),
+    };
     return {
       cache,
       views,
-      feeds: new FeedService(
-        cache,
-        repo,
-        interactions,
-        anonymous && { ...anonymous, maxEntries: 100, counts: (refs) => interactions.counts(refs) },
-      ),
-      details: new DetailService(cache, interactions, { record: (id) => views.push(id) }),
+      feeds: new FeedService(cache, repo, interactions, answers),
+      details: new DetailService(cache, interactions, { record: (id) => views.push(id) }, answers),
     };
   }
 
@@ -389,6 +389,66 @@ describe.each<Profile>(['embedded', 'cluster'])('reading posts against real stor
     expect(p.views).toEqual([id, id]);
     await expect(p.details.detail(postId(999), null)).rejects.toBeInstanceOf(NotFoundError);
     expect(p.views).toEqual([id, id]);
+  });
+
+  it('keeps an anonymous detail answer for its ttl, never a post that only its author may read', async () => {
+    let now = 1_000;
+    const counts: Counts = {};
+    const p = apiProcess(counts, backend.shared(), 60_000, { ttlMs: 200, now: () => now });
+    const clear = () => {
+      for (const k of Object.keys(counts)) delete counts[k];
+    };
+    const id = postId(6);
+    const first = await p.details.anonymousDetailBytes(id);
+    expect(JSON.parse(first.toString('utf8'))).toEqual(detailResponse(await p.details.detail(id, null)));
+    expect(JSON.parse(first.toString('utf8'))).toMatchObject({ id, liked: false, likeCount: 1 });
+    clear();
+    // Within the ttl: the same bytes and no round trip, but every read is a view.
+    p.views.length = 0;
+    now += 199;
+    expect(await p.details.anonymousDetailBytes(id)).toBe(first);
+    expect(counts).toEqual({});
+    expect(p.views).toEqual([id]);
+    // Past it: written again with counts read live; a post change anywhere drops it at once.
+    now += 1;
+    const second = await p.details.anonymousDetailBytes(id);
+    expect(second).not.toBe(first);
+    expect(counts).toEqual({ 'store.readSnapshots': 1 });
+    p.cache.invalidateLocal([postId(7)]);
+    expect(await p.details.anonymousDetailBytes(id)).not.toBe(second);
+    // Concurrent callers share one write and each records a view.
+    now += 200;
+    clear();
+    p.views.length = 0;
+    const [x, y] = await Promise.all([
+      p.details.anonymousDetailBytes(id),
+      p.details.anonymousDetailBytes(id),
+    ]);
+    expect(x).toBe(y);
+    expect(counts['store.readSnapshots']).toBe(1);
+    expect(p.views).toEqual([id, id]);
+    // A post only its author may read: the author's reads leave nothing an anonymous caller gets.
+    const hidden = postId(8);
+    await backend.db.kysely
+      .updateTable('knowposts')
+      .set({ visible: 'private' })
+      .where('id', '=', hidden)
+      .execute();
+    p.cache.invalidateLocal([hidden]);
+    await p.cache.invalidateShared([hidden]);
+    p.views.length = 0;
+    expect(detailResponse(await p.details.detail(hidden, authors[2]!))).toMatchObject({ id: hidden });
+    for (let i = 0; i < 2; i++)
+      await expect(p.details.anonymousDetailBytes(hidden)).rejects.toBeInstanceOf(NotFoundError);
+    await expect(p.details.anonymousDetailBytes(postId(999))).rejects.toBeInstanceOf(NotFoundError);
+    expect(p.views).toEqual([hidden]);
+    await backend.db.kysely
+      .updateTable('knowposts')
+      .set({ visible: 'public' })
+      .where('id', '=', hidden)
+      .execute();
+    p.cache.invalidateLocal([hidden]);
+    await p.cache.invalidateShared([hidden]);
   });
 
   it('drops a changed post from the caches of every process at once', async () => {

@@ -64,7 +64,8 @@ export class MysqlOutboxStore implements OutboxStore {
         // deletes. A claim is usually one run, as committed rows get consecutive ids. (A multi-row
         // `IN` delete was seen to scan past its rows and deadlock with other relays.)
         for (const [from, to] of consecutiveRuns(done)) {
-          if (from < to) await trx.deleteFrom('outbox').where('id', '>=', from).where('id', '<', to).execute();
+          if (from < to)
+            await trx.deleteFrom('outbox').where('id', '>=', from).where('id', '<', to).execute();
           await trx.deleteFrom('outbox').where('id', '=', to).execute();
         }
         return ready.length;

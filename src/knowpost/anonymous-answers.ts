@@ -1,0 +1,49 @@
+import { LruCache } from '../platform/cache/lru.js';
+import { SingleFlight } from '../platform/cache/single-flight.js';
+import type { PostInteractions } from './feed.service.js';
+
+export interface AnonymousAnswersOptions {
+  /** How long a written answer lives; also the most its counts may lag. */
+  ttlMs: number;
+  maxEntries: number;
+  /** Counts read when an answer is written: not through a cache, so they are no older than the answer. */
+  counts: PostInteractions['counts'];
+  now?: () => number;
+}
+
+/**
+ * Written answers (JSON bytes) for callers who sent no token, which are the same for all of them:
+ * kept for a fraction of a second, one writer per key at a time. Any local invalidation of the post
+ * cache (a post changed anywhere, or the bus lost messages) bumps `generation()` and so makes every
+ * kept answer invalid at once, and an answer written across such an invalidation is not kept, nor
+ * joined by callers who came after it. Nothing that depends on the caller may go in.
+ */
+export class AnonymousAnswers {
+  private readonly kept: LruCache<{ bytes: Buffer; generation: number }>;
+  private readonly writes = new SingleFlight<Buffer>();
+
+  constructor(
+    private readonly generation: () => number,
+    options: Pick<AnonymousAnswersOptions, 'ttlMs' | 'maxEntries' | 'now'>,
+  ) {
+    this.kept = new LruCache({
+      ttlMs: options.ttlMs,
+      maxEntries: options.maxEntries,
+      ...(options.now ? { now: options.now } : {}),
+    });
+  }
+
+  /** The kept answer for `key`, or the one `write` produces (shared with concurrent callers). */
+  async get(key: string, write: () => Promise<Buffer>): Promise<Buffer> {
+    const generation = this.generation();
+    const kept = this.kept.get(key);
+    if (kept && kept.generation === generation) return kept.bytes;
+    const written = await this.writes.do(`${key}:${generation}`, async () => {
+      const bytes = await write();
+      if (generation === this.generation()) this.kept.set(key, { bytes, generation });
+      return bytes;
+    });
+    if (!written) throw new Error('answer write produced nothing');
+    return written;
+  }
+}
