@@ -257,7 +257,7 @@ export const CONFIG_VARS = {
   },
   ZG_POST_COUNTS_CACHE_MS: {
     description:
-      'how long each process reuses the like/favourite counts it read for feeds and details, and a written anonymous feed page (adds to how late a like shows there; 0 = read every time)',
+      'how long each process reuses the like/favourite counts it read for feeds and details, and a written anonymous feed page or detail (adds to how late a like shows there; 0 = read every time)',
     default: '200',
   },
   ZG_VIEW_FLUSH_ITEMS: { description: 'views a process buffers before publishing them', default: '1000' },
