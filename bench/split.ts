@@ -31,6 +31,8 @@ import { followMix, RELATION_BENCH_ENV, signUpPhoneUsers } from './relations.js'
 
 /** Group commit of follows: requests and transactions (`zg_relation_commit_changes`). */
 const COMMIT_METRICS = ['zg_relation_commit_changes_sum', 'zg_relation_commit_changes_count'];
+/** The worker's outbox relay: rows published and relay rounds (`zg_outbox_round_rows`). */
+const RELAY_METRICS = ['zg_outbox_round_rows_sum', 'zg_outbox_round_rows_count'];
 import {
   Cleanups,
   createClusterStack,
@@ -78,6 +80,7 @@ try {
   for (const name of process.env.SPLIT_BASELINE === '0' ? mixNames : [...mixNames, 'healthz']) {
     const before = { api: cpuMark([api.pid]), worker: cpuMark([worker.pid]) };
     const commits = await scrape(api.baseUrl, COMMIT_METRICS);
+    const relayed = await scrape(worker.baseUrl, RELAY_METRICS);
     const r = await fire({ url: api.baseUrl, connections: 50, seconds, requests: mixes[name]! });
     const a = cpuBetween(before.api, cpuMark([api.pid]));
     const w = cpuBetween(before.worker, cpuMark([worker.pid]));
@@ -91,6 +94,12 @@ try {
     if (count! > 0) {
       console.log(
         `         ${(sum! / count!).toFixed(1)} follow/unfollow requests per transaction (${count} transactions)`,
+      );
+    }
+    const [rows, rounds] = (await scrape(worker.baseUrl, RELAY_METRICS)).map((v, i) => v - relayed[i]!);
+    if (rounds! > 0) {
+      console.log(
+        `         ${(rows! / rounds!).toFixed(1)} outbox rows per relay round (${rounds} rounds, ${rows} rows)`,
       );
     }
   }
