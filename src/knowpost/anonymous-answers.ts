@@ -12,15 +12,15 @@ export interface AnonymousAnswersOptions {
 }
 
 /**
- * Written answers (JSON bytes) for callers who sent no token, which are the same for all of them:
- * kept for a fraction of a second, one writer per key at a time. Any local invalidation of the post
+ * Answers for callers who sent no token (JSON bytes, or what they were written from), which are the
+ * same for all of them: kept for a fraction of a second, one writer per key at a time. Any local invalidation of the post
  * cache (a post changed anywhere, or the bus lost messages) bumps `generation()` and so makes every
  * kept answer invalid at once, and an answer written across such an invalidation is not kept, nor
  * joined by callers who came after it. Nothing that depends on the caller may go in.
  */
-export class AnonymousAnswers {
-  private readonly kept: LruCache<{ bytes: Buffer; generation: number }>;
-  private readonly writes = new SingleFlight<Buffer>();
+export class AnonymousAnswers<V = Buffer> {
+  private readonly kept: LruCache<{ value: V; generation: number }>;
+  private readonly writes = new SingleFlight<V>();
 
   constructor(
     private readonly generation: () => number,
@@ -34,16 +34,16 @@ export class AnonymousAnswers {
   }
 
   /** The kept answer for `key`, or the one `write` produces (shared with concurrent callers). */
-  async get(key: string, write: () => Promise<Buffer>): Promise<Buffer> {
+  async get(key: string, write: () => Promise<V>): Promise<V> {
     const generation = this.generation();
     const kept = this.kept.get(key);
-    if (kept && kept.generation === generation) return kept.bytes;
+    if (kept && kept.generation === generation) return kept.value;
     const written = await this.writes.do(`${key}:${generation}`, async () => {
-      const bytes = await write();
-      if (generation === this.generation()) this.kept.set(key, { bytes, generation });
-      return bytes;
+      const value = await write();
+      if (generation === this.generation()) this.kept.set(key, { value, generation });
+      return value;
     });
-    if (!written) throw new Error('answer write produced nothing');
+    if (written === undefined) throw new Error('answer write produced nothing');
     return written;
   }
 }

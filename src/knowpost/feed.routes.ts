@@ -33,8 +33,12 @@ export function feedRoutes(deps: { feeds: FeedService; guards: AuthGuards }) {
         const page = request.query.page ?? 1;
         const size = clampSize(request.query.size);
         const viewer = request.principal?.userId ?? null;
-        if (viewer === null) return sendJsonBytes(reply, await deps.feeds.anonymousFeedBytes(page, size));
-        return sendPage(reply, await deps.feeds.feed(page, size, viewer));
+        return sendJsonBytes(
+          reply,
+          viewer === null
+            ? await deps.feeds.anonymousFeedBytes(page, size)
+            : await deps.feeds.viewerFeedBytes(page, size, viewer),
+        );
       },
     );
 

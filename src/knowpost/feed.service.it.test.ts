@@ -352,6 +352,17 @@ describe.each<Profile>(['embedded', 'cluster'])('reading posts against real stor
     const [x, y] = await Promise.all([p.feeds.anonymousFeedBytes(1, 10), p.feeds.anonymousFeedBytes(1, 10)]);
     expect(x).toBe(y);
     expect(counts['store.readSnapshots']).toBe(1);
+    // A signed-in viewer's page is the kept page with the viewer's flags: one read of flags.
+    clear();
+    const mine = await p.feeds.viewerFeedBytes(1, 10, viewer);
+    expect(counts).toEqual({ 'store.flags': 1 });
+    const live = feedResponse(await p.feeds.feed(1, 10, viewer));
+    expect(JSON.parse(mine.toString('utf8'))).toEqual(live);
+    expect(live.items.filter((item) => item.liked).length).toBeGreaterThan(0);
+    expect(JSON.parse((await p.feeds.anonymousFeedBytes(1, 10)).toString('utf8'))).toEqual({
+      ...live,
+      items: live.items.map((item) => ({ ...item, liked: false, faved: false })),
+    });
     // A write that spans a change is served to its callers but not kept, nor joined by later ones.
     now += 200;
     const spanning = p.feeds.anonymousFeedBytes(1, 10);

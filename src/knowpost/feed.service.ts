@@ -18,16 +18,24 @@ export const refOf = (id: string): EntityRef => ({ etype: 'knowpost', eid: id })
 
 export const NO_FLAGS: Flags = { like: false, fav: false };
 
+/** An anonymous feed page as kept: what it was written from, and the written answer. */
+interface KeptPage {
+  page: FeedPage;
+  bytes: Buffer;
+}
+
 /**
  * The public feed and the author's own list. A page costs the same number of round trips whatever
  * its size: the page of ids, one batched load of posts, one of authors, one read of counts and one of
  * flags (when signed in); the first three are mostly served from the caches.
  *
- * Anonymous pages are the same for every caller, so with `anonymous` set, their written answer
- * is kept for a fraction of a second (see `AnonymousAnswers`).
+ * Anonymous pages are the same for every caller, so with `anonymous` set, each page is kept for a
+ * fraction of a second (see `AnonymousAnswers`) with its written answer. A signed-in viewer's page
+ * of the public feed is the same page with the viewer's flags laid over it: it is written from the
+ * kept page, so only the flags are read per request.
  */
 export class FeedService {
-  private readonly anonymousPages: AnonymousAnswers | null;
+  private readonly anonymousPages: AnonymousAnswers<KeptPage> | null;
   private readonly cachedCounts: PostInteractions['counts'] = (refs) => this.interactions.counts(refs);
 
   constructor(
@@ -42,12 +50,35 @@ export class FeedService {
 
   /** The public feed's answer for a caller who sent no token, as `feedResponseBytes` writes it. */
   async anonymousFeedBytes(page: number, size: number): Promise<Buffer> {
+    const kept = await this.keptPage(page, size);
+    return kept ? kept.bytes : feedResponseBytes(await this.feed(page, size, null));
+  }
+
+  /** The public feed's answer for a signed-in viewer: `liked`/`faved` filled. */
+  async viewerFeedBytes(page: number, size: number, viewerId: number): Promise<Buffer> {
+    const kept = await this.keptPage(page, size);
+    if (!kept) return feedResponseBytes(await this.feed(page, size, viewerId));
+    const { entries } = kept.page;
+    if (entries.length === 0) return kept.bytes;
+    const flags = await this.interactions.flags(
+      viewerId,
+      entries.map((e) => refOf(e.post.id)),
+    );
+    return feedResponseBytes({
+      ...kept.page,
+      entries: entries.map((e, i) => ({ ...e, flags: flags[i] ?? NO_FLAGS })),
+    });
+  }
+
+  /** The kept anonymous page (written now when there is none), or null when pages are not kept. */
+  private async keptPage(page: number, size: number): Promise<KeptPage | null> {
     const pages = this.anonymousPages;
     const counts = this.anonymous?.counts;
-    if (!pages || !counts) return feedResponseBytes(await this.feed(page, size, null));
-    return pages.get(`${page}:${size}`, async () =>
-      feedResponseBytes(await this.feed(page, size, null, counts)),
-    );
+    if (!pages || !counts) return null;
+    return pages.get(`${page}:${size}`, async () => {
+      const written = await this.feed(page, size, null, counts);
+      return { page: written, bytes: feedResponseBytes(written) };
+    });
   }
 
   /** Published public posts, newest first; `liked`/`faved` filled for a signed-in viewer. */
