@@ -14,6 +14,7 @@ import type { ObjectStorage } from './storage/object-storage.js';
 import { LocalObjectStorage, loadOrCreateSigningKey } from './storage/local-object-storage.js';
 import type { CounterStore } from '../counter/store/counter-store.js';
 import { SqliteCounterStore } from '../counter/store/sqlite-counter-store.js';
+import type { RedisOptions } from 'ioredis';
 import type { UserCounterStore } from '../user-counter/store/user-counter-store.js';
 import { SqliteUserCounterStore } from '../user-counter/store/sqlite-user-counter-store.js';
 import type { CodeSender } from '../auth/code-sender/code-sender.js';
@@ -141,6 +142,18 @@ async function createEmbedded(config: Config, log: Logger): Promise<Platform> {
   }
 }
 
+/** The cluster profile's Redis client settings: auto-pipelined but for `SEND_AT_ONCE`. */
+export async function clusterRedisOptions(): Promise<
+  Pick<RedisOptions, 'maxRetriesPerRequest' | 'enableAutoPipelining' | 'autoPipeliningIgnoredCommands'>
+> {
+  const { SEND_AT_ONCE } = await import('../counter/store/redis-counter-store.js');
+  return {
+    maxRetriesPerRequest: 2,
+    enableAutoPipelining: true,
+    autoPipeliningIgnoredCommands: [...SEND_AT_ONCE],
+  };
+}
+
 async function createCluster(config: Config, log: Logger): Promise<Platform> {
   const closers: (() => Promise<void>)[] = [];
   try {
@@ -149,10 +162,7 @@ async function createCluster(config: Config, log: Logger): Promise<Platform> {
     await migrate(db);
 
     const { Redis } = await import('ioredis');
-    const redis = new Redis(required(config.redisUrl, 'ZG_REDIS_URL'), {
-      maxRetriesPerRequest: 2,
-      enableAutoPipelining: true,
-    });
+    const redis = new Redis(required(config.redisUrl, 'ZG_REDIS_URL'), await clusterRedisOptions());
     closers.unshift(async () => void (await redis.quit().catch(() => redis.disconnect())));
     // A subscribed connection can run no other command, so the bus gets one of its own (and closes it).
     const invalidation = await createRedisInvalidationBus({

@@ -1,0 +1,26 @@
+import { Redis } from 'ioredis';
+import { afterEach, describe, expect, it } from 'vitest';
+import { services, uniqueName } from '../../test/rig/resources.js';
+import { RedisCounterStore } from '../counter/store/redis-counter-store.js';
+import { clusterRedisOptions } from './wiring.js';
+
+describe('the cluster profile’s Redis client', () => {
+  let redis: Redis | undefined;
+  afterEach(async () => {
+    await redis?.quit();
+    redis = undefined;
+  });
+
+  it('sends a page’s flags at once and auto-pipelines the rest', async () => {
+    redis = new Redis(services.redisUrl(), await clusterRedisOptions());
+    const store = new RedisCounterStore(redis, { prefix: `${uniqueName('wiring')}:` });
+    await redis.ping();
+    const refs = [{ etype: 'knowpost', eid: '7300000000000000011' }] as const;
+    const flags = store.flags(3, refs);
+    expect(redis.autoPipelineQueueSize).toBe(0);
+    const snapshots = store.readSnapshots(refs);
+    expect(redis.autoPipelineQueueSize).toBe(1);
+    expect(await flags).toEqual([{ like: false, fav: false }]);
+    expect(await snapshots).toEqual([null]);
+  });
+});
