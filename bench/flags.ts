@@ -17,8 +17,9 @@ import { Redis } from 'ioredis';
 import type { EntityRef } from '../src/counter/model.js';
 import { RedisCounterStore } from '../src/counter/store/redis-counter-store.js';
 import { clusterRedisOptions } from '../src/platform/wiring.js';
+import { deleteRedisKeys, services } from './servers.js';
 
-const REDIS_URL = process.env.ZG_REDIS_URL ?? 'redis://127.0.0.1:6379';
+const REDIS_URL = services.redisUrl;
 const clientKind = process.env.FLAGS_CLIENT ?? 'cluster';
 const workUs = Number(process.env.FLAGS_WORK_US ?? 0);
 const seconds = Number(process.env.FLAGS_SECONDS ?? 5);
@@ -78,11 +79,6 @@ try {
       `Redis ${((redis * 1e6) / calls).toFixed(1)} µs`,
   );
 } finally {
-  let cursor = '0';
-  do {
-    const [next, keys] = await admin.scan(cursor, 'MATCH', `${prefix}*`, 'COUNT', 1000);
-    cursor = next;
-    if (keys.length > 0) await admin.del(...keys);
-  } while (cursor !== '0');
+  await deleteRedisKeys(prefix);
   await Promise.all([admin.quit(), client.quit()]);
 }

@@ -13,10 +13,11 @@ export interface AnonymousAnswersOptions {
 
 /**
  * Answers for callers who sent no token (JSON bytes, or what they were written from), which are the
- * same for all of them: kept for a fraction of a second, one writer per key at a time. Any local invalidation of the post
- * cache (a post changed anywhere, or the bus lost messages) bumps `generation()` and so makes every
- * kept answer invalid at once, and an answer written across such an invalidation is not kept, nor
- * joined by callers who came after it. Nothing that depends on the caller may go in.
+ * same for all of them: kept for a fraction of a second, one writer per key at a time. Any local
+ * invalidation of the post cache (a post changed anywhere, or the bus lost messages) bumps
+ * `generation()` and so makes every kept answer invalid at once, and an answer written across such
+ * an invalidation is not kept, nor joined by callers who came after it. Nothing that depends on the
+ * caller may go in.
  */
 export class AnonymousAnswers<V = Buffer> {
   private readonly kept: LruCache<{ value: V; generation: number }>;
