@@ -17,6 +17,7 @@ import { opsRoutes } from './platform/http/ops.routes.js';
 import { createLogger } from './platform/logging/logger.js';
 import { Metrics } from './platform/metrics/metrics.js';
 import { OutboxRelay } from './platform/outbox/relay.js';
+import { OutboxWakeSender, wakeOnAnnouncements } from './platform/outbox/wake.js';
 import { DEFAULT_AVATAR_PATH, filesRoutes } from './platform/storage/files.routes.js';
 import { createPlatform, type Platform } from './platform/wiring.js';
 import { ProfileService } from './profile/profile.service.js';
@@ -143,9 +144,20 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
   });
   const counters = new CounterService(platform.counterStore, directory, publisher, counterMetrics, now);
 
+  // After a commit that wrote outbox rows: the relay of this process starts a round at once; a
+  // process without a relay (the api role) tells the relays of worker processes through the bus.
+  const outboxWake = new OutboxWakeSender(platform.invalidation, (err) =>
+    log.warn({ err }, 'could not announce outbox rows; relays find them at their next poll'),
+  );
+  const outboxCommitted = (): void => (config.role === 'api' ? outboxWake.committed() : relay.notify());
+
   // Told after every committed post change (this process only); caches of posts add themselves here.
   const postListeners: PostChangeListener[] = [
     (change) => directory.forget({ etype: 'knowpost', eid: change.id }),
+    // Publishing, and deleting a published post, append a post event.
+    (change) => {
+      if (change.kind === 'published' || change.kind === 'deleted') outboxCommitted();
+    },
   ];
   const posts = new PostService({
     posts: new PostRepository(platform.db),
@@ -239,7 +251,7 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
     registry: metrics.registry,
     log,
     config: config.relations,
-    onCommitted: () => relay.notify(),
+    onCommitted: outboxCommitted,
     now,
   });
 
@@ -271,8 +283,9 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
   const relay = new OutboxRelay({
     store: platform.outboxStore,
     events: platform.events,
-    // An API process's commits cannot wake a relay in a worker process; polling bounds that wait.
-    pollIntervalMs: 100,
+    // Woken at once by commits in this process or, through the bus, in API processes; the poll
+    // covers a lost announcement.
+    pollIntervalMs: config.relations.outboxPollMs,
     // Short back-off so the backlog goes out within seconds of the broker coming back.
     retryBackoffMs: { min: 200, max: 2_000 },
     onError: (err) => {
@@ -281,6 +294,7 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
     },
     onPublished: (count, oldestAgeMs) => outboxMetrics.round(count, oldestAgeMs),
   });
+  if (config.role !== 'api') wakeOnAnnouncements(platform.invalidation, relay);
   const reconciler = new CounterReconciler(platform.counterStore, counterMetrics);
   const aggregator = new CounterAggregator(
     platform.events,
@@ -356,6 +370,7 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
     async close() {
       draining = true;
       await http.close();
+      outboxWake.close();
       await publisher.close();
       await views.close();
       for (const worker of workers) await worker.stop();

@@ -1,6 +1,7 @@
 /**
  * Tells every process of a deployment that cached data changed, so each drops what it holds in
- * memory (cluster: Redis pub/sub; embedded: in process).
+ * memory (cluster: Redis pub/sub; embedded: in process). It also carries news that needs no keys,
+ * such as the outbox having new rows (see `platform/outbox/wake.ts`).
  *
  * Semantics every adapter guarantees (proved by `invalidation-bus.contract.ts`):
  * - A message is a scope (what kind of data, e.g. `knowpost`) and a list of keys (which items).

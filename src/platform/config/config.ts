@@ -98,6 +98,8 @@ export interface Config {
     listCacheTtlMs: number;
     /** Longest following/followers list kept in the list cache; longer ones page in the database. */
     listCacheMaxEntries: number;
+    /** How long an idle outbox relay waits before it looks for rows nobody told it about. */
+    outboxPollMs: number;
     reconcileIntervalMs: number;
   };
 }
@@ -298,6 +300,11 @@ export const CONFIG_VARS = {
       "how often workers compare sampled users' relation counters, projection and list caches with the tables",
     default: '60000',
   },
+  ZG_OUTBOX_POLL_MS: {
+    description:
+      'how often an idle outbox relay looks for new rows on its own (commits in any process also wake it at once)',
+    default: '100',
+  },
 } satisfies Record<string, VarSpec>;
 
 type VarName = keyof typeof CONFIG_VARS;
@@ -475,6 +482,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: { ro
       firstPageCacheMs: int('ZG_RELATION_FIRST_PAGE_CACHE_MS', 0, 3_600_000),
       listCacheTtlMs: int('ZG_RELATION_LIST_CACHE_TTL_MS', 1_000, 7 * 86_400_000),
       listCacheMaxEntries: int('ZG_RELATION_LIST_CACHE_MAX', 0, 50_000),
+      outboxPollMs: int('ZG_OUTBOX_POLL_MS', 10, 600_000),
       reconcileIntervalMs: int('ZG_RELATION_RECONCILE_MS', 100, 86_400_000),
     },
   };

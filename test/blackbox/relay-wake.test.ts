@@ -1,0 +1,119 @@
+/**
+ * A commit with outbox rows in an API process (a follow, a publish) wakes the outbox relay of a
+ * worker process at once, through the invalidation bus, instead of at the relay's next poll: with
+ * the poll set to a minute, every change still leaves the outbox, and shows in the counters, within
+ * seconds.
+ */
+import { setTimeout as sleep } from 'node:timers/promises';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { openMysql, type Db } from '../../src/platform/db/database.js';
+import { services } from '../rig/resources.js';
+import {
+  clusterDeployment,
+  signUpByPhone,
+  startNode,
+  type Deployment,
+  type NodeProcess,
+  type PhoneUser,
+} from '../fault/processes.js';
+import { Client, type SignedUp } from './harness.js';
+import { writePost } from './posts.js';
+
+const POLL_MS = 60_000;
+/** Far below the poll: only a wake gets a row out this soon. */
+const WITHIN_MS = 5_000;
+
+describe('outbox relay woken across processes (cluster profile: an API and a worker process)', () => {
+  let deployment: Deployment | undefined;
+  let api: NodeProcess | undefined;
+  let worker: NodeProcess | undefined;
+  let db: Db | undefined;
+  let users: PhoneUser[] = [];
+
+  beforeAll(async () => {
+    deployment = await clusterDeployment(services.kafkaBrokers().join(','), {
+      ZG_OUTBOX_POLL_MS: String(POLL_MS),
+    });
+    // The first process creates the schema and the topics.
+    api = await startNode(deployment.env, 'api');
+    worker = await startNode(deployment.env, 'worker');
+    db = await openMysql(deployment.mysqlUrl!, 1);
+    users = await signUpByPhone([api], 3, 30_000, 3);
+    expect(users).toHaveLength(3);
+    // The worker's relay has run its first round and now waits out its poll.
+    await sleep(500);
+  }, 120_000);
+
+  afterAll(async () => {
+    await Promise.allSettled([api?.stop(), worker?.stop()]);
+    await db?.close();
+    await deployment?.dispose();
+  });
+
+  const outboxRows = async (): Promise<number> =>
+    Number(
+      (
+        await db!.kysely
+          .selectFrom('outbox')
+          .select((eb) => eb.fn.countAll<number | string>().as('n'))
+          .executeTakeFirstOrThrow()
+      ).n,
+    );
+
+  /** Milliseconds until `check` holds, failing after `ms`. */
+  const within = async (ms: number, check: () => Promise<boolean>): Promise<number> => {
+    const started = Date.now();
+    while (!(await check())) {
+      if (Date.now() - started > ms) throw new Error(`not within ${ms} ms`);
+      await sleep(25);
+    }
+    return Date.now() - started;
+  };
+
+  const counter = async (client: Client, of: PhoneUser, as: PhoneUser): Promise<Record<string, number>> => {
+    const res = await client.call('GET', `/api/v1/relation/counter?userId=${of.id}`, { token: as.token });
+    expect(res.status).toBe(200);
+    return res.body as Record<string, number>;
+  };
+
+  it('publishes every follow and unfollow of the API process within seconds, though the relay polls once a minute', async () => {
+    const client = new Client(api!.baseUrl);
+    const [a, b, c] = users as [PhoneUser, PhoneUser, PhoneUser];
+    const followers = async (): Promise<number> => (await counter(client, b, a)).followers!;
+    const steps: [PhoneUser, 'follow' | 'unfollow', number][] = [
+      [a, 'follow', 1],
+      [c, 'follow', 2],
+      [a, 'unfollow', 1],
+    ];
+    for (const [who, action, expected] of steps) {
+      const res = await client.call('POST', `/api/v1/relation/${action}?toUserId=${b.id}`, {
+        token: who.token,
+      });
+      expect(res.status).toBe(200);
+      expect(res.body).toBe(true);
+      await within(WITHIN_MS, async () => (await outboxRows()) === 0);
+      await within(WITHIN_MS, async () => (await followers()) === expected);
+    }
+  });
+
+  it("publishes a post's publish and delete within seconds, though the relay polls once a minute", async () => {
+    const client = new Client(api!.baseUrl);
+    const author = users[0]!;
+    const asSignedUp: SignedUp = {
+      identifier: '',
+      password: '',
+      userId: author.id,
+      accessToken: author.token,
+      refreshToken: '',
+    };
+    const posts = async (): Promise<number> => (await counter(client, author, author)).posts!;
+    const before = await posts();
+    const { id } = await writePost(client, asSignedUp);
+    await within(WITHIN_MS, async () => (await outboxRows()) === 0);
+    await within(WITHIN_MS, async () => (await posts()) === before + 1);
+    const res = await client.call('DELETE', `/api/v1/knowposts/${id}`, { token: author.token });
+    expect(res.status).toBe(204);
+    await within(WITHIN_MS, async () => (await outboxRows()) === 0);
+    await within(WITHIN_MS, async () => (await posts()) === before);
+  });
+});
