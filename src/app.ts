@@ -146,9 +146,13 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
 
   // After a commit that wrote outbox rows: the relay of this process starts a round at once; a
   // process without a relay (the api role) tells the relays of worker processes through the bus.
-  const outboxWake = new OutboxWakeSender(platform.invalidation, (err) =>
-    log.warn({ err }, 'could not announce outbox rows; relays find them at their next poll'),
-  );
+  let outboxWakeWarnedAt = -Infinity;
+  const outboxWake = new OutboxWakeSender(platform.invalidation, (err) => {
+    // Every announcement fails alike while Redis is away: one line per 5 s is enough.
+    if (now() - outboxWakeWarnedAt < 5_000) return;
+    outboxWakeWarnedAt = now();
+    log.warn({ err }, 'could not announce outbox rows; relays find them at their next poll');
+  });
   const outboxCommitted = (): void => (config.role === 'api' ? outboxWake.committed() : relay.notify());
 
   // Told after every committed post change (this process only); caches of posts add themselves here.
