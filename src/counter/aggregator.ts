@@ -1,4 +1,8 @@
-import type { EventLog, Subscription } from '../platform/eventlog/eventlog.js';
+import {
+  IDEMPOTENT_COMMIT_INTERVAL_MS,
+  type EventLog,
+  type Subscription,
+} from '../platform/eventlog/eventlog.js';
 import type { CounterMetrics } from './counter.metrics.js';
 import { COUNTER_TOPIC, type CounterEvent } from './model.js';
 import type { CounterStore } from './store/counter-store.js';
@@ -30,9 +34,9 @@ export function parseCounterEvent(value: string): CounterEvent | null {
 /**
  * The `counter-agg` consumer: hands each batch of events to the store, which folds them per entity
  * and applies the deltas together with the entities' applied marks in one atomic step per group.
- * The batch's offsets are committed only after that (the event log commits them while the next batch
- * is applied); a crash before the commit redelivers the batch, and the applied marks make the second
- * delivery a no-op. Large batches are cheaper per event (one script per group and batch); at low
+ * The batch's offsets are committed only after that, gathered with the next batches' for up to a
+ * second (each commit is a write on the broker); a crash before the commit redelivers those batches,
+ * and the applied marks make the second delivery a no-op. Large batches are cheaper per event (one script per group and batch); at low
  * rates `maxWaitMs` keeps them small, so counts do not wait for a batch to fill.
  */
 export class CounterAggregator {
@@ -60,6 +64,8 @@ export class CounterAggregator {
       topics: [COUNTER_TOPIC],
       maxBatch: this.options.maxBatch,
       maxWaitMs: this.options.maxWaitMs,
+      // Applied marks make a redelivered event a no-op.
+      commitIntervalMs: IDEMPOTENT_COMMIT_INTERVAL_MS,
       handler: async (batch) => {
         const parsed: CounterEvent[] = [];
         let newest = 0;

@@ -4,7 +4,11 @@ import { COUNTER_TOPIC, type CounterEvent, type EntityRef } from '../counter/mod
 import type { CounterStore } from '../counter/store/counter-store.js';
 import { LruCache } from '../platform/cache/lru.js';
 import type { Db } from '../platform/db/database.js';
-import type { EventLog, Subscription } from '../platform/eventlog/eventlog.js';
+import {
+  IDEMPOTENT_COMMIT_INTERVAL_MS,
+  type EventLog,
+  type Subscription,
+} from '../platform/eventlog/eventlog.js';
 import type { UserCounterDelta } from '../user-counter/model.js';
 import type { UnappliedEvent, UserCountPart } from '../user-counter/source.js';
 import { sequencedEventId, type UserCounterStore } from '../user-counter/store/user-counter-store.js';
@@ -137,6 +141,7 @@ export class LikesReceivedConsumer {
       maxWaitMs: 50,
       // Nobody waits on these counts within the second; fewer, larger fetches are cheaper.
       fetchMaxWaitMs: 250,
+      commitIntervalMs: IDEMPOTENT_COMMIT_INTERVAL_MS,
       handler: async (batch) => {
         const events: CounterEvent[] = [];
         for (const record of batch.records) {

@@ -1,5 +1,9 @@
 import type { InvalidationBus } from '../platform/cache/invalidation-bus.js';
-import type { EventLog, Subscription } from '../platform/eventlog/eventlog.js';
+import {
+  IDEMPOTENT_COMMIT_INTERVAL_MS,
+  type EventLog,
+  type Subscription,
+} from '../platform/eventlog/eventlog.js';
 import type { UserCounterDelta } from '../user-counter/model.js';
 import type { UserCounterStore } from '../user-counter/store/user-counter-store.js';
 import type { ListCache, ListChange } from './list-cache/list-cache.js';
@@ -55,6 +59,7 @@ export class RelationProjector {
       topics: [RELATION_TOPIC],
       maxBatch: this.deps.maxBatch ?? 1000,
       maxWaitMs: this.deps.maxWaitMs ?? 20,
+      commitIntervalMs: IDEMPOTENT_COMMIT_INTERVAL_MS,
       handler: async (batch) => {
         const events: RelationEvent[] = [];
         for (const record of batch.records) {

@@ -1,4 +1,9 @@
-import type { DeliveredRecord, EventLog, Subscription } from '../platform/eventlog/eventlog.js';
+import {
+  IDEMPOTENT_COMMIT_INTERVAL_MS,
+  type DeliveredRecord,
+  type EventLog,
+  type Subscription,
+} from '../platform/eventlog/eventlog.js';
 import { parsePostEvent, POST_TOPIC } from '../knowpost/post-events.js';
 import type { UserCounterDelta } from './model.js';
 import type { UserCounterStore } from './store/user-counter-store.js';
@@ -48,7 +53,8 @@ export interface UserCounterConsumerOptions {
 /**
  * The `user-counters` consumer: maps each batch's records to deltas and applies them in one store
  * call, which is idempotent by (user, event). The batch's offsets are committed only after that
- * resolved; a crash in between redelivers the batch and the store skips what it already applied.
+ * resolved (gathered with the next batches' for up to a second); a crash in between redelivers them
+ * and the store skips what it already applied.
  */
 export class UserCounterConsumer {
   private subscription: Subscription | undefined;
@@ -78,6 +84,7 @@ export class UserCounterConsumer {
       maxWaitMs: this.options.maxWaitMs,
       // Nobody waits on these within a fraction of a second; fewer, larger fetches are cheaper.
       fetchMaxWaitMs: 250,
+      commitIntervalMs: IDEMPOTENT_COMMIT_INTERVAL_MS,
       handler: async (batch) => {
         const feed = this.feeds.get(batch.topic);
         const deltas: UserCounterDelta[] = [];

@@ -209,6 +209,35 @@ export function defineEventLogContract(
       expect(got.records.length + first.length).toBe(sent.length);
     });
 
+    it('with commitIntervalMs, commits on close every batch it handled, so the next member continues after them', async () => {
+      const t = await newTopic();
+      const g = newGroup();
+      const sent = records('i', 3, 8);
+      await h.log.publish(t, sent);
+      const first: DeliveredRecord[] = [];
+      let batches = 0;
+      const sub = await subscribe({
+        group: g,
+        topics: [t],
+        maxBatch: 4,
+        maxWaitMs: 20,
+        // Far longer than the test: only close commits what came after the first batch.
+        commitIntervalMs: 600_000,
+        handler: async (batch) => {
+          batches++;
+          first.push(...batch.records);
+        },
+      });
+      await waitUntil(() => first.length >= sent.length, deliveryTimeoutMs);
+      expect(batches).toBeGreaterThan(1);
+      await sub.close();
+
+      const got = collector();
+      await subscribe({ group: g, topics: [t], handler: got.handler });
+      await delay(1_000);
+      expect(got.records).toEqual([]);
+    });
+
     it('shares a group between members and hands work over when one leaves', async () => {
       const t = await newTopic();
       const g = newGroup();

@@ -1,3 +1,5 @@
+import { Admin } from '@platformatic/kafka';
+import { describe, expect, it } from 'vitest';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -59,3 +61,62 @@ defineEventLogContract('kafka', async () => {
     close: () => log.close(),
   };
 });
+
+describe('KafkaEventLog commitIntervalMs', () => {
+  it('commits what a quiet subscription handled within the interval, without waiting for close', async () => {
+    const prefix = `${uniqueName('t')}.`;
+    const log = new KafkaEventLog({
+      brokers: services.kafkaBrokers(),
+      prefix,
+      partitions: 2,
+      clientId: 'zg-commit-interval',
+      sessionTimeoutMs: 6_000,
+      heartbeatIntervalMs: 500,
+    });
+    const admin = new Admin({
+      clientId: 'zg-commit-interval-admin',
+      bootstrapBrokers: services.kafkaBrokers(),
+    });
+    const committed = async (): Promise<bigint> => {
+      const [group] = await admin.listConsumerGroupOffsets({ groups: [`${prefix}g`] });
+      let sum = 0n;
+      for (const topic of group?.topics ?? [])
+        for (const p of topic.partitions) if (p.committedOffset > 0n) sum += p.committedOffset;
+      return sum;
+    };
+    try {
+      await log.ensureTopics(['t']);
+      const handled: string[] = [];
+      const sub = await log.subscribe({
+        group: 'g',
+        topics: ['t'],
+        maxBatch: 5,
+        maxWaitMs: 10,
+        commitIntervalMs: 1_500,
+        handler: async (batch) => {
+          handled.push(...batch.records.map((r) => r.value));
+        },
+      });
+      const records = Array.from({ length: 40 }, (_, i) => ({ key: `k${i % 4}`, value: String(i) }));
+      await log.publish('t', records);
+      const deadline = Date.now() + 15_000;
+      while (handled.length < records.length && Date.now() < deadline) await delay(20);
+      expect(handled).toHaveLength(records.length);
+      // Handled, and (but for the first batch) not committed yet: the commits are gathered.
+      expect(await committed()).toBeLessThan(BigInt(records.length));
+      // Nothing more arrives; the gathered commit goes out once the interval has passed.
+      while ((await committed()) < BigInt(records.length) && Date.now() < deadline) await delay(100);
+      expect(await committed()).toBe(BigInt(records.length));
+      await sub.close();
+    } finally {
+      await admin.close();
+      await log.deleteGroups(['g']).catch(() => undefined);
+      await log.deleteTopics(['t']);
+      await log.close();
+    }
+  });
+});
+
+function delay(ms: number): Promise<void> {
+  return new Promise((resolve) => setTimeout(resolve, ms));
+}

@@ -32,6 +32,12 @@ export interface Batch {
   records: DeliveredRecord[];
 }
 
+/**
+ * `commitIntervalMs` of the consumers whose handlers are idempotent for redelivered records: at most
+ * one offset commit a second, however small their batches.
+ */
+export const IDEMPOTENT_COMMIT_INTERVAL_MS = 1_000;
+
 export interface SubscribeOptions {
   group: string;
   topics: string[];
@@ -46,8 +52,17 @@ export interface SubscribeOptions {
   fetchMaxWaitMs?: number;
   fromLatest?: boolean;
   /**
-   * Handles one batch. When it resolves, the batch's offsets are committed for the group; when it
-   * throws, nothing is committed and the same records are delivered again (after a back-off).
+   * How long the commits of handled batches may be gathered into one (Kafka: each offset commit is
+   * a write on the broker). A crash, or partitions moving to another member, then delivers up to
+   * this much again, so only handlers that are idempotent for redelivered records may set it;
+   * `close` commits everything handled. 0 (the default) commits after every batch; an adapter may
+   * commit sooner than asked.
+   */
+  commitIntervalMs?: number;
+  /**
+   * Handles one batch. When it resolves, the batch's offsets are committed for the group (see
+   * `commitIntervalMs`); when it throws, nothing is committed and the same records are delivered
+   * again (after a back-off).
    */
   handler: (batch: Batch) => Promise<void>;
   /** Called with errors the subscription recovered from (handler failures, lost connections). */

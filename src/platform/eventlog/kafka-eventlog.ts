@@ -473,6 +473,7 @@ class KafkaSubscription implements Subscription {
   private readonly topics: string[];
   private readonly maxBatch: number;
   private readonly maxWaitMs: number;
+  private readonly commitIntervalMs: number;
   private consumer: StringConsumer | undefined;
   private reader: StreamReader | undefined;
   private closing = false;
@@ -495,6 +496,7 @@ class KafkaSubscription implements Subscription {
     this.topics = [...new Set(options.topics.map((t) => log.name(t)))];
     this.maxBatch = Math.max(1, options.maxBatch ?? DEFAULT_MAX_BATCH);
     this.maxWaitMs = Math.max(0, options.maxWaitMs ?? DEFAULT_MAX_WAIT_MS);
+    this.commitIntervalMs = Math.max(0, options.commitIntervalMs ?? 0);
     this.instanceId = `${log.settings.clientId}-${randomUUID()}`;
   }
 
@@ -613,10 +615,13 @@ class KafkaSubscription implements Subscription {
   }
 
   /**
-   * Hands batches to the handler. A batch's commit is started once its handler resolved and runs
-   * while the next batch is read and handled; it is awaited before the next commit (so commits stay
-   * in order) and before `pump` returns or throws. A failed commit surfaces after the batch handled
-   * meanwhile, and both are delivered again: at-least-once, as the handler already expects.
+   * Hands batches to the handler. Once a batch's handler resolved, its offsets are committed, or,
+   * with `commitIntervalMs`, gathered with the next batches' until that long after the last commit
+   * (when no batch comes, the wait for one ends then). A commit runs while the next batch is read
+   * and handled; it is awaited before the next commit (so commits stay in order) and before `pump`
+   * returns or throws. A failed commit surfaces after the batch handled meanwhile, and both are
+   * delivered again: at-least-once, as the handler already expects. Leaving because of `close`
+   * commits whatever was handled.
    */
   private async pump(onProgress: () => void): Promise<void> {
     const reader = this.reader!;
@@ -628,24 +633,46 @@ class KafkaSubscription implements Subscription {
       const failed = await pending;
       if (failed !== undefined) throw failed;
     };
+    // Handled and not committed yet: the last record of each partition.
+    let handled = new Map<string, StringMessage>();
+    let lastCommitAt = Number.NEGATIVE_INFINITY;
+    const commitDue = (): boolean => Date.now() - lastCommitAt >= this.commitIntervalMs;
+    const commitHandled = async (): Promise<void> => {
+      if (handled.size === 0) return;
+      const records = [...handled.values()];
+      handled = new Map();
+      lastCommitAt = Date.now();
+      await committed();
+      committing = this.commit(records).then(
+        () => undefined,
+        (err: unknown) => (err instanceof Error ? err : new Error('commit failed', { cause: err })),
+      );
+    };
     try {
       while (!this.closing) {
-        const messages = await reader.next(this.maxBatch, this.maxWaitMs);
-        if (messages.length === 0) continue;
+        const idleMs =
+          handled.size > 0 ? Math.max(0, lastCommitAt + this.commitIntervalMs - Date.now()) : undefined;
+        const messages = await reader.next(this.maxBatch, this.maxWaitMs, idleMs);
+        if (messages.length === 0) {
+          if (commitDue()) await commitHandled();
+          continue;
+        }
         for (const [topic, records] of groupByTopic(messages)) {
           try {
             await this.options.handler({ topic: this.log.unprefix(topic), records: this.delivered(records) });
           } catch (err) {
             throw new HandlerFailed(err);
           }
-          await committed();
-          committing = this.commit(records).then(
-            () => undefined,
-            (err: unknown) => (err instanceof Error ? err : new Error('commit failed', { cause: err })),
-          );
+          for (const m of records) {
+            const key = `${m.topic}:${m.partition}`;
+            const seen = handled.get(key);
+            if (!seen || seen.offset < m.offset) handled.set(key, m);
+          }
+          if (commitDue()) await commitHandled();
         }
         onProgress();
       }
+      await commitHandled();
       await committed();
     } catch (err) {
       await committing;
@@ -755,10 +782,14 @@ class StreamReader {
     }
   }
 
-  /** Up to `max` messages; waits at most `maxWaitMs` once the first one is there. Empty when interrupted. */
-  async next(max: number, maxWaitMs: number): Promise<StringMessage[]> {
+  /**
+   * Up to `max` messages; waits at most `maxWaitMs` once the first one is there, and at most
+   * `idleMs` (when given) for the first one. Empty when interrupted or idle that long.
+   */
+  async next(max: number, maxWaitMs: number, idleMs?: number): Promise<StringMessage[]> {
     const batch: StringMessage[] = [];
     let deadline = 0;
+    const idleUntil = idleMs === undefined ? undefined : Date.now() + idleMs;
     while (batch.length < max) {
       if (this.interrupted) return [];
       const message = this.stream.read() as StringMessage | null;
@@ -770,6 +801,10 @@ class StreamReader {
       this.check();
       if (batch.length > 0) {
         const left = deadline - Date.now();
+        if (left <= 0) break;
+        await this.wait(left);
+      } else if (idleUntil !== undefined) {
+        const left = idleUntil - Date.now();
         if (left <= 0) break;
         await this.wait(left);
       } else {
