@@ -34,6 +34,12 @@ export class AnonymousAnswers<V = Buffer> {
     });
   }
 
+  /** The kept answer for `key`, if there is a valid one now. */
+  peek(key: string): V | undefined {
+    const kept = this.kept.get(key);
+    return kept && kept.generation === this.generation() ? kept.value : undefined;
+  }
+
   /** The kept answer for `key`, or the one `write` produces (shared with concurrent callers). */
   async get(key: string, write: () => Promise<V>): Promise<V> {
     const generation = this.generation();

@@ -372,6 +372,43 @@ describe.each<Profile>(['embedded', 'cluster'])('reading posts against real stor
     expect(await p.feeds.anonymousFeedBytes(1, 10)).toBe(await after);
   });
 
+  it('reads a cold signed-in page’s flags while its counts are read, and answers as the live feed', async () => {
+    let now = 1_000;
+    const counts: Counts = {};
+    const p = apiProcess(counts, backend.shared(), 60_000, { ttlMs: 200, now: () => now });
+    await p.feeds.feed(1, 10, null); // posts and the page of ids in the caches
+    // Counts that answer only once the flags were asked for: read one after the other, the page
+    // would never be written.
+    let flagsAsked!: () => void;
+    const asked = new Promise<void>((resolve) => (flagsAsked = resolve));
+    const interactions = {
+      counts: async (refs: readonly EntityRef[]) => {
+        await asked;
+        return backend.store.readSnapshots(refs).then((all) => all.map((c) => c ?? [0, 0, 0, 0, 0]));
+      },
+      flags: (userId: number, refs: readonly EntityRef[]) => {
+        flagsAsked();
+        return backend.store.flags(userId, refs);
+      },
+    };
+    const feeds = new FeedService(p.cache, new PostReadRepository(backend.db), interactions, {
+      ttlMs: 200,
+      maxEntries: 100,
+      now: () => now,
+      counts: interactions.counts,
+    });
+    const timeout = new Promise<never>((_, fail) =>
+      setTimeout(() => fail(new Error('the flags waited for the counts')), 5_000),
+    );
+    const cold = await Promise.race([feeds.viewerFeedBytes(1, 10, viewer), timeout]);
+    const live = feedResponse(await p.feeds.feed(1, 10, viewer));
+    expect(JSON.parse(cold.toString('utf8'))).toEqual(live);
+    expect(live.items.filter((item) => item.liked).length).toBeGreaterThan(0);
+    // Warm: the kept page and the viewer's flags again.
+    now += 100;
+    expect(JSON.parse((await feeds.viewerFeedBytes(1, 10, viewer)).toString('utf8'))).toEqual(live);
+  });
+
   it('reads a detail in a fixed number of round trips and records its view', async () => {
     const counts: Counts = {};
     const p = apiProcess(counts);
