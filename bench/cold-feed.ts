@@ -18,6 +18,7 @@ import {
   createClusterStack,
   insertPosts,
   newPostIds,
+  SERVER_ENTRY,
   signUpUsers,
   spawnServer,
 } from './servers.js';
@@ -59,7 +60,10 @@ try {
     const sorted = [...ms].sort((a, b) => a - b);
     return `${name} median ${percentile(sorted, 50).toFixed(2)} ms, p90 ${percentile(sorted, 90).toFixed(2)} ms`;
   };
-  console.log(`signed-in feed page of 20, ${samples} samples, ${gapMs} ms apart`);
+  console.log(
+    `signed-in feed page of 20, ${samples} samples, ${gapMs} ms apart` +
+      (process.env.BENCH_SERVER_ENTRY ? `; server build ${SERVER_ENTRY}` : ''),
+  );
   console.log(line('cold', cold));
   console.log(line('kept', kept));
   // Paired, so what the rest of the machine does at the time weighs on both alike.
