@@ -24,6 +24,12 @@ interface KeptPage {
   bytes: Buffer;
 }
 
+/** Where anonymous pages are kept, and the counts they are written with. */
+interface KeptPages {
+  answers: AnonymousAnswers<KeptPage>;
+  counts: PostInteractions['counts'];
+}
+
 /**
  * The public feed and the author's own list. A page costs the same number of round trips whatever
  * its size: the page of ids, one batched load of posts, one of authors, one read of counts and one of
@@ -35,23 +41,26 @@ interface KeptPage {
  * kept page, so only the flags are read per request.
  */
 export class FeedService {
-  private readonly anonymousPages: AnonymousAnswers<KeptPage> | null;
+  private readonly anonymousPages: KeptPages | null;
   private readonly cachedCounts: PostInteractions['counts'] = (refs) => this.interactions.counts(refs);
 
   constructor(
     private readonly cache: PostCache,
     private readonly repo: PostReadRepository,
     private readonly interactions: PostInteractions,
-    private readonly anonymous?: AnonymousAnswersOptions,
+    anonymous?: AnonymousAnswersOptions,
   ) {
     this.anonymousPages =
-      anonymous && anonymous.ttlMs > 0 ? new AnonymousAnswers(() => cache.localGeneration, anonymous) : null;
+      anonymous && anonymous.ttlMs > 0
+        ? { answers: new AnonymousAnswers(() => cache.localGeneration, anonymous), counts: anonymous.counts }
+        : null;
   }
 
   /** The public feed's answer for a caller who sent no token, as `feedResponseBytes` writes it. */
   async anonymousFeedBytes(page: number, size: number): Promise<Buffer> {
-    const kept = await this.keptPage(page, size);
-    return kept ? kept.bytes : feedResponseBytes(await this.feed(page, size, null));
+    const pages = this.anonymousPages;
+    if (!pages) return feedResponseBytes(await this.feed(page, size, null));
+    return (await this.keptPage(pages, page, size)).bytes;
   }
 
   /**
@@ -61,15 +70,14 @@ export class FeedService {
    */
   async viewerFeedBytes(page: number, size: number, viewerId: number): Promise<Buffer> {
     const pages = this.anonymousPages;
-    if (!pages || !this.anonymous?.counts) return feedResponseBytes(await this.feed(page, size, viewerId));
-    const hot = pages.peek(`${page}:${size}`);
+    if (!pages) return feedResponseBytes(await this.feed(page, size, viewerId));
+    const hot = pages.answers.peek(`${page}:${size}`);
     if (hot) return this.withFlags(hot, viewerId, new Map());
     const { ids } = await this.cache.feedPage(page, size);
     const [kept, flags] = await Promise.all([
-      this.keptPage(page, size),
+      this.keptPage(pages, page, size),
       ids.length > 0 ? this.interactions.flags(viewerId, ids.map(refOf)) : Promise.resolve([]),
     ]);
-    if (!kept) return feedResponseBytes(await this.feed(page, size, viewerId));
     return this.withFlags(kept, viewerId, new Map(ids.map((id, i) => [id, flags[i] ?? NO_FLAGS])));
   }
 
@@ -92,13 +100,10 @@ export class FeedService {
     });
   }
 
-  /** The kept anonymous page (written now when there is none), or null when pages are not kept. */
-  private async keptPage(page: number, size: number): Promise<KeptPage | null> {
-    const pages = this.anonymousPages;
-    const counts = this.anonymous?.counts;
-    if (!pages || !counts) return null;
-    return pages.get(`${page}:${size}`, async () => {
-      const written = await this.feed(page, size, null, counts);
+  /** The kept anonymous page, written now when there is none. */
+  private keptPage(pages: KeptPages, page: number, size: number): Promise<KeptPage> {
+    return pages.answers.get(`${page}:${size}`, async () => {
+      const written = await this.feed(page, size, null, pages.counts);
       return { page: written, bytes: feedResponseBytes(written) };
     });
   }

@@ -696,14 +696,9 @@ class KafkaSubscription implements Subscription {
     return out;
   }
 
-  private async commit(records: StringMessage[]): Promise<void> {
-    const highest = new Map<string, StringMessage>();
-    for (const m of records) {
-      const key = `${m.topic}:${m.partition}`;
-      const seen = highest.get(key);
-      if (!seen || seen.offset < m.offset) highest.set(key, m);
-    }
-    const offsets = [...highest.values()].map((m) => ({
+  /** Commits past `last`: the last handled record of each partition. */
+  private async commit(last: StringMessage[]): Promise<void> {
+    const offsets = last.map((m) => ({
       topic: m.topic,
       partition: m.partition,
       offset: m.offset + 1n,
