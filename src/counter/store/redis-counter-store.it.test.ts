@@ -373,6 +373,20 @@ describe('RedisCounterStore (cluster specifics)', () => {
     expect(await single.flags(viewer + 1, refs)).toEqual(refs.map(() => ({ like: false, fav: false })));
   });
 
+  it('finds a sharded fact set among the flags of more entities than one EXISTS covers', async () => {
+    const store = open({ groups: 64, sparseMax: 3 });
+    const refs = Array.from({ length: 300 }, (_, i) => post(String(7_300_000_000_000_002_000n + BigInt(i))));
+    const last = refs[299]!;
+    for (let u = 1; u <= 4; u++) await store.toggle(last, 'fav', u, true, NOW);
+    await store.toggle(refs[0]!, 'like', 2, true, NOW);
+    expect(await redis.exists(store.factKey(last, 'fav', true))).toBe(1);
+    const flags = await store.flags(2, refs);
+    expect(flags[0]).toEqual({ like: true, fav: false });
+    expect(flags[299]).toEqual({ like: false, fav: true });
+    expect(flags.slice(1, 299).every((f) => !f.like && !f.fav)).toBe(true);
+    expect((await store.flags(5, [last]))[0]).toEqual({ like: false, fav: false });
+  });
+
   it('adds views over many groups with one script per 500 entities on one node, per group in cluster mode', async () => {
     const single = open({ groups: 64 });
     const perGroup = open({ groups: 64, singleNode: false });
