@@ -1,7 +1,14 @@
 import type { Counts, EntityRef } from '../counter/model.js';
 import type { Flags } from '../counter/store/counter-store.js';
 import { AnonymousAnswers, type AnonymousAnswersOptions } from './anonymous-answers.js';
-import { feedResponseBytes, type FeedEntry, type FeedPage } from './read-answers.js';
+import {
+  feedResponseBytes,
+  feedTemplate,
+  fillFeedTemplate,
+  type FeedEntry,
+  type FeedPage,
+  type FeedTemplate,
+} from './read-answers.js';
 import type { PostCache } from './post-cache.js';
 import type { PostReadRepository } from './post-read.repository.js';
 import { isListed, type PostView } from './post-read.model.js';
@@ -18,10 +25,14 @@ export const refOf = (id: string): EntityRef => ({ etype: 'knowpost', eid: id })
 
 export const NO_FLAGS: Flags = { like: false, fav: false };
 
-/** An anonymous feed page as kept: what it was written from, and the written answer. */
+/**
+ * An anonymous feed page as kept: what it was written from, the written answer, and the same
+ * answer with gaps for a signed-in viewer's flags.
+ */
 interface KeptPage {
   page: FeedPage;
   bytes: Buffer;
+  template: FeedTemplate;
 }
 
 /** Where anonymous pages are kept, and the counts they are written with. */
@@ -94,17 +105,15 @@ export class FeedService {
       );
       missing.forEach((e, i) => known.set(e.post.id, read[i] ?? NO_FLAGS));
     }
-    return feedResponseBytes({
-      ...kept.page,
-      entries: entries.map((e) => ({ ...e, flags: known.get(e.post.id) ?? NO_FLAGS })),
-    });
+    return fillFeedTemplate(kept.template, (i) => known.get(entries[i]!.post.id) ?? NO_FLAGS);
   }
 
   /** The kept anonymous page, written now when there is none. */
   private keptPage(pages: KeptPages, page: number, size: number): Promise<KeptPage> {
     return pages.answers.get(`${page}:${size}`, async () => {
       const written = await this.feed(page, size, null, pages.counts);
-      return { page: written, bytes: feedResponseBytes(written) };
+      const template = feedTemplate(written);
+      return { page: written, bytes: fillFeedTemplate(template, () => NO_FLAGS), template };
     });
   }
 

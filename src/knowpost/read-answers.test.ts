@@ -6,6 +6,8 @@ import {
   detailResponseBytes,
   feedResponse,
   feedResponseBytes,
+  feedTemplate,
+  fillFeedTemplate,
   type FeedEntry,
   type FeedPage,
 } from './read-answers.js';
@@ -106,6 +108,38 @@ describe('feed page bytes', () => {
         hasMore: false,
       }),
     ).toMatchObject({ items: [{ title: '改过' }] });
+  });
+
+  it('fill a page template with any flags to the same bytes as writing the page with them', () => {
+    const entries: FeedEntry[] = ['11', '12', '13', '14', '15'].map((id, i) => ({
+      post: post(id, {
+        title: `第 ${id} 篇 "q"`,
+        isTop: i === 2,
+        images: i === 1 ? ['https://x.test/a.png'] : [],
+      }),
+      author: i === 3 ? undefined : author,
+      counts: i === 4 ? undefined : [i, i * 10, i + 1, 0, 0],
+      flags: { like: false, fav: false },
+    }));
+    const page: FeedPage = { entries, page: 2, size: 5, hasMore: false };
+    const template = feedTemplate(page);
+    for (let combo = 0; combo < 1024; combo += 37) {
+      const flags = entries.map((_, i) => ({
+        like: ((combo >> (2 * i)) & 1) === 1,
+        fav: ((combo >> (2 * i + 1)) & 1) === 1,
+      }));
+      const expected = feedResponseBytes({
+        ...page,
+        entries: entries.map((e, i) => ({ ...e, flags: flags[i]! })),
+      });
+      expect(fillFeedTemplate(template, (i) => flags[i]!).equals(expected)).toBe(true);
+    }
+    const empty: FeedPage = { entries: [], page: 9, size: 20, hasMore: false };
+    expect(
+      fillFeedTemplate(feedTemplate(empty), () => ({ like: true, fav: true })).equals(
+        feedResponseBytes(empty),
+      ),
+    ).toBe(true);
   });
 
   it('write details that say what the JSON model says, for shared posts and for drafts', () => {

@@ -101,11 +101,13 @@ function encodedOnce<T extends object>(
 
 /** Counts, flags and `isTop`: numbers and booleans only, so one byte per character. */
 function live({ post, counts, flags }: FeedEntry): string {
-  return (
-    `"likeCount":${counts?.[1] ?? 0},"favoriteCount":${counts?.[2] ?? 0},` +
-    `"liked":${flags.like},"faved":${flags.fav},"isTop":${post.isTop}`
-  );
+  return `${liveCounts(counts)}${flagsJson(flags)}${liveTop(post)}`;
 }
+
+const liveCounts = (counts: Counts | undefined): string =>
+  `"likeCount":${counts?.[1] ?? 0},"favoriteCount":${counts?.[2] ?? 0},`;
+const flagsJson = (flags: Flags): string => `"liked":${flags.like},"faved":${flags.fav}`;
+const liveTop = (post: PostView): string => `,"isTop":${post.isTop}`;
 
 const feedPosts = new WeakMap<PostView, Buffer>();
 const feedAuthors = new WeakMap<AuthorRow, Buffer>();
@@ -113,32 +115,85 @@ const FEED_NO_AUTHOR = Buffer.from('"authorAvatar":null,"authorNickname":null,"t
 const FEED_OPEN = Buffer.from('{"items":[');
 const COMMA = Buffer.from(',');
 
+/** The parts of a feed item up to its counts: the post's fields, then its author's. */
+function feedItemHead(e: FeedEntry): Buffer[] {
+  return [
+    encodedOnce(
+      feedPosts,
+      e.post,
+      (post) =>
+        `{"id":${j(post.id)},"title":${j(post.title)},"description":${j(post.description)},` +
+        `"coverImage":${j(post.images[0] ?? null)},"tags":${j(post.tags)},`,
+    ),
+    e.author
+      ? encodedOnce(
+          feedAuthors,
+          e.author,
+          (a) =>
+            `"authorAvatar":${j(a.avatar)},"authorNickname":${j(a.nickname)},"tagJson":${j(a.tagsJson)},`,
+        )
+      : FEED_NO_AUTHOR,
+  ];
+}
+
+const feedTail = (p: FeedPage): Buffer =>
+  Buffer.from(`],"page":${p.page},"size":${p.size},"hasMore":${p.hasMore}}`, 'latin1');
+
 /** `feedResponse(p)` as JSON in UTF-8. */
 export function feedResponseBytes(p: FeedPage): Buffer {
   const parts: Buffer[] = [FEED_OPEN];
   p.entries.forEach((e, i) => {
     if (i > 0) parts.push(COMMA);
-    parts.push(
-      encodedOnce(
-        feedPosts,
-        e.post,
-        (post) =>
-          `{"id":${j(post.id)},"title":${j(post.title)},"description":${j(post.description)},` +
-          `"coverImage":${j(post.images[0] ?? null)},"tags":${j(post.tags)},`,
-      ),
-      e.author
-        ? encodedOnce(
-            feedAuthors,
-            e.author,
-            (a) =>
-              `"authorAvatar":${j(a.avatar)},"authorNickname":${j(a.nickname)},"tagJson":${j(a.tagsJson)},`,
-          )
-        : FEED_NO_AUTHOR,
-      Buffer.from(`${live(e)}}`, 'latin1'),
-    );
+    parts.push(...feedItemHead(e), Buffer.from(`${live(e)}}`, 'latin1'));
   });
-  parts.push(Buffer.from(`],"page":${p.page},"size":${p.size},"hasMore":${p.hasMore}}`, 'latin1'));
+  parts.push(feedTail(p));
   return Buffer.concat(parts);
+}
+
+/** The four ways a feed item's flags are written. */
+const FLAG_BYTES = [false, true].map((like) =>
+  [false, true].map((fav) => Buffer.from(flagsJson({ like, fav }), 'latin1')),
+);
+
+/**
+ * A feed page written once with a gap where each item's `liked` and `faved` go, for answers that
+ * differ only there (one per signed-in viewer of a page). `gaps` holds what is written between
+ * them: one more part than the page has items.
+ */
+export interface FeedTemplate {
+  gaps: Buffer[];
+}
+
+export function feedTemplate(p: FeedPage): FeedTemplate {
+  const gaps: Buffer[] = [];
+  let parts: Buffer[] = [FEED_OPEN];
+  p.entries.forEach((e, i) => {
+    if (i > 0) parts.push(COMMA);
+    parts.push(...feedItemHead(e), Buffer.from(liveCounts(e.counts), 'latin1'));
+    gaps.push(Buffer.concat(parts));
+    parts = [Buffer.from(`${liveTop(e.post)}}`, 'latin1')];
+  });
+  parts.push(feedTail(p));
+  gaps.push(Buffer.concat(parts));
+  return { gaps };
+}
+
+/** The page of `template` with the i-th item's flags from `flagsAt(i)`: what `feedResponseBytes` writes. */
+export function fillFeedTemplate(template: FeedTemplate, flagsAt: (i: number) => Flags): Buffer {
+  const { gaps } = template;
+  const parts = new Array<Buffer>(2 * gaps.length - 1);
+  let length = 0;
+  for (let i = 0; i < gaps.length; i++) {
+    const gap = gaps[i]!;
+    parts[2 * i] = gap;
+    length += gap.length;
+    if (i === gaps.length - 1) break;
+    const flags = flagsAt(i);
+    const filled = FLAG_BYTES[flags.like ? 1 : 0]![flags.fav ? 1 : 0]!;
+    parts[2 * i + 1] = filled;
+    length += filled.length;
+  }
+  return Buffer.concat(parts, length);
 }
 
 const detailHeads = new WeakMap<PostView, Buffer>();
