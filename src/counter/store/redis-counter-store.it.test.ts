@@ -11,6 +11,7 @@ import {
   MAX_PACKED,
   RedisCounterStore,
   SHARD_USERS,
+  SNAPSHOTS_SCRIPT_GROUPS,
   type RedisCounterStoreOptions,
 } from './redis-counter-store.js';
 
@@ -371,6 +372,41 @@ describe('RedisCounterStore (cluster specifics)', () => {
       expect(new Set(keys.map(hashTag)).size).toBe(1);
     }
     expect(await single.flags(viewer + 1, refs)).toEqual(refs.map(() => ({ like: false, fav: false })));
+  });
+
+  it('reads snapshots of many groups with one script on one node and an HMGET per group in cluster mode, alike', async () => {
+    const single = open({ groups: 64 });
+    const perGroup = open({ groups: 64, singleNode: false });
+    const refs = Array.from({ length: 12 }, (_, i) => post(String(7_300_000_000_000_000_700n + BigInt(i))));
+    const groups = new Set(refs.map((ref) => single.groupOf(ref))).size;
+    expect(groups).toBeGreaterThanOrEqual(SNAPSHOTS_SCRIPT_GROUPS);
+    for (const [i, ref] of refs.entries()) {
+      if (i % 4 === 1) continue; // missing
+      await single.writeRawSnapshot(
+        ref,
+        i % 4 === 2 ? Buffer.from('not a snapshot') : encodeSnapshot([i, 2 * i, 3, 0, 4_000_000_000]),
+      );
+    }
+    const asked = [...refs, refs[0]!, refs[1]!];
+    const expected = asked.map((ref) => {
+      const i = refs.indexOf(ref);
+      return i % 4 === 1 || i % 4 === 2 ? null : [i, 2 * i, 3, 0, 4_000_000_000];
+    });
+
+    const one = recordCommands(redis, prefix);
+    expect(await single.readSnapshots(asked)).toEqual(expected);
+    one.stop();
+    expect(one.seen.map((args) => args[0]!.toLowerCase())).toEqual(['evalsha']);
+
+    const cluster = recordCommands(redis, prefix);
+    expect(await perGroup.readSnapshots(asked)).toEqual(expected);
+    cluster.stop();
+    expect(cluster.seen.map((args) => args[0]!.toLowerCase())).toEqual(Array(groups).fill('hmget'));
+
+    const few = recordCommands(redis, prefix);
+    expect(await single.readSnapshots([refs[3]!, refs[1]!])).toEqual([expected[3], null]);
+    few.stop();
+    expect(few.seen.every((args) => args[0]!.toLowerCase() === 'hmget')).toBe(true);
   });
 
   it('finds a sharded fact set among the flags of more entities than one EXISTS covers', async () => {
