@@ -409,6 +409,14 @@ describe('RedisCounterStore (cluster specifics)', () => {
     expect(few.seen.every((args) => args[0]!.toLowerCase() === 'hmget')).toBe(true);
   });
 
+  it('refuses refs that would not survive the space-separated argument of a script', async () => {
+    const store = open({ groups: 64 });
+    const refs = Array.from({ length: 8 }, (_, i) => post(String(7_300_000_000_000_000_900n + BigInt(i))));
+    const bad = post('1 2');
+    await expect(store.flags(5, [...refs, bad])).rejects.toThrow(RangeError);
+    await expect(store.readSnapshots([...refs, bad])).rejects.toThrow(RangeError);
+  });
+
   it('finds a sharded fact set among the flags of more entities than one EXISTS covers', async () => {
     const store = open({ groups: 64, sparseMax: 3 });
     const refs = Array.from({ length: 300 }, (_, i) => post(String(7_300_000_000_000_002_000n + BigInt(i))));

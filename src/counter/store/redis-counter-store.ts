@@ -756,6 +756,8 @@ export class RedisCounterStore implements CounterStore {
   async flags(userId: number, refs: readonly EntityRef[]): Promise<Flags[]> {
     checkUserId(userId);
     if (refs.length === 0) return [];
+    // Each ref goes into a space-separated argument: one with a space in it would shift the rest.
+    refs.forEach(checkRef);
     const shard = Math.floor(userId / SHARD_USERS);
     const offset = userId % SHARD_USERS;
     const groups = refs.map((ref) => this.groupOf(ref));
@@ -801,6 +803,7 @@ export class RedisCounterStore implements CounterStore {
       else byGroup.set(a.group, [i]);
     });
     if (this.singleNode && byGroup.size >= SNAPSHOTS_SCRIPT_GROUPS) {
+      refs.forEach(checkRef); // as in `flags`
       let entities = '';
       for (const a of addressed) entities += `${a.group} ${a.field} `;
       const values = (await this.snapshotsScript(
