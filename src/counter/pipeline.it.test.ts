@@ -986,14 +986,19 @@ describe.each<Profile>(['embedded', 'cluster'])('counter pipeline (%s profile)',
     const side = rig.separateStore({ topic: 'counter-events-side' });
     const store = side.store;
     const fast = rig.publisherOn(rig.events, store);
-    // Far longer than a fetch's and a batch's wait, so the late half lands in later batches.
+    // The late half goes out only once the early half has been consumed, so it lands in later
+    // batches however slowly the consumer runs.
+    let releaseLate!: () => void;
+    const late = new Promise<void>((resolve) => (releaseLate = resolve));
     const delayed: EventLog = intercept(rig.events, {
       publish: async (topic: string, records: { key: string; value: string }[]) => {
-        await sleep(500);
+        await late;
         return rig.events.publish(topic, records);
       },
     });
     const slow = rig.publisherOn(delayed, store);
+    const consumed = () => metricValue(rig.registry, 'zg_counter_events_consumed_total');
+    const consumedBefore = await consumed();
     const aggregator = rig.aggregator({ store });
     await aggregator.start();
     const flusher = runFlusher(rig, store);
@@ -1010,7 +1015,10 @@ describe.each<Profile>(['embedded', 'cluster'])('counter pipeline (%s profile)',
         return r;
       },
     });
-    await until(() => fast.buffered === 0 && slow.buffered === 0, 10_000);
+    const early = Math.ceil(n / 2);
+    await until(async () => fast.buffered === 0 && (await consumed()) - consumedBefore >= early, 10_000);
+    releaseLate();
+    await until(() => slow.buffered === 0, 10_000);
     await settle(rig, refs);
     await flusher.stop();
     await expectExact(rig, refs, model);
