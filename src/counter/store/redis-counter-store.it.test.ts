@@ -403,6 +403,13 @@ describe('RedisCounterStore (cluster specifics)', () => {
     cluster.stop();
     expect(cluster.seen.map((args) => args[0]!.toLowerCase())).toEqual(Array(groups).fill('hmget'));
 
+    // More than one script takes: one script per 500, answers still in order.
+    const many = Array.from({ length: 1_200 }, (_, i) => refs[i % refs.length]!);
+    const chunked = recordCommands(redis, prefix);
+    expect(await single.readSnapshots(many)).toEqual(many.map((ref) => expected[refs.indexOf(ref)]));
+    chunked.stop();
+    expect(chunked.seen.map((args) => args[0]!.toLowerCase())).toEqual(['evalsha', 'evalsha', 'evalsha']);
+
     const few = recordCommands(redis, prefix);
     expect(await single.readSnapshots([refs[3]!, refs[1]!])).toEqual([expected[3], null]);
     few.stop();

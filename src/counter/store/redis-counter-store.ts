@@ -513,7 +513,7 @@ const REPLAY_CONCURRENCY = 4;
 /** Groups read per pipeline by the background scans (unpublished, entities, samples). */
 const SCAN_CHUNK = 256;
 const DIRTY_CHECK_MAX = 256;
-/** Entities per views script, so one call never holds the server long. */
+/** Entities per views or snapshots script, so one call never holds the server long. */
 const VIEWS_CHUNK = 500;
 /**
  * From how many groups on one node `readSnapshots` reads with one script rather than an `HMGET` per
@@ -804,14 +804,19 @@ export class RedisCounterStore implements CounterStore {
     });
     if (this.singleNode && byGroup.size >= SNAPSHOTS_SCRIPT_GROUPS) {
       refs.forEach(checkRef); // as in `flags`
-      let entities = '';
-      for (const a of addressed) entities += `${a.group} ${a.field} `;
-      const values = (await this.snapshotsScript(
-        this.groupKey('s', addressed[0]!.group),
-        `${this.prefix}c:s:{`,
-        entities,
-      )) as (Buffer | null)[];
-      return addressed.map((_, i) => decodeSnapshot(values[i]));
+      const chunks: Promise<(Buffer | null)[]>[] = [];
+      for (let start = 0; start < addressed.length; start += VIEWS_CHUNK) {
+        const chunk = addressed.slice(start, start + VIEWS_CHUNK);
+        let entities = '';
+        for (const a of chunk) entities += `${a.group} ${a.field} `;
+        const call = this.snapshotsScript(
+          this.groupKey('s', chunk[0]!.group),
+          `${this.prefix}c:s:{`,
+          entities,
+        );
+        chunks.push(call as Promise<(Buffer | null)[]>);
+      }
+      return (await Promise.all(chunks)).flat().map((value) => decodeSnapshot(value));
     }
     const replies = await Promise.all(
       [...byGroup].map(([group, indexes]) =>
