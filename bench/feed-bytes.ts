@@ -1,7 +1,8 @@
 /**
- * What writing a signed-in viewer's feed page costs the process, two ways: the page written with the
- * viewer's flags (`feedResponseBytes`), and the kept page's template filled with them
- * (`fillFeedTemplate`, what the feed service does). A page of 20 posts shaped like the benchmark's
+ * What writing a signed-in viewer's feed page costs the process, two ways: the page written anew with
+ * the viewer's flags (`feedResponseBytes`: its template made, then filled, as for pages that are not
+ * kept), and the kept page's template filled with them (`fillFeedTemplate`, what the feed service
+ * does for the public feed). A page of 20 posts shaped like the benchmark's
  * (Chinese title and description, one presigned image URL, the author's nickname), 1 in 7 flags set;
  * each way runs in turn, FEED_BYTES_ROUNDS times (5) of FEED_BYTES_PAGES pages (50,000).
  *

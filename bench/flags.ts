@@ -24,7 +24,7 @@ import { Redis } from 'ioredis';
 import type { EntityRef } from '../src/counter/model.js';
 import { RedisCounterStore } from '../src/counter/store/redis-counter-store.js';
 import { clusterRedisOptions } from '../src/platform/wiring.js';
-import { deleteRedisKeys, services } from './servers.js';
+import { deleteRedisKeys, redisCpuSeconds, services } from './servers.js';
 
 const REDIS_URL = services.redisUrl;
 const clientKind = process.env.FLAGS_CLIENT ?? 'cluster';
@@ -56,12 +56,6 @@ const Measured: typeof RedisCounterStore = process.env.FLAGS_STORE
   : RedisCounterStore;
 const store = new Measured(client, { prefix });
 
-async function redisCpu(): Promise<number> {
-  const info = await admin.info('cpu');
-  const field = (name: string): number => Number(new RegExp(`${name}:([\\d.]+)`).exec(info)?.[1] ?? NaN);
-  return field('used_cpu_user') + field('used_cpu_sys');
-}
-
 /** Calls of `EVALSHA` and the microseconds Redis spent in them since it started. */
 async function scriptTime(): Promise<{ calls: number; usec: number }> {
   const match = /cmdstat_evalsha:calls=(\d+),usec=(\d+)/.exec(await admin.info('commandstats'));
@@ -89,7 +83,7 @@ try {
   }
   let calls = 0;
   const until = performance.now() + seconds * 1000;
-  const redis0 = await redisCpu();
+  const redis0 = await redisCpuSeconds(admin);
   const scripts0 = await scriptTime();
   const node0 = process.cpuUsage();
   await Promise.all(
@@ -105,7 +99,7 @@ try {
     }),
   );
   const node = process.cpuUsage(node0);
-  const redis = (await redisCpu()) - redis0;
+  const redis = (await redisCpuSeconds(admin)) - redis0;
   const scripts1 = await scriptTime();
   console.log(
     `client ${clientKind}, busy wait ${workUs} µs, ${likedShare * 100} % liked` +

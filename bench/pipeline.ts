@@ -23,6 +23,7 @@ import {
   deleteKafkaResources,
   deleteRedisKeys,
   ensureKafka,
+  redisCpuSeconds,
   services,
   uniqueName,
   type Cleanups,
@@ -104,12 +105,6 @@ function timed<T extends object>(target: T, methods: readonly string[], into: Re
 export interface PhaseCpu {
   node: number;
   redis: number;
-}
-
-async function redisCpuSeconds(redis: Redis): Promise<number> {
-  const info = await redis.info('cpu');
-  const value = (name: string): number => Number(new RegExp(`^${name}:([\\d.]+)`, 'm').exec(info)?.[1] ?? 0);
-  return value('used_cpu_user') + value('used_cpu_sys');
 }
 
 async function cpuPhase(redis: Redis): Promise<() => Promise<PhaseCpu>> {

@@ -388,6 +388,13 @@ export async function insertPosts(
   }
 }
 
+/** The CPU time Redis has used since it started (user + system, seconds), from `INFO cpu`. */
+export async function redisCpuSeconds(redis: Redis): Promise<number> {
+  const info = await redis.info('cpu');
+  const value = (name: string): number => Number(new RegExp(`^${name}:([\\d.]+)`, 'm').exec(info)?.[1] ?? 0);
+  return value('used_cpu_user') + value('used_cpu_sys');
+}
+
 export async function deleteRedisKeys(prefix: string): Promise<number> {
   const redis = new Redis(services.redisUrl, { maxRetriesPerRequest: 1 });
   try {

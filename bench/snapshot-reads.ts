@@ -14,7 +14,7 @@
 import { Redis } from 'ioredis';
 import type { EntityRef } from '../src/counter/model.js';
 import { RedisCounterStore } from '../src/counter/store/redis-counter-store.js';
-import { deleteRedisKeys, services } from './servers.js';
+import { deleteRedisKeys, redisCpuSeconds, services } from './servers.js';
 
 const ids = Number(process.env.SNAP_IDS ?? 20);
 const rounds = Number(process.env.SNAP_ROUNDS ?? 6);
@@ -26,12 +26,6 @@ const store = (singleNode: boolean): RedisCounterStore => {
   clients.push(client);
   return new RedisCounterStore(client, { prefix, singleNode });
 };
-
-async function redisCpu(): Promise<number> {
-  const info = await admin.info('cpu');
-  const field = (name: string): number => Number(new RegExp(`${name}:([\\d.]+)`).exec(info)?.[1] ?? NaN);
-  return field('used_cpu_user') + field('used_cpu_sys');
-}
 
 try {
   const posts: EntityRef[] = Array.from({ length: 2000 }, (_, i) => ({
@@ -46,7 +40,7 @@ try {
     const order = Object.entries(ways);
     if (round % 2 === 1) order.reverse();
     for (const [name, way] of order) {
-      const redis0 = await redisCpu();
+      const redis0 = await redisCpuSeconds(admin);
       const node0 = process.cpuUsage();
       const start = performance.now();
       let batches = 0;
@@ -62,7 +56,7 @@ try {
       );
       const seconds = (performance.now() - start) / 1000;
       const node = process.cpuUsage(node0);
-      const redis = (await redisCpu()) - redis0;
+      const redis = (await redisCpuSeconds(admin)) - redis0;
       const line =
         `${Math.round(batches / seconds)} batches/s, CPU per batch: this process ` +
         `${((node.user + node.system) / batches).toFixed(1)} µs, Redis ${((redis * 1e6) / batches).toFixed(1)} µs`;

@@ -115,39 +115,9 @@ const FEED_NO_AUTHOR = Buffer.from('"authorAvatar":null,"authorNickname":null,"t
 const FEED_OPEN = Buffer.from('{"items":[');
 const COMMA = Buffer.from(',');
 
-/** The parts of a feed item up to its counts: the post's fields, then its author's. */
-function feedItemHead(e: FeedEntry): Buffer[] {
-  return [
-    encodedOnce(
-      feedPosts,
-      e.post,
-      (post) =>
-        `{"id":${j(post.id)},"title":${j(post.title)},"description":${j(post.description)},` +
-        `"coverImage":${j(post.images[0] ?? null)},"tags":${j(post.tags)},`,
-    ),
-    e.author
-      ? encodedOnce(
-          feedAuthors,
-          e.author,
-          (a) =>
-            `"authorAvatar":${j(a.avatar)},"authorNickname":${j(a.nickname)},"tagJson":${j(a.tagsJson)},`,
-        )
-      : FEED_NO_AUTHOR,
-  ];
-}
-
-const feedTail = (p: FeedPage): Buffer =>
-  Buffer.from(`],"page":${p.page},"size":${p.size},"hasMore":${p.hasMore}}`, 'latin1');
-
-/** `feedResponse(p)` as JSON in UTF-8. */
+/** `feedResponse(p)` as JSON in UTF-8: the page's template filled with its own flags. */
 export function feedResponseBytes(p: FeedPage): Buffer {
-  const parts: Buffer[] = [FEED_OPEN];
-  p.entries.forEach((e, i) => {
-    if (i > 0) parts.push(COMMA);
-    parts.push(...feedItemHead(e), Buffer.from(`${live(e)}}`, 'latin1'));
-  });
-  parts.push(feedTail(p));
-  return Buffer.concat(parts);
+  return fillFeedTemplate(feedTemplate(p), (i) => p.entries[i]!.flags);
 }
 
 /** The four ways a feed item's flags are written. */
@@ -169,16 +139,33 @@ export function feedTemplate(p: FeedPage): FeedTemplate {
   let parts: Buffer[] = [FEED_OPEN];
   p.entries.forEach((e, i) => {
     if (i > 0) parts.push(COMMA);
-    parts.push(...feedItemHead(e), Buffer.from(liveCounts(e.counts), 'latin1'));
+    parts.push(
+      encodedOnce(
+        feedPosts,
+        e.post,
+        (post) =>
+          `{"id":${j(post.id)},"title":${j(post.title)},"description":${j(post.description)},` +
+          `"coverImage":${j(post.images[0] ?? null)},"tags":${j(post.tags)},`,
+      ),
+      e.author
+        ? encodedOnce(
+            feedAuthors,
+            e.author,
+            (a) =>
+              `"authorAvatar":${j(a.avatar)},"authorNickname":${j(a.nickname)},"tagJson":${j(a.tagsJson)},`,
+          )
+        : FEED_NO_AUTHOR,
+      Buffer.from(liveCounts(e.counts), 'latin1'),
+    );
     gaps.push(Buffer.concat(parts));
     parts = [Buffer.from(`${liveTop(e.post)}}`, 'latin1')];
   });
-  parts.push(feedTail(p));
+  parts.push(Buffer.from(`],"page":${p.page},"size":${p.size},"hasMore":${p.hasMore}}`, 'latin1'));
   gaps.push(Buffer.concat(parts));
   return { gaps };
 }
 
-/** The page of `template` with the i-th item's flags from `flagsAt(i)`: what `feedResponseBytes` writes. */
+/** The page of `template` with the i-th item's flags from `flagsAt(i)`. */
 export function fillFeedTemplate(template: FeedTemplate, flagsAt: (i: number) => Flags): Buffer {
   const { gaps } = template;
   const parts = new Array<Buffer>(2 * gaps.length - 1);
