@@ -1,7 +1,7 @@
 import { Registry } from 'prom-client';
 import { afterEach, describe, expect, it, vi } from 'vitest';
 import type { EventRecord } from '../platform/eventlog/eventlog.js';
-import { parseViewEvent, VIEW_TOPIC, ViewMetrics, ViewRecorder } from './views.js';
+import { parseViewRecord, VIEW_TOPIC, ViewMetrics, ViewRecorder, VIEWS_PER_RECORD } from './views.js';
 
 /** An event log that keeps what it was given and can be made to fail. */
 class FakeLog {
@@ -18,9 +18,9 @@ class FakeLog {
     const sums: Record<string, number> = {};
     for (const b of this.batches)
       for (const r of b.records) {
-        const e = parseViewEvent(r.value)!;
-        expect(r.key).toBe(`knowpost:${e.eid}`);
-        sums[e.eid] = (sums[e.eid] ?? 0) + e.n;
+        const events = parseViewRecord(r.value)!;
+        expect(r.key).toBe(`knowpost:${events[0]!.eid}`);
+        for (const e of events) sums[e.eid] = (sums[e.eid] ?? 0) + e.n;
       }
     return sums;
   }
@@ -48,7 +48,7 @@ describe(ViewRecorder.name, () => {
     return { log, registry, errors, sut };
   };
 
-  it('publishes one record per post with the summed views, flushMs after the first view', async () => {
+  it('publishes the summed views of each post, flushMs after the first view', async () => {
     vi.useFakeTimers();
     const { log, sut, registry } = setup();
     for (const id of ['1', '2', '1', '1']) sut.record(id);
@@ -58,14 +58,35 @@ describe(ViewRecorder.name, () => {
     await vi.advanceTimersByTimeAsync(1);
     expect(log.batches).toHaveLength(1);
     expect(log.batches[0]!.topic).toBe(VIEW_TOPIC);
-    expect(log.batches[0]!.records.map((r) => [r.key, parseViewEvent(r.value)])).toEqual([
-      ['knowpost:1', { etype: 'knowpost', eid: '1', n: 3, ts: 42 }],
-      ['knowpost:2', { etype: 'knowpost', eid: '2', n: 1, ts: 42 }],
+    expect(log.batches[0]!.records.map((r) => [r.key, parseViewRecord(r.value)])).toEqual([
+      [
+        'knowpost:1',
+        [
+          { etype: 'knowpost', eid: '1', n: 3, ts: 42 },
+          { etype: 'knowpost', eid: '2', n: 1, ts: 42 },
+        ],
+      ],
     ]);
     expect(await metric(registry, 'zg_views_buffered')).toBe(0);
     expect(await metric(registry, 'zg_views_published_total')).toBe(4);
     await vi.advanceTimersByTimeAsync(1_000);
     expect(log.batches).toHaveLength(1);
+  });
+
+  it(`packs the views of at most ${VIEWS_PER_RECORD} posts into one record`, async () => {
+    const { log, sut } = setup({ maxItems: 10_000, flushMs: 60_000 });
+    const posts = 2 * VIEWS_PER_RECORD + 3;
+    for (let i = 1; i <= posts; i++) for (let v = 0; v < 1 + (i % 3); v++) sut.record(String(i));
+    await sut.flush();
+    expect(log.batches).toHaveLength(1);
+    expect(log.batches[0]!.records.map((r) => parseViewRecord(r.value)!.length)).toEqual([
+      VIEWS_PER_RECORD,
+      VIEWS_PER_RECORD,
+      3,
+    ]);
+    const totals = log.totals();
+    expect(Object.keys(totals)).toHaveLength(posts);
+    for (let i = 1; i <= posts; i++) expect(totals[String(i)]).toBe(1 + (i % 3));
   });
 
   it('publishes as soon as maxItems views are buffered', async () => {
@@ -137,22 +158,32 @@ describe(ViewRecorder.name, () => {
   });
 });
 
-describe(parseViewEvent.name, () => {
-  it('accepts view events and refuses anything else', () => {
-    expect(parseViewEvent('{"etype":"knowpost","eid":"12","n":3,"ts":1}')).toEqual({
-      etype: 'knowpost',
-      eid: '12',
-      n: 3,
-      ts: 1,
-    });
+describe(parseViewRecord.name, () => {
+  it('reads packed records and the one-post form, and refuses anything else whole', () => {
+    expect(parseViewRecord('{"etype":"knowpost","views":[["12",3],["7",1]],"ts":1}')).toEqual([
+      { etype: 'knowpost', eid: '12', n: 3, ts: 1 },
+      { etype: 'knowpost', eid: '7', n: 1, ts: 1 },
+    ]);
+    expect(parseViewRecord('{"etype":"knowpost","eid":"12","n":3,"ts":1}')).toEqual([
+      { etype: 'knowpost', eid: '12', n: 3, ts: 1 },
+    ]);
     for (const bad of [
       'nope',
+      'null',
+      '[]',
       '{"etype":"user","eid":"12","n":1}',
       '{"etype":"knowpost","eid":"012","n":1}',
       '{"etype":"knowpost","eid":"12","n":0}',
       '{"etype":"knowpost","eid":"12","n":1.5}',
       '{"etype":"knowpost","eid":12,"n":1}',
+      '{"etype":"knowpost","views":[]}',
+      '{"etype":"knowpost","views":{"12":1}}',
+      '{"etype":"user","views":[["12",1]]}',
+      '{"etype":"knowpost","views":[["12",1],["13",-1]]}',
+      '{"etype":"knowpost","views":[["12",1],["x",1]]}',
+      '{"etype":"knowpost","views":[["12",1,2]]}',
+      '{"etype":"knowpost","views":[["12",1],"13"]}',
     ])
-      expect(parseViewEvent(bad), bad).toBeNull();
+      expect(parseViewRecord(bad), bad).toBeNull();
   });
 });

@@ -1,20 +1,25 @@
 import { Counter, Gauge, type Registry } from 'prom-client';
 import { ENTITY_TYPES, entityKey, type EntityRef, type EntityType } from '../counter/model.js';
 import type { CounterStore, ViewIncrement } from '../counter/store/counter-store.js';
-import type { EventLog, Subscription } from '../platform/eventlog/eventlog.js';
+import type { EventLog, EventRecord, Subscription } from '../platform/eventlog/eventlog.js';
 import type { ViewSink } from './detail.service.js';
 
 /**
  * Views (the snapshot's `read` field). A detail read records a view in this process's buffer, which
- * sums views per post and publishes them in batches to `read-events` (one record per post, keyed by
- * entity) when it holds `maxItems` views, `flushMs` after the first view it took, and on shutdown.
- * The `view-agg` consumer sums a batch per post, adds the sums to the snapshots and commits. Views
- * are approximate under a crash (the buffer of a killed process is lost; a consumer that dies between
- * adding and committing has its batch added again); likes and favourites do not go this way.
+ * sums views per post and publishes them in batches to `read-events` when it holds `maxItems` views,
+ * `flushMs` after the first view it took, and on shutdown. A record carries the sums of up to
+ * `VIEWS_PER_RECORD` posts, so the event log and the consumer handle a few records per flush
+ * whatever the number of posts read. The `view-agg` consumer sums a batch per post, adds the sums to
+ * the snapshots and commits. Views are approximate under a crash (the buffer of a killed process is
+ * lost; a consumer that dies between adding and committing has its batch added again); likes and
+ * favourites do not go this way.
  */
 export const VIEW_TOPIC = 'read-events';
 export const VIEW_GROUP = 'view-agg';
+/** Posts whose views one `read-events` record carries at most (about 15 KB of JSON). */
+export const VIEWS_PER_RECORD = 500;
 
+/** Views of one post. */
 export interface ViewEvent {
   etype: EntityType;
   eid: string;
@@ -22,23 +27,39 @@ export interface ViewEvent {
   ts: number;
 }
 
-export function parseViewEvent(value: string): ViewEvent | null {
+/** A `read-events` record: `[postId, views]` pairs of one entity type, published at `ts`. */
+interface ViewRecordBody {
+  etype: EntityType;
+  views: [string, number][];
+  ts: number;
+}
+
+const isEid = (v: unknown): v is string => typeof v === 'string' && /^[1-9][0-9]{0,19}$/.test(v);
+const isCount = (v: unknown): v is number => typeof v === 'number' && Number.isSafeInteger(v) && v > 0;
+
+/**
+ * The views a `read-events` record carries, or null when any part of it is malformed. Also reads
+ * the one-post form (`{etype, eid, n, ts}`) that publishers wrote before records were packed.
+ */
+export function parseViewRecord(value: string): ViewEvent[] | null {
+  let v: Partial<ViewRecordBody & Omit<ViewEvent, 'etype'>>;
   try {
-    const v = JSON.parse(value) as Partial<ViewEvent>;
-    if (
-      typeof v.etype === 'string' &&
-      (ENTITY_TYPES as readonly string[]).includes(v.etype) &&
-      typeof v.eid === 'string' &&
-      /^[1-9][0-9]{0,19}$/.test(v.eid) &&
-      typeof v.n === 'number' &&
-      Number.isSafeInteger(v.n) &&
-      v.n > 0
-    )
-      return { etype: v.etype, eid: v.eid, n: v.n, ts: typeof v.ts === 'number' ? v.ts : 0 };
+    v = JSON.parse(value) as typeof v;
   } catch {
-    // fall through
+    return null;
   }
-  return null;
+  if (typeof v !== 'object' || v === null) return null;
+  const etype = v.etype;
+  if (typeof etype !== 'string' || !(ENTITY_TYPES as readonly string[]).includes(etype)) return null;
+  const ts = typeof v.ts === 'number' ? v.ts : 0;
+  if (v.views === undefined) return isEid(v.eid) && isCount(v.n) ? [{ etype, eid: v.eid, n: v.n, ts }] : null;
+  if (!Array.isArray(v.views) || v.views.length === 0) return null;
+  const events: ViewEvent[] = [];
+  for (const entry of v.views as unknown[]) {
+    if (!Array.isArray(entry) || entry.length !== 2 || !isEid(entry[0]) || !isCount(entry[1])) return null;
+    events.push({ etype, eid: entry[0], n: entry[1], ts });
+  }
+  return events;
 }
 
 export class ViewMetrics {
@@ -177,13 +198,16 @@ export class ViewRecorder implements ViewSink {
     this.count = 0;
     this.metrics.buffered.dec(total);
     const ts = this.now();
-    const records = [...batch].map(([eid, n]) => {
-      const ref: EntityRef = { etype: 'knowpost', eid };
-      return {
-        key: entityKey(ref),
-        value: JSON.stringify({ etype: ref.etype, eid, n, ts } satisfies ViewEvent),
-      };
-    });
+    const posts = [...batch];
+    const records: EventRecord[] = [];
+    for (let i = 0; i < posts.length; i += VIEWS_PER_RECORD) {
+      const views = posts.slice(i, i + VIEWS_PER_RECORD);
+      records.push({
+        // Views need no order, so the key only spreads records over partitions.
+        key: entityKey({ etype: 'knowpost', eid: views[0]![0] }),
+        value: JSON.stringify({ etype: 'knowpost', views, ts } satisfies ViewRecordBody),
+      });
+    }
     try {
       await this.events.publish(VIEW_TOPIC, records);
       this.metrics.published.inc(total);
@@ -221,19 +245,21 @@ export class ViewAggregator {
         const sums = new Map<string, ViewIncrement>();
         let total = 0;
         for (const record of batch.records) {
-          const event = parseViewEvent(record.value);
-          if (!event) {
+          const events = parseViewRecord(record.value);
+          if (!events) {
             this.onError(
-              new Error(`skipping a malformed view event at ${record.partition}:${record.offset}`),
+              new Error(`skipping a malformed view record at ${record.partition}:${record.offset}`),
             );
             continue;
           }
-          const ref: EntityRef = { etype: event.etype, eid: event.eid };
-          const key = entityKey(ref);
-          const entry = sums.get(key);
-          if (entry) entry.n += event.n;
-          else sums.set(key, { ref, n: event.n });
-          total += event.n;
+          for (const event of events) {
+            const ref: EntityRef = { etype: event.etype, eid: event.eid };
+            const key = entityKey(ref);
+            const entry = sums.get(key);
+            if (entry) entry.n += event.n;
+            else sums.set(key, { ref, n: event.n });
+            total += event.n;
+          }
         }
         if (sums.size === 0) return;
         await this.store.addViews([...sums.values()]);
