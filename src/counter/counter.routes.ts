@@ -5,7 +5,14 @@ import { principalOf } from '../auth/auth.guard.js';
 import { BadRequestError } from '../platform/errors/errors.js';
 import { errorResponses } from '../platform/http/schemas.js';
 import type { CounterService, CountsView } from './counter.service.js';
-import { POST_FIELDS, type EntityRef, type EntityType, type FactMetric, type PostField } from './model.js';
+import {
+  isEntityId,
+  POST_FIELDS,
+  type EntityRef,
+  type EntityType,
+  type FactMetric,
+  type PostField,
+} from './model.js';
 import {
   ActionBody,
   BatchCountsResponse,
@@ -21,7 +28,6 @@ import {
 } from './counter.schema.js';
 
 const MAX_IDS = 100;
-const ID_PATTERN = /^[1-9][0-9]{0,19}$/;
 
 /** Parsed `metrics` values seen recently; a few distinct ones cover nearly all requests. */
 const metricsSeen = new Map<string, readonly PostField[]>();
@@ -53,8 +59,7 @@ function parseIds(raw: string): string[] {
   }
   if (ids.length === 0 || ids.length > MAX_IDS)
     throw new BadRequestError(`query.ids must list 1 to ${MAX_IDS} ids`);
-  for (const id of ids)
-    if (!ID_PATTERN.test(id)) throw new BadRequestError('query.ids must be positive integers');
+  for (const id of ids) if (!isEntityId(id)) throw new BadRequestError('query.ids must be positive integers');
   return ids;
 }
 

@@ -1,10 +1,10 @@
 import { Type } from 'typebox';
+import { ENTITY_ID_PATTERN } from './model.js';
 
 const EntityType = Type.Literal('knowpost');
-const EntityIdPattern = '^[1-9][0-9]{0,19}$';
 /** Ids travel as strings (64-bit snowflakes); small integers are accepted for old clients. */
 const EntityId = Type.Union([
-  Type.String({ pattern: EntityIdPattern }),
+  Type.String({ pattern: ENTITY_ID_PATTERN }),
   Type.Integer({ minimum: 1, maximum: Number.MAX_SAFE_INTEGER }),
 ]);
 
@@ -29,7 +29,7 @@ const CountsObject = Type.Object(
 
 export const SingleParams = Type.Object({
   etype: EntityType,
-  eid: Type.String({ pattern: EntityIdPattern }),
+  eid: Type.String({ pattern: ENTITY_ID_PATTERN }),
 });
 export const TypeParams = Type.Object({ etype: EntityType });
 export const MetricsQuery = Type.Object({ metrics: Type.Optional(Type.String({ maxLength: 200 })) });

@@ -5,6 +5,15 @@
 export const ENTITY_TYPES = ['knowpost'] as const;
 export type EntityType = (typeof ENTITY_TYPES)[number];
 
+/** How entity ids are written: a positive decimal integer without leading zeros, at most 20 digits. */
+export const ENTITY_ID_PATTERN = '^[1-9][0-9]{0,19}$';
+const ENTITY_ID = new RegExp(ENTITY_ID_PATTERN);
+
+export const isEntityId = (v: unknown): v is string => typeof v === 'string' && ENTITY_ID.test(v);
+
+export const isEntityType = (v: unknown): v is EntityType =>
+  typeof v === 'string' && (ENTITY_TYPES as readonly string[]).includes(v);
+
 export interface EntityRef {
   etype: EntityType;
   eid: string;
@@ -50,8 +59,8 @@ export function parseEntityKey(key: string): EntityRef | null {
   const at = key.indexOf(':');
   const etype = key.slice(0, at);
   const eid = key.slice(at + 1);
-  if (!(ENTITY_TYPES as readonly string[]).includes(etype) || !/^\d{1,20}$/.test(eid)) return null;
-  return { etype: etype as EntityType, eid };
+  if (!isEntityType(etype) || !/^\d{1,20}$/.test(eid)) return null;
+  return { etype, eid };
 }
 
 export function eventFor(

@@ -1,5 +1,5 @@
 import { Counter, Gauge, type Registry } from 'prom-client';
-import { ENTITY_TYPES, entityKey, type EntityRef, type EntityType } from '../counter/model.js';
+import { entityKey, isEntityId, isEntityType, type EntityRef, type EntityType } from '../counter/model.js';
 import type { CounterStore, ViewIncrement } from '../counter/store/counter-store.js';
 import type { EventLog, EventRecord, Subscription } from '../platform/eventlog/eventlog.js';
 import type { ViewSink } from './detail.service.js';
@@ -34,7 +34,6 @@ interface ViewRecordBody {
   ts: number;
 }
 
-const isEid = (v: unknown): v is string => typeof v === 'string' && /^[1-9][0-9]{0,19}$/.test(v);
 const isCount = (v: unknown): v is number => typeof v === 'number' && Number.isSafeInteger(v) && v > 0;
 
 /**
@@ -50,13 +49,15 @@ export function parseViewRecord(value: string): ViewEvent[] | null {
   }
   if (typeof v !== 'object' || v === null) return null;
   const etype = v.etype;
-  if (typeof etype !== 'string' || !(ENTITY_TYPES as readonly string[]).includes(etype)) return null;
+  if (!isEntityType(etype)) return null;
   const ts = typeof v.ts === 'number' ? v.ts : 0;
-  if (v.views === undefined) return isEid(v.eid) && isCount(v.n) ? [{ etype, eid: v.eid, n: v.n, ts }] : null;
+  if (v.views === undefined)
+    return isEntityId(v.eid) && isCount(v.n) ? [{ etype, eid: v.eid, n: v.n, ts }] : null;
   if (!Array.isArray(v.views) || v.views.length === 0) return null;
   const events: ViewEvent[] = [];
   for (const entry of v.views as unknown[]) {
-    if (!Array.isArray(entry) || entry.length !== 2 || !isEid(entry[0]) || !isCount(entry[1])) return null;
+    if (!Array.isArray(entry) || entry.length !== 2 || !isEntityId(entry[0]) || !isCount(entry[1]))
+      return null;
     events.push({ etype, eid: entry[0], n: entry[1], ts });
   }
   return events;
