@@ -19,11 +19,27 @@ export interface SuggestedDescription {
  *   unusable: an implementation that depends on one falls back to another (in the end the offline
  *   summariser) and says so in `source`.
  * - Always resolves to a normalised description of at most `DESCRIPTION_MAX_LENGTH` code points.
- * - Rejects with `EmptyContentError` (a 400) when the content has no text left once normalised, and
+ * - Reads the opening `ANALYSED_CHARS` of the content (`analysedPart`), in time linear in it.
+ * - Rejects with `EmptyContentError` (a 400) when that opening has no text left once normalised, and
  *   with `signal.reason` when the caller aborts: nobody is waiting for an answer any more.
  */
 export interface DescriptionSuggester {
   suggest(content: string, signal?: AbortSignal): Promise<SuggestedDescription>;
+}
+
+/**
+ * How much of a post the suggesters read: its opening says what it is about, and reading a whole
+ * 200,000-character body would only hold up the request. A post whose opening shows no text is empty.
+ */
+export const ANALYSED_CHARS = 20_000;
+
+/** The opening of `content` the suggesters read: at most `max` characters, ended at its last line break when it has one. */
+export function analysedPart(content: string, max: number = ANALYSED_CHARS): string {
+  if (content.length <= max) return content;
+  const lineEnd = content.lastIndexOf('\n', max);
+  if (lineEnd > 0) return content.slice(0, lineEnd);
+  const cut = content.slice(0, max);
+  return /[\uD800-\uDBFF]$/.test(cut) ? cut.slice(0, -1) : cut;
 }
 
 export class EmptyContentError extends BadRequestError {

@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { EmptyContentError } from './describer.js';
+import { ANALYSED_CHARS, EmptyContentError } from './describer.js';
 import { ExtractiveSuggester } from './extractive.js';
 
 const COUNTER_POST = `# 用 Redis 实现精确的点赞计数器
@@ -164,6 +164,20 @@ describe('ExtractiveSuggester', () => {
     for (const empty of ['', '   \n\n', '---', '。。。', '![](a.png)']) {
       await expect(suggester.suggest(empty)).rejects.toBeInstanceOf(EmptyContentError);
     }
+  });
+
+  it('reads only the opening of a long post, in time linear in it', async () => {
+    const started = performance.now();
+    for (const unit of ['[', '![', '[x](', '<http://', '*\n']) {
+      await suggester.suggest(unit.repeat(200_000 / unit.length)).catch((err: unknown) => {
+        expect(err).toBeInstanceOf(EmptyContentError);
+      });
+    }
+    const prose = `${'![](a.png)\n'.repeat(1_000)}Redis 计数器如何在故障后自愈。`;
+    await expect(suggester.suggest(prose)).resolves.toMatchObject({ source: 'extractive' });
+    const buried = `${'![](a.png)\n'.repeat(ANALYSED_CHARS / 10)}The only sentence, far past the opening.`;
+    await expect(suggester.suggest(buried)).rejects.toBeInstanceOf(EmptyContentError);
+    expect(performance.now() - started).toBeLessThan(2_000);
   });
 
   it('rejects with the reason of an aborted signal', async () => {

@@ -1,6 +1,7 @@
 import {
   DESCRIPTION_MAX_LENGTH,
   EmptyContentError,
+  analysedPart,
   type DescriptionSuggester,
   type SuggestedDescription,
 } from './describer.js';
@@ -19,9 +20,6 @@ import {
   quoteText,
   stripInlineMarkdown,
 } from './text.js';
-
-// The opening of a post says what it is about; reading further only costs time in the request.
-const ANALYSED_CHARS = 20_000;
 
 type BlockKind = 'paragraph' | 'item' | 'quote';
 
@@ -268,15 +266,13 @@ const KIND_FACTOR: Record<BlockKind, number> = { paragraph: 1, item: 0.7, quote:
 export class ExtractiveSuggester implements DescriptionSuggester {
   async suggest(content: string, signal?: AbortSignal): Promise<SuggestedDescription> {
     signal?.throwIfAborted();
-    if (normalizeDescription(content) === '') throw new EmptyContentError();
-    return { description: this.summarise(content), source: 'extractive' };
+    const analysed = analysedPart(content);
+    if (normalizeDescription(analysed) === '') throw new EmptyContentError();
+    return { description: this.summarise(analysed), source: 'extractive' };
   }
 
   private summarise(content: string): string {
-    const cutAt = content.length > ANALYSED_CHARS ? content.lastIndexOf('\n', ANALYSED_CHARS) : -1;
-    const markdown = foldCompatibility(
-      cutAt > 0 ? content.slice(0, cutAt) : content.slice(0, ANALYSED_CHARS),
-    );
+    const markdown = foldCompatibility(content);
     const { blocks, frontTitle } = parseBlocks(markdown);
     const firstHeading = blocks.find((b) => b.kind === 'heading')?.text;
     const title = frontTitle ?? firstHeading;

@@ -134,6 +134,17 @@ describe('normalizeDescription', () => {
     expect(normalizeDescription('anything', 0)).toBe('');
   });
 
+  // Each of these once made a pattern rescan the rest of its line from every occurrence.
+  it.each(['[', '![', '[^', '[x](', '![x][', '[x][', '<http://', '`', '**a', '<a '])(
+    'stays linear on one long line of %j',
+    (unit) => {
+      const hostile = 'Intro.\n' + unit.repeat(Math.ceil(100_000 / unit.length));
+      const started = performance.now();
+      normalizeDescription(hostile);
+      expect(performance.now() - started).toBeLessThan(1_000);
+    },
+  );
+
   it('stays fast on a large hostile input', () => {
     const hostile = '**_`[<!--'.repeat(50_000) + '。'.repeat(50_000);
     const started = performance.now();

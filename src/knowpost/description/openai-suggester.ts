@@ -2,6 +2,7 @@ import OpenAI, { APIError } from 'openai';
 import {
   DESCRIPTION_MAX_LENGTH,
   EmptyContentError,
+  analysedPart,
   type DescriptionLog,
   type DescriptionSuggester,
   type SuggestedDescription,
@@ -118,7 +119,7 @@ export class OpenAiSuggester implements DescriptionSuggester {
 
   async suggest(content: string, signal?: AbortSignal): Promise<SuggestedDescription> {
     signal?.throwIfAborted();
-    if (normalizeDescription(content) === '') throw new EmptyContentError();
+    if (normalizeDescription(analysedPart(content)) === '') throw new EmptyContentError();
     const started = Date.now();
     try {
       const answer = await this.ask(content, signal);

@@ -84,15 +84,19 @@ function removeHtmlComments(text: string): string {
   }
 }
 
+// Every construct stripInlineMarkdown removes starts with one of these.
+const INLINE_MARKUP = /[[<`*_~=&]/;
+
 /** Inline markdown to the text a reader sees: images go, links keep their text, emphasis and tags go. */
 export function stripInlineMarkdown(text: string): string {
+  if (!INLINE_MARKUP.test(text)) return text;
   return removeHtmlComments(text)
-    .replace(/!\[[^\]\n]*\]\([^)\n]*\)/g, ' ')
-    .replace(/!\[[^\]\n]*\]\[[^\]\n]*\]/g, ' ')
-    .replace(/\[\^[^\]\n]+\]/g, '')
-    .replace(/\[([^\]\n]*)\]\([^)\n]*\)/g, '$1')
-    .replace(/\[([^\]\n]+)\]\[[^\]\n]*\]/g, '$1')
-    .replace(/<(https?:\/\/[^>\s]+)>/g, '$1')
+    .replace(/!\[[^[\]\n]*\]\((?:[^()\n]|\([^()\n]*\))*\)/g, ' ')
+    .replace(/!\[[^[\]\n]*\]\[[^[\]\n]*\]/g, ' ')
+    .replace(/\[\^[^[\]\n]+\]/g, '')
+    .replace(/\[([^[\]\n]*)\]\((?:[^()\n]|\([^()\n]*\))*\)/g, '$1')
+    .replace(/\[([^[\]\n]+)\]\[[^[\]\n]*\]/g, '$1')
+    .replace(/<(https?:\/\/[^<>\s]+)>/g, '$1')
     .replace(/<\/?[A-Za-z][\w-]*(?:\s[^<>\n]*)?\/?>/g, ' ')
     .replace(/`+([^`\n]+)`+/g, '$1')
     .replace(/\*\*([^*\n]+)\*\*/g, '$1')
@@ -152,6 +156,10 @@ export function quoteText(line: string): string | undefined {
 export function markdownToText(markdown: string): string {
   const lines: string[] = [];
   for (const raw of markdown.split(/\r\n?|\n/)) {
+    if (raw.trim() === '') {
+      lines.push('');
+      continue;
+    }
     if (fenceOf(raw) !== undefined || isRule(raw) || isTableSeparator(raw)) {
       lines.push('');
       continue;
