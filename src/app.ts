@@ -97,6 +97,7 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
     logger: log,
     metrics,
     bodyLimitBytes: config.bodyLimitBytes,
+    trustProxy: config.trustProxy,
     uploadLimitBytes: config.avatarMaxBytes,
     version,
   });

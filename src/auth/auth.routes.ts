@@ -1,3 +1,4 @@
+import { isIP } from 'node:net';
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import { Type } from 'typebox';
@@ -29,7 +30,8 @@ export interface AuthRouteDeps {
 }
 
 const context = (request: FastifyRequest): RequestContext => ({
-  ip: request.ip ?? null,
+  // What a trusted proxy forwarded is text; only an address keys a rate limit or enters the audit.
+  ip: isIP(request.ip) !== 0 ? request.ip : (request.socket.remoteAddress ?? null),
   userAgent: request.headers['user-agent'] ?? null,
 });
 

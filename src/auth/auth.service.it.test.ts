@@ -101,6 +101,15 @@ describe(AuthService.name, () => {
     }
     expect(results.slice(0, config.perIp).every((s) => s === 200)).toBe(true);
     expect(results.at(-1)).toBe(429);
+    // No proxy is trusted by default: a forged X-Forwarded-For names nobody.
+    const forged = await app.http.inject({
+      method: 'POST',
+      url: '/api/v1/auth/send-code',
+      payload: { scene: 'LOGIN', identifierType: 'EMAIL', identifier: 'forged@example.test' },
+      remoteAddress: '10.9.9.9',
+      headers: { 'x-forwarded-for': '198.51.100.23' },
+    });
+    expect(forged.statusCode).toBe(429);
     expect(
       (
         await post(
@@ -110,5 +119,47 @@ describe(AuthService.name, () => {
         )
       ).statusCode,
     ).toBe(200);
+  });
+});
+
+describe('client addresses behind a trusted proxy', () => {
+  let app: App;
+
+  beforeAll(async () => {
+    const dataDir = mkdtempSync(join(tmpdir(), 'zg-auth-proxy-'));
+    const config = loadConfig({
+      ZG_DATA_DIR: dataDir,
+      ZG_PASSWORD_HASH_COST: '10',
+      PORT: '0',
+      ZG_TRUST_PROXY: '10.1.1.1',
+      ZG_AUTH_IP_LIMIT: '2',
+    });
+    app = await buildApp(config, { logger: pino({ level: 'silent' }) });
+  });
+  afterAll(async () => app?.close());
+
+  const login = (forwardedFor: string) =>
+    app.http.inject({
+      method: 'POST',
+      url: '/api/v1/auth/login',
+      payload: { identifierType: 'EMAIL', identifier: 'nobody@example.test', password: 'wrong1234' },
+      remoteAddress: '10.1.1.1',
+      headers: { 'x-forwarded-for': forwardedFor },
+    });
+
+  it('limits each client the proxy names on its own, and audits a name that is no address as the proxy', async () => {
+    expect((await login('203.0.113.7')).statusCode).toBe(401);
+    expect((await login('203.0.113.7')).statusCode).toBe(401);
+    expect((await login('203.0.113.7')).statusCode).toBe(429);
+    expect((await login('203.0.113.8')).statusCode).toBe(401);
+
+    expect((await login('x'.repeat(300))).statusCode).toBe(401);
+    const rows = await app.platform.db.kysely
+      .selectFrom('login_audit')
+      .select('ip')
+      .orderBy('id', 'desc')
+      .limit(1)
+      .execute();
+    expect(rows).toEqual([{ ip: '10.1.1.1' }]);
   });
 });

@@ -39,6 +39,19 @@ describe(loadConfig.name, () => {
     }
   });
 
+  it('trusts no proxy unless told which', () => {
+    expect(loadConfig({}).trustProxy).toBe(false);
+    expect(loadConfig({ ZG_TRUST_PROXY: 'true' }).trustProxy).toBe(true);
+    expect(loadConfig({ ZG_TRUST_PROXY: '2' }).trustProxy).toBe(2);
+    expect(loadConfig({ ZG_TRUST_PROXY: ' 10.0.0.0/8, loopback,::1 ' }).trustProxy).toBe(
+      '10.0.0.0/8,loopback,::1',
+    );
+    expect(loadConfig({ ZG_TRUST_PROXY: '0' }).trustProxy).toBe(false);
+    for (const bad of ['17', 'proxy.local', '10.0.0.0/33', '10.0.0.1/8/1', 'yes']) {
+      expect(() => loadConfig({ ZG_TRUST_PROXY: bad }), bad).toThrow(/ZG_TRUST_PROXY/);
+    }
+  });
+
   it('refuses an unknown profile rather than starting embedded', () => {
     expect(() => loadConfig({ ZG_PROFILE: 'clustre' })).toThrow(/ZG_PROFILE/);
   });

@@ -1,3 +1,4 @@
+import { isIP } from 'node:net';
 import { readFileSync } from 'node:fs';
 import { MAX_WORKER_ID } from '../ids/snowflake.js';
 
@@ -87,6 +88,8 @@ export interface Config {
   /** The in-process buffer of views: published at `flushItems` views or `flushMs` after the first. */
   views: { flushItems: number; flushMs: number };
   bodyLimitBytes: number;
+  /** Fastify's `trustProxy`: which proxies may name the client's address in X-Forwarded-For. */
+  trustProxy: boolean | number | string;
   avatarMaxBytes: number;
   shutdownTimeoutMs: number;
   relations: {
@@ -170,6 +173,11 @@ export const CONFIG_VARS = {
   ZG_AUTH_IP_LIMIT: {
     description: 'code sends plus password sign-ins per client address per 15 minutes',
     default: '60',
+  },
+  ZG_TRUST_PROXY: {
+    description:
+      'proxies whose X-Forwarded-For names the client (rate limits, audit): false, true (any), a hop count, or a comma-separated list of addresses, CIDRs or loopback/linklocal/uniquelocal',
+    default: 'false',
   },
   ZG_COUNTER_GROUPS: {
     description:
@@ -309,6 +317,33 @@ export const CONFIG_VARS = {
 
 type VarName = keyof typeof CONFIG_VARS;
 
+const PROXY_PRESETS = ['loopback', 'linklocal', 'uniquelocal'];
+
+/** `false`, `true`, a hop count, or addresses, CIDRs and presets; anything else is a problem, not a guess. */
+function parseTrustProxy(value: string, problems: string[]): boolean | number | string {
+  const trimmed = value.trim();
+  if (trimmed === 'false' || trimmed === '' || trimmed === '0') return false;
+  if (trimmed === 'true') return true;
+  if (/^\d+$/.test(trimmed)) {
+    const hops = Number(trimmed);
+    if (hops <= 16) return hops;
+    problems.push(`ZG_TRUST_PROXY: a hop count must be from 0 to 16 (got ${trimmed})`);
+    return false;
+  }
+  const entries = trimmed.split(',').map((e) => e.trim());
+  for (const entry of entries) {
+    const [address, bits, ...rest] = entry.split('/');
+    const family = isIP(address ?? '');
+    const validBits =
+      bits === undefined || (/^\d{1,3}$/.test(bits) && Number(bits) <= (family === 6 ? 128 : 32));
+    if (!PROXY_PRESETS.includes(entry) && (family === 0 || !validBits || rest.length > 0)) {
+      problems.push(`ZG_TRUST_PROXY: "${entry}" is not an address, a CIDR or a preset`);
+      return false;
+    }
+  }
+  return entries.join(',');
+}
+
 export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: { role?: string } = {}): Config {
   const problems: string[] = [];
 
@@ -402,6 +437,8 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: { ro
     problems.push('ZG_JWT_PRIVATE_KEY: expected a PEM-encoded private key');
   }
 
+  const trustProxy = parseTrustProxy(raw('ZG_TRUST_PROXY') ?? 'false', problems);
+
   const config: Config = {
     profile,
     role,
@@ -474,6 +511,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: { ro
       flushMs: int('ZG_VIEW_FLUSH_MS', 10, 60_000),
     },
     bodyLimitBytes: int('ZG_BODY_LIMIT_BYTES', 1024, 64 * 1024 * 1024),
+    trustProxy,
     avatarMaxBytes: int('ZG_AVATAR_MAX_BYTES', 1024, 64 * 1024 * 1024),
     shutdownTimeoutMs: int('ZG_SHUTDOWN_TIMEOUT_MS', 100, 600_000),
     relations: {

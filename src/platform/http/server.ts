@@ -1,5 +1,10 @@
 import { randomUUID } from 'node:crypto';
-import Fastify, { LogController, type FastifyBaseLogger, type FastifyInstance } from 'fastify';
+import Fastify, {
+  LogController,
+  type FastifyBaseLogger,
+  type FastifyInstance,
+  type FastifyServerOptions,
+} from 'fastify';
 import cors from '@fastify/cors';
 import multipart from '@fastify/multipart';
 import swagger from '@fastify/swagger';
@@ -15,6 +20,8 @@ export interface HttpServerOptions {
   metrics: Metrics;
   bodyLimitBytes: number;
   uploadLimitBytes: number;
+  /** Which proxies may name the client in X-Forwarded-For; `false` takes the socket's peer. */
+  trustProxy?: boolean | number | string;
   version: string;
 }
 
@@ -36,12 +43,16 @@ function newAjv(coerceTypes: false | 'array'): Ajv {
 export async function createHttpServer(options: HttpServerOptions): Promise<FastifyInstance> {
   // Typed as Fastify's base logger so the instance keeps Fastify's default generics.
   const loggerInstance: FastifyBaseLogger = options.logger;
+  const trust = options.trustProxy ?? false;
+  // A hop count trusts that many proxies nearest to the server.
+  const trustProxy: FastifyServerOptions['trustProxy'] =
+    typeof trust === 'number' ? (_address: string, hop: number) => hop < trust : trust;
   const app = Fastify({
     loggerInstance,
     // Request lines would cost more than a like; failures are logged by the error handler and the hook below.
     logController: new LogController({ disableRequestLogging: true }),
     bodyLimit: options.bodyLimitBytes,
-    trustProxy: true,
+    trustProxy,
     genReqId: (req) => {
       const incoming = req.headers['x-request-id'];
       return typeof incoming === 'string' && REQUEST_ID.test(incoming) ? incoming : randomUUID();
