@@ -1,6 +1,6 @@
-import type { FastifyInstance } from 'fastify';
+import type { FastifyInstance, FastifyRequest } from 'fastify';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
-import { BadRequestError, PayloadTooLargeError } from '../platform/errors/errors.js';
+import { AppError, BadRequestError, PayloadTooLargeError } from '../platform/errors/errors.js';
 import { errorResponses } from '../platform/http/schemas.js';
 import type { AuthGuards } from '../auth/auth.guard.js';
 import { principalOf } from '../auth/auth.guard.js';
@@ -51,9 +51,7 @@ export function profileRoutes(deps: ProfileRouteDeps) {
       async (request) => {
         if (!request.isMultipart())
           throw new BadRequestError('expected multipart/form-data with a file field');
-        const file = await request.file({ limits: { fileSize: deps.avatarMaxBytes, files: 1 } });
-        if (!file || file.fieldname !== 'file') throw new BadRequestError('file is required');
-        const bytes = await file.toBuffer();
+        const { file, bytes } = await readAvatar(request, deps.avatarMaxBytes);
         if (file.file.truncated) throw new PayloadTooLargeError('The avatar is too large');
         return toProfile(
           await deps.profiles.setAvatar(principalOf(request).userId, bytes, file.mimetype),
@@ -78,4 +76,22 @@ export function profileRoutes(deps: ProfileRouteDeps) {
       },
     );
   };
+}
+
+/**
+ * The one `file` part of an avatar upload. A body the multipart parser cannot read is the client's
+ * mistake (400), as is a file over the limit (413); neither is a failure of ours.
+ */
+async function readAvatar(request: FastifyRequest, maxBytes: number) {
+  try {
+    const file = await request.file({ limits: { fileSize: maxBytes, files: 1 } });
+    if (!file || file.fieldname !== 'file') throw new BadRequestError('file is required');
+    return { file, bytes: await file.toBuffer() };
+  } catch (err) {
+    if (err instanceof AppError) throw err;
+    if ((err as { statusCode?: unknown }).statusCode === 413) {
+      throw new PayloadTooLargeError('The avatar is too large');
+    }
+    throw new BadRequestError(`malformed multipart body: ${(err as Error).message}`);
+  }
 }

@@ -138,5 +138,22 @@ describe.each<ProfileName>(['embedded', 'cluster'])('profiles (%s profile)', (pr
     expect(json.status).toBeLessThan(500);
     const anonymous = await client.call('POST', '/api/v1/profile/avatar', { raw: new FormData() });
     expect(anonymous.status).toBe(401);
+
+    // Bodies the multipart parser cannot read: garbage, no boundary, a part cut off.
+    const cutOff = `--xyz\r\nContent-Disposition: form-data; name="file"; filename="a.png"\r\nContent-Type: image/png\r\n\r\n${PNG.toString('latin1')}`;
+    for (const [contentType, raw] of [
+      ['multipart/form-data; boundary=xyz', 'garbage'],
+      ['multipart/form-data', '--xyz\r\n'],
+      ['multipart/form-data; boundary=xyz', cutOff],
+    ] as const) {
+      const res = await client.call('POST', '/api/v1/profile/avatar', {
+        token: user.accessToken,
+        raw: Buffer.from(raw, 'latin1'),
+        headers: { 'content-type': contentType },
+      });
+      expect([res.status, res.body.code], `${contentType} ${raw.slice(0, 20)}`).toEqual([400, 'BAD_REQUEST']);
+    }
+    const me = await client.call('GET', '/api/v1/auth/me', { token: user.accessToken });
+    expect(me.body.avatar).not.toMatch(/\/avatars\//);
   });
 });
