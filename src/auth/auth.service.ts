@@ -93,10 +93,11 @@ export class AuthService {
       throw new AuthError('TERMS_NOT_ACCEPTED', 'The terms must be accepted', 400);
     const identifier = normalizeIdentifier(input.identifierType, input.identifier);
     if (input.password !== undefined && !meetsPasswordPolicy(input.password)) throw passwordPolicy();
+    // The code first: otherwise any made-up code would tell, without limit, who is registered.
+    await this.verification.verify('REGISTER', identifier, input.code);
     if (await this.users.findByIdentifier(input.identifierType, identifier)) {
       throw new ConflictError('This identifier is already registered', 'IDENTIFIER_EXISTS');
     }
-    await this.verification.verify('REGISTER', identifier, input.code);
     const passwordHash = input.password === undefined ? null : await this.hasher.hash(input.password);
     const user = await this.createUser(input.identifierType, identifier, passwordHash);
     await this.record({ userId: user.id, identifier, channel: 'REGISTER', success: true, reason: null }, ctx);

@@ -47,6 +47,10 @@ class MapKv implements KeyValueStore {
   async ttl(k: string) {
     return this.data.has(k) ? -1 : null;
   }
+  async expire(k: string) {
+    this.calls++;
+    return this.data.has(k);
+  }
 }
 
 async function setup(sessionCheckMs = 1000) {

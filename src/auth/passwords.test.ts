@@ -32,5 +32,10 @@ describe(meetsPasswordPolicy.name, () => {
     ['abcdefgh', false],
     ['12345678', false],
     ['ab1', false],
+    // Characters, not UTF-16 units: five characters in eight units, then eight in sixteen.
+    ['😀😀😀a1', false],
+    ['😀😀😀😀😀😀a1', true],
+    [`a1${'😀'.repeat(126)}`, true],
+    [`a1${'😀'.repeat(127)}`, false],
   ])('%s → %s', (password, ok) => expect(meetsPasswordPolicy(password)).toBe(ok));
 });

@@ -44,7 +44,9 @@ export class PasswordHasher {
   }
 }
 
-/** At least 8 characters with a letter and a digit (the contract's policy). */
+/** At least 8 characters (code points, as the schema counts them) with a letter and a digit. */
 export function meetsPasswordPolicy(password: string): boolean {
-  return password.length >= 8 && password.length <= 128 && /\p{L}/u.test(password) && /\d/.test(password);
+  let characters = 0;
+  for (const _ of password) characters++;
+  return characters >= 8 && characters <= 128 && /\p{L}/u.test(password) && /\d/.test(password);
 }

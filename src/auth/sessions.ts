@@ -4,8 +4,8 @@ import type { KeyValueStore } from '../platform/kv/kv.js';
 /**
  * Login sessions ("families" of refresh tokens) kept in the shared key-value store:
  *
- * - `auth:fam:{sid}`  → `{uid, ver}` while the session lives; deleting it ends the session for
- *   access and refresh tokens alike.
+ * - `auth:fam:{sid}`  → `{uid, ver}` while the session lives: a refresh-token lifetime from sign-in
+ *   or from the last rotation; deleting it ends the session for access and refresh tokens alike.
  * - `auth:rt:{jti}`   → sid for the one refresh token of the family that may still be used.
  *   Rotation takes it with GETDEL, so of two concurrent refreshes exactly one wins.
  * - `auth:rtu:{jti}`  → sid for refresh tokens already rotated away; presenting one again is
@@ -57,7 +57,10 @@ export class SessionStore {
     // marker and ends the family cannot turn this winner's answer into a failure half-way.
     const active = taken === sid && (await this.isActive(sid, userId, ver));
     await this.kv.set(`auth:rtu:${jti}`, sid, this.refreshTtlMs);
-    return active ? 'ok' : 'invalid';
+    if (!active) return 'invalid';
+    // A session in use lives as long as the refresh token it is about to get; `expire` never
+    // brings back a session ended meanwhile.
+    return (await this.kv.expire(`auth:fam:${sid}`, this.refreshTtlMs)) ? 'ok' : 'invalid';
   }
 
   async isActive(sid: string, userId: number, ver: number): Promise<boolean> {

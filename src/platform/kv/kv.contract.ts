@@ -164,6 +164,35 @@ export function defineKeyValueStoreContract(
       });
     });
 
+    describe('expire', () => {
+      it('gives a live key a new lifetime and keeps its value', async () => {
+        await kv.set('e', 'v', 100);
+        expect(await kv.expire('e', 60_000)).toBe(true);
+        await elapse(200);
+        expect(await kv.get('e')).toBe('v');
+        expect(await kv.ttl('e')).toBeGreaterThan(50_000);
+        await kv.set('f', 'w');
+        expect(await kv.expire('f', 100)).toBe(true);
+        await elapse(200);
+        expect(await kv.get('f')).toBeNull();
+      });
+
+      it('creates nothing for a missing or expired key', async () => {
+        expect(await kv.expire('never', 60_000)).toBe(false);
+        expect(await kv.get('never')).toBeNull();
+        await kv.set('gone', 'v', 100);
+        await elapse(200);
+        expect(await kv.expire('gone', 60_000)).toBe(false);
+        expect(await kv.get('gone')).toBeNull();
+      });
+
+      it('rejects a non-positive TTL', async () => {
+        await kv.set('t', 'v');
+        await expect(kv.expire('t', 0)).rejects.toThrow(RangeError);
+        expect(await kv.ttl('t')).toBe(-1);
+      });
+    });
+
     describe('incr', () => {
       it('counts from 0 for a missing key and adds `by`, including negative steps', async () => {
         expect(await kv.incr('n')).toBe(1);

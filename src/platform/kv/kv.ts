@@ -29,6 +29,8 @@ export interface KeyValueStore {
   incr(key: string, by?: number, ttlMs?: number): Promise<number>;
   /** Remaining lifetime in ms; null when missing, -1 when the key has no expiry. */
   ttl(key: string): Promise<number | null>;
+  /** Gives a live key `ttlMs` to live from now, keeping its value; false (and no key made) when missing. */
+  expire(key: string, ttlMs: number): Promise<boolean>;
 }
 
 // Argument checks shared by the adapters, so every adapter rejects exactly the same inputs.

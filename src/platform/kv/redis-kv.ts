@@ -115,6 +115,11 @@ export class RedisKeyValueStore implements KeyValueStore {
     return this.incrWithTtl(this.k(key), by, ttl);
   }
 
+  async expire(key: string, ttlMs: number): Promise<boolean> {
+    const ttl = checkTtl(ttlMs) as number;
+    return (await this.redis.pexpire(this.k(key), ttl)) === 1;
+  }
+
   async ttl(key: string): Promise<number | null> {
     const ms = await this.redis.pttl(this.k(key));
     if (ms === -2) return null;

@@ -215,6 +215,18 @@ export class SqliteKeyValueStore implements KeyValueStore {
     return Number(row.v);
   }
 
+  async expire(key: string, ttlMs: number): Promise<boolean> {
+    const ttl = checkTtl(ttlMs) as number;
+    const now = this.now();
+    const result = await this.kysely
+      .updateTable('kv')
+      .set({ expires_at: now + ttl })
+      .where('k', '=', key)
+      .where(live(now))
+      .executeTakeFirst();
+    return result.numUpdatedRows > 0n;
+  }
+
   async ttl(key: string): Promise<number | null> {
     const now = this.now();
     const row = await this.kysely
