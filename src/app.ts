@@ -126,7 +126,14 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
     `${config.publicUrl}${DEFAULT_AVATAR_PATH}`,
     now,
   );
-  const profiles = new ProfileService(users, platform.storage, config.avatarMaxBytes, now);
+  const profiles = new ProfileService(
+    users,
+    platform.storage,
+    config.avatarMaxBytes,
+    platform.limiter,
+    log.child({ module: 'profile' }),
+    now,
+  );
 
   const counterMetrics = new CounterMetrics(metrics.registry);
   const visibility = new KnowpostVisibilityRepository(platform.db);

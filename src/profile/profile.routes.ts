@@ -44,13 +44,15 @@ export function profileRoutes(deps: ProfileRouteDeps) {
           security,
           consumes: ['multipart/form-data'],
           description:
-            'multipart/form-data with one field `file`: a PNG, JPEG, GIF or WebP image of at most 5 MiB',
-          response: { 200: ProfileResponse, ...errorResponses(400, 401, 413) },
+            'multipart/form-data with one field `file`: a PNG, JPEG, GIF or WebP image of at most 5 MiB. ' +
+            'Up to 20 uploads per user per hour (429 past that); the avatar replaced is deleted.',
+          response: { 200: ProfileResponse, ...errorResponses(400, 401, 413, 429) },
         },
       },
       async (request) => {
         if (!request.isMultipart())
           throw new BadRequestError('expected multipart/form-data with a file field');
+        await deps.profiles.admitAvatarUpload(principalOf(request).userId);
         const { file, bytes } = await readAvatar(request, deps.avatarMaxBytes);
         if (file.file.truncated) throw new PayloadTooLargeError('The avatar is too large');
         return toProfile(

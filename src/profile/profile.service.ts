@@ -1,17 +1,23 @@
 import { randomBytes } from 'node:crypto';
+import type { Logger } from 'pino';
 import type { Static } from 'typebox';
 import {
   BadRequestError,
   ConflictError,
   NotFoundError,
   PayloadTooLargeError,
+  RateLimitedError,
   UniqueViolationError,
 } from '../platform/errors/errors.js';
+import type { RateLimiter } from '../platform/ratelimit/ratelimit.js';
 import type { ObjectStorage } from '../platform/storage/object-storage.js';
 import type { ProfilePatchBody } from './profile.schema.js';
 import type { UserPatch, UserRow, UsersRepository } from './users.repository.js';
 
 type Patch = Static<typeof ProfilePatchBody>;
+
+/** Each upload stores a new object, so they are counted: enough to try a few pictures, not to fill a disk. */
+export const AVATAR_UPLOADS_PER_HOUR = 20;
 
 const IMAGE_TYPES: { type: string; ext: string; magic: (b: Buffer) => boolean }[] = [
   {
@@ -35,8 +41,18 @@ export class ProfileService {
     private readonly users: UsersRepository,
     private readonly storage: ObjectStorage,
     private readonly avatarMaxBytes: number,
+    private readonly limiter: RateLimiter,
+    private readonly log?: Pick<Logger, 'warn'>,
     private readonly now: () => number = Date.now,
   ) {}
+
+  /** Counts an avatar upload against the user's hourly allowance, before its body is read. */
+  async admitAvatarUpload(userId: number): Promise<void> {
+    const decision = await this.limiter.hit(`avatar:${userId}`, AVATAR_UPLOADS_PER_HOUR, 3_600_000);
+    if (!decision.allowed) {
+      throw new RateLimitedError('Too many avatar uploads; try again later', decision.retryAfterMs / 1000);
+    }
+  }
 
   async get(userId: number): Promise<UserRow> {
     const user = await this.users.findById(userId);
@@ -80,11 +96,26 @@ export class ProfileService {
     ) {
       throw new BadRequestError('file must be a PNG, JPEG, GIF or WebP image');
     }
-    await this.get(userId);
+    const before = await this.get(userId);
     const key = `avatars/${userId}/${randomBytes(8).toString('hex')}${kind.ext}`;
     await this.storage.put(key, bytes, kind.type);
     await this.users.update(userId, { avatar: this.storage.publicUrl(key), updated_at: this.now() });
+    await this.deleteReplaced(userId, before.avatar);
     return this.get(userId);
+  }
+
+  /** The avatar just replaced, when it is one this service stored for the user (not the default). */
+  private async deleteReplaced(userId: number, url: string | null): Promise<void> {
+    const key = url?.match(/avatars\/\d+\/[0-9a-f]{16}\.(?:png|jpg|gif|webp)$/)?.[0];
+    if (key === undefined || !key.startsWith(`avatars/${userId}/`) || this.storage.publicUrl(key) !== url) {
+      return;
+    }
+    try {
+      await this.storage.delete(key);
+    } catch (err) {
+      // The new avatar is in place; an object left behind costs space, not correctness.
+      this.log?.warn({ err, key }, 'could not delete a replaced avatar');
+    }
   }
 
   private checkBirthday(value: string): string {

@@ -115,6 +115,27 @@ describe.each<ProfileName>(['embedded', 'cluster'])('profiles (%s profile)', (pr
     expect(image.status).toBe(200);
     expect(image.headers.get('content-type')).toBe('image/png');
     expect(Buffer.from(await image.arrayBuffer()).equals(PNG)).toBe(true);
+
+    // A new avatar replaces the stored one, and the old object goes.
+    const again = await client.call('POST', '/api/v1/profile/avatar', { token: user.accessToken, raw: form });
+    expect(again.status).toBe(200);
+    expect(again.body.avatar).not.toBe(res.body.avatar);
+    expect((await fetch(again.body.avatar)).status).toBe(200);
+    expect([403, 404]).toContain((await fetch(res.body.avatar)).status);
+  });
+
+  it('limits avatar uploads per user', async () => {
+    const user = await signUp(server, client);
+    const statuses: number[] = [];
+    for (let i = 0; i < 21; i++) {
+      const form = new FormData();
+      form.append('file', new Blob([PNG], { type: 'image/png' }), 'me.png');
+      statuses.push(
+        (await client.call('POST', '/api/v1/profile/avatar', { token: user.accessToken, raw: form })).status,
+      );
+    }
+    expect(statuses.slice(0, 20).every((s) => s === 200)).toBe(true);
+    expect(statuses[20]).toBe(429);
   });
 
   it('refuses avatars that are not images, too large, or missing', async () => {
