@@ -157,6 +157,32 @@ describe("a big account's first followers page", () => {
     s.service.close();
   });
 
+  it('is dropped when this process may have missed invalidations, also while it loads', async () => {
+    const s = setup();
+    s.known.add(5).add(6);
+    const missedWhileAway = () => s.bus['subscribers'].gap();
+    expect(await ids(s)).toEqual([3, 2]);
+    s.followers.unshift({ userId: 4, createdAt: 3 });
+    missedWhileAway();
+    expect(await ids(s)).toEqual([4, 3, 2]);
+    expect(s.pageReads).toBe(2);
+
+    const gate = deferred();
+    s.hold = gate.promise;
+    s.followers.unshift({ userId: 5, createdAt: 4 });
+    missedWhileAway();
+    const loading = ids(s);
+    await new Promise((r) => setTimeout(r, 5));
+    s.followers.unshift({ userId: 6, createdAt: 5 });
+    missedWhileAway();
+    gate.resolve();
+    expect(await loading).toEqual([5, 4, 3, 2]);
+    s.hold = undefined;
+    expect(await ids(s)).toEqual([6, 5, 4, 3, 2]);
+    expect(s.pageReads).toBe(4);
+    s.service.close();
+  });
+
   it('is kept when the invalidation during the load concerns another user', async () => {
     const s = setup();
     const gate = deferred();

@@ -131,13 +131,22 @@ export class RelationService {
       now: this.now,
     });
     this.knownUsers = new LruCache<true>({ maxEntries: 100_000, ttlMs: 3_600_000, now: this.now });
-    this.unsubscribe = deps.bus.subscribe(FIRST_PAGE_SCOPE, (keys) => {
+    const stopChanges = deps.bus.subscribe(FIRST_PAGE_SCOPE, (keys) => {
       for (const key of keys) {
         this.firstPages.delete(key);
         const inFlight = this.firstPageLoads.get(key);
         if (inFlight) inFlight.generation += 1;
       }
     });
+    // Back on the bus after a disconnection: any page may have changed meanwhile.
+    const stopGaps = deps.bus.onGap(() => {
+      this.firstPages.clear();
+      for (const inFlight of this.firstPageLoads.values()) inFlight.generation += 1;
+    });
+    this.unsubscribe = () => {
+      stopChanges();
+      stopGaps();
+    };
   }
 
   close(): void {
