@@ -1,4 +1,4 @@
-import type { FastifyInstance, FastifyRequest, preHandlerAsyncHookHandler } from 'fastify';
+import type { FastifyInstance, FastifyRequest, onRequestAsyncHookHandler } from 'fastify';
 import { UnauthorizedError } from '../platform/errors/errors.js';
 import type { Authenticator, Principal } from './authenticator.js';
 
@@ -8,11 +8,15 @@ declare module 'fastify' {
   }
 }
 
+/**
+ * Route `onRequest` hooks: the token is checked before the body is read or validated, so a caller
+ * without a valid token learns nothing from the route but 401, and costs no body parsing.
+ */
 export interface AuthGuards {
   /** The route needs a signed-in caller. */
-  required: preHandlerAsyncHookHandler;
+  required: onRequestAsyncHookHandler;
   /** Anyone may call; a token, when sent, must be valid (clients refresh on the 401). */
-  optional: preHandlerAsyncHookHandler;
+  optional: onRequestAsyncHookHandler;
 }
 
 function bearer(request: FastifyRequest): string | null | undefined {

@@ -122,7 +122,7 @@ export function authRoutes(deps: AuthRouteDeps) {
     app.get(
       '/api/v1/auth/me',
       {
-        preHandler: deps.guards.required,
+        onRequest: deps.guards.required,
         schema: {
           tags,
           security: [{ bearerAuth: [] }],

@@ -77,7 +77,7 @@ export function counterRoutes(deps: { counters: CounterService; guards: AuthGuar
       app.post(
         `/api/v1/action/${path}`,
         {
-          preHandler: deps.guards.required,
+          onRequest: deps.guards.required,
           schema: {
             tags,
             security,
@@ -106,7 +106,7 @@ export function counterRoutes(deps: { counters: CounterService; guards: AuthGuar
     app.get(
       '/api/v1/action/status',
       {
-        preHandler: deps.guards.required,
+        onRequest: deps.guards.required,
         schema: {
           tags,
           security,
@@ -134,7 +134,7 @@ export function counterRoutes(deps: { counters: CounterService; guards: AuthGuar
     app.get(
       '/api/v1/counter/:etype/:eid',
       {
-        preHandler: deps.guards.optional,
+        onRequest: deps.guards.optional,
         schema: {
           tags,
           params: SingleParams,
@@ -156,7 +156,7 @@ export function counterRoutes(deps: { counters: CounterService; guards: AuthGuar
     app.get(
       '/api/v1/counter/:etype',
       {
-        preHandler: deps.guards.optional,
+        onRequest: deps.guards.optional,
         schema: {
           tags,
           params: TypeParams,

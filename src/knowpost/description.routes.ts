@@ -22,7 +22,7 @@ export function descriptionRoutes(deps: DescriptionRouteDeps) {
     app.post(
       '/api/v1/knowposts/description/suggest',
       {
-        preHandler: deps.guards.required,
+        onRequest: deps.guards.required,
         schema: {
           tags: ['knowposts'],
           security: [{ bearerAuth: [] }],

@@ -13,7 +13,7 @@ export function detailRoutes(deps: { details: DetailService; guards: AuthGuards 
     app.get(
       '/api/v1/knowposts/detail/:id',
       {
-        preHandler: deps.guards.optional,
+        onRequest: deps.guards.optional,
         schema: {
           tags: ['knowposts'],
           description:

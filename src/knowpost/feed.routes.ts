@@ -20,7 +20,7 @@ export function feedRoutes(deps: { feeds: FeedService; guards: AuthGuards }) {
     app.get(
       '/api/v1/knowposts/feed',
       {
-        preHandler: deps.guards.optional,
+        onRequest: deps.guards.optional,
         schema: {
           tags,
           description:
@@ -45,7 +45,7 @@ export function feedRoutes(deps: { feeds: FeedService; guards: AuthGuards }) {
     app.get(
       '/api/v1/knowposts/mine',
       {
-        preHandler: deps.guards.required,
+        onRequest: deps.guards.required,
         schema: {
           tags,
           security: [{ bearerAuth: [] }],

@@ -51,7 +51,7 @@ export function postRoutes(deps: PostRouteDeps) {
     app.post(
       `${base}/drafts`,
       {
-        preHandler: deps.guards.required,
+        onRequest: deps.guards.required,
         schema: {
           tags,
           security,
@@ -66,7 +66,7 @@ export function postRoutes(deps: PostRouteDeps) {
       `${base}/:id/content/confirm`,
       {
         preValidation: rejectUnknownFields(Object.keys(ConfirmBody.properties)),
-        preHandler: deps.guards.required,
+        onRequest: deps.guards.required,
         schema: {
           tags,
           security,
@@ -89,7 +89,7 @@ export function postRoutes(deps: PostRouteDeps) {
       `${base}/:id`,
       {
         preValidation: rejectUnknownFields(POST_PATCH_FIELDS),
-        preHandler: deps.guards.required,
+        onRequest: deps.guards.required,
         schema: {
           tags,
           security,
@@ -111,7 +111,7 @@ export function postRoutes(deps: PostRouteDeps) {
     app.post(
       `${base}/:id/publish`,
       {
-        preHandler: deps.guards.required,
+        onRequest: deps.guards.required,
         schema: {
           tags,
           security,
@@ -132,7 +132,7 @@ export function postRoutes(deps: PostRouteDeps) {
       `${base}/:id/top`,
       {
         preValidation: rejectUnknownFields(TOP_FIELDS),
-        preHandler: deps.guards.required,
+        onRequest: deps.guards.required,
         schema: {
           tags,
           security,
@@ -152,7 +152,7 @@ export function postRoutes(deps: PostRouteDeps) {
       `${base}/:id/visibility`,
       {
         preValidation: rejectUnknownFields(VISIBILITY_FIELDS),
-        preHandler: deps.guards.required,
+        onRequest: deps.guards.required,
         schema: {
           tags,
           security,
@@ -171,7 +171,7 @@ export function postRoutes(deps: PostRouteDeps) {
     app.delete(
       `${base}/:id`,
       {
-        preHandler: deps.guards.required,
+        onRequest: deps.guards.required,
         schema: {
           tags,
           security,
@@ -196,7 +196,7 @@ export function presignRoutes(deps: PostRouteDeps) {
       '/api/v1/storage/presign',
       {
         preValidation: rejectUnknownFields(Object.keys(PresignBody.properties)),
-        preHandler: deps.guards.required,
+        onRequest: deps.guards.required,
         schema: {
           tags: ['storage'],
           security: [{ bearerAuth: [] }],

@@ -23,7 +23,7 @@ export function profileRoutes(deps: ProfileRouteDeps) {
     app.patch(
       '/api/v1/profile',
       {
-        preHandler: deps.guards.required,
+        onRequest: deps.guards.required,
         schema: {
           tags,
           security,
@@ -38,7 +38,7 @@ export function profileRoutes(deps: ProfileRouteDeps) {
     app.post(
       '/api/v1/profile/avatar',
       {
-        preHandler: deps.guards.required,
+        onRequest: deps.guards.required,
         schema: {
           tags,
           security,
@@ -65,7 +65,7 @@ export function profileRoutes(deps: ProfileRouteDeps) {
     app.get(
       '/api/v1/profile/:userId',
       {
-        preHandler: deps.guards.optional,
+        onRequest: deps.guards.optional,
         schema: {
           tags,
           params: UserIdParams,

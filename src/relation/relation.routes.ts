@@ -18,7 +18,7 @@ export function relationRoutes(deps: { relations: RelationService; guards: AuthG
       app.post(
         `/api/v1/relation/${action}`,
         {
-          preHandler: deps.guards.required,
+          onRequest: deps.guards.required,
           schema: {
             tags,
             security,
@@ -37,7 +37,7 @@ export function relationRoutes(deps: { relations: RelationService; guards: AuthG
     app.get(
       '/api/v1/relation/status',
       {
-        preHandler: deps.guards.required,
+        onRequest: deps.guards.required,
         schema: {
           tags,
           security,
@@ -52,7 +52,7 @@ export function relationRoutes(deps: { relations: RelationService; guards: AuthG
       app.get(
         `/api/v1/relation/${kind}`,
         {
-          preHandler: deps.guards.required,
+          onRequest: deps.guards.required,
           schema: {
             tags,
             security,

@@ -12,7 +12,7 @@ export function userCounterRoutes(deps: { counters: UserCounterService; guards: 
     app.get(
       '/api/v1/relation/counter',
       {
-        preHandler: deps.guards.required,
+        onRequest: deps.guards.required,
         schema: {
           tags: ['relations'],
           security: [{ bearerAuth: [] }],

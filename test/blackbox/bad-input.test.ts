@@ -133,6 +133,23 @@ describe.each<ProfileName>(['embedded', 'cluster'])('bad input (%s profile)', (p
     }
   }, 120_000);
 
+  it('answers 401 to a caller without a valid token before looking at the body', async () => {
+    const cases: [string, string, string, string][] = [
+      ['PATCH', '/api/v1/profile', 'application/json', '{"nickname": 42}'],
+      ['POST', '/api/v1/profile/avatar', 'multipart/form-data; boundary=xyz', 'garbage'],
+      ['PATCH', '/api/v1/knowposts/123', 'application/json', '{"foo": 1}'],
+      ['POST', '/api/v1/storage/presign', 'application/json', '{'],
+      ['POST', '/api/v1/knowposts/description/suggest', 'application/json', '{}'],
+      ['POST', '/api/v1/action/like', 'application/json', '{"entityType": 1}'],
+    ];
+    for (const [method, path, contentType, raw] of cases) {
+      for (const token of [undefined, 'not-a-token']) {
+        const res = await client.call(method, path, { raw, token, headers: { 'content-type': contentType } });
+        expect([path, token, res.status, res.body.code]).toEqual([path, token, 401, 'UNAUTHORIZED']);
+      }
+    }
+  });
+
   it('answers unknown routes and bad path parameters in the contract shape', async () => {
     expect4xx('unknown route', await client.call('GET', '/api/v1/nope'));
     expect4xx('bad id', await client.call('GET', '/api/v1/profile/-1'));
