@@ -6,6 +6,7 @@ import { COUNTER_TOPIC, parseEntityKey, type EntityRef } from './counter/model.j
 import { ConfigError, loadConfig } from './platform/config/config.js';
 import { createLogger } from './platform/logging/logger.js';
 import { createPlatform } from './platform/wiring.js';
+import { replayViews, VIEW_TOPIC } from './knowpost/views.js';
 import { relationUserCountParts } from './relation/user-count-parts.js';
 import { runUsersCommand, USERS_USAGE } from './user-counter/admin.js';
 import { RELATIONS_USAGE, runRelationsCommand } from './relation/admin.js';
@@ -15,7 +16,8 @@ const USAGE = `usage: zhiguang counters|users|relations <command> [options]
   counters verify [--fix]             compare every snapshot with its facts; --fix rebuilds the drifted ones
   counters rebuild [--entity T:ID]…   rebuild snapshots from facts (all entities, or the ones named)
   counters replay --yes               empty the counter store and rebuild it from counter-events,
-                                      earliest record to the end captured at the start (stop writers first)
+                                      earliest record to the end captured at the start, then add
+                                      back the views read-events holds (stop writers first)
   counters flush                      fold all pending deltas into snapshots now
 ${USERS_USAGE}
 ${RELATIONS_USAGE}
@@ -24,16 +26,23 @@ Configuration comes from the environment, as for the server (see .env.example).`
 
 /** The admin command line: maintenance jobs with progress on stderr and a JSON summary on stdout. */
 async function main(argv: string[]): Promise<number> {
-  const { values, positionals } = parseArgs({
-    args: argv,
-    allowPositionals: true,
-    options: {
-      fix: { type: 'boolean' },
-      yes: { type: 'boolean' },
-      entity: { type: 'string', multiple: true },
-      help: { type: 'boolean', short: 'h' },
-    },
-  });
+  let parsed;
+  try {
+    parsed = parseArgs({
+      args: argv,
+      allowPositionals: true,
+      options: {
+        fix: { type: 'boolean' },
+        yes: { type: 'boolean' },
+        entity: { type: 'string', multiple: true },
+        help: { type: 'boolean', short: 'h' },
+      },
+    });
+  } catch (err) {
+    process.stderr.write(`${(err as Error).message}\n\n${USAGE}\n`);
+    return 2;
+  }
+  const { values, positionals } = parsed;
   const [area, command] = positionals;
   if (area === 'users' && command === 'verify' && !values.help) {
     const config = loadConfig(process.env);
@@ -106,7 +115,7 @@ async function main(argv: string[]): Promise<number> {
   const progress = (message: string) => process.stderr.write(`\r${message}\u001b[K`);
   const started = Date.now();
   try {
-    await platform.events.ensureTopics([COUNTER_TOPIC]);
+    await platform.events.ensureTopics([COUNTER_TOPIC, VIEW_TOPIC]);
     let summary: unknown;
     if (command === 'verify') {
       const report = await verifyAll(platform.counterStore, values.fix ?? false, progress);
@@ -114,7 +123,8 @@ async function main(argv: string[]): Promise<number> {
     } else if (command === 'rebuild') {
       summary = { rebuilt: await rebuildAll(platform.counterStore, refs, progress) };
     } else if (command === 'replay') {
-      summary = await replayAll(platform.counterStore, platform.events, progress);
+      const counters = await replayAll(platform.counterStore, platform.events, progress);
+      summary = { ...counters, ...(await replayViews(platform.events, platform.counterStore, progress)) };
     } else {
       summary = { folded: await flushPending(platform.counterStore, metrics, 512, 1_000_000) };
     }

@@ -13,7 +13,7 @@ import { migrate, openSqlite } from '../platform/db/database.js';
 import type { EventLog } from '../platform/eventlog/eventlog.js';
 import { KafkaEventLog } from '../platform/eventlog/kafka-eventlog.js';
 import { SqliteEventLog } from '../platform/eventlog/sqlite-eventlog.js';
-import { VIEW_GROUP, VIEW_TOPIC, ViewAggregator, ViewMetrics, ViewRecorder } from './views.js';
+import { VIEW_GROUP, VIEW_TOPIC, ViewAggregator, ViewMetrics, ViewRecorder, replayViews } from './views.js';
 
 type Profile = 'embedded' | 'cluster';
 
@@ -153,5 +153,30 @@ describe.each<Profile>(['embedded', 'cluster'])('views pipeline (%s)', (profile)
     );
     expect(errors.length - before).toBe(3);
     expect(await reads([ref(12)])).toEqual([null]);
+  });
+
+  it('adds back what read-events holds after a replay emptied the store, likes untouched', async () => {
+    const posts = [ref(21), ref(22)];
+    await rig.store.toggle(posts[0]!, 'like', 5, true, Date.now());
+    await rig.store.rebuild(posts[0]!);
+    const recorder = new ViewRecorder(rig.events, metrics, { maxItems: 4, flushMs: 20 });
+    for (let i = 0; i < 9; i++) recorder.record(posts[i % 2]!.eid);
+    await recorder.close();
+    await rig.events.publish(VIEW_TOPIC, [{ key: 'x', value: 'not json' }]);
+    await until(async () => JSON.stringify(await reads(posts)) === '[5,4]');
+    await aggregator.stop();
+
+    // What the counter replay leaves: the like back from its fact, the views gone.
+    await rig.store.writeRawSnapshot(posts[0]!, null);
+    await rig.store.writeRawSnapshot(posts[1]!, null);
+    await rig.store.rebuild(posts[0]!);
+    expect(await rig.store.readSnapshots(posts)).toEqual([[0, 1, 0, 0, 0], null]);
+
+    const report = await replayViews(rig.events, rig.store, () => {});
+    expect(report).toMatchObject({ views: 9, malformedViewRecords: 1 });
+    expect(await rig.store.readSnapshots(posts)).toEqual([
+      [5, 1, 0, 0, 0],
+      [4, 0, 0, 0, 0],
+    ]);
   });
 });

@@ -155,5 +155,15 @@ describe.each<ProfileName>(['embedded', 'cluster'])('bad input (%s profile)', (p
     expect4xx('bad id', await client.call('GET', '/api/v1/profile/-1'));
     expect4xx('huge id', await client.call('GET', '/api/v1/profile/99999999999999999999999'));
     expect4xx('method', await client.call('DELETE', '/api/v1/auth/me'));
+    const malformed = await client.call('GET', '/api/v1/knowposts/detail/%ZZ');
+    expect(malformed.status).toBe(400);
+    expect(malformed.body).toMatchObject({
+      code: 'BAD_REQUEST',
+      requestId: malformed.headers.get('x-request-id'),
+    });
+    // Names of the files kept beside stored objects name no object.
+    for (const suffix of ['.meta.json', '.tmp', '.tmp.meta']) {
+      expect4xx(`files ${suffix}`, await client.call('GET', `/files/avatars/x.png${suffix}`));
+    }
   });
 });

@@ -3,6 +3,7 @@ import Fastify, {
   LogController,
   type FastifyBaseLogger,
   type FastifyInstance,
+  type FastifyReply,
   type FastifyServerOptions,
 } from 'fastify';
 import cors from '@fastify/cors';
@@ -53,6 +54,13 @@ export async function createHttpServer(options: HttpServerOptions): Promise<Fast
     logController: new LogController({ disableRequestLogging: true }),
     bodyLimit: options.bodyLimitBytes,
     trustProxy,
+    // Errors Fastify meets before routing (a malformed percent-encoding in the URL) in the contract's shape.
+    frameworkErrors: (error, request, reply) => {
+      void (reply as FastifyReply)
+        .code(400)
+        .header('x-request-id', request.id)
+        .send({ code: 'BAD_REQUEST', message: `Malformed request: ${error.message}`, requestId: request.id });
+    },
     genReqId: (req) => {
       const incoming = req.headers['x-request-id'];
       return typeof incoming === 'string' && REQUEST_ID.test(incoming) ? incoming : randomUUID();
@@ -85,6 +93,8 @@ export async function createHttpServer(options: HttpServerOptions): Promise<Fast
   await app.register(cors, {
     origin: true,
     methods: ['GET', 'POST', 'PUT', 'PATCH', 'DELETE', 'OPTIONS'],
+    // An OPTIONS without the preflight headers is answered like a preflight, not with a bare-text 400.
+    strictPreflight: false,
     exposedHeaders: ['X-Next-Cursor', 'X-Request-Id'],
   });
   await app.register(multipart, { limits: { fileSize: options.uploadLimitBytes, files: 1, fields: 10 } });

@@ -16,6 +16,7 @@ import {
   assertContentType,
   assertPresignExpiry,
   assertSafeKey,
+  isSafeKey,
   type ObjectStorage,
   type PresignedPut,
   type PresignPutOptions,
@@ -150,6 +151,8 @@ export class LocalObjectStorage implements ObjectStorage {
   }
 
   async head(key: string): Promise<StoredObject | null> {
+    // A safe key with a suffix this adapter keeps for itself names no object (and no 500).
+    if (isSafeKey(key) && isReservedKey(key)) return null;
     const path = this.pathOf(key);
     try {
       const [meta, info] = await Promise.all([readFile(`${path}.meta.json`, 'utf8'), stat(path)]);
@@ -273,10 +276,14 @@ export class LocalObjectStorage implements ObjectStorage {
 
   private pathOf(key: string): string {
     assertSafeKey(key);
-    if (key.endsWith('.meta.json') || key.endsWith('.tmp') || key.endsWith('.tmp.meta'))
-      throw new Error(`unsafe object key: ${key}`);
+    if (isReservedKey(key)) throw new Error(`unsafe object key: ${key}`);
     return join(this.root, key);
   }
+}
+
+/** Names of the files kept beside an object (its metadata, uploads in progress). */
+function isReservedKey(key: string): boolean {
+  return key.endsWith('.meta.json') || key.endsWith('.tmp') || key.endsWith('.tmp.meta');
 }
 
 /**
