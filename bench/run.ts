@@ -140,7 +140,7 @@ const cfg = {
   cpuProf: process.env.BENCH_CPU_PROF || undefined,
   pipelineFacts: process.env.BENCH_PIPELINE_FACTS === '1',
   aggBatch: Math.round(num('BENCH_AGG_BATCH', 20_000)),
-  /** Extra server environment for diagnostic runs, e.g. `ZG_ENTITY_CACHE_MS=600000`. */
+  /** Extra server environment for diagnostic runs, e.g. `ZG_ENTITY_CACHE_MS=60000`. */
   serverEnv: Object.fromEntries(
     (process.env.BENCH_SERVER_ENV ?? '')
       .split(/\s+/)

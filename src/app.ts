@@ -205,6 +205,8 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
   platform.invalidation.subscribe(POST_INVALIDATION_SCOPE, (ids) => {
     for (const eid of ids) directory.forget({ etype: 'knowpost', eid });
   });
+  // Back on the bus after a disconnection: any post may have changed meanwhile.
+  platform.invalidation.onGap(() => directory.forgetAll());
   postListeners.push(
     postCacheInvalidator(postCache, platform.invalidation, (err) =>
       log.warn({ err }, 'post change not announced to every process; their caches expire on their own'),

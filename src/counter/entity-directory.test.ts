@@ -297,6 +297,24 @@ describe(CachedEntityDirectory.name, () => {
       expect(b.state.value).toEqual([false]);
     });
 
+    it('forgets everything at once, loads in flight included', async () => {
+      const { sut, calls, answer, lookup } = rig();
+      lookup([post('1'), post('2')]);
+      await turn();
+      await answer(PUBLIC);
+      const a = lookup([post('3')]);
+      await turn();
+      expect(calls).toHaveLength(2);
+      sut.forgetAll();
+      await answer(PUBLIC);
+      expect(a.state.value).toEqual([true]);
+      const b = lookup([post('1'), post('2'), post('3')]);
+      await turn();
+      expect(calls).toHaveLength(3);
+      await answer(HIDDEN);
+      expect(b.state.value).toEqual([false, false, false]);
+    });
+
     it('keeps at most maxEntries entries, dropping the least recently loaded', async () => {
       const { calls, answer, lookup } = rig({ maxEntries: 2 });
       for (const eid of ['1', '2', '3']) {

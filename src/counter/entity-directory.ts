@@ -125,6 +125,12 @@ export class CachedEntityDirectory implements EntityDirectory {
     if (!this.waiting.has(key)) this.flights.delete(key);
   }
 
+  /** Drops everything known (this process may have missed changes); loads detach as in `forget`. */
+  forgetAll(): void {
+    this.cache.clear();
+    for (const key of [...this.flights.keys()]) if (!this.waiting.has(key)) this.flights.delete(key);
+  }
+
   /** The key's load in flight or waiting to start, else a new one. */
   private fetch(key: string, ref: EntityRef, urgent: boolean): Promise<Value> {
     const flying = this.flights.get(key);

@@ -197,7 +197,8 @@ export const CONFIG_VARS = {
     default: '30000',
   },
   ZG_ENTITY_CACHE_MS: {
-    description: 'how long a process caches whether a post exists and who may see it',
+    description:
+      'how long a process caches whether a post exists and who may see it (at most 60000: it bounds how long a missed change is believed)',
     default: '5000',
   },
   ZG_AI_API_KEY: {
@@ -474,7 +475,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: { ro
       repairAfterMs: int('ZG_COUNTER_REPAIR_AFTER_MS', 100, 3_600_000),
       reconcileIntervalMs: int('ZG_COUNTER_RECONCILE_MS', 100, 86_400_000),
     },
-    entityCacheMs: int('ZG_ENTITY_CACHE_MS', 0, 3_600_000),
+    entityCacheMs: int('ZG_ENTITY_CACHE_MS', 0, 60_000),
     ai: {
       apiKey: raw('ZG_AI_API_KEY'),
       baseURL: url('ZG_AI_BASE_URL', ['http:', 'https:']) ?? 'https://api.deepseek.com',
