@@ -26,6 +26,9 @@ export function descriptionRoutes(deps: DescriptionRouteDeps) {
         schema: {
           tags: ['knowposts'],
           security: [{ bearerAuth: [] }],
+          description:
+            'A description (at most 50 characters) of the post markdown in `content`, drawn from its first ' +
+            '20,000 characters; 400 DESCRIPTION_CONTENT_EMPTY when they show no text.',
           body: Type.Object({ content: Type.String({ minLength: 1, maxLength: 200_000 }) }),
           response: {
             200: Type.Object({ description: Type.String({ maxLength: 50 }) }),

@@ -7,11 +7,10 @@ import {
   ForbiddenError,
   NotFoundError,
   PayloadTooLargeError,
-  RateLimitedError,
   UniqueViolationError,
 } from '../platform/errors/errors.js';
 import type { OutboxWriter } from '../platform/outbox/outbox.js';
-import type { RateLimiter } from '../platform/ratelimit/ratelimit.js';
+import { enforceLimit, type RateLimiter } from '../platform/ratelimit/ratelimit.js';
 import type { ObjectStorage } from '../platform/storage/object-storage.js';
 import {
   postEvent,
@@ -93,7 +92,7 @@ export class PostService {
   }
 
   async createDraft(userId: number): Promise<string> {
-    await this.rateLimit(`post-draft:${userId}`, this.limits.draftsPerHour, 3_600_000, 'drafts');
+    await enforceLimit(this.limiter, `post-draft:${userId}`, this.limits.draftsPerHour, 3_600_000, 'drafts');
     if ((await this.posts.countDrafts(userId)) >= this.limits.maxOpenDrafts) {
       throw new ConflictError(
         `At most ${this.limits.maxOpenDrafts} drafts may be open; publish or delete one first`,
@@ -115,7 +114,13 @@ export class PostService {
   }
 
   async presign(userId: number, request: PresignBody): Promise<PresignResponse> {
-    await this.rateLimit(`post-presign:${userId}`, this.limits.presignPerMinute, 60_000, 'upload requests');
+    await enforceLimit(
+      this.limiter,
+      `post-presign:${userId}`,
+      this.limits.presignPerMinute,
+      60_000,
+      'upload requests',
+    );
     const post = await this.owned(userId, request.postId, true);
     if (post.status === 'deleted') throw new ConflictError('The post is deleted', 'INVALID_STATE');
     const target = uploadTarget(request.scene, post.id, request.contentType, request.ext, this.now());
@@ -292,12 +297,6 @@ export class PostService {
   private async refuseOversize(key: string, limit: number): Promise<never> {
     await this.storage.delete(key);
     throw new PayloadTooLargeError(`The upload exceeds its limit of ${limit} bytes and was removed`);
-  }
-
-  private async rateLimit(key: string, limit: number, windowMs: number, what: string): Promise<void> {
-    const decision = await this.limiter.hit(key, limit, windowMs);
-    if (!decision.allowed)
-      throw new RateLimitedError(`Too many ${what}; try again later`, decision.retryAfterMs / 1000);
   }
 
   private async announce(change: PostChange): Promise<void> {

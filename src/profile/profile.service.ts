@@ -6,10 +6,9 @@ import {
   ConflictError,
   NotFoundError,
   PayloadTooLargeError,
-  RateLimitedError,
   UniqueViolationError,
 } from '../platform/errors/errors.js';
-import type { RateLimiter } from '../platform/ratelimit/ratelimit.js';
+import { enforceLimit, type RateLimiter } from '../platform/ratelimit/ratelimit.js';
 import type { ObjectStorage } from '../platform/storage/object-storage.js';
 import type { ProfilePatchBody } from './profile.schema.js';
 import type { UserPatch, UserRow, UsersRepository } from './users.repository.js';
@@ -48,10 +47,13 @@ export class ProfileService {
 
   /** Counts an avatar upload against the user's hourly allowance, before its body is read. */
   async admitAvatarUpload(userId: number): Promise<void> {
-    const decision = await this.limiter.hit(`avatar:${userId}`, AVATAR_UPLOADS_PER_HOUR, 3_600_000);
-    if (!decision.allowed) {
-      throw new RateLimitedError('Too many avatar uploads; try again later', decision.retryAfterMs / 1000);
-    }
+    await enforceLimit(
+      this.limiter,
+      `avatar:${userId}`,
+      AVATAR_UPLOADS_PER_HOUR,
+      3_600_000,
+      'avatar uploads',
+    );
   }
 
   async get(userId: number): Promise<UserRow> {

@@ -1,3 +1,5 @@
+import { RateLimitedError } from '../errors/errors.js';
+
 /**
  * Fixed-window rate limiter shared by every process of a deployment.
  *
@@ -20,6 +22,20 @@ export interface RateLimiter {
   hit(key: string, limit: number, windowMs: number): Promise<RateLimitDecision>;
   /** Forgets the key's current window (e.g. after a successful login). */
   reset(key: string): Promise<void>;
+}
+
+/** Counts one hit on `key`; past `limit` in the window, a 429 saying "Too many {what}; try again later". */
+export async function enforceLimit(
+  limiter: RateLimiter,
+  key: string,
+  limit: number,
+  windowMs: number,
+  what: string,
+): Promise<void> {
+  const decision = await limiter.hit(key, limit, windowMs);
+  if (!decision.allowed) {
+    throw new RateLimitedError(`Too many ${what}; try again later`, decision.retryAfterMs / 1000);
+  }
 }
 
 // Shared by the adapters, so every adapter validates and decides identically.
