@@ -351,6 +351,7 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
     store: platform.userCounterStore,
     metrics: relations.metrics,
     onGap: (authorId) => userCounters.service.rebuild(authorId, 'overwrite', 'drift'),
+    onApplied: (authorIds) => userCounters.reconciler.touched(authorIds),
     onError: (err) => workerError('user-likes-received', err),
     now,
   });

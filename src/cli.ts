@@ -79,6 +79,7 @@ async function main(argv: string[]): Promise<number> {
           process.stderr.write('\n');
           process.stdout.write(`${line}\n`);
         },
+        note: (message) => process.stderr.write(`${message}\n`),
       },
     );
   }

@@ -20,7 +20,15 @@ export interface AdminIo {
   progress(message: string): void;
   /** The one-line JSON summary. */
   summary(line: string): void;
+  /** A line for the operator, kept on screen. */
+  note(message: string): void;
 }
+
+/** What the command cannot reach on the embedded profile. */
+export const EMBEDDED_CACHES_NOTE =
+  'embedded profile: a running server keeps its cached lists in its own memory, which this command ' +
+  'neither compares nor clears; they follow the table once they expire (ZG_RELATION_LIST_CACHE_TTL_MS) ' +
+  'or the server restarts';
 
 /** `zhiguang relations verify [--fix] | rebuild`; resolves with the exit code. */
 export async function runRelationsCommand(
@@ -72,6 +80,7 @@ export async function runRelationsCommand(
         seconds: (Date.now() - started) / 1000,
       }),
     );
+    if (config.profile === 'embedded') io.note(EMBEDDED_CACHES_NOTE);
     return 0;
   } finally {
     await platform.close();

@@ -35,6 +35,8 @@ interface Rig {
   service: UserCounterService;
   sut: LikesReceivedConsumer;
   gaps: number[];
+  /** Rebuilds still to fail on a gap (each failing one throws out of `apply`). */
+  failing: { gaps: number };
   /** How many applied ids and how many marks the user-counter store holds. */
   records(): Promise<{ applied: number; marks: number }>;
   cleanup(): Promise<void>;
@@ -104,6 +106,7 @@ async function openRig(dialect: Dialect): Promise<Rig> {
   const source = new DbUserCountSource(db, [new LikesReceivedPart(repo, counters)], DEFAULT_RETENTION_MS);
   const service = new UserCounterService(store, source, new UserCounterMetrics(new Registry()));
   const gaps: number[] = [];
+  const failing = { gaps: 0 };
   const errors: unknown[] = [];
   const sut = new LikesReceivedConsumer({
     events: undefined as unknown as EventLog,
@@ -111,6 +114,10 @@ async function openRig(dialect: Dialect): Promise<Rig> {
     store,
     metrics: new RelationMetrics(new Registry()),
     onGap: async (author) => {
+      if (failing.gaps > 0) {
+        failing.gaps--;
+        throw new Error('injected: rebuild failed');
+      }
       gaps.push(author);
       await service.rebuild(author, 'overwrite', 'drift');
     },
@@ -123,6 +130,7 @@ async function openRig(dialect: Dialect): Promise<Rig> {
     service,
     sut,
     gaps,
+    failing,
     records,
     cleanup: async () => {
       await close();
@@ -253,6 +261,21 @@ describe.each<Dialect>(['sqlite', 'mariadb'])('likes received on %s', (dialect) 
     await rig.sut.apply([e1, e3]);
     expect(rig.gaps).toEqual([author]);
     expect(await received(author)).toEqual({ likes: 3, favs: 0 });
+    await rig.sut.apply([e2]);
+    expect(await received(author)).toEqual({ likes: 3, favs: 0 });
+  });
+
+  it('heals a skipped seq when the batch comes again after its rebuild failed', async () => {
+    const author = await newUser();
+    const post = await newPost(author);
+    await received(author);
+    const e1 = await toggle(post, 'like', 1, true);
+    const e2 = await toggle(post, 'like', 2, true);
+    const e3 = await toggle(post, 'like', 3, true);
+    rig.failing.gaps = 1;
+    await expect(rig.sut.apply([e1, e3])).rejects.toThrow(/injected/);
+    await rig.sut.apply([e1, e3]); // delivered again
+    expect(rig.gaps).toEqual([author]);
     await rig.sut.apply([e2]);
     expect(await received(author)).toEqual({ likes: 3, favs: 0 });
   });

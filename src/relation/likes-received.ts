@@ -123,7 +123,8 @@ export interface LikesReceivedConsumerDeps {
  * not — a seq was skipped because two API processes published one hot post's events in another
  * order — the skipped event will be at or below the mark when it comes, so it is dropped, and the
  * author's counts are rebuilt at once from the facts (the likes-received count part), which counts
- * it exactly; the periodic user-counter reconciler heals whatever a crash in between left behind.
+ * it exactly. The rebuilds run before the batch raises the database marks, so a batch whose rebuild
+ * failed, or whose worker died, is delivered again and finds the same gaps.
  */
 export class LikesReceivedConsumer {
   private subscription: Subscription | undefined;
@@ -203,8 +204,9 @@ export class LikesReceivedConsumer {
       if (mark > (marks.get(postId) ?? 0)) raised.set(postId, mark);
     }
     const result = await this.deps.store.apply(deltas, this.now());
-    await repo.raiseMarks(raised);
+    // Rebuilds before the marks move: if one fails, the batch comes again and finds its gaps again.
     for (const author of gaps) await this.deps.onGap(author);
+    await repo.raiseMarks(raised);
 
     metrics.likesReceivedEvents.inc({ outcome: 'applied' }, result.applied);
     if (result.skipped + skipped > 0)

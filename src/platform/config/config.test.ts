@@ -4,6 +4,19 @@ import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { ConfigError, loadConfig } from './config.js';
 
+/** The least the cluster profile starts with (nothing here is contacted). */
+const CLUSTER_ENV = {
+  ZG_PROFILE: 'cluster',
+  ZG_MYSQL_URL: 'mysql://root@127.0.0.1:3306/zhiguang',
+  ZG_REDIS_URL: 'redis://127.0.0.1:6379',
+  ZG_KAFKA_BROKERS: '127.0.0.1:9092',
+  ZG_S3_BUCKET: 'zhiguang',
+  ZG_S3_ACCESS_KEY_ID: 'key',
+  ZG_S3_SECRET_ACCESS_KEY: 'secret',
+  ZG_SMTP_URL: 'smtp://127.0.0.1:25',
+  ZG_JWT_PRIVATE_KEY: '-----BEGIN PRIVATE KEY-----\\n…\\n-----END PRIVATE KEY-----',
+};
+
 describe(loadConfig.name, () => {
   it('defaults to the embedded profile on port 8080 with ./data', () => {
     const sut = loadConfig({});
@@ -57,8 +70,16 @@ describe(loadConfig.name, () => {
   });
 
   it('lets --role win over ZG_ROLE and validates it', () => {
-    expect(loadConfig({ ZG_ROLE: 'api' }, { role: 'worker' }).role).toBe('worker');
+    const cluster = { ...CLUSTER_ENV, ZG_ROLE: 'api' };
+    expect(loadConfig(cluster, { role: 'worker' }).role).toBe('worker');
     expect(() => loadConfig({}, { role: 'boss' })).toThrow(/ZG_ROLE/);
+  });
+
+  it('runs the embedded profile only as one process of every role', () => {
+    expect(loadConfig({}).role).toBe('all');
+    for (const role of ['api', 'worker']) {
+      expect(() => loadConfig({ ZG_ROLE: role }), role).toThrow(/ZG_ROLE: the embedded profile/);
+    }
   });
 
   it('reads secrets from <VAR>_FILE', async () => {

@@ -409,6 +409,9 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: { ro
     if (!mysqlUrl) problems.push('ZG_MYSQL_URL: required on the cluster profile');
     if (!redisUrl) problems.push('ZG_REDIS_URL: required on the cluster profile');
     if (kafkaBrokers.length === 0) problems.push('ZG_KAFKA_BROKERS: required on the cluster profile');
+  } else if (role !== 'all') {
+    // The event log, the outbox's wake-ups and the caches' invalidations live inside the process.
+    problems.push('ZG_ROLE: the embedded profile runs every role in one process (all)');
   }
   const storageSigningKey = raw('ZG_STORAGE_SIGNING_KEY');
   if (storageSigningKey !== undefined && Buffer.byteLength(storageSigningKey) < 32) {
