@@ -1,8 +1,9 @@
 import { Redis } from 'ioredis';
+import { describe, expect, it } from 'vitest';
 import { services, uniqueName } from '../../../test/rig/resources.js';
 import { defineListCacheContract } from './list-cache.contract.js';
 import { MemoryListCache } from './memory-list-cache.js';
-import { RedisListCache } from './redis-list-cache.js';
+import { DEFAULT_MARK_TTL_MS, RedisListCache } from './redis-list-cache.js';
 
 async function deleteByPrefix(redis: Redis, prefix: string): Promise<void> {
   const pattern = `${prefix.replace(/[*?[\]\\]/g, '\\$&')}*`;
@@ -43,4 +44,21 @@ defineListCacheContract('redis', async () => {
       await redis.quit();
     },
   };
+});
+
+describe('redis list cache marks', () => {
+  it('keeps a change mark minutes, not a day: every follow moves two', async () => {
+    const redis = new Redis(services.redisUrl(), { maxRetriesPerRequest: 1 });
+    const prefix = `${uniqueName('rel')}:`;
+    try {
+      const sut = new RedisListCache(redis, { prefix, ttlMs: 60_000, maxEntries: 100 });
+      await sut.apply([{ owner: 7, kind: 'followers', userId: 8, createdAt: Date.now() }]);
+      const ttl = await redis.pttl(`${prefix}rel:{u7}:followers:mark`);
+      expect(ttl).toBeGreaterThan(DEFAULT_MARK_TTL_MS - 5_000);
+      expect(ttl).toBeLessThanOrEqual(10 * 60_000);
+    } finally {
+      await deleteByPrefix(redis, prefix);
+      await redis.quit();
+    }
+  });
 });

@@ -87,6 +87,12 @@ export interface RedisListCacheOptions extends ListCacheOptions {
   markTtlMs?: number;
 }
 
+/**
+ * A mark only has to outlive the fills that read it (one query of at most `maxEntries` rows): every
+ * follow moves two marks, so a day's worth would keep a key per active user around for nothing.
+ */
+export const DEFAULT_MARK_TTL_MS = 10 * 60_000;
+
 const member = (userId: number) => String(userId).padStart(ID_WIDTH, '0');
 
 /** `ListCache` in Redis: one sorted set per list; every operation is one script per list. */
@@ -98,7 +104,7 @@ export class RedisListCache implements ListCache {
     private readonly redis: Redis,
     private readonly options: RedisListCacheOptions,
   ) {
-    this.markTtlMs = options.markTtlMs ?? 24 * 3_600_000;
+    this.markTtlMs = options.markTtlMs ?? DEFAULT_MARK_TTL_MS;
     const commands = redis as unknown as Record<string, unknown>;
     if (typeof commands[CMD.page] !== 'function')
       redis.defineCommand(CMD.page, { numberOfKeys: 1, lua: PAGE_LUA });
