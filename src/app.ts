@@ -332,7 +332,14 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
     new PeriodicTask(
       'counter-repair',
       Math.max(100, Math.floor(config.counters.repairAfterMs / 3)),
-      () => repairUnpublished(platform.counterStore, counterMetrics, now(), config.counters.repairAfterMs),
+      () =>
+        repairUnpublished(
+          platform.counterStore,
+          platform.events,
+          counterMetrics,
+          now(),
+          config.counters.repairAfterMs,
+        ),
       workerError,
     ),
     new PeriodicTask(

@@ -5,6 +5,7 @@ export class CounterMetrics {
   readonly toggles: Counter<'metric' | 'changed'>;
   readonly eventsPublished: Counter;
   readonly eventsPublishFailed: Counter;
+  readonly eventsRepublished: Counter;
   readonly publishBuffered: Gauge;
   readonly eventsApplied: Counter<'outcome'>;
   readonly consumerLag: Gauge;
@@ -30,6 +31,11 @@ export class CounterMetrics {
     this.eventsPublishFailed = new Counter({
       name: 'zg_counter_events_publish_failed_total',
       help: 'Counter events whose publish failed (retried, or repaired from facts)',
+      registers,
+    });
+    this.eventsRepublished = new Counter({
+      name: 'zg_counter_events_republished_total',
+      help: 'Unacknowledged counter events published again by the repair job',
       registers,
     });
     this.publishBuffered = new Gauge({

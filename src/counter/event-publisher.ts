@@ -2,6 +2,11 @@ import type { EventLog } from '../platform/eventlog/eventlog.js';
 import { COUNTER_TOPIC, type CounterEvent } from './model.js';
 import type { CounterStore } from './store/counter-store.js';
 
+/** A counter event as an event-log record: keyed by entity, so one entity's events keep their order. */
+export function counterRecord(e: CounterEvent): { key: string; value: string } {
+  return { key: `${e.entityType}:${e.entityId}`, value: JSON.stringify(e) };
+}
+
 export interface PublisherHooks {
   onPublished?: (count: number) => void;
   onFailed?: (count: number, err: unknown) => void;
@@ -74,10 +79,7 @@ export class CounterEventPublisher {
   private async sendBatch(): Promise<boolean> {
     const batch = this.queue.splice(0, this.options.maxBatch);
     try {
-      await this.events.publish(
-        COUNTER_TOPIC,
-        batch.map((e) => ({ key: `${e.entityType}:${e.entityId}`, value: JSON.stringify(e) })),
-      );
+      await this.events.publish(COUNTER_TOPIC, batch.map(counterRecord));
     } catch (err) {
       this.queue.unshift(...batch);
       if (this.queue.length > this.options.maxBuffered) this.queue.length = this.options.maxBuffered;

@@ -1,8 +1,10 @@
 import type { EventLog } from '../platform/eventlog/eventlog.js';
 import { parseCounterEvent } from './aggregator.js';
 import type { CounterMetrics } from './counter.metrics.js';
+import { counterRecord } from './event-publisher.js';
 import {
   COUNTER_TOPIC,
+  entityKey,
   FACT_METRICS,
   FIELD_INDEX,
   parseEntityKey,
@@ -46,29 +48,57 @@ export async function flushPending(
   return total;
 }
 
+export interface RepairReport {
+  /** Events published again (they now reach the log, replays and the authors' counts). */
+  republished: number;
+  /** Entities rebuilt from facts because their events could not be published. */
+  rebuilt: number;
+}
+
 /**
- * Rebuilds entities whose events were toggled but never acknowledged by the event log (a publish that
- * failed, or a process that died with events in memory). Rebuilding from facts is exact whatever
- * happened to those events; events that arrive later are below the applied mark and skipped.
+ * Events toggled but never acknowledged by the event log (a publish that failed, a process that died
+ * with events in memory, a buffer that overflowed) are published again from their records, so the
+ * log stays complete for replays and for the consumers of `counter-events`; consumers skip what
+ * they already applied. When the log still refuses them, their entities are rebuilt from facts at
+ * once (exact whatever happened to the events; the events, when they come, are below the applied
+ * mark and skipped) and the records kept for another attempt `olderThanMs` later.
  */
 export async function repairUnpublished(
   store: CounterStore,
+  events: EventLog,
   metrics: CounterMetrics,
   now: number,
   olderThanMs: number,
-): Promise<number> {
-  let repaired = 0;
+): Promise<RepairReport> {
+  const report: RepairReport = { republished: 0, rebuilt: 0 };
   for (;;) {
     const stale = await store.staleUnpublished(now, olderThanMs, 500);
-    if (stale.length === 0) return repaired;
-    const unique = new Map(stale.map((s) => [`${s.ref.etype}:${s.ref.eid}`, s.ref]));
+    if (stale.length === 0) return report;
+    const withEvent = stale.filter((s) => s.event !== null);
+    let sent = false;
+    if (withEvent.length > 0) {
+      try {
+        await events.publish(
+          COUNTER_TOPIC,
+          withEvent.map((s) => counterRecord(s.event!)),
+        );
+        sent = true;
+        metrics.eventsRepublished.inc(withEvent.length);
+        report.republished += withEvent.length;
+      } catch {
+        metrics.eventsPublishFailed.inc(withEvent.length);
+      }
+    }
+    const unsent = sent ? stale.filter((s) => s.event === null) : stale;
+    const unique = new Map(unsent.map((s) => [entityKey(s.ref), s.ref]));
     for (const ref of unique.values()) {
       await store.rebuild(ref);
       metrics.rebuilds.inc({ reason: 'unpublished' });
     }
-    await store.dropUnpublished(stale);
-    repaired += unique.size;
-    if (stale.length < 500) return repaired;
+    report.rebuilt += unique.size;
+    await store.dropUnpublished(sent ? stale : stale.filter((s) => s.event === null));
+    if (!sent) await store.deferUnpublished(withEvent, now);
+    if (stale.length < 500) return report;
   }
 }
 

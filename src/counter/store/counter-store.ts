@@ -20,7 +20,8 @@ import type { CounterEvent, Counts, EntityRef, FactMetric } from '../model.js';
  * - A returned event is durable from the moment `toggle` resolves: embedded appends it to the event
  *   log in the same transaction (`event.published` true); cluster records it as *unpublished* in the
  *   same script, until `markPublished` is called after the event log acknowledged it. Unpublished
- *   events older than a bound are found by `staleUnpublished` so their entities can be rebuilt.
+ *   events older than a bound are found by `staleUnpublished`, with the event, so they can be
+ *   published again or their entities rebuilt; `deferUnpublished` makes them stale again later.
  * - `applyEvents` is atomic per group and idempotent. Per entity, the batch's events (deduplicated by
  *   seq, in any order) are folded in memory into a run `fromSeq..toSeq`. A run that is entirely at or
  *   below the applied mark is skipped; a contiguous run starting right after the mark is added to
@@ -68,6 +69,8 @@ export interface StaleEvent {
   ref: EntityRef;
   /** Opaque handle for `markPublished`-style removal after the repair. */
   token: string;
+  /** The event itself, for publishing again; null when the record does not hold it. */
+  event: CounterEvent | null;
 }
 
 /** One entity's state, read in one atomic step, for reconciliation. */
@@ -106,8 +109,10 @@ export interface CounterStore {
   /** Events toggled before `now - olderThanMs` and not yet marked published. */
   staleUnpublished(now: number, olderThanMs: number, limit: number): Promise<StaleEvent[]>;
   markPublished(events: readonly CounterEvent[]): Promise<void>;
-  /** Forget stale entries once their entities were rebuilt. */
+  /** Forget stale entries once their events were published again or their entities rebuilt. */
   dropUnpublished(entries: readonly StaleEvent[]): Promise<void>;
+  /** Keeps stale entries for another attempt: found again `olderThanMs` after `now`. */
+  deferUnpublished(entries: readonly StaleEvent[], now: number): Promise<void>;
   /** Up to `limit` entities that have facts or a snapshot, after `cursor` (opaque, '' to start). */
   scanEntities(cursor: string, limit: number): Promise<{ refs: EntityRef[]; cursor: string | null }>;
   /** Random entities with a snapshot (for the reconciler's sample). */

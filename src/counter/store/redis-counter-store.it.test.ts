@@ -497,7 +497,7 @@ describe('RedisCounterStore (cluster specifics)', () => {
       const ref = post('7300000000000000201');
       const group = String(store.groupOf(ref));
       const first = await store.toggle(ref, 'like', 1, true, NOW);
-      await store.toggle(ref, 'like', 2, true, NOW + 50);
+      const second = await store.toggle(ref, 'like', 2, true, NOW + 50);
       // An unchanged toggle may add the group too; it never moves the bound forward.
       await store.toggle(ref, 'like', 2, true, NOW + 80);
       expect(await redis.zrange(unpub(), 0, '-1', 'WITHSCORES')).toEqual([group, String(NOW)]);
@@ -508,10 +508,27 @@ describe('RedisCounterStore (cluster specifics)', () => {
       expect(await store.staleUnpublished(NOW + 1_020, 1_000, 10)).toEqual([]);
       expect(await redis.zscore(unpub(), group)).toBe(String(NOW + 50));
       const stale = await store.staleUnpublished(NOW + 2_000, 1_000, 10);
-      expect(stale.map((e) => e.token)).toEqual([`knowpost:${ref.eid}:2`]);
+      // The record holds the whole event, so it can be published again.
+      expect(stale.map((e) => e.event)).toEqual([second.event]);
       await store.dropUnpublished(stale);
       expect(await store.staleUnpublished(NOW + 2_000, 1_000, 10)).toEqual([]);
       expect(await redis.zcard(unpub())).toBe(0);
+    });
+
+    it('defers stale records for another attempt, but not one published meanwhile', async () => {
+      const store = open({ groups: 64 });
+      const [a, b] = [post('7300000000000000211'), post('7300000000000000212')];
+      const ra = await store.toggle(a, 'like', 1, true, NOW);
+      const rb = await store.toggle(b, 'fav', 2, true, NOW);
+      const stale = await store.staleUnpublished(NOW + 2_000, 1_000, 10);
+      expect(stale.map((s) => s.event).sort((x, y) => x!.entityId.localeCompare(y!.entityId))).toEqual([
+        ra.event,
+        rb.event,
+      ]);
+      await store.markPublished([rb.event!]);
+      await store.deferUnpublished(stale, NOW + 2_000);
+      expect(await store.staleUnpublished(NOW + 2_500, 1_000, 10)).toEqual([]);
+      expect((await store.staleUnpublished(NOW + 3_500, 1_000, 10)).map((s) => s.event)).toEqual([ra.event]);
     });
 
     it('costs one round trip of a constant number of commands when idle, whatever the number of groups', async () => {

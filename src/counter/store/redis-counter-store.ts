@@ -261,13 +261,14 @@ end
 
 // Fact change, seq increment and the unpublished record in one step: an event exists exactly when
 // its change does. KEYS: like-or-fav set, its sharded hash, seq, unpublished.
-// ARGV: entity field, event id prefix, uid, shard, offset, on, sparseMax, now.
+// ARGV: entity field, event id prefix, uid, shard, offset, on, sparseMax, now, the record's tail
+// after the event id (see unpublishedToken).
 const TOGGLE_LUA = `${SHARDED_LUA}
 if set_fact(KEYS[1], KEYS[2], ARGV[3], ARGV[4], tonumber(ARGV[5]), ARGV[6] == '1', tonumber(ARGV[7])) == 0 then
   return {0, 0}
 end
 local seq = redis.call('HINCRBY', KEYS[3], ARGV[1], 1)
-redis.call('ZADD', KEYS[4], ARGV[8], ARGV[2] .. ':' .. seq)
+redis.call('ZADD', KEYS[4], ARGV[8], ARGV[2] .. ':' .. seq .. ARGV[9])
 return {1, seq}
 `;
 
@@ -554,6 +555,38 @@ interface Addressed {
 }
 
 /** The score of a `ZRANGE key 0 0 WITHSCORES` reply, null for an empty set. */
+/**
+ * An unpublished record holds its whole event, so the repair job can publish it again:
+ * `<eventId>:<metric>:<userId>:<1 for an add, 0 for a removal>:<ts>` (ts is the toggle's time, the
+ * record's first score). Records written before the tail existed are the bare event id.
+ */
+function tokenTail(metric: FactMetric, userId: number, delta: 1 | -1, ts: number): string {
+  return `:${metric}:${userId}:${delta > 0 ? 1 : 0}:${ts}`;
+}
+
+function unpublishedToken(e: CounterEvent): string {
+  return `${e.eventId}${tokenTail(e.metric, e.userId, e.delta, e.ts)}`;
+}
+
+function parseUnpublished(token: string): StaleEvent | null {
+  const [etype, eid, seq, metric, userId, add, ts, ...rest] = token.split(':');
+  const ref = parseEntityKey(`${etype}:${eid}`);
+  if (!ref || !/^\d+$/.test(seq ?? '') || rest.length > 0) return null;
+  if (metric === undefined) return { ref, token, event: null };
+  if (
+    !(FACT_METRICS as readonly string[]).includes(metric) ||
+    !/^\d+$/.test(userId ?? '') ||
+    !/^[01]$/.test(add ?? '') ||
+    !/^\d+$/.test(ts ?? '')
+  )
+    return null;
+  return {
+    ref,
+    token,
+    event: eventFor(ref, metric as FactMetric, Number(userId), add === '1' ? 1 : -1, Number(seq), Number(ts)),
+  };
+}
+
 function oldestScore(reply: unknown): number | null {
   const pair = reply as string[];
   return pair.length >= 2 ? Number(pair[1]) : null;
@@ -590,7 +623,7 @@ function shuffle<T>(items: T[]): T[] {
  *   c:seq:{g}  HASH entity → seq      c:ap:{g}  HASH entity → applied mark
  *   c:pd:{g}   HASH entity:idx → pending delta
  *   c:s:{g}    HASH entity → 20-byte snapshot
- *   c:un:{g}   ZSET eventId by toggle time (unpublished events)
+ *   c:un:{g}   ZSET unpublished event (unpublishedToken) by toggle time
  *   c:dirty    HASH group → token: groups with pending deltas        } the two keys outside
  *   c:unpub    ZSET group by oldest unpublished event (a lower bound) } any group
  * where "entity" is the bare eid for posts and `etype:eid` otherwise.
@@ -741,6 +774,7 @@ export class RedisCounterStore implements CounterStore {
       on ? 1 : 0,
       this.sparseMax,
       now,
+      tokenTail(metric, userId, on ? 1 : -1, now),
     )) as [number, number];
     if (reply[0] !== 1) return { changed: false, state: on, event: null, published: false };
     // Once more if the first attempt failed; failing again, the sweep of staleUnpublished finds the group.
@@ -1112,8 +1146,8 @@ export class RedisCounterStore implements CounterStore {
       chunk.forEach((g, k) => {
         for (const token of replies[2 * k] as string[]) {
           if (out.length >= limit) break;
-          const ref = parseEntityKey(token.slice(0, token.lastIndexOf(':')));
-          if (ref) out.push({ ref, token });
+          const stale = parseUnpublished(token);
+          if (stale) out.push(stale);
         }
         const oldest = oldestScore(replies[2 * k + 1]);
         if (oldest === null) empty.push(g);
@@ -1152,27 +1186,36 @@ export class RedisCounterStore implements CounterStore {
   }
 
   async markPublished(events: readonly CounterEvent[]): Promise<void> {
-    await this.removeUnpublished(
-      events.map((e) => ({ ref: { etype: e.entityType, eid: e.entityId }, token: e.eventId })),
+    await Promise.all(
+      [
+        ...this.tokensByGroup(
+          events.map((e) => ({ ref: { etype: e.entityType, eid: e.entityId }, token: unpublishedToken(e) })),
+        ),
+      ].map(([group, tokens]) => this.redis.zrem(this.groupKey('un', group), ...tokens)),
     );
   }
 
   async dropUnpublished(entries: readonly StaleEvent[]): Promise<void> {
-    await this.removeUnpublished(entries);
+    await Promise.all(
+      [...this.tokensByGroup(entries)].map(([group, tokens]) =>
+        this.redis.zrem(this.groupKey('un', group), ...tokens),
+      ),
+    );
   }
 
-  private async removeUnpublished(entries: readonly StaleEvent[]): Promise<void> {
-    if (entries.length === 0) return;
-    const byGroup = new Map<number, string[]>();
-    for (const { ref, token } of entries) {
-      const group = this.groupOf(ref);
-      const list = byGroup.get(group);
-      if (list) list.push(token);
-      else byGroup.set(group, [token]);
-    }
+  async deferUnpublished(entries: readonly StaleEvent[], now: number): Promise<void> {
     await Promise.all(
-      [...byGroup].map(([group, tokens]) => this.redis.zrem(this.groupKey('un', group), ...tokens)),
+      [...this.tokensByGroup(entries)].map(async ([group, tokens]) => {
+        // Indexed first, as a toggle does; XX: a record published meanwhile stays gone.
+        await this.indexUnpublished(group, now);
+        await this.redis.zadd(this.groupKey('un', group), 'XX', ...tokens.flatMap((t) => [now, t]));
+      }),
     );
+  }
+
+  private tokensByGroup(entries: readonly { ref: EntityRef; token: string }[]): Map<number, string[]> {
+    const grouped = byGroup(entries, (e) => this.groupOf(e.ref));
+    return new Map([...grouped].map(([group, list]) => [group, list.map((e) => e.token)]));
   }
 
   /** The cursor is `<group>` or `<group>|<last field returned>`; fields of a group come in sorted order. */

@@ -404,6 +404,10 @@ export class SqliteCounterStore implements CounterStore {
     // Nothing is ever recorded as unpublished here.
   }
 
+  async deferUnpublished(_entries: readonly StaleEvent[], _now: number): Promise<void> {
+    // Nothing is ever recorded as unpublished here.
+  }
+
   async scanEntities(cursor: string, limit: number): Promise<{ refs: EntityRef[]; cursor: string | null }> {
     const max = Math.max(1, Math.floor(limit));
     const at = cursor.indexOf(':');
