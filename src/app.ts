@@ -381,9 +381,10 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
     platform,
     log,
     async start() {
-      await platform.events.ensureTopics([
-        ...new Set([COUNTER_TOPIC, POST_TOPIC, VIEW_TOPIC, ...userCounters.topics, ...relations.topics]),
-      ]);
+      await platform.events.ensureTopics(
+        [...new Set([COUNTER_TOPIC, POST_TOPIC, VIEW_TOPIC, ...userCounters.topics, ...relations.topics])],
+        { keepForever: [COUNTER_TOPIC] },
+      );
       const address = await http.listen({ host: config.host, port: config.port });
       for (const worker of workers) await worker.start();
       log.info({ address, profile: config.profile, role: config.role }, 'zhiguang started');

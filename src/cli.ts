@@ -116,7 +116,7 @@ async function main(argv: string[]): Promise<number> {
   const progress = (message: string) => process.stderr.write(`\r${message}\u001b[K`);
   const started = Date.now();
   try {
-    await platform.events.ensureTopics([COUNTER_TOPIC, VIEW_TOPIC]);
+    await platform.events.ensureTopics([COUNTER_TOPIC, VIEW_TOPIC], { keepForever: [COUNTER_TOPIC] });
     let summary: unknown;
     if (command === 'verify') {
       const report = await verifyAll(platform.counterStore, values.fix ?? false, progress);

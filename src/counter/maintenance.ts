@@ -212,8 +212,9 @@ export interface ReplayReport {
 }
 
 /**
- * Invariant 7, `zhiguang counters replay`: empties the counter store, reads `counter-events` from the
- * earliest record up to the end offsets captured at the start, and rebuilds facts and snapshots.
+ * Invariant 7, `zhiguang counters replay`: reads `counter-events` from the earliest record up to the
+ * end offsets captured at the start, then empties the counter store and rebuilds facts and snapshots
+ * (the topic keeps every record: it is created with `retention.ms=-1`).
  * The fold is deterministic: for each (entity, metric, user) the event with the highest seq decides
  * the final state, whatever order the log holds them in. The surviving facts are replayed entity by
  * entity (an entity's like facts, then its fav facts, next to each other), several chunks at a time;
@@ -227,7 +228,6 @@ export async function replayAll(
   progress: Progress,
 ): Promise<ReplayReport> {
   const until = await events.endOffsets(COUNTER_TOPIC);
-  await store.reset();
   const finals = new Map<string, Record<FactMetric, Map<number, CounterEvent>>>();
   const report: ReplayReport = { events: 0, malformed: 0, facts: 0, entities: 0 };
   await events.readRange(
@@ -252,6 +252,8 @@ export async function replayAll(
     },
     REPLAY_CHUNK,
   );
+  // Emptied only once the whole log is read: a read that fails leaves the store as it was.
+  await store.reset();
 
   // Chunks of whole entities, so an entity can be rebuilt as soon as its chunk is replayed (while
   // other chunks are still being replayed); only an entity with more facts than a chunk holds spans

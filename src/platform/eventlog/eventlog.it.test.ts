@@ -1,4 +1,4 @@
-import { Admin } from '@platformatic/kafka';
+import { Admin, ConfigResourceTypes } from '@platformatic/kafka';
 import { describe, expect, it } from 'vitest';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -112,6 +112,38 @@ describe('KafkaEventLog commitIntervalMs', () => {
       await admin.close();
       await log.deleteGroups(['g']).catch(() => undefined);
       await log.deleteTopics(['t']);
+      await log.close();
+    }
+  });
+});
+
+describe('KafkaEventLog ensureTopics', () => {
+  it('keeps every record of the topics named to keep forever, also of a topic created before', async () => {
+    const prefix = `${uniqueName('t')}.`;
+    const log = new KafkaEventLog({ brokers: services.kafkaBrokers(), prefix, clientId: 'zg-retention' });
+    const admin = new Admin({ clientId: 'zg-retention-admin', bootstrapBrokers: services.kafkaBrokers() });
+    const retention = async (topic: string): Promise<string | null | undefined> => {
+      const [described] = await admin.describeConfigs({
+        resources: [
+          {
+            resourceType: ConfigResourceTypes.TOPIC,
+            resourceName: `${prefix}${topic}`,
+            configurationKeys: ['retention.ms'],
+          },
+        ],
+      });
+      return described?.configs.find((c) => c.name === 'retention.ms')?.value;
+    };
+    try {
+      await log.ensureTopics(['kept', 'plain']);
+      const plain = await retention('plain');
+      expect(plain).not.toBe('-1');
+      await log.ensureTopics(['kept', 'plain'], { keepForever: ['kept'] });
+      expect(await retention('kept')).toBe('-1');
+      expect(await retention('plain')).toBe(plain);
+    } finally {
+      await admin.close();
+      await log.deleteTopics(['kept', 'plain']);
       await log.close();
     }
   });

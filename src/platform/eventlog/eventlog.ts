@@ -81,8 +81,11 @@ export interface Subscription {
 export type EndOffsets = Map<number, bigint>;
 
 export interface EventLog {
-  /** Creates topics that do not exist yet; idempotent. */
-  ensureTopics(topics: string[]): Promise<void>;
+  /**
+   * Creates topics that do not exist yet; idempotent. Topics named in `keepForever` (also among
+   * `topics`) keep every record, whatever the log's default retention: replays read them whole.
+   */
+  ensureTopics(topics: string[], options?: { keepForever?: readonly string[] }): Promise<void>;
   publish(topic: string, records: EventRecord[]): Promise<void>;
   /**
    * Resolves once the subscription has joined its group and fixed its starting position (so a

@@ -1,8 +1,10 @@
 import { randomUUID } from 'node:crypto';
 import {
   Admin,
+  ConfigResourceTypes,
   Consumer,
   FetchIsolationLevels,
+  IncrementalAlterConfigOperationTypes,
   IS_CONTROL,
   ListOffsetTimestamps,
   MessagesStreamFallbackModes,
@@ -153,7 +155,7 @@ export class KafkaEventLog implements EventLog {
     return topic.startsWith(this.s.prefix) ? topic.slice(this.s.prefix.length) : topic;
   }
 
-  async ensureTopics(topics: string[]): Promise<void> {
+  async ensureTopics(topics: string[], options: { keepForever?: readonly string[] } = {}): Promise<void> {
     const names = [...new Set(topics.map((t) => this.name(t)))];
     if (names.length === 0) return;
     try {
@@ -164,6 +166,19 @@ export class KafkaEventLog implements EventLog {
       });
     } catch (err) {
       if (!everyError(err, (e) => e.apiId === 'TOPIC_ALREADY_EXISTS')) throw err;
+    }
+    const forever = [...new Set((options.keepForever ?? []).map((t) => this.name(t)))];
+    if (forever.length > 0) {
+      // Set on every start, so a topic created before (or by hand) is kept whole too.
+      await this.admin.incrementalAlterConfigs({
+        resources: forever.map((resourceName) => ({
+          resourceType: ConfigResourceTypes.TOPIC,
+          resourceName,
+          configs: [
+            { name: 'retention.ms', configOperation: IncrementalAlterConfigOperationTypes.SET, value: '-1' },
+          ],
+        })),
+      });
     }
     await this.waitForLeaders(names);
   }

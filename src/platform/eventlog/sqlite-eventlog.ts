@@ -45,8 +45,8 @@ export class SqliteEventLog implements EventLog {
     this.backoff = options.retryBackoffMs ?? { min: 100, max: 5_000 };
   }
 
-  async ensureTopics(_topics: string[]): Promise<void> {
-    // Topics are only a column here; nothing to create.
+  async ensureTopics(_topics: string[], _options?: { keepForever?: readonly string[] }): Promise<void> {
+    // Topics are only a column here, and no record is ever deleted: nothing to create or keep.
   }
 
   async publish(topic: string, records: EventRecord[]): Promise<void> {
