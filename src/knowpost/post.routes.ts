@@ -56,6 +56,9 @@ export function postRoutes(deps: PostRouteDeps) {
           tags,
           security,
           summary: 'Start a draft',
+          description:
+            'At most 60 new drafts per user per hour (429 past that) and 100 open drafts at once ' +
+            '(409 DRAFT_LIMIT; published and deleted posts do not count).',
           response: { 200: DraftResponse, ...errorResponses(401, 409, 429) },
         },
       },
@@ -205,7 +208,8 @@ export function presignRoutes(deps: PostRouteDeps) {
             'PUT the bytes to putUrl with exactly the returned headers; the ETag response header is what ' +
             'content/confirm expects. Bodies: .md .markdown .txt .html .json (text/markdown, text/plain, ' +
             'text/html, application/json); images: .jpg .jpeg .png .webp .gif (image/jpeg, image/png, ' +
-            'image/webp, image/gif). A deleted post is 409 INVALID_STATE.',
+            'image/webp, image/gif). A deleted post is 409 INVALID_STATE. At most 60 presigns per user ' +
+            'per minute (429 past that).',
           body: PresignBody,
           response: { 200: PresignResponse, ...errorResponses(400, 401, 403, 404, 409, 429) },
         },

@@ -27,6 +27,9 @@ export function profileRoutes(deps: ProfileRouteDeps) {
         schema: {
           tags,
           security,
+          description:
+            'Changes the fields given. At least one profile field is needed (400 otherwise; unknown fields ' +
+            'are dropped and do not count). A zgId another user holds is 409.',
           body: ProfilePatchBody,
           response: { 200: ProfileResponse, ...errorResponses(400, 401, 409) },
         },
@@ -44,7 +47,8 @@ export function profileRoutes(deps: ProfileRouteDeps) {
           security,
           consumes: ['multipart/form-data'],
           description:
-            'multipart/form-data with one field `file`: a PNG, JPEG, GIF or WebP image of at most 5 MiB. ' +
+            'multipart/form-data with one field `file`: a PNG, JPEG, GIF or WebP image of at most ' +
+            'ZG_AVATAR_MAX_BYTES (5 MiB by default; 413 over that). ' +
             'Up to 20 uploads per user per hour (429 past that); the avatar replaced is deleted.',
           response: { 200: ProfileResponse, ...errorResponses(400, 401, 413, 429) },
         },

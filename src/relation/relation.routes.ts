@@ -22,6 +22,10 @@ export function relationRoutes(deps: { relations: RelationService; guards: AuthG
           schema: {
             tags,
             security,
+            description:
+              'Follows plus unfollows: at most ZG_RELATION_CHANGE_LIMIT per user per minute (60 by default; ' +
+              '429 past that). Following or unfollowing yourself is 400; an unknown user is 404 and still counts ' +
+              'against the limit.',
             querystring: TargetQuery,
             response: { 200: ChangedResponse, ...errorResponses(400, 401, 404, 429) },
           },

@@ -41,7 +41,7 @@ export interface Config {
   /** scrypt cost parameter (log2 N) for new password hashes. */
   passwordHashCost: number;
   smtp: { url: string | undefined; from: string };
-  /** Guessing limits: password sign-ins per identifier, and code sends plus sign-ins per client address, per 15 minutes. */
+  /** Guessing limits per 15 minutes: password sign-ins per identifier; code sends, and separately sign-ins, per client address. */
   authLimits: { passwordPerIdentifier: number; perIp: number; windowMs: number };
   counters: {
     /** Redis hash-tag groups the counter keys are spread over (cluster). */
@@ -126,7 +126,10 @@ export const CONFIG_VARS = {
     description: 'embedded (SQLite, local files, one process) or cluster (MySQL, Redis, Kafka)',
     default: 'embedded',
   },
-  ZG_ROLE: { description: 'api, worker or all; the --role flag wins over this', default: 'all' },
+  ZG_ROLE: {
+    description: 'api, worker or all (the embedded profile runs all only); the --role flag wins over this',
+    default: 'all',
+  },
   HOST: { description: 'interface the HTTP server binds to', default: '0.0.0.0' },
   PORT: { description: 'HTTP port', default: '8080' },
   ZG_PUBLIC_URL: { description: 'base URL clients reach this server at (default http://localhost:PORT)' },
@@ -153,13 +156,16 @@ export const CONFIG_VARS = {
     description: 'iss claim of issued tokens; tokens from other issuers are rejected',
     default: 'zhiguang',
   },
-  ZG_ACCESS_TOKEN_TTL: { description: 'access token lifetime in seconds', default: '900' },
-  ZG_REFRESH_TOKEN_TTL: { description: 'refresh token lifetime in seconds', default: '604800' },
+  ZG_ACCESS_TOKEN_TTL: { description: 'access token lifetime in seconds, 60 to 86400', default: '900' },
+  ZG_REFRESH_TOKEN_TTL: {
+    description: 'refresh token lifetime in seconds, 300 to 7776000 (90 days)',
+    default: '604800',
+  },
   ZG_SESSION_CHECK_CACHE_MS: {
     description: 'how long a process trusts its cached session state (revocation delay across processes)',
     default: '1000',
   },
-  ZG_PASSWORD_HASH_COST: { description: 'scrypt cost as log2(N), 14 to 20', default: '15' },
+  ZG_PASSWORD_HASH_COST: { description: 'scrypt cost as log2(N), 10 to 20', default: '15' },
   ZG_SMTP_URL: {
     description:
       'smtp://user:pass@host:port for verification mail; required on cluster; on embedded, e-mail codes are logged when unset',
@@ -171,12 +177,13 @@ export const CONFIG_VARS = {
   },
   ZG_AUTH_LOGIN_LIMIT: { description: 'password sign-in attempts per account per 15 minutes', default: '10' },
   ZG_AUTH_IP_LIMIT: {
-    description: 'code sends plus password sign-ins per client address per 15 minutes',
+    description:
+      'code sends per client address per 15 minutes, and as many password sign-ins (counted separately)',
     default: '60',
   },
   ZG_TRUST_PROXY: {
     description:
-      'proxies whose X-Forwarded-For names the client (rate limits, audit): false, true (any), a hop count, or a comma-separated list of addresses, CIDRs or loopback/linklocal/uniquelocal',
+      'proxies whose X-Forwarded-For names the client (rate limits, audit): false, true (any), a hop count from 0 to 16 (0 = false), or a comma-separated list of addresses, CIDRs or loopback/linklocal/uniquelocal',
     default: 'false',
   },
   ZG_COUNTER_GROUPS: {
@@ -189,11 +196,12 @@ export const CONFIG_VARS = {
     default: '1000',
   },
   ZG_COUNTER_REPAIR_AFTER_MS: {
-    description: 'an unacknowledged counter event older than this has its entity rebuilt from facts',
+    description:
+      'an unacknowledged counter event older than this is published again by the repair job (its entity is rebuilt from facts while the log refuses it)',
     default: '3000',
   },
   ZG_COUNTER_RECONCILE_MS: {
-    description: 'how often the reconciler samples entities and heals drift',
+    description: "how often workers' reconcilers sample post counters and user counters and heal drift",
     default: '30000',
   },
   ZG_ENTITY_CACHE_MS: {
@@ -223,7 +231,7 @@ export const CONFIG_VARS = {
   ZG_AI_RATE_LIMIT: { description: 'description suggestions per user per minute', default: '20' },
   ZG_STORAGE_SIGNING_KEY: {
     description:
-      'secret (32+ characters) for file URLs the app signs itself; generated under ZG_DATA_DIR when unset',
+      'embedded: secret (32+ characters) for the file URLs the app signs itself (local file storage); generated under ZG_DATA_DIR when unset; not used on cluster',
     secret: true,
   },
   ZG_S3_ENDPOINT: {
@@ -258,17 +266,18 @@ export const CONFIG_VARS = {
   },
   ZG_POST_CACHE_ENTRIES: { description: 'posts each process keeps in memory at most', default: '10000' },
   ZG_POST_SHARED_CACHE_MS: {
-    description: 'cluster: how long posts and feed pages stay in the Redis cache tier',
+    description:
+      'how long posts and feed pages stay in the Redis cache tier (cluster; embedded has no such tier, yet the value counts in the ZG_POST_URL_TTL_SECONDS check on both profiles)',
     default: '60000',
   },
   ZG_POST_URL_TTL_SECONDS: {
     description:
-      'validity of the presigned download URLs of post bodies and images in detail and feed answers; over twice the cache times',
+      'validity of the presigned download URLs of post bodies and images in detail and feed answers; at least 2 × (ZG_POST_CACHE_MS + ZG_POST_SHARED_CACHE_MS) / 1000',
     default: '3600',
   },
   ZG_POST_COUNTS_CACHE_MS: {
     description:
-      'how long each process reuses the like/favourite counts it read for feeds and details, and a written anonymous feed page or detail (adds to how late a like shows there; 0 = read every time)',
+      'how long each process reuses the like/favourite counts it read for feeds and details, and a written anonymous feed page or detail, 0 to 1000 (adds to how late a like shows there; 0 = read every time)',
     default: '200',
   },
   ZG_VIEW_FLUSH_ITEMS: { description: 'views a process buffers before publishing them', default: '1000' },
@@ -301,7 +310,7 @@ export const CONFIG_VARS = {
   },
   ZG_RELATION_LIST_CACHE_MAX: {
     description:
-      'longest following or followers list kept in the list cache; longer ones page in the database',
+      'longest following or followers list kept in the list cache, 0 to 50000; longer ones page in the database',
     default: '5000',
   },
   ZG_RELATION_RECONCILE_MS: {
