@@ -147,9 +147,13 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
     onPublished: (n) => counterMetrics.eventsPublished.inc(n),
     onFailed: (n, err) => {
       counterMetrics.eventsPublishFailed.inc(n);
-      log.warn({ err, events: n }, 'counter events not published yet; will retry, then repair from facts');
+      log.warn({ err, events: n }, 'counter events not published yet; will retry, then repair');
     },
+    onDropped: (n) => counterMetrics.eventsDropped.inc(n),
+    onMarkFailed: (n, err) =>
+      log.warn({ err, events: n }, 'counter events published, but their records stay until the repair job'),
   });
+  counterMetrics.buffered = () => publisher.buffered;
   const counters = new CounterService(platform.counterStore, directory, publisher, counterMetrics, now);
 
   // After a commit that wrote outbox rows: the relay of this process starts a round at once; a
@@ -394,8 +398,8 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
       draining = true;
       await http.close();
       outboxWake.close();
-      await publisher.close();
-      await views.close();
+      // Side by side, and the publisher for a bounded time: what it leaves is in the store's records.
+      await Promise.all([publisher.close(), views.close()]);
       for (const worker of workers) await worker.stop();
       await platform.close();
     },

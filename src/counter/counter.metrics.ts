@@ -6,6 +6,7 @@ export class CounterMetrics {
   readonly eventsPublished: Counter;
   readonly eventsPublishFailed: Counter;
   readonly eventsRepublished: Counter;
+  readonly eventsDropped: Counter;
   readonly publishBuffered: Gauge;
   readonly eventsApplied: Counter<'outcome'>;
   readonly consumerLag: Gauge;
@@ -14,6 +15,9 @@ export class CounterMetrics {
   readonly rebuilds: Counter<'reason'>;
   readonly driftFound: Counter;
   readonly driftHealed: Counter;
+
+  /** How many events wait in this process's publisher; set by whoever owns the publisher. */
+  buffered: () => number = () => 0;
 
   constructor(registry: Registry) {
     const registers = [registry];
@@ -38,10 +42,19 @@ export class CounterMetrics {
       help: 'Unacknowledged counter events published again by the repair job',
       registers,
     });
+    this.eventsDropped = new Counter({
+      name: 'zg_counter_publish_dropped_total',
+      help: 'Counter events let go of from memory while the log was down (left to the repair job)',
+      registers,
+    });
+    const buffered = (): number => this.buffered();
     this.publishBuffered = new Gauge({
       name: 'zg_counter_publish_buffered',
       help: 'Counter events waiting in this process for the event log',
       registers,
+      collect() {
+        this.set(buffered());
+      },
     });
     this.eventsApplied = new Counter({
       name: 'zg_counter_events_consumed_total',

@@ -9,15 +9,20 @@ export function counterRecord(e: CounterEvent): { key: string; value: string } {
 
 export interface PublisherHooks {
   onPublished?: (count: number) => void;
+  /** A batch the log refused; it is tried again. */
   onFailed?: (count: number, err: unknown) => void;
+  /** Events let go of from memory (their records stay in the store for the repair job). */
+  onDropped?: (count: number) => void;
+  /** Published events whose unpublished records could not be removed (only a needless repair later). */
+  onMarkFailed?: (count: number, err: unknown) => void;
 }
 
 /**
  * Sends counter events to the event log off the request path: a toggle enqueues its event and
  * answers; batches go out every `lingerMs` or at `maxBatch`. After the log acknowledged a batch, the
- * store forgets the events' unpublished marks. A failed batch is retried with back-off; while the log
- * is down at most `maxBuffered` events wait in memory and the rest are let go — never silently: their
- * unpublished marks stay in the store, and the repair job rebuilds those entities from facts.
+ * store forgets the events' unpublished records. A failed batch is retried with back-off; while the
+ * log is down at most `maxBuffered` events wait in memory and the rest are let go — never silently:
+ * their records stay in the store, and the repair job publishes them (see `repairUnpublished`).
  */
 export class CounterEventPublisher {
   private queue: CounterEvent[] = [];
@@ -36,8 +41,7 @@ export class CounterEventPublisher {
   enqueue(event: CounterEvent): void {
     if (this.closed) return;
     this.queue.push(event);
-    if (this.queue.length > this.options.maxBuffered)
-      this.queue.splice(0, this.queue.length - this.options.maxBuffered);
+    this.trim();
     if (this.queue.length >= this.options.maxBatch && this.backoffMs === 0) this.kick(0);
     else this.kick(this.backoffMs || this.options.lingerMs);
   }
@@ -46,16 +50,25 @@ export class CounterEventPublisher {
     return this.queue.length;
   }
 
-  /** Sends what is queued (one attempt per batch) and stops taking events. */
-  async close(): Promise<void> {
+  /**
+   * Stops taking events and sends what is queued (one attempt per batch) for at most `maxWaitMs`:
+   * whatever is left then is in the store's unpublished records, which the repair job publishes.
+   */
+  async close(maxWaitMs = 3_000): Promise<void> {
     this.closed = true;
     if (this.timer) clearTimeout(this.timer);
     this.timer = undefined;
-    await this.inFlight;
-    while (this.queue.length > 0) {
-      const sent = await this.sendBatch();
-      if (!sent) break;
-    }
+    let timer: NodeJS.Timeout | undefined;
+    const deadline = new Promise<void>((resolve) => (timer = setTimeout(resolve, maxWaitMs)));
+    const send = async (): Promise<void> => {
+      await this.inFlight;
+      while (this.queue.length > 0) {
+        const sent = await this.sendBatch();
+        if (!sent) break;
+      }
+    };
+    await Promise.race([send(), deadline]);
+    clearTimeout(timer);
   }
 
   private kick(delayMs: number): void {
@@ -82,7 +95,7 @@ export class CounterEventPublisher {
       await this.events.publish(COUNTER_TOPIC, batch.map(counterRecord));
     } catch (err) {
       this.queue.unshift(...batch);
-      if (this.queue.length > this.options.maxBuffered) this.queue.length = this.options.maxBuffered;
+      this.trim();
       this.backoffMs = Math.min(this.options.maxBackoffMs, Math.max(100, this.backoffMs * 2));
       this.hooks.onFailed?.(batch.length, err);
       return false;
@@ -92,9 +105,17 @@ export class CounterEventPublisher {
     try {
       await this.store.markPublished(batch);
     } catch (err) {
-      // The events are in the log; a stale unpublished mark only costs a needless rebuild later.
-      this.hooks.onFailed?.(0, err);
+      // The events are in the log; a record left behind only costs a needless publish later.
+      this.hooks.onMarkFailed?.(batch.length, err);
     }
     return true;
+  }
+
+  /** Lets go of the oldest events past `maxBuffered`. */
+  private trim(): void {
+    const excess = this.queue.length - this.options.maxBuffered;
+    if (excess <= 0) return;
+    this.queue.splice(0, excess);
+    this.hooks.onDropped?.(excess);
   }
 }

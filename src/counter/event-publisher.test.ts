@@ -1,0 +1,66 @@
+import { Registry } from 'prom-client';
+import { describe, expect, it } from 'vitest';
+import type { EventLog } from '../platform/eventlog/eventlog.js';
+import { CounterMetrics } from './counter.metrics.js';
+import { CounterEventPublisher } from './event-publisher.js';
+import { eventFor, type CounterEvent } from './model.js';
+import type { CounterStore } from './store/counter-store.js';
+
+const ref = { etype: 'knowpost' as const, eid: '42' };
+const event = (seq: number): CounterEvent => eventFor(ref, 'like', seq, 1, seq, 1_000 + seq);
+
+function fakes(publish: () => Promise<void>) {
+  const marked: CounterEvent[] = [];
+  const events = { publish } as unknown as EventLog;
+  const store = {
+    markPublished: async (batch: readonly CounterEvent[]) => {
+      marked.push(...batch);
+    },
+  } as unknown as CounterStore;
+  return { events, store, marked };
+}
+
+describe(CounterEventPublisher.name, () => {
+  it('counts the events it lets go of past its buffer, and shows what waits as a gauge', async () => {
+    const { events, store } = fakes(async () => {
+      throw new Error('injected: log down');
+    });
+    const registry = new Registry();
+    const metrics = new CounterMetrics(registry);
+    const publisher = new CounterEventPublisher(
+      events,
+      store,
+      { onDropped: (n) => metrics.eventsDropped.inc(n) },
+      { lingerMs: 1_000, maxBatch: 1_000, maxBuffered: 5, maxBackoffMs: 1_000 },
+    );
+    metrics.buffered = () => publisher.buffered;
+    for (let seq = 1; seq <= 8; seq++) publisher.enqueue(event(seq));
+    expect(publisher.buffered).toBe(5);
+    expect((await metrics.eventsDropped.get()).values[0]?.value).toBe(3);
+    expect((await metrics.publishBuffered.get()).values[0]?.value).toBe(5);
+    await publisher.close(50);
+  });
+
+  it('gives up sending on close after its deadline when the log does not answer', async () => {
+    const { events, store, marked } = fakes(() => new Promise<void>(() => undefined));
+    const publisher = new CounterEventPublisher(events, store);
+    publisher.enqueue(event(1));
+    const started = Date.now();
+    await publisher.close(200);
+    expect(Date.now() - started).toBeLessThan(1_000);
+    expect(marked).toEqual([]);
+  });
+
+  it('sends what is queued on close when the log answers', async () => {
+    const sent: number[] = [];
+    const { events, store, marked } = fakes(async () => {
+      sent.push(1);
+    });
+    const publisher = new CounterEventPublisher(events, store);
+    publisher.enqueue(event(1));
+    publisher.enqueue(event(2));
+    await publisher.close();
+    expect(sent).toHaveLength(1);
+    expect(marked.map((e) => e.seq)).toEqual([1, 2]);
+  });
+});
