@@ -35,8 +35,8 @@ interface Rig {
   service: UserCounterService;
   sut: LikesReceivedConsumer;
   gaps: number[];
-  /** Rebuilds still to fail on a gap (each failing one throws out of `apply`). */
-  failing: { gaps: number };
+  /** Rebuilds still to fail on a gap (each failing one throws out of `apply`), or to be refused. */
+  failing: { gaps: number; refused: number };
   /** How many applied ids and how many marks the user-counter store holds. */
   records(): Promise<{ applied: number; marks: number }>;
   cleanup(): Promise<void>;
@@ -106,7 +106,7 @@ async function openRig(dialect: Dialect): Promise<Rig> {
   const source = new DbUserCountSource(db, [new LikesReceivedPart(repo, counters)], DEFAULT_RETENTION_MS);
   const service = new UserCounterService(store, source, new UserCounterMetrics(new Registry()));
   const gaps: number[] = [];
-  const failing = { gaps: 0 };
+  const failing = { gaps: 0, refused: 0 };
   const errors: unknown[] = [];
   const sut = new LikesReceivedConsumer({
     events: undefined as unknown as EventLog,
@@ -118,8 +118,12 @@ async function openRig(dialect: Dialect): Promise<Rig> {
         failing.gaps--;
         throw new Error('injected: rebuild failed');
       }
+      if (failing.refused > 0) {
+        failing.refused--;
+        return { written: false }; // as after too many version conflicts
+      }
       gaps.push(author);
-      await service.rebuild(author, 'overwrite', 'drift');
+      return service.rebuild(author, 'overwrite', 'drift');
     },
     onError: (err) => errors.push(err),
   });
@@ -265,7 +269,7 @@ describe.each<Dialect>(['sqlite', 'mariadb'])('likes received on %s', (dialect) 
     expect(await received(author)).toEqual({ likes: 3, favs: 0 });
   });
 
-  it('heals a skipped seq when the batch comes again after its rebuild failed', async () => {
+  it('heals a skipped seq when the batch comes again after its rebuild failed or was refused', async () => {
     const author = await newUser();
     const post = await newPost(author);
     await received(author);
@@ -273,7 +277,9 @@ describe.each<Dialect>(['sqlite', 'mariadb'])('likes received on %s', (dialect) 
     const e2 = await toggle(post, 'like', 2, true);
     const e3 = await toggle(post, 'like', 3, true);
     rig.failing.gaps = 1;
+    rig.failing.refused = 1;
     await expect(rig.sut.apply([e1, e3])).rejects.toThrow(/injected/);
+    await expect(rig.sut.apply([e1, e3])).rejects.toThrow(/not rebuilt yet/);
     await rig.sut.apply([e1, e3]); // delivered again
     expect(rig.gaps).toEqual([author]);
     await rig.sut.apply([e2]);

@@ -104,8 +104,11 @@ export interface LikesReceivedConsumerDeps {
   repo: LikesReceivedRepository;
   store: UserCounterStore;
   metrics: RelationMetrics;
-  /** A post's events skipped a seq: the author's counts are rebuilt from the facts (exact). */
-  onGap: (authorId: number) => Promise<unknown>;
+  /**
+   * A post's events skipped a seq: the author's counts are rebuilt from the facts (exact). A result
+   * with `written: false` (deltas kept landing meanwhile) fails the batch, to be delivered again.
+   */
+  onGap: (authorId: number) => Promise<{ written: boolean } | null | void>;
   onError: (err: unknown) => void;
   /** Told which authors a batch moved (the user-counter reconciler checks them first). */
   onApplied?: (userIds: number[]) => void;
@@ -205,7 +208,10 @@ export class LikesReceivedConsumer {
     }
     const result = await this.deps.store.apply(deltas, this.now());
     // Rebuilds before the marks move: if one fails, the batch comes again and finds its gaps again.
-    for (const author of gaps) await this.deps.onGap(author);
+    for (const author of gaps) {
+      const rebuilt = await this.deps.onGap(author);
+      if (rebuilt && !rebuilt.written) throw new Error(`likes received of user ${author} not rebuilt yet`);
+    }
     await repo.raiseMarks(raised);
 
     metrics.likesReceivedEvents.inc({ outcome: 'applied' }, result.applied);
