@@ -5,7 +5,14 @@ import { principalOf } from '../auth/auth.guard.js';
 import { BadRequestError } from '../platform/errors/errors.js';
 import { errorResponses } from '../platform/http/schemas.js';
 import { decodeCursor, type ListKind, type ListPosition } from './model.js';
-import { ChangedResponse, ListQuery, ListResponse, StatusResponse, TargetQuery } from './relation.schema.js';
+import {
+  ChangedResponse,
+  DEFAULT_LIST_LIMIT,
+  ListQuery,
+  ListResponse,
+  StatusResponse,
+  TargetQuery,
+} from './relation.schema.js';
 import type { RelationService } from './relation.service.js';
 
 export function relationRoutes(deps: { relations: RelationService; guards: AuthGuards }) {
@@ -67,7 +74,8 @@ export function relationRoutes(deps: { relations: RelationService; guards: AuthG
           },
         },
         async (request, reply) => {
-          const { userId, limit, offset, cursor } = request.query;
+          // Optional in the contract; the schema's defaults fill them in.
+          const { userId, limit = DEFAULT_LIST_LIMIT, offset = 0, cursor } = request.query;
           let position: ListPosition = { offset };
           if (cursor !== undefined) {
             const after = decodeCursor(cursor);

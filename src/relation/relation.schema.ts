@@ -8,12 +8,13 @@ export const TargetQuery = Type.Object({ toUserId: UserId }, { additionalPropert
 
 /** Offsets beyond this page through the cursor instead (the database walks every skipped entry). */
 export const MAX_OFFSET = 1_000_000;
+export const DEFAULT_LIST_LIMIT = 20;
 
 export const ListQuery = Type.Object(
   {
     userId: UserId,
-    limit: Type.Integer({ minimum: 1, maximum: MAX_PAGE, default: 20 }),
-    offset: Type.Integer({ minimum: 0, maximum: MAX_OFFSET, default: 0 }),
+    limit: Type.Optional(Type.Integer({ minimum: 1, maximum: MAX_PAGE, default: DEFAULT_LIST_LIMIT })),
+    offset: Type.Optional(Type.Integer({ minimum: 0, maximum: MAX_OFFSET, default: 0 })),
     cursor: Type.Optional(
       Type.String({
         maxLength: 40,

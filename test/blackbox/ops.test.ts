@@ -45,6 +45,11 @@ describe.each<ProfileName>(['embedded', 'cluster'])('operations (%s profile)', (
     ]) {
       expect(Object.keys(doc.body.paths)).toContain(path);
     }
+    // Parameters with a default are optional for clients; only userId must be given.
+    for (const path of ['/api/v1/relation/following', '/api/v1/relation/followers']) {
+      const parameters = doc.body.paths[path].get.parameters as { name: string; required?: boolean }[];
+      expect(parameters.filter((p) => p.required).map((p) => p.name)).toEqual(['userId']);
+    }
     const ui = await fetch(`${server.baseUrl}/docs/`);
     expect(ui.status).toBe(200);
     expect(await ui.text()).toContain('<html');
