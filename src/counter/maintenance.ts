@@ -75,6 +75,7 @@ export async function repairUnpublished(
     const stale = await store.staleUnpublished(now, olderThanMs, 500);
     if (stale.length === 0) return report;
     const withEvent = stale.filter((s) => s.event !== null);
+    const withoutEvent = stale.filter((s) => s.event === null);
     let sent = false;
     if (withEvent.length > 0) {
       try {
@@ -86,17 +87,17 @@ export async function repairUnpublished(
         metrics.eventsRepublished.inc(withEvent.length);
         report.republished += withEvent.length;
       } catch {
+        // Counted, and answered by the rebuilds below; the records wait for the next attempt.
         metrics.eventsPublishFailed.inc(withEvent.length);
       }
     }
-    const unsent = sent ? stale.filter((s) => s.event === null) : stale;
-    const unique = new Map(unsent.map((s) => [entityKey(s.ref), s.ref]));
+    const unique = new Map((sent ? withoutEvent : stale).map((s) => [entityKey(s.ref), s.ref]));
     for (const ref of unique.values()) {
       await store.rebuild(ref);
       metrics.rebuilds.inc({ reason: 'unpublished' });
     }
     report.rebuilt += unique.size;
-    await store.dropUnpublished(sent ? stale : stale.filter((s) => s.event === null));
+    await store.dropUnpublished(sent ? stale : withoutEvent);
     if (!sent) await store.deferUnpublished(withEvent, now);
     if (stale.length < 500) return report;
   }
