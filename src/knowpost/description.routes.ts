@@ -37,7 +37,7 @@ export function descriptionRoutes(deps: DescriptionRouteDeps) {
           },
         },
       },
-      async (request) => {
+      async (request, reply) => {
         const { userId } = principalOf(request);
         const decision = await deps.limiter.hit(`describe:${userId}`, deps.perUserPerMinute, 60_000);
         if (!decision.allowed)
@@ -45,9 +45,12 @@ export function descriptionRoutes(deps: DescriptionRouteDeps) {
             'Too many description requests; try again shortly',
             decision.retryAfterMs / 1000,
           );
+        // A caller who hangs up stops the model call. The request's own 'close' comes as soon as the
+        // body is read; the response's comes when the connection ends, before an answer only if
+        // the caller left.
         const abort = new AbortController();
-        request.raw.once('close', () => {
-          if (!request.raw.complete) abort.abort();
+        reply.raw.once('close', () => {
+          if (!reply.raw.writableFinished) abort.abort();
         });
         const { description } = await deps.describer.suggest(request.body.content, abort.signal);
         return { description };

@@ -2,7 +2,7 @@ import { NotFoundError } from '../platform/errors/errors.js';
 import { AnonymousAnswers, type AnonymousAnswersOptions } from './anonymous-answers.js';
 import { NO_FLAGS, refOf, type PostInteractions } from './feed.service.js';
 import type { PostCache } from './post-cache.js';
-import { mayRead } from './post-read.model.js';
+import { isShareable, mayRead } from './post-read.model.js';
 import { detailResponseBytes, type Detail } from './read-answers.js';
 
 /** Where a successful detail read reports its view (buffered, see `ViewRecorder`). */
@@ -17,7 +17,8 @@ export interface ViewSink {
  *
  * With `anonymous` set, the answer for callers who sent no token (the same for all of them: no
  * flags) is kept for a fraction of a second (see `AnonymousAnswers`); only answers of posts everyone
- * may read get there, and every read still records its view.
+ * may read get there, and every read still records its view. A read of a post only its author may
+ * see (a draft, a private post) records none: the author is not a reader.
  */
 export class DetailService {
   private readonly anonymousAnswers: AnonymousAnswers | null;
@@ -34,7 +35,8 @@ export class DetailService {
 
   async detail(id: string, viewerId: number | null): Promise<Detail> {
     const detail = await this.read(id, viewerId, (refs) => this.interactions.counts(refs));
-    this.views.record(id);
+    // An author reading their own draft or private post is not a reader.
+    if (isShareable(detail.post)) this.views.record(id);
     return detail;
   }
 
