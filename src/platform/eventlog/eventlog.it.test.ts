@@ -139,6 +139,9 @@ describe('KafkaEventLog ensureTopics', () => {
       const plain = await retention('plain');
       expect(plain).not.toBe('-1');
       await log.ensureTopics(['kept', 'plain'], { keepForever: ['kept'] });
+      // The broker applies a config change through its metadata log: it shows a moment later.
+      const deadline = Date.now() + 10_000;
+      while ((await retention('kept')) !== '-1' && Date.now() < deadline) await delay(100);
       expect(await retention('kept')).toBe('-1');
       expect(await retention('plain')).toBe(plain);
     } finally {
