@@ -19,7 +19,8 @@ export function detailRoutes(deps: { details: DetailService; guards: AuthGuards 
           description:
             'A published public or unlisted post, for everyone. Its author also gets their own drafts and ' +
             'their private, followers and school posts (audiences are not modelled yet, so only the author ' +
-            'sees those). Anything else is 404, deleted posts too, also for their author. Each 200 counts a view.',
+            'sees those). Anything else is 404, deleted posts too, also for their author. Each 200 counts a view, except ' +
+            "an author's read of a post only they may see.",
           params: DetailParams,
           response: { 200: KnowPostDetailResponse, ...errorResponses(400, 401, 404) },
         },
