@@ -3,9 +3,8 @@ import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import { Type } from 'typebox';
 import type { AuthGuards } from '../auth/auth.guard.js';
 import { principalOf } from '../auth/auth.guard.js';
-import { RateLimitedError } from '../platform/errors/errors.js';
 import { errorResponses } from '../platform/http/schemas.js';
-import type { RateLimiter } from '../platform/ratelimit/ratelimit.js';
+import { enforceLimit, type RateLimiter } from '../platform/ratelimit/ratelimit.js';
 import type { DescriptionSuggester } from './description/describer.js';
 
 export interface DescriptionRouteDeps {
@@ -39,12 +38,13 @@ export function descriptionRoutes(deps: DescriptionRouteDeps) {
       },
       async (request, reply) => {
         const { userId } = principalOf(request);
-        const decision = await deps.limiter.hit(`describe:${userId}`, deps.perUserPerMinute, 60_000);
-        if (!decision.allowed)
-          throw new RateLimitedError(
-            'Too many description requests; try again shortly',
-            decision.retryAfterMs / 1000,
-          );
+        await enforceLimit(
+          deps.limiter,
+          `describe:${userId}`,
+          deps.perUserPerMinute,
+          60_000,
+          'description requests',
+        );
         // A caller who hangs up stops the model call. The request's own 'close' comes as soon as the
         // body is read; the response's comes when the connection ends, before an answer only if
         // the caller left.

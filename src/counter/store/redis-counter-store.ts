@@ -1186,16 +1186,16 @@ export class RedisCounterStore implements CounterStore {
   }
 
   async markPublished(events: readonly CounterEvent[]): Promise<void> {
-    await Promise.all(
-      [
-        ...this.tokensByGroup(
-          events.map((e) => ({ ref: { etype: e.entityType, eid: e.entityId }, token: unpublishedToken(e) })),
-        ),
-      ].map(([group, tokens]) => this.redis.zrem(this.groupKey('un', group), ...tokens)),
+    await this.removeUnpublished(
+      events.map((e) => ({ ref: { etype: e.entityType, eid: e.entityId }, token: unpublishedToken(e) })),
     );
   }
 
   async dropUnpublished(entries: readonly StaleEvent[]): Promise<void> {
+    await this.removeUnpublished(entries);
+  }
+
+  private async removeUnpublished(entries: readonly { ref: EntityRef; token: string }[]): Promise<void> {
     await Promise.all(
       [...this.tokensByGroup(entries)].map(([group, tokens]) =>
         this.redis.zrem(this.groupKey('un', group), ...tokens),
