@@ -36,6 +36,7 @@ import { COUNTER_TOPIC, type EntityRef } from './counter/model.js';
 import { KnowpostVisibilityRepository } from './knowpost/visibility.repository.js';
 import { createDescriptionSuggester } from './knowpost/description/create.js';
 import { descriptionRoutes } from './knowpost/description.routes.js';
+import { PostCacheConsumer } from './knowpost/post-cache-consumer.js';
 import { POST_TOPIC, type PostChangeListener } from './knowpost/post-events.js';
 import { PostRepository } from './knowpost/post.repository.js';
 import { postRoutes, presignRoutes } from './knowpost/post.routes.js';
@@ -170,9 +171,10 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
   // Told after every committed post change (this process only); caches of posts add themselves here.
   const postListeners: PostChangeListener[] = [
     (change) => directory.forget({ etype: 'knowpost', eid: change.id }),
-    // Publishing, and deleting a published post, append a post event.
+    // Publishing, deleting a published post and a visibility change append a post event.
     (change) => {
-      if (change.kind === 'published' || change.kind === 'deleted') outboxCommitted();
+      if (change.kind === 'published' || change.kind === 'deleted' || change.kind === 'visibility')
+        outboxCommitted();
     },
   ];
   const posts = new PostService({
@@ -213,7 +215,10 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
   platform.invalidation.onGap(() => directory.forgetAll());
   postListeners.push(
     postCacheInvalidator(postCache, platform.invalidation, (err) =>
-      log.warn({ err }, 'post change not announced to every process; their caches expire on their own'),
+      log.warn(
+        { err },
+        'post change not announced to every process; the post-cache worker repeats publishes, deletes and visibility changes, other edits show once caches expire',
+      ),
     ),
   );
   // Feeds and details reuse counts briefly; the count routes read them live (so their reads heal).
@@ -366,6 +371,10 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
     onError: (err) => workerError('user-likes-received', err),
     now,
   });
+  // The durable path of post cache invalidation (the request's own attempt may fail).
+  const postCacheConsumer = new PostCacheConsumer(platform.events, postCache, platform.invalidation, {
+    onError: (err) => workerError('post-cache', err),
+  });
   const workers: { start(): void | Promise<void>; stop(): Promise<void> }[] =
     config.role === 'api'
       ? []
@@ -377,6 +386,7 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
           viewAggregator,
           ...relations.workers,
           likesReceived,
+          postCacheConsumer,
         ];
 
   return {

@@ -28,10 +28,15 @@ import { LocalInvalidationHub } from '../platform/cache/local-invalidation-bus.j
 import type { SharedCache } from '../platform/cache/shared-cache.js';
 import { migrate, openMysql, openSqlite, type Db } from '../platform/db/database.js';
 import { NotFoundError } from '../platform/errors/errors.js';
+import type { EventLog } from '../platform/eventlog/eventlog.js';
+import { KafkaEventLog } from '../platform/eventlog/kafka-eventlog.js';
+import { SqliteEventLog } from '../platform/eventlog/sqlite-eventlog.js';
 import { DetailService } from './detail.service.js';
 import { FeedService } from './feed.service.js';
 import { detailResponse, detailResponseBytes, feedResponse, feedResponseBytes } from './read-answers.js';
 import { PostCache, postCacheInvalidator, subscribePostCache } from './post-cache.js';
+import { POST_CACHE_GROUP, PostCacheConsumer } from './post-cache-consumer.js';
+import { postChangedEvent, postEventMessage, POST_TOPIC } from './post-events.js';
 import { PostUrlSigner } from './post-read.model.js';
 import { PostReadRepository } from './post-read.repository.js';
 
@@ -73,6 +78,8 @@ interface Backend {
   shared(prefix?: string): SharedCache;
   /** A bus for one more process of the deployment. */
   bus(): Promise<InvalidationBus>;
+  /** The deployment's event log (SQLite table / Kafka), with `post-events`. */
+  events: EventLog;
   remembers: boolean;
   cleanup(): Promise<void>;
 }
@@ -84,6 +91,7 @@ async function openBackend(profile: Profile): Promise<Backend> {
     await migrate(db);
     const hub = new LocalInvalidationHub();
     const buses: InvalidationBus[] = [];
+    const events = new SqliteEventLog(db, { idlePollMs: 10, retryBackoffMs: { min: 20, max: 200 } });
     return {
       db,
       store: new SqliteCounterStore(db),
@@ -93,9 +101,11 @@ async function openBackend(profile: Profile): Promise<Backend> {
         buses.push(bus);
         return bus;
       },
+      events,
       remembers: false,
       cleanup: async () => {
         for (const bus of buses) await bus.close();
+        await events.close();
         await db.close();
         rmSync(dir, { recursive: true, force: true });
       },
@@ -107,6 +117,16 @@ async function openBackend(profile: Profile): Promise<Backend> {
   const redis = new Redis(services.redisUrl(), { maxRetriesPerRequest: 1 });
   const keyPrefix = `${uniqueName('feed')}:`;
   const buses: InvalidationBus[] = [];
+  const events = new KafkaEventLog({
+    brokers: services.kafkaBrokers(),
+    prefix: `${uniqueName('k')}.`,
+    partitions: 2,
+    clientId: 'zg-feed',
+    sessionTimeoutMs: 6_000,
+    heartbeatIntervalMs: 500,
+    retryBackoffMs: { min: 50, max: 500 },
+  });
+  await events.ensureTopics([POST_TOPIC]);
   return {
     db,
     store: new RedisCounterStore(redis, { prefix: keyPrefix, groups: 16 }),
@@ -120,9 +140,13 @@ async function openBackend(profile: Profile): Promise<Backend> {
       buses.push(bus);
       return bus;
     },
+    events,
     remembers: true,
     cleanup: async () => {
       for (const bus of buses) await bus.close();
+      await events.deleteGroups([POST_CACHE_GROUP]).catch(() => undefined);
+      await events.deleteTopics([POST_TOPIC]).catch(() => undefined);
+      await events.close();
       let cursor = '0';
       do {
         const [next, keys] = await redis.scan(cursor, 'MATCH', `${keyPrefix}*`, 'COUNT', 1000);
@@ -541,5 +565,64 @@ describe.each<Profile>(['embedded', 'cluster'])('reading posts against real stor
     }
     // A third process, cold, must not find the old post in the shared tier either.
     await expect(apiProcess({}, sharedTier).details.detail(id, null)).rejects.toBeInstanceOf(NotFoundError);
+  });
+  it('drops a post made private from every cache through post-events when the request could not', async () => {
+    const sharedTier = backend.shared();
+    const [busA, busW] = [await backend.bus(), await backend.bus()];
+    const a = apiProcess({}, sharedTier);
+    subscribePostCache(a.cache, busA);
+    const id = postId(20);
+    const author = authors[2]!;
+    expect((await a.details.detail(id, null)).post.visible).toBe('public');
+    expect(feedResponse(await a.feeds.feed(1, 50, null)).items.map((i) => i.id)).toContain(id);
+
+    // A worker process whose shared tier fails twice before it answers.
+    const worker = apiProcess({}, sharedTier);
+    let refused = 0;
+    const flaky = {
+      invalidateShared: async (ids: readonly string[]) => {
+        if (refused < 2) {
+          refused += 1;
+          throw new Error('redis unavailable');
+        }
+        await worker.cache.invalidateShared(ids);
+      },
+    };
+    const errors: unknown[] = [];
+    const consumer = new PostCacheConsumer(backend.events, flaky, busW, {
+      onError: (err) => errors.push(err),
+    });
+    await consumer.start();
+    try {
+      // The change commits with its event, but the request's own invalidation never happens.
+      await backend.db.kysely
+        .updateTable('knowposts')
+        .set({ visible: 'private' })
+        .where('id', '=', id)
+        .execute();
+      expect((await a.details.detail(id, null)).post.visible).toBe('public');
+      if (backend.remembers)
+        expect((await apiProcess({}, sharedTier).details.detail(id, null)).post.visible).toBe('public');
+      const message = postEventMessage(postChangedEvent(id, author, Date.now(), 'c1'));
+      await backend.events.publish(message.topic, [{ key: message.key, value: message.payload }]);
+
+      const deadline = Date.now() + 15_000;
+      const hidden = (p: ReturnType<typeof apiProcess>) =>
+        p.details.detail(id, null).then(
+          () => false,
+          (err: unknown) => err instanceof NotFoundError,
+        );
+      while (!(await hidden(a))) {
+        if (Date.now() > deadline) throw new Error('the private post is still served');
+        await new Promise((r) => setTimeout(r, 20));
+      }
+      expect(refused).toBe(2);
+      expect(errors.length).toBeGreaterThanOrEqual(2);
+      expect(feedResponse(await a.feeds.feed(1, 50, null)).items.map((i) => i.id)).not.toContain(id);
+      // Nor does a cold process find it in the shared tier.
+      expect(await hidden(apiProcess({}, sharedTier))).toBe(true);
+    } finally {
+      await consumer.stop();
+    }
   });
 });

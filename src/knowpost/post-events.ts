@@ -8,16 +8,21 @@ import type { OutboxMessage } from '../platform/outbox/outbox.js';
  *    the outbox row is written in the transaction that changes the post's status, and consumers
  *    deduplicate by `eventId`. A transition happens at most once per post (a draft publishes once; a
  *    deleted post stays deleted), so `eventId` is derived from the post and the transition.
+ *    A visibility change writes a `changed` event the same way (any status, any direction): it
+ *    moves no count, but the `post-cache` consumer drops the post from the shared caches when it
+ *    arrives, so a post made private leaves every cache even if the request's own invalidation
+ *    failed (see `PostCacheConsumer`). Its `eventId` is unique per change, not per post.
  * 2. `PostChange`s are announced in process after a change commits, so caches (detail, feeds, the
  *    counter module's entity directory) drop what they hold for the post, in every process.
  */
 export const POST_TOPIC = 'post-events';
 
 export type PostTransition = 'published' | 'unpublished';
+export type PostEventType = PostTransition | 'changed';
 
 export interface PostEvent {
   eventId: string;
-  type: PostTransition;
+  type: PostEventType;
   postId: string;
   authorId: number;
   ts: number;
@@ -25,6 +30,11 @@ export interface PostEvent {
 
 export function postEvent(type: PostTransition, postId: string, authorId: number, ts: number): PostEvent {
   return { eventId: `knowpost:${postId}:${type}`, type, postId, authorId, ts };
+}
+
+/** A visibility change; `changeId` makes the event id unique (the outbox row's own id is not known yet). */
+export function postChangedEvent(postId: string, authorId: number, ts: number, changeId: string): PostEvent {
+  return { eventId: `knowpost:${postId}:changed:${changeId}`, type: 'changed', postId, authorId, ts };
 }
 
 export function postEventMessage(event: PostEvent): OutboxMessage {
@@ -37,7 +47,7 @@ export function parsePostEvent(payload: string): PostEvent | null {
     const v = JSON.parse(payload) as Partial<PostEvent>;
     if (
       typeof v.eventId === 'string' &&
-      (v.type === 'published' || v.type === 'unpublished') &&
+      (v.type === 'published' || v.type === 'unpublished' || v.type === 'changed') &&
       typeof v.postId === 'string' &&
       /^\d{1,20}$/.test(v.postId) &&
       typeof v.authorId === 'number' &&

@@ -98,7 +98,13 @@ export class PostRepository {
   }
 
   /** Applies `fields` to the author's post unless it is deleted; false when no such row. */
-  async update(id: string, authorId: number, fields: PostFields, now: number): Promise<boolean> {
+  async update(
+    id: string,
+    authorId: number,
+    fields: PostFields,
+    now: number,
+    db: Executor = this.db.kysely,
+  ): Promise<boolean> {
     const set: Updateable<KnowpostsTable> = { updated_at: now };
     if (fields.title !== undefined) set.title = fields.title;
     if (fields.tagId !== undefined) set.tag_id = fields.tagId;
@@ -107,7 +113,7 @@ export class PostRepository {
     if (fields.visible !== undefined) set.visible = fields.visible;
     if (fields.isTop !== undefined) set.is_top = fields.isTop ? 1 : 0;
     if (fields.description !== undefined) set.description = fields.description;
-    const result = await this.db.kysely
+    const result = await db
       .updateTable('knowposts')
       .set(set)
       .where('id', '=', id)

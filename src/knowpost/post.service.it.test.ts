@@ -452,6 +452,34 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     ]);
   });
 
+  it('writes a changed outbox row with every visibility change, and none for other edits', async () => {
+    const sut = newService();
+    const id = await publishedPost(sut);
+    const before = (await outboxFor(id)).length;
+    await sut.update(AUTHOR, id, { title: 'Only a title', isTop: true });
+    expect((await outboxFor(id)).length).toBe(before);
+
+    now += 1_000;
+    await sut.setVisibility(AUTHOR, id, 'private');
+    await sut.update(AUTHOR, id, { title: 'And back', visible: 'public' });
+    const changed = (await outboxFor(id)).slice(before);
+    expect(changed.map((r) => [r.key, r.event?.type, r.event?.authorId, r.event?.ts])).toEqual([
+      [String(AUTHOR), 'changed', AUTHOR, now],
+      [String(AUTHOR), 'changed', AUTHOR, now],
+    ]);
+    expect(new Set(changed.map((r) => r.event?.eventId)).size).toBe(2);
+
+    // A change that does not happen writes nothing.
+    expect(await outcome(sut.setVisibility(OTHER, id, 'private'))).toBe('403 FORBIDDEN');
+    await sut.delete(AUTHOR, id);
+    expect(await outcome(sut.setVisibility(AUTHOR, id, 'private'))).toBe('404 NOT_FOUND');
+    expect((await outboxFor(id)).slice(before).map((r) => r.event?.type)).toEqual([
+      'changed',
+      'changed',
+      'unpublished',
+    ]);
+  });
+
   it('refuses and deletes an oversized image', async () => {
     const sut = newService({ imageMaxBytes: 1024 });
     const id = await sut.createDraft(AUTHOR);

@@ -13,6 +13,7 @@ import type { OutboxWriter } from '../platform/outbox/outbox.js';
 import { enforceLimit, type RateLimiter } from '../platform/ratelimit/ratelimit.js';
 import type { ObjectStorage } from '../platform/storage/object-storage.js';
 import {
+  postChangedEvent,
   postEvent,
   postEventMessage,
   type PostChange,
@@ -61,7 +62,8 @@ export interface PostServiceOptions {
  *
  * Every transition is one conditional UPDATE on the state it leaves, so of two concurrent requests
  * exactly one changes the row. Leaving or entering `published` appends a `post-events` message in
- * the same transaction: the author's post count moves exactly once per transition.
+ * the same transaction: the author's post count moves exactly once per transition. A visibility
+ * change appends a `changed` message the same way, for the caches (see `PostCacheConsumer`).
  *
  * Who gets which answer: a post the caller may not see (missing, deleted, someone else's draft or
  * non-public post) is 404 for every route, so ids cannot be probed; someone else's post the caller
@@ -201,7 +203,19 @@ export class PostService {
       throw new BadRequestError('body must set at least one field');
     const post = await this.owned(userId, postId);
     if (fields.imgUrls !== undefined) await this.checkImages(post, fields.imgUrls);
-    if (!(await this.posts.update(post.id, userId, fields, this.now()))) throw notFound();
+    const now = this.now();
+    const updated =
+      fields.visible === undefined
+        ? await this.posts.update(post.id, userId, fields, now)
+        : // Who may see the post changes: the caches must hear of it even if this process fails to
+          // tell them, so the change is also an event, written with it.
+          await this.posts.transaction(async (trx) => {
+            if (!(await this.posts.update(post.id, userId, fields, now, trx))) return false;
+            const event = postChangedEvent(post.id, userId, now, this.ids.next());
+            await this.outbox.append(trx, postEventMessage(event));
+            return true;
+          });
+    if (!updated) throw notFound();
     const kinds: PostChangeKind[] = [];
     const { visible, isTop, ...rest } = fields;
     if (Object.values(rest).some((v) => v !== undefined)) kinds.push('updated');

@@ -21,12 +21,16 @@ export interface UserCounterFeed {
   toDeltas(value: string): UserCounterDelta[] | null;
 }
 
-/** `post-events`: a published post adds one to its author's `posts`, an unpublished one takes it back. */
+/**
+ * `post-events`: a published post adds one to its author's `posts`, an unpublished one takes it
+ * back; a `changed` one (visibility) moves nothing.
+ */
 export const postEventsFeed: UserCounterFeed = {
   topic: POST_TOPIC,
   toDeltas(value) {
     const event = parsePostEvent(value);
     if (!event || !(event.authorId > 0)) return null;
+    if (event.type === 'changed') return [];
     return [
       {
         eventId: event.eventId,
