@@ -1,5 +1,13 @@
 import { describe, expect, it } from 'vitest';
-import { isContentKey, isExternalImageUrl, isImageKey, normalizeEtag, uploadTarget } from './post-keys.js';
+import {
+  confirmedContentKey,
+  isContentKey,
+  isExternalImageUrl,
+  isImageKey,
+  isReadableContentKey,
+  normalizeEtag,
+  uploadTarget,
+} from './post-keys.js';
 
 const NOW = Date.UTC(2025, 0, 31, 23, 59);
 
@@ -45,6 +53,19 @@ describe('key checks', () => {
     expect(isContentKey('42', 'posts/42/content.md')).toBe(true);
     expect(isContentKey('42', 'posts/42/content.exe')).toBe(false);
     expect(isContentKey('42', 'posts/421/content.md')).toBe(false);
+    const sha = 'ab'.repeat(32);
+    expect(confirmedContentKey('42', sha, '.md')).toBe(`posts/42/body/${sha}.md`);
+    expect(isContentKey('42', confirmedContentKey('42', sha, '.md'))).toBe(false);
+    expect(isReadableContentKey('42', confirmedContentKey('42', sha, '.md'))).toBe(true);
+    expect(isReadableContentKey('42', 'posts/42/content.md')).toBe(true);
+    for (const key of [
+      `posts/421/body/${sha}.md`,
+      `posts/42/body/${sha}.exe`,
+      `posts/42/body/${sha.slice(1)}.md`,
+      `posts/42/body/${sha.toUpperCase()}.md`,
+      `posts/42/body/x/${sha}.md`,
+    ])
+      expect({ key, readable: isReadableContentKey('42', key) }).toEqual({ key, readable: false });
     expect(isImageKey('42', 'posts/42/images/20250131/deadbeef.png')).toBe(true);
     expect(isImageKey('42', 'posts/42/images/20250131/deadbeef.png/x')).toBe(false);
     expect(isImageKey('42', 'posts/42/images/../content.md')).toBe(false);

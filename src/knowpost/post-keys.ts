@@ -4,7 +4,10 @@ import type { UploadScene } from './post.schema.js';
 
 /**
  * Where a post's files live in object storage and which files are allowed:
- *  - body:   `posts/{postId}/content{ext}`, ext one of .md .markdown .txt .html .json
+ *  - body:   uploaded to `posts/{postId}/content{ext}`, ext one of .md .markdown .txt .html .json;
+ *            confirm copies what it checked to `posts/{postId}/body/{sha256}{ext}`, the key readers
+ *            get, which no presigned URL can write (a body confirmed before that scheme keeps its
+ *            upload key)
  *  - images: `posts/{postId}/images/{yyyyMMdd}/{8 hex}{ext}`, ext one of .jpg .jpeg .png .webp .gif
  * Each extension names one media type; a presign request's content type and extension must agree.
  */
@@ -73,16 +76,36 @@ export function contentKey(postId: string, extension: string): string {
   return `posts/${postId}/content${extension}`;
 }
 
-/** True for exactly the body keys of this post (`posts/{id}/content.md`, …). */
+/** True for exactly the keys a body of this post is uploaded to (`posts/{id}/content.md`, …). */
 export function isContentKey(postId: string, key: string): boolean {
-  return Object.keys(EXTENSIONS.knowpost_content).some((ext) => key === contentKey(postId, ext));
+  return contentExtension(postId, key) !== undefined;
 }
 
-const IMAGE_NAME = new RegExp(
-  `^\\d{8}/[0-9a-f]{8}(?:${Object.keys(EXTENSIONS.knowpost_image)
+/** The extension of an upload key of this post's body, or undefined for any other key. */
+export function contentExtension(postId: string, key: string): string | undefined {
+  return Object.keys(EXTENSIONS.knowpost_content).find((ext) => key === contentKey(postId, ext));
+}
+
+/** Where confirm keeps a body it checked: named by its SHA-256, out of reach of presigned URLs. */
+export function confirmedContentKey(postId: string, sha256: string, extension: string): string {
+  return `posts/${postId}/body/${sha256}${extension}`;
+}
+
+/** The scene's extensions as a regular expression alternation. */
+const extensions = (scene: UploadScene): string =>
+  Object.keys(EXTENSIONS[scene])
     .map((e) => e.replace('.', '\\.'))
-    .join('|')})$`,
-);
+    .join('|');
+
+const BODY_NAME = new RegExp(`^[0-9a-f]{64}(?:${extensions('knowpost_content')})$`);
+
+/** True for the keys a confirmed body of this post may be read from (either scheme). */
+export function isReadableContentKey(postId: string, key: string): boolean {
+  const prefix = `posts/${postId}/body/`;
+  return isContentKey(postId, key) || (key.startsWith(prefix) && BODY_NAME.test(key.slice(prefix.length)));
+}
+
+const IMAGE_NAME = new RegExp(`^\\d{8}/[0-9a-f]{8}(?:${extensions('knowpost_image')})$`);
 
 /** True for keys of the shape presign hands out for this post's images. */
 export function isImageKey(postId: string, key: string): boolean {

@@ -1,5 +1,5 @@
 import type { ObjectStorage } from '../platform/storage/object-storage.js';
-import { isContentKey, isExternalImageUrl, isImageKey } from './post-keys.js';
+import { isExternalImageUrl, isImageKey, isReadableContentKey } from './post-keys.js';
 import type { PostReadRow } from './post-read.repository.js';
 
 /**
@@ -49,7 +49,7 @@ export class PostUrlSigner {
   async sign(row: PostReadRow): Promise<PostView> {
     const urlsExpireAt = this.now() + this.urlTtlSeconds * 1000;
     const [contentUrl, images] = await Promise.all([
-      row.contentKey !== null && isContentKey(row.id, row.contentKey)
+      row.contentKey !== null && isReadableContentKey(row.id, row.contentKey)
         ? this.storage.presignGet(row.contentKey, this.urlTtlSeconds)
         : Promise.resolve(null),
       Promise.all(row.imgUrls.map((ref) => this.image(row.id, ref))),

@@ -93,22 +93,22 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
   });
   afterEach(() => rmSync(root, { recursive: true, force: true }));
 
-  const newService = (limits: Partial<PostLimits> = {}) =>
-    new PostService({
-      posts: new PostRepository(backend.db),
-      storage,
-      limiter: createSqliteRateLimiter(limiterDb, { prefix: `t${randomBytes(4).toString('hex')}:` }),
-      outbox: new OutboxWriter(() => now),
-      ids,
-      limits: {
-        contentMaxBytes: 64 * 1024,
-        imageMaxBytes: 16 * 1024,
-        presignExpiresSeconds: 600,
-        ...limits,
-      },
-      onChange: [(change) => void changes.push(change)],
-      now: () => now,
-    });
+  const serviceOptions = (limits: Partial<PostLimits> = {}) => ({
+    posts: new PostRepository(backend.db),
+    storage,
+    limiter: createSqliteRateLimiter(limiterDb, { prefix: `t${randomBytes(4).toString('hex')}:` }),
+    outbox: new OutboxWriter(() => now),
+    ids,
+    limits: {
+      contentMaxBytes: 64 * 1024,
+      imageMaxBytes: 16 * 1024,
+      presignExpiresSeconds: 600,
+      ...limits,
+    },
+    onChange: [(change: PostChange) => void changes.push(change)],
+    now: () => now,
+  });
+  const newService = (limits: Partial<PostLimits> = {}) => new PostService(serviceOptions(limits));
 
   const row = (id: string) =>
     backend.db.kysely.selectFrom('knowposts').selectAll().where('id', '=', id).executeTakeFirstOrThrow();
@@ -270,13 +270,58 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
       etag: good.etag.replaceAll('"', '').toUpperCase(),
       sha256: good.sha256.toUpperCase(),
     });
+    const confirmed = `posts/${id}/body/${good.sha256}.md`;
     expect(await row(id)).toMatchObject({
-      content_key: `posts/${id}/content.md`,
+      content_key: confirmed,
       content_etag: good.etag.replaceAll('"', ''),
       content_size: good.size,
       content_sha256: good.sha256,
     });
     expect(changes.at(-1)).toEqual({ id, authorId: AUTHOR, kind: 'updated' });
+    // Readers get a copy of the bytes checked; the upload is gone.
+    expect(await storage.head(confirmed)).toMatchObject({ size: good.size, contentType: 'text/markdown' });
+    expect(await storage.head(good.objectKey)).toBeNull();
+
+    // A retried confirm of the same body succeeds and changes nothing.
+    changes.length = 0;
+    expect(await confirm({})).toBe('ok');
+    expect(changes).toEqual([]);
+    expect((await row(id)).content_key).toBe(confirmed);
+    // Another body confirmed without being uploaded is not.
+    expect(await confirm({ sha256: 'b'.repeat(64) })).toBe('409 OBJECT_NOT_UPLOADED');
+  });
+
+  it('serves only what confirm checked, whatever is PUT through the upload URL afterwards', async () => {
+    const sut = newService();
+    const id = await publishedPost(sut);
+    const before = await row(id);
+    const served = async () => {
+      const got = await storage.get((await row(id)).content_key!);
+      return Buffer.concat(await got!.body.toArray()).toString('utf8');
+    };
+    const original = await served();
+    // The presigned URL is still valid: the author writes something else (bigger than allowed, too).
+    await storage.put(`posts/${id}/content.md`, Buffer.from('x'.repeat(100_000)), 'text/markdown');
+    expect(await served()).toBe(original);
+    expect(await row(id)).toMatchObject({
+      content_key: before.content_key,
+      content_sha256: before.content_sha256,
+    });
+  });
+
+  it('refuses to confirm an upload replaced while it was read', async () => {
+    const replacing: typeof storage = Object.create(storage) as typeof storage;
+    // The upload changes after its bytes were checked and before they are copied.
+    replacing.copy = async (from, to, ifEtag) => {
+      await storage.put(from, Buffer.from('something else'), 'text/markdown');
+      return storage.copy(from, to, ifEtag);
+    };
+    const sut = new PostService({ ...serviceOptions(), storage: replacing });
+    const id = await sut.createDraft(AUTHOR);
+    const body = await upload(sut, id);
+    expect(await outcome(sut.confirmContent(AUTHOR, id, body))).toBe('409 OBJECT_CHANGED');
+    expect((await row(id)).content_key).toBeNull();
+    expect(await storage.head(`posts/${id}/body/${body.sha256}.md`)).toBeNull();
   });
 
   it('deletes an oversized body at confirm and answers 413', async () => {
@@ -299,14 +344,19 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     });
     const bytes = Buffer.from('<p>hi</p>');
     const stored = await storage.put(presigned.objectKey, bytes, 'text/html');
+    const first = (await row(id)).content_key!;
+    expect(first).toMatch(/\/body\/[0-9a-f]{64}\.md$/);
     await sut.confirmContent(AUTHOR, id, {
       objectKey: presigned.objectKey,
       etag: stored.etag,
       size: bytes.length,
       sha256: createHash('sha256').update(bytes).digest('hex'),
     });
-    expect((await row(id)).content_key).toBe(`posts/${id}/content.html`);
-    expect(await storage.head(`posts/${id}/content.md`)).toBeNull();
+    expect((await row(id)).content_key).toBe(
+      `posts/${id}/body/${createHash('sha256').update(bytes).digest('hex')}.html`,
+    );
+    expect(await storage.head(first)).toBeNull();
+    expect(await storage.head(presigned.objectKey)).toBeNull();
   });
 
   it('publishes a draft once, with its body, and writes one outbox row per transition', async () => {

@@ -20,7 +20,14 @@ import {
   type PostChangeKind,
   type PostChangeListener,
 } from './post-events.js';
-import { isContentKey, isExternalImageUrl, isImageKey, normalizeEtag, uploadTarget } from './post-keys.js';
+import {
+  confirmedContentKey,
+  contentExtension,
+  isExternalImageUrl,
+  isImageKey,
+  normalizeEtag,
+  uploadTarget,
+} from './post-keys.js';
 import type { PostFields, PostRecord, PostRepository } from './post.repository.js';
 import type { ConfirmBody, PresignBody, PresignResponse, Visible } from './post.schema.js';
 
@@ -145,12 +152,22 @@ export class PostService {
    * Records the uploaded body. The object must be exactly what the client says it uploaded: same
    * size, ETag and SHA-256 (read back from the store), within the size limit. A missing object is
    * 409 `OBJECT_NOT_UPLOADED` (upload first, then confirm); an oversized one is deleted and 413.
+   *
+   * Readers get a copy of exactly the bytes checked, made inside the store at
+   * `posts/{id}/body/{sha256}{ext}`, which no presigned URL can write: the upload URL stays usable
+   * until it expires, and a PUT through it after confirm changes nothing anyone reads. The upload
+   * itself is then deleted. Confirming the same body again succeeds (a retried request).
    */
   async confirmContent(userId: number, postId: string, body: ConfirmBody): Promise<void> {
     const post = await this.owned(userId, postId);
-    if (!isContentKey(post.id, body.objectKey)) {
+    const extension = contentExtension(post.id, body.objectKey);
+    if (extension === undefined) {
       throw new BadRequestError(`objectKey must be posts/${post.id}/content with an allowed extension`);
     }
+    const sha256 = body.sha256.toLowerCase();
+    const key = confirmedContentKey(post.id, sha256, extension);
+    if (post.contentKey === key && (await this.alreadyConfirmed(key, body))) return;
+
     const limit = this.limits.contentMaxBytes;
     const head = await this.storage.head(body.objectKey);
     if (!head) throw notUploaded();
@@ -175,23 +192,37 @@ export class PostService {
     if (bytes !== body.size) throw new BadRequestError('size does not match the uploaded object');
     if (normalizeEtag(got.object.etag) !== normalizeEtag(body.etag))
       throw new BadRequestError('etag does not match the uploaded object');
-    const sha256 = body.sha256.toLowerCase();
     if (hash.digest('hex') !== sha256) throw new BadRequestError('sha256 does not match the uploaded object');
+    // Copied only while the upload still holds the bytes read (its ETag is their MD5).
+    const copy = await this.storage.copy(body.objectKey, key, got.object.etag);
+    if (!copy) {
+      throw new ConflictError(
+        'The uploaded object changed while it was being confirmed; confirm what is there now',
+        'OBJECT_CHANGED',
+      );
+    }
 
     const stored = await this.posts.setContent(
       post.id,
       userId,
-      { key: body.objectKey, etag: normalizeEtag(got.object.etag), size: bytes, sha256 },
+      { key, etag: normalizeEtag(copy.etag), size: bytes, sha256 },
       this.now(),
     );
     if (!stored) throw notFound();
-    if (post.contentKey !== null && post.contentKey !== body.objectKey) {
-      // The body moved to another extension; the old object is no longer referenced.
-      await this.storage.delete(post.contentKey).catch((err: unknown) => {
-        this.log?.warn({ err, key: post.contentKey }, 'could not delete a replaced post body');
+    // The upload, and a body this one replaces, are no longer read by anyone.
+    for (const old of new Set([body.objectKey, post.contentKey])) {
+      if (old === null || old === key) continue;
+      await this.storage.delete(old).catch((err: unknown) => {
+        this.log?.warn({ err, key: old }, 'could not delete an object a post no longer uses');
       });
     }
     await this.announce({ id: post.id, authorId: userId, kind: 'updated' });
+  }
+
+  /** The post's body is already the copy of this upload: same key (so same SHA-256), size and ETag. */
+  private async alreadyConfirmed(key: string, body: ConfirmBody): Promise<boolean> {
+    const copy = await this.storage.head(key);
+    return copy !== null && copy.size === body.size && normalizeEtag(copy.etag) === normalizeEtag(body.etag);
   }
 
   /**

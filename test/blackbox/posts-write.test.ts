@@ -5,6 +5,7 @@ import {
   callAs,
   createDraft,
   draftWithContent,
+  fetchBytes,
   md5,
   PNG,
   putObject as put,
@@ -101,6 +102,11 @@ describe.each<ProfileName>(['embedded', 'cluster'])('publishing posts (%s profil
     ).toBe(204);
 
     expect((await as(author).call('POST', `/api/v1/knowposts/${id}/publish`)).status).toBe(204);
+    // The upload URL still works, but what readers get is what confirm checked.
+    expect((await put(content.body, Buffer.from('replaced after confirm'))).status).toBe(200);
+    const detail = await as(other).call('GET', `/api/v1/knowposts/detail/${id}`);
+    expect(detail.status).toBe(200);
+    expect(await fetchBytes(detail.body.contentUrl as string)).toEqual({ status: 200, bytes: markdown });
     const again = await as(author).call('POST', `/api/v1/knowposts/${id}/publish`);
     expect(again.status).toBe(409);
     expect(again.body).toMatchObject({ code: 'INVALID_STATE' });

@@ -176,6 +176,40 @@ export class LocalObjectStorage implements ObjectStorage {
     await rm(`${path}.meta.json`, { force: true });
   }
 
+  async copy(from: string, to: string, ifEtag: string): Promise<StoredObject | null> {
+    const source = this.pathOf(from);
+    const path = this.pathOf(to);
+    const object = await this.head(from);
+    if (!object) return null;
+    await mkdir(dirname(path), { recursive: true });
+    const tmp = `${path}.${randomBytes(6).toString('hex')}.tmp`;
+    const md5 = createHash('md5');
+    let size = 0;
+    const digest = new Transform({
+      transform(chunk: Buffer, _encoding, callback) {
+        size += chunk.length;
+        md5.update(chunk);
+        callback(null, chunk);
+      },
+    });
+    try {
+      await pipeline(createReadStream(source), digest, createWriteStream(tmp, { flags: 'wx' }));
+      // Judged on the bytes copied: the source may have been replaced since its metadata was read.
+      const etag = `"${md5.digest('hex')}"`;
+      if (etag !== `"${unquoted(ifEtag)}"`) {
+        await rm(tmp, { force: true });
+        return null;
+      }
+      const meta: StoredObject = { size, etag, contentType: object.contentType };
+      await this.commit(path, tmp, meta);
+      return meta;
+    } catch (err) {
+      await rm(tmp, { force: true });
+      if ((err as NodeJS.ErrnoException).code === 'ENOENT') return null;
+      throw err;
+    }
+  }
+
   async presignPut(key: string, options: PresignPutOptions): Promise<PresignedPut> {
     this.pathOf(key);
     assertContentType(options.contentType);
@@ -279,6 +313,13 @@ export class LocalObjectStorage implements ObjectStorage {
     if (isReservedKey(key)) throw new Error(`unsafe object key: ${key}`);
     return join(this.root, key);
   }
+}
+
+function unquoted(etag: string): string {
+  return etag
+    .trim()
+    .replace(/^"(.*)"$/, '$1')
+    .toLowerCase();
 }
 
 /** Names of the files kept beside an object (its metadata, uploads in progress). */

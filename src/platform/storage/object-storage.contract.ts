@@ -67,6 +67,32 @@ export function defineObjectStorageContract(
     });
 
     describe('put / head / get / delete', () => {
+      it('copies an object, content type included, only while it has the ETag given', async () => {
+        const from = key('content.md');
+        const to = from.replace('content.md', 'body/copy.md');
+        const bytes = randomBytes(2000);
+        const put = await storage.put(from, bytes, 'text/markdown');
+        const copy = await storage.copy(from, to, put.etag);
+        expect(copy).toEqual({ size: 2000, etag: md5(bytes), contentType: 'text/markdown' });
+        expect(await storage.head(to)).toEqual(copy);
+        expect(Buffer.concat(await (await storage.get(to))!.body.toArray())).toEqual(bytes);
+        // Unquoted ETags are the same ETag.
+        expect(await storage.copy(from, key('x.md'), put.etag.replaceAll('"', ''))).toMatchObject({
+          size: 2000,
+        });
+
+        // The source replaced since its ETag was read: nothing is copied, the old copy stays.
+        await storage.put(from, randomBytes(10), 'text/markdown');
+        expect(await storage.copy(from, to, put.etag)).toBeNull();
+        expect(await storage.head(to)).toEqual(copy);
+        const other = key('other.md');
+        expect(await storage.copy(from, other, put.etag)).toBeNull();
+        expect(await storage.head(other)).toBeNull();
+        // A missing source.
+        expect(await storage.copy(key('missing.md'), other, put.etag)).toBeNull();
+        expect(await storage.head(other)).toBeNull();
+      });
+
       it('stores bytes and reports their size, MD5 ETag and content type', async () => {
         const k = key('image.png');
         const bytes = randomBytes(3000);

@@ -53,6 +53,12 @@ export interface ObjectStorage {
   get(key: string): Promise<{ object: StoredObject; body: Readable } | null>;
   /** Deletes the object; deleting a missing one is not an error. */
   delete(key: string): Promise<void>;
+  /**
+   * Copies `from` to `to` inside the store (no bytes through the caller), content type included,
+   * only while `from` still has the ETag `ifEtag` (quoted or not). Resolves to the copy, or to null
+   * when `from` is missing or now holds other bytes; nothing is written then. Replaces `to`.
+   */
+  copy(from: string, to: string, ifEtag: string): Promise<StoredObject | null>;
   presignPut(key: string, options: PresignPutOptions): Promise<PresignedPut>;
   presignGet(key: string, expiresInSeconds: number): Promise<string>;
   publicUrl(key: string): string;

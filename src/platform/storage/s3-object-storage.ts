@@ -1,6 +1,7 @@
 import { createHash } from 'node:crypto';
 import { Readable } from 'node:stream';
 import {
+  CopyObjectCommand,
   CreateBucketCommand,
   DeleteObjectCommand,
   GetObjectCommand,
@@ -124,6 +125,30 @@ export class S3ObjectStorage implements ObjectStorage {
   async delete(key: string): Promise<void> {
     assertSafeKey(key);
     await this.client.send(new DeleteObjectCommand({ Bucket: this.bucket, Key: key }));
+  }
+
+  async copy(from: string, to: string, ifEtag: string): Promise<StoredObject | null> {
+    assertSafeKey(from);
+    assertSafeKey(to);
+    const etag = `"${ifEtag.trim().replace(/^"(.*)"$/, '$1')}"`;
+    try {
+      await this.client.send(
+        new CopyObjectCommand({
+          Bucket: this.bucket,
+          Key: to,
+          // Safe keys need no escaping.
+          CopySource: `${this.bucket}/${from}`,
+          CopySourceIfMatch: etag,
+          MetadataDirective: 'COPY',
+        }),
+      );
+    } catch (err) {
+      // 412: the source holds other bytes now; 404: it is gone.
+      const status = statusOf(err);
+      if (status === 412 || status === 404 || (err as ServiceError).name === 'NoSuchKey') return null;
+      throw err;
+    }
+    return this.head(to);
   }
 
   async presignPut(key: string, options: PresignPutOptions): Promise<PresignedPut> {
