@@ -545,7 +545,7 @@ describe.each<Profile>(['embedded', 'cluster'])('reading posts against real stor
       .set({ visible: 'private' })
       .where('id', '=', id)
       .execute();
-    await announce({ id, authorId: author, kind: 'visibility' });
+    await announce({ id, authorId: author, kind: 'visibility', draft: false });
 
     // The announcing process at once; the other as soon as the message arrives.
     await expect(a.details.detail(id, null)).rejects.toBeInstanceOf(NotFoundError);

@@ -61,7 +61,7 @@ describe(PostCache.name, () => {
 });
 
 describe(postCacheInvalidator.name, () => {
-  it('drops the post at once in this process and tells the others, but not for a new draft', async () => {
+  it('drops the post at once in this process and tells the others, but not for a draft', async () => {
     const { rows, loads, cache } = setup();
     const bus = createLocalInvalidationBus();
     const heard: string[][] = [];
@@ -71,10 +71,12 @@ describe(postCacheInvalidator.name, () => {
       throw err;
     });
     expect((await cache.post('1'))?.title).toBe('post 1');
-    await sut({ id: '1', authorId: 1, kind: 'created' });
+    await sut({ id: '1', authorId: 1, kind: 'created', draft: true });
+    await sut({ id: '1', authorId: 1, kind: 'updated', draft: true });
+    await sut({ id: '1', authorId: 1, kind: 'deleted', draft: true });
     expect(heard).toEqual([]);
     rows.set('1', { ...row('1'), title: 'renamed' });
-    const pending = sut({ id: '1', authorId: 1, kind: 'updated' });
+    const pending = sut({ id: '1', authorId: 1, kind: 'updated', draft: false });
     expect((await cache.post('1'))?.title).toBe('renamed');
     await pending;
     expect(heard).toEqual([['1']]);
@@ -90,7 +92,7 @@ describe(postCacheInvalidator.name, () => {
     const { cache } = setup(broken);
     const errors: unknown[] = [];
     const sut = postCacheInvalidator(cache, createLocalInvalidationBus(), (err) => errors.push(err));
-    await sut({ id: '1', authorId: 1, kind: 'deleted' });
+    await sut({ id: '1', authorId: 1, kind: 'deleted', draft: false });
     expect(errors).toHaveLength(1);
   });
 });

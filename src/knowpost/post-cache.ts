@@ -195,8 +195,8 @@ export class PostCache {
 /**
  * The listener the write side calls after each committed change: drops the post and the feed pages
  * from the shared tier, then announces the change on the bus, whose subscribers in every process
- * (this one synchronously) drop their in-process copies (see `subscribePostCache`). A draft being
- * created changes nothing any cache holds.
+ * (this one synchronously) drop their in-process copies (see `subscribePostCache`). A change to a
+ * draft (created, edited, deleted) changes nothing any cache holds.
  */
 export function postCacheInvalidator(
   cache: PostCache,
@@ -204,7 +204,8 @@ export function postCacheInvalidator(
   onError: (err: unknown) => void,
 ): PostChangeListener {
   return async (change) => {
-    if (change.kind === 'created') return;
+    // Drafts are never cached: their edits need not drop every feed page.
+    if (change.draft) return;
     // This process first and synchronously, so its next read cannot be served the old post.
     cache.invalidateLocal([change.id]);
     const results = await Promise.allSettled([

@@ -67,6 +67,11 @@ export interface PostChange {
   id: string;
   authorId: number;
   kind: PostChangeKind;
+  /**
+   * The post was a draft before and after the change (also for `created`): no cache of published
+   * posts held it or holds it now.
+   */
+  draft: boolean;
 }
 
 /** Told after a post change has committed. Must not throw; failures are the listener's to log. */

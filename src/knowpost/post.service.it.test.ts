@@ -152,8 +152,8 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     expect(parseSnowflake(a).workerId).toBe(WORKER_ID);
     expect(await row(a)).toMatchObject({ author_id: AUTHOR, status: 'draft', visible: 'public' });
     expect(changes).toEqual([
-      { id: a, authorId: AUTHOR, kind: 'created' },
-      { id: b, authorId: AUTHOR, kind: 'created' },
+      { id: a, authorId: AUTHOR, kind: 'created', draft: true },
+      { id: b, authorId: AUTHOR, kind: 'created', draft: true },
     ]);
   });
 
@@ -277,7 +277,7 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
       content_size: good.size,
       content_sha256: good.sha256,
     });
-    expect(changes.at(-1)).toEqual({ id, authorId: AUTHOR, kind: 'updated' });
+    expect(changes.at(-1)).toEqual({ id, authorId: AUTHOR, kind: 'updated', draft: true });
     // Readers get a copy of the bytes checked; the upload is gone.
     expect(await storage.head(confirmed)).toMatchObject({ size: good.size, contentType: 'text/markdown' });
     expect(await storage.head(good.objectKey)).toBeNull();
@@ -384,7 +384,7 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
       },
     ]);
     expect(changes.filter((c) => c.kind === 'published')).toEqual([
-      { id, authorId: AUTHOR, kind: 'published' },
+      { id, authorId: AUTHOR, kind: 'published', draft: false },
     ]);
 
     // Someone else may see it now, but not change it.
@@ -395,7 +395,7 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     await sut.delete(AUTHOR, id);
     expect((await row(id)).status).toBe('deleted');
     expect((await outboxFor(id)).map((r) => r.event?.type)).toEqual(['published', 'unpublished']);
-    expect(changes.at(-1)).toEqual({ id, authorId: AUTHOR, kind: 'deleted' });
+    expect(changes.at(-1)).toEqual({ id, authorId: AUTHOR, kind: 'deleted', draft: false });
 
     // Deleted stays deleted: publish says why, everything else no longer finds it.
     expect(await outcome(sut.publish(AUTHOR, id))).toBe('409 INVALID_STATE');
@@ -416,6 +416,7 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     await sut.confirmContent(AUTHOR, id, await upload(sut, id));
     await sut.delete(AUTHOR, id);
     expect((await row(id)).status).toBe('deleted');
+    expect(changes.at(-1)).toEqual({ id, authorId: AUTHOR, kind: 'deleted', draft: true });
     expect(await outboxFor(id)).toEqual([]);
     expect(await outcome(sut.publish(AUTHOR, id))).toBe('409 INVALID_STATE');
     expect(await outboxFor(id)).toEqual([]);
@@ -479,7 +480,11 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
       visible: 'private',
       is_top: 1,
     });
-    expect(changes.map((c) => c.kind)).toEqual(['updated', 'visibility', 'top']);
+    expect(changes.map((c) => [c.kind, c.draft])).toEqual([
+      ['updated', true],
+      ['visibility', true],
+      ['top', true],
+    ]);
 
     changes.length = 0;
     await sut.setTop(AUTHOR, id, false);
@@ -518,6 +523,8 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
       [String(AUTHOR), 'changed', AUTHOR, now],
     ]);
     expect(new Set(changed.map((r) => r.event?.eventId)).size).toBe(2);
+    // Changes to a published post are announced as such (the caches drop it).
+    expect(changes.filter((c) => c.kind === 'visibility').map((c) => c.draft)).toEqual([false, false]);
 
     // A change that does not happen writes nothing.
     expect(await outcome(sut.setVisibility(OTHER, id, 'private'))).toBe('403 FORBIDDEN');
@@ -578,7 +585,7 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
       log: { warn: (obj: unknown) => void warned.push(obj) },
     });
     const id = await sut.createDraft(AUTHOR);
-    expect(changes).toEqual([{ id, authorId: AUTHOR, kind: 'created' }]);
+    expect(changes).toEqual([{ id, authorId: AUTHOR, kind: 'created', draft: true }]);
     expect(warned).toHaveLength(1);
   });
 });

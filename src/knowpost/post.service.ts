@@ -114,7 +114,7 @@ export class PostService {
       const id = this.ids.next();
       try {
         await this.posts.insertDraft(id, userId, now);
-        await this.announce({ id, authorId: userId, kind: 'created' });
+        await this.announce({ id, authorId: userId, kind: 'created', draft: true });
         return id;
       } catch (err) {
         if (!(err instanceof UniqueViolationError) || attempt >= 2) throw err;
@@ -216,7 +216,12 @@ export class PostService {
         this.log?.warn({ err, key: old }, 'could not delete an object a post no longer uses');
       });
     }
-    await this.announce({ id: post.id, authorId: userId, kind: 'updated' });
+    await this.announce({
+      id: post.id,
+      authorId: userId,
+      kind: 'updated',
+      draft: await this.stillDraft(post),
+    });
   }
 
   /** The post's body is already the copy of this upload: same key (so same SHA-256), size and ETag. */
@@ -252,7 +257,8 @@ export class PostService {
     if (Object.values(rest).some((v) => v !== undefined)) kinds.push('updated');
     if (visible !== undefined) kinds.push('visibility');
     if (isTop !== undefined) kinds.push('top');
-    for (const kind of kinds) await this.announce({ id: post.id, authorId: userId, kind });
+    const draft = await this.stillDraft(post);
+    for (const kind of kinds) await this.announce({ id: post.id, authorId: userId, kind, draft });
   }
 
   async setTop(userId: number, postId: string, isTop: boolean): Promise<void> {
@@ -280,7 +286,7 @@ export class PostService {
       const current = await this.posts.find(post.id);
       throw invalidState(current?.status ?? 'deleted');
     }
-    await this.announce({ id: post.id, authorId: userId, kind: 'published' });
+    await this.announce({ id: post.id, authorId: userId, kind: 'published', draft: false });
   }
 
   /** Soft delete; leaving `published` appends `unpublished` in the same transaction. */
@@ -296,7 +302,7 @@ export class PostService {
         return true;
       });
       if (deleted) {
-        await this.announce({ id: post.id, authorId: userId, kind: 'deleted' });
+        await this.announce({ id: post.id, authorId: userId, kind: 'deleted', draft: from === 'draft' });
         return;
       }
       // The post changed state in between (published or deleted meanwhile): judge it again.
@@ -342,6 +348,14 @@ export class PostService {
   private async refuseOversize(key: string, limit: number): Promise<never> {
     await this.storage.delete(key);
     throw new PayloadTooLargeError(`The upload exceeds its limit of ${limit} bytes and was removed`);
+  }
+
+  /**
+   * After a change to a post read as a draft: whether it still is one. A publish that committed
+   * before the change makes it a change to a published post; one after it announces itself.
+   */
+  private async stillDraft(before: PostRecord): Promise<boolean> {
+    return before.status === 'draft' && (await this.posts.find(before.id))?.status === 'draft';
   }
 
   private async announce(change: PostChange): Promise<void> {
