@@ -78,10 +78,11 @@ export class CounterAggregator {
             );
           newest = Math.max(newest, record.timestamp);
         }
+        // Before applying: while a batch fails and comes again, the gauge keeps growing.
+        if (newest > 0) this.metrics.consumerLag.set(Math.max(0, this.now() - newest));
         const { applied, skipped } = await this.store.applyEvents(parsed);
         this.metrics.eventsApplied.inc({ outcome: 'applied' }, applied);
         this.metrics.eventsApplied.inc({ outcome: 'skipped' }, skipped);
-        if (newest > 0) this.metrics.consumerLag.set(Math.max(0, this.now() - newest));
         this.options.onApplied?.(parsed);
       },
       onError: this.onError,

@@ -64,7 +64,7 @@ export class CounterMetrics {
     });
     this.consumerLag = new Gauge({
       name: 'zg_counter_consumer_lag_ms',
-      help: 'Age of the newest counter event when its batch was applied',
+      help: 'Age of the newest counter event of the batch being applied (grows while a batch fails and comes again)',
       registers,
     });
     this.flushDuration = new Histogram({

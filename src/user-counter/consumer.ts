@@ -102,10 +102,11 @@ export class UserCounterConsumer {
             this.options.onMalformed(record);
           }
         }
+        // Before applying: while a batch fails and comes again, the gauge keeps growing.
+        if (newest > 0) this.metrics.consumerLag.set(Math.max(0, this.now() - newest));
         const { applied, skipped } = await this.store.apply(deltas, this.now());
         this.metrics.events.inc({ outcome: 'applied' }, applied);
         this.metrics.events.inc({ outcome: 'duplicate' }, skipped);
-        if (newest > 0) this.metrics.consumerLag.set(Math.max(0, this.now() - newest));
         if (deltas.length > 0) this.options.onApplied?.([...new Set(deltas.map((d) => d.userId))]);
       },
       onError: this.options.onError,

@@ -19,7 +19,7 @@ export class UserCounterMetrics {
     });
     this.consumerLag = new Gauge({
       name: 'zg_user_counter_consumer_lag_ms',
-      help: 'Age of the newest record of a batch when user-counters applied it',
+      help: 'Age of the newest record of the batch user-counters is applying (grows while a batch fails and comes again)',
       registers,
     });
     this.rebuilds = new Counter({
