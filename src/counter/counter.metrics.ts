@@ -10,6 +10,7 @@ export class CounterMetrics {
   readonly publishBuffered: Gauge;
   readonly eventsApplied: Counter<'outcome'>;
   readonly consumerLag: Gauge;
+  readonly clampedFields: Counter;
   readonly flushDuration: Histogram;
   readonly flushSize: Histogram;
   readonly rebuilds: Counter<'reason'>;
@@ -65,6 +66,11 @@ export class CounterMetrics {
     this.consumerLag = new Gauge({
       name: 'zg_counter_consumer_lag_ms',
       help: 'Age of the newest counter event of the batch being applied (grows while a batch fails and comes again)',
+      registers,
+    });
+    this.clampedFields = new Counter({
+      name: 'zg_counter_clamped_fields_total',
+      help: 'Snapshot fields a fold clamped at zero (a count went below zero: an increment was lost upstream)',
       registers,
     });
     this.flushDuration = new Histogram({

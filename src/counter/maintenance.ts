@@ -37,11 +37,16 @@ export async function flushPending(
   maxRounds = 100,
 ): Promise<number> {
   const stop = metrics.flushDuration.startTimer();
+  const clampedBefore = store.clampedFields;
   let total = 0;
-  for (let round = 0; round < maxRounds; round++) {
-    const folded = await store.flush(limit);
-    total += folded;
-    if (folded === 0) break;
+  try {
+    for (let round = 0; round < maxRounds; round++) {
+      const folded = await store.flush(limit);
+      total += folded;
+      if (folded === 0) break;
+    }
+  } finally {
+    metrics.clampedFields.inc(store.clampedFields - clampedBefore);
   }
   stop();
   metrics.flushSize.observe(total);

@@ -380,8 +380,10 @@ export function defineCounterStoreContract(name: string, factory: () => Promise<
         await store.rebuild(ref);
         await store.writeRawSnapshot(ref, encodeSnapshot([0, 0, 0, 0, 0]));
         await store.applyEvents(eventsOf([await store.toggle(ref, 'like', 1, false, NOW)]));
+        const before = store.clampedFields;
         await flushAll();
         expect(await store.readSnapshots([ref])).toEqual([[0, 0, 0, 0, 0]]);
+        expect(store.clampedFields - before).toBe(1);
       });
 
       it('ends exact when batches are applied concurrently, out of order, with several flushers', async () => {

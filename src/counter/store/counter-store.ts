@@ -104,6 +104,11 @@ export interface CounterStore {
   applyEvents(events: readonly CounterEvent[]): Promise<{ applied: number; skipped: number }>;
   /** Returns how many entities' deltas were folded. */
   flush(limit: number): Promise<number>;
+  /**
+   * Snapshot fields this instance's folds clamped at zero since it was created: a fold that would
+   * go below zero means an increment was lost upstream, so anything but 0 is a bug to look into.
+   */
+  readonly clampedFields: number;
   /** True when no group has pending deltas (the pipeline is quiet as far as the store knows). */
   isQuiet(): Promise<boolean>;
   /** Events toggled before `now - olderThanMs` and not yet marked published. */

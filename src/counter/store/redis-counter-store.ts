@@ -702,7 +702,6 @@ export class RedisCounterStore implements CounterStore {
     this.snapshotsScript = bufferVariant(redis, CMD.snapshots);
   }
 
-  /** Snapshot fields clamped at zero by folds since this instance was created (non-zero means a bug upstream). */
   get clampedFields(): number {
     return this.clamped;
   }

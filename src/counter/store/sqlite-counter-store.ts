@@ -81,6 +81,7 @@ export class SqliteCounterStore implements CounterStore {
   private readonly raw: DatabaseSync;
   private readonly topic: string;
   private statements: Statements | undefined;
+  private clamped = 0;
   private readonly toggleQueue: ToggleJob[] = [];
   private draining = false;
   /** Where the next flush starts looking for dirty entities, so busy low keys cannot starve the rest. */
@@ -376,8 +377,11 @@ export class SqliteCounterStore implements CounterStore {
       }
       for (const { idx, delta } of s.pending.all(ref.etype, ref.eid) as { idx: number; delta: number }[]) {
         const value = counts[idx];
+        if (value === undefined) continue;
         // A negative total would mean a lost increment; clamping keeps the snapshot encodable meanwhile.
-        if (value !== undefined) counts[idx] = Math.max(0, value + Number(delta));
+        const sum = value + Number(delta);
+        if (sum < 0) this.clamped += 1;
+        counts[idx] = Math.max(0, sum);
       }
       s.putSnapshot.run(ref.etype, ref.eid, encodeSnapshot(counts));
       s.dropPending.run(ref.etype, ref.eid);
@@ -385,6 +389,10 @@ export class SqliteCounterStore implements CounterStore {
     const last = dirty[dirty.length - 1];
     if (last) this.flushCursor = { etype: last.etype, eid: last.eid };
     return dirty.length;
+  }
+
+  get clampedFields(): number {
+    return this.clamped;
   }
 
   async isQuiet(): Promise<boolean> {

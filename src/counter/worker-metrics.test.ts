@@ -1,8 +1,10 @@
+/** What the counter workers report while they fail: the consumer lag of a batch that comes again, clamped fields. */
 import { Registry } from 'prom-client';
 import { describe, expect, it } from 'vitest';
 import type { Batch, EventLog, SubscribeOptions } from '../platform/eventlog/eventlog.js';
 import { CounterAggregator } from './aggregator.js';
 import { CounterMetrics } from './counter.metrics.js';
+import { flushPending } from './maintenance.js';
 import type { CounterStore } from './store/counter-store.js';
 
 describe(CounterAggregator.name, () => {
@@ -59,5 +61,35 @@ describe(CounterAggregator.name, () => {
     now = 26_000;
     await handler!(batch);
     expect(await lag()).toBe(17_000);
+  });
+});
+
+describe(flushPending.name, () => {
+  it('exports the fields its folds clamped at zero, also when a round fails', async () => {
+    const rounds = [
+      { folded: 5, clamped: 1 },
+      { folded: 2, clamped: 2 },
+      { folded: 0, clamped: 0 },
+    ];
+    const store = {
+      clampedFields: 0,
+      async flush() {
+        const round = rounds.shift();
+        if (!round) throw new Error('store unavailable');
+        this.clampedFields += round.clamped;
+        return round.folded;
+      },
+    };
+    const registry = new Registry();
+    const metrics = new CounterMetrics(registry);
+    const clamped = async () =>
+      (await registry.getSingleMetric('zg_counter_clamped_fields_total')!.get()).values[0]?.value;
+    expect(await flushPending(store as unknown as CounterStore, metrics)).toBe(7);
+    expect(await clamped()).toBe(3);
+    rounds.push({ folded: 1, clamped: 1 });
+    await expect(flushPending(store as unknown as CounterStore, metrics)).rejects.toThrow(
+      'store unavailable',
+    );
+    expect(await clamped()).toBe(4);
   });
 });
