@@ -2,8 +2,8 @@ import type { Logger } from 'pino';
 import type { InvalidationBus } from '../platform/cache/invalidation-bus.js';
 import { LruCache } from '../platform/cache/lru.js';
 import { SingleFlight } from '../platform/cache/single-flight.js';
-import { BadRequestError, NotFoundError, RateLimitedError } from '../platform/errors/errors.js';
-import type { RateLimiter } from '../platform/ratelimit/ratelimit.js';
+import { BadRequestError, NotFoundError } from '../platform/errors/errors.js';
+import { enforceLimit, type RateLimiter } from '../platform/ratelimit/ratelimit.js';
 import type { UserRow } from '../profile/users.repository.js';
 import type { UserCounts } from '../user-counter/model.js';
 import type { ListCache, ListChange, ListPage, ListRef } from './list-cache/list-cache.js';
@@ -198,17 +198,17 @@ export class RelationService {
    */
   private async checkChange(me: number, toUserId: number, action: string): Promise<void> {
     if (toUserId === me) throw new BadRequestError(`query.toUserId: you cannot ${action} yourself`);
-    const [decision, target] = await Promise.allSettled([
-      this.deps.limiter.hit(`relation:change:${me}`, this.limits.changesPerMinute, 60_000),
+    const [limited, target] = await Promise.allSettled([
+      enforceLimit(
+        this.deps.limiter,
+        `relation:change:${me}`,
+        this.limits.changesPerMinute,
+        60_000,
+        'follow changes',
+      ),
       this.userExists(toUserId),
     ]);
-    if (decision.status === 'rejected') throw decision.reason;
-    if (!decision.value.allowed) {
-      throw new RateLimitedError(
-        'Too many follow changes; try again later',
-        decision.value.retryAfterMs / 1000,
-      );
-    }
+    if (limited.status === 'rejected') throw limited.reason;
     if (target.status === 'rejected') throw target.reason;
     if (!target.value) throw new NotFoundError('No such user');
   }
