@@ -37,6 +37,7 @@ import { KnowpostVisibilityRepository } from './knowpost/visibility.repository.j
 import { createDescriptionSuggester } from './knowpost/description/create.js';
 import { descriptionRoutes } from './knowpost/description.routes.js';
 import { PostCacheConsumer } from './knowpost/post-cache-consumer.js';
+import { PostObjectPurger } from './knowpost/post-purge.js';
 import { POST_TOPIC, type PostChangeListener } from './knowpost/post-events.js';
 import { PostRepository } from './knowpost/post.repository.js';
 import { postRoutes, presignRoutes } from './knowpost/post.routes.js';
@@ -177,8 +178,9 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
         outboxCommitted();
     },
   ];
+  const postRepo = new PostRepository(platform.db);
   const posts = new PostService({
-    posts: new PostRepository(platform.db),
+    posts: postRepo,
     storage: platform.storage,
     limiter: platform.limiter,
     outbox: new OutboxWriter(now),
@@ -330,6 +332,11 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
       onApplied: (events) => reconciler.touched(events),
     },
   );
+  const purger = new PostObjectPurger(postRepo, platform.storage, {
+    // Past the last upload URL handed out before the deletion.
+    graceMs: config.posts.presignExpiresSeconds * 1000 + 60_000,
+    now,
+  });
   const periodic = [
     new PeriodicTask(
       'counter-flush',
@@ -351,6 +358,7 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
         ),
       workerError,
     ),
+    new PeriodicTask('post-purge', 60_000, () => purger.runOnce(), workerError),
     new PeriodicTask(
       'counter-reconcile',
       config.counters.reconcileIntervalMs,

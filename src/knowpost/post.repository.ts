@@ -154,6 +154,29 @@ export class PostRepository {
   }
 
   /** `from` → deleted; false when the row is no longer in state `from`. */
+  /** Deleted posts whose objects are still in storage, deleted before `before`, oldest first. */
+  async deletedUnpurged(before: number, limit: number): Promise<string[]> {
+    const rows = await this.db.kysely
+      .selectFrom('knowposts')
+      .select('id')
+      .where('status', '=', 'deleted')
+      .where('objects_purged_at', 'is', null)
+      .where('updated_at', '<', before)
+      .orderBy('updated_at')
+      .limit(limit)
+      .execute();
+    return rows.map((r) => String(r.id));
+  }
+
+  async markPurged(id: string, now: number): Promise<void> {
+    await this.db.kysely
+      .updateTable('knowposts')
+      .set({ objects_purged_at: now })
+      .where('id', '=', id)
+      .where('status', '=', 'deleted')
+      .execute();
+  }
+
   async softDelete(
     trx: Transaction<Database>,
     id: string,

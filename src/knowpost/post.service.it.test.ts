@@ -11,6 +11,7 @@ import { OutboxWriter } from '../platform/outbox/outbox.js';
 import { createSqliteRateLimiter } from '../platform/ratelimit/create.js';
 import { LocalObjectStorage } from '../platform/storage/local-object-storage.js';
 import { parsePostEvent, POST_TOPIC, type PostChange } from './post-events.js';
+import { PostObjectPurger } from './post-purge.js';
 import { PostRepository } from './post.repository.js';
 import { PostService, type PostLimits } from './post.service.js';
 
@@ -408,6 +409,50 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     ).toBe('404 NOT_FOUND');
     expect(await outcome(sut.publish(OTHER, id))).toBe('404 NOT_FOUND');
     expect((await outboxFor(id)).length).toBe(2);
+  });
+
+  it('removes the stored objects of deleted posts once their upload URLs have expired', async () => {
+    const sut = newService();
+    const repo = new PostRepository(backend.db);
+    const purger = new PostObjectPurger(repo, storage, { graceMs: 600_000, now: () => now });
+    const live = await publishedPost(sut);
+    const gone = await publishedPost(sut);
+    const draft = await sut.createDraft(AUTHOR);
+    await sut.confirmContent(AUTHOR, draft, await upload(sut, draft));
+    const image = await sut.presign(AUTHOR, {
+      scene: 'knowpost_image',
+      postId: gone,
+      contentType: 'image/png',
+    });
+    await storage.put(image.objectKey, Buffer.from('png'), 'image/png');
+    await sut.update(AUTHOR, gone, { imgUrls: [image.objectKey] });
+    const keysOf = async (id: string) => {
+      const r = await row(id);
+      return [r.content_key!, ...(JSON.parse(r.img_urls_json) as string[])];
+    };
+    const goneKeys = [...(await keysOf(gone)), ...(await keysOf(draft))];
+    expect(goneKeys).toHaveLength(3);
+    await sut.delete(AUTHOR, gone);
+    await sut.delete(AUTHOR, draft);
+    // An upload URL handed out before the deletion is still good for a while.
+    const late = `posts/${gone}/images/20250601/0badc0de.png`;
+    now += 60_000;
+    await storage.put(late, Buffer.from('late'), 'image/png');
+
+    await purger.runOnce();
+    for (const key of [...goneKeys, late]) expect(await storage.head(key)).not.toBeNull();
+    expect((await row(gone)).objects_purged_at).toBeNull();
+    now += 600_000;
+    // Posts other tests deleted in the same database go too.
+    const round = await purger.runOnce();
+    expect(round.posts).toBeGreaterThanOrEqual(2);
+    expect(round.objects).toBeGreaterThanOrEqual(4);
+    for (const key of [...goneKeys, late])
+      expect({ key, head: await storage.head(key) }).toEqual({ key, head: null });
+    for (const key of await keysOf(live)) expect(await storage.head(key)).not.toBeNull();
+    expect((await row(gone)).objects_purged_at).toBe(now);
+    expect((await row(live)).objects_purged_at).toBeNull();
+    expect(await purger.runOnce()).toEqual({ posts: 0, objects: 0 });
   });
 
   it('deletes a draft without an outbox row', async () => {

@@ -117,6 +117,8 @@ export interface KnowpostsTable {
   is_top: Generated<number>;
   type: Generated<string>;
   publish_time: number | null;
+  /** When the objects under `posts/{id}/` of a deleted post were removed from storage. */
+  objects_purged_at: number | null;
 }
 
 /** Embedded user counters (the cluster profile keeps these in Redis); see sqlite-user-counter-store.ts. */

@@ -7,7 +7,7 @@ import {
   readFileSync,
   writeFileSync,
 } from 'node:fs';
-import { mkdir, readFile, rename, rm, stat, writeFile } from 'node:fs/promises';
+import { mkdir, readdir, readFile, rename, rm, stat, writeFile } from 'node:fs/promises';
 import { dirname, join } from 'node:path';
 import { PassThrough, Transform, type Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
@@ -208,6 +208,24 @@ export class LocalObjectStorage implements ObjectStorage {
       if ((err as NodeJS.ErrnoException).code === 'ENOENT') return null;
       throw err;
     }
+  }
+
+  async deletePrefix(prefix: string): Promise<number> {
+    const dir = this.pathOf(prefix);
+    let entries: string[];
+    try {
+      entries = await readdir(dir, { recursive: true });
+    } catch (err) {
+      if (
+        (err as NodeJS.ErrnoException).code === 'ENOENT' ||
+        (err as NodeJS.ErrnoException).code === 'ENOTDIR'
+      )
+        return 0;
+      throw err;
+    }
+    const objects = entries.filter((name) => name.endsWith('.meta.json')).length;
+    await rm(dir, { recursive: true, force: true });
+    return objects;
   }
 
   async presignPut(key: string, options: PresignPutOptions): Promise<PresignedPut> {

@@ -67,6 +67,19 @@ export function defineObjectStorageContract(
     });
 
     describe('put / head / get / delete', () => {
+      it('deletes every object under a prefix and nothing beside it', async () => {
+        const base = key('x').replace(/\/x$/, '');
+        const inside = [`${base}/content.md`, `${base}/body/abc.md`, `${base}/images/20250101/00000000.png`];
+        for (const k of inside) await storage.put(k, randomBytes(10), 'text/plain');
+        const beside = `${base}0/content.md`;
+        await storage.put(beside, randomBytes(10), 'text/plain');
+        expect(await storage.deletePrefix(base)).toBe(3);
+        for (const k of inside) expect(await storage.head(k)).toBeNull();
+        expect(await storage.head(beside)).not.toBeNull();
+        expect(await storage.deletePrefix(base)).toBe(0);
+        expect(await storage.deletePrefix(`${base}/nothing`)).toBe(0);
+      });
+
       it('copies an object, content type included, only while it has the ETag given', async () => {
         const from = key('content.md');
         const to = from.replace('content.md', 'body/copy.md');

@@ -59,6 +59,11 @@ export interface ObjectStorage {
    * when `from` is missing or now holds other bytes; nothing is written then. Replaces `to`.
    */
   copy(from: string, to: string, ifEtag: string): Promise<StoredObject | null>;
+  /**
+   * Deletes every object whose key starts with `{prefix}/` (`prefix` is a safe key); resolves to how
+   * many there were. An object written under the prefix meanwhile may survive.
+   */
+  deletePrefix(prefix: string): Promise<number>;
   presignPut(key: string, options: PresignPutOptions): Promise<PresignedPut>;
   presignGet(key: string, expiresInSeconds: number): Promise<string>;
   publicUrl(key: string): string;

@@ -4,9 +4,11 @@ import {
   CopyObjectCommand,
   CreateBucketCommand,
   DeleteObjectCommand,
+  DeleteObjectsCommand,
   GetObjectCommand,
   HeadBucketCommand,
   HeadObjectCommand,
+  ListObjectsV2Command,
   PutObjectCommand,
   S3Client,
   type BucketLocationConstraint,
@@ -149,6 +151,33 @@ export class S3ObjectStorage implements ObjectStorage {
       throw err;
     }
     return this.head(to);
+  }
+
+  async deletePrefix(prefix: string): Promise<number> {
+    assertSafeKey(prefix);
+    let deleted = 0;
+    let token: string | undefined;
+    do {
+      const page = await this.client.send(
+        new ListObjectsV2Command({
+          Bucket: this.bucket,
+          Prefix: `${prefix}/`,
+          ...(token !== undefined ? { ContinuationToken: token } : {}),
+        }),
+      );
+      const keys = (page.Contents ?? []).flatMap((o) => (o.Key !== undefined ? [{ Key: o.Key }] : []));
+      if (keys.length > 0) {
+        const res = await this.client.send(
+          new DeleteObjectsCommand({ Bucket: this.bucket, Delete: { Objects: keys, Quiet: true } }),
+        );
+        const failed = res.Errors ?? [];
+        if (failed.length > 0)
+          throw new Error(`could not delete ${failed.length} objects under ${prefix}/: ${failed[0]?.Code}`);
+        deleted += keys.length;
+      }
+      token = page.IsTruncated ? page.NextContinuationToken : undefined;
+    } while (token !== undefined);
+    return deleted;
   }
 
   async presignPut(key: string, options: PresignPutOptions): Promise<PresignedPut> {

@@ -120,6 +120,10 @@ const sqlite: Record<string, Step> = {
        user_id INTEGER NOT NULL, source TEXT NOT NULL, seq INTEGER NOT NULL,
        PRIMARY KEY (user_id, source)) WITHOUT ROWID`,
   ),
+  '0009_knowpost_purge': exec(
+    `ALTER TABLE knowposts ADD COLUMN objects_purged_at INTEGER`,
+    `CREATE INDEX knowposts_purge ON knowposts (status, objects_purged_at, updated_at)`,
+  ),
 };
 
 const mysql: Record<string, Step> = {
@@ -190,6 +194,10 @@ const mysql: Record<string, Step> = {
   ),
   // Redis keeps the cluster profile's user-counter marks.
   '0008_user_counter_marks': exec(),
+  '0009_knowpost_purge': exec(
+    `ALTER TABLE knowposts ADD COLUMN objects_purged_at BIGINT NULL,
+       ADD KEY knowposts_purge (status, objects_purged_at, updated_at)`,
+  ),
 };
 
 export function migrationsFor(dialect: Dialect): Record<string, Migration> {

@@ -1,0 +1,45 @@
+import type { ObjectStorage } from '../platform/storage/object-storage.js';
+import type { PostRepository } from './post.repository.js';
+
+export interface PostPurgeOptions {
+  /**
+   * How long after its deletion a post's objects go: past the validity of any upload URL handed out
+   * before the deletion, so an upload through one cannot land after the purge.
+   */
+  graceMs: number;
+  /** Most posts purged per round. */
+  batch?: number;
+  now?: () => number;
+}
+
+/**
+ * Removes the stored objects of deleted posts (body uploads and copies, images): a post its author
+ * deleted is gone from storage too, not only from every answer. A round takes the posts deleted
+ * longer than `graceMs` ago whose objects are still there, deletes everything under
+ * `posts/{id}/` and marks the row; a failure leaves the row for the next round. Several workers may
+ * run it at once (deleting twice is harmless).
+ */
+export class PostObjectPurger {
+  private readonly batch: number;
+  private readonly now: () => number;
+
+  constructor(
+    private readonly posts: Pick<PostRepository, 'deletedUnpurged' | 'markPurged'>,
+    private readonly storage: Pick<ObjectStorage, 'deletePrefix'>,
+    private readonly options: PostPurgeOptions,
+  ) {
+    this.batch = options.batch ?? 100;
+    this.now = options.now ?? Date.now;
+  }
+
+  /** One round; resolves to how many posts were purged. */
+  async runOnce(): Promise<{ posts: number; objects: number }> {
+    const ids = await this.posts.deletedUnpurged(this.now() - this.options.graceMs, this.batch);
+    let objects = 0;
+    for (const id of ids) {
+      objects += await this.storage.deletePrefix(`posts/${id}`);
+      await this.posts.markPurged(id, this.now());
+    }
+    return { posts: ids.length, objects };
+  }
+}
