@@ -1,4 +1,4 @@
-import { randomBytes } from 'node:crypto';
+import { createHash, randomBytes } from 'node:crypto';
 import { BadRequestError } from '../platform/errors/errors.js';
 import type { UploadScene } from './post.schema.js';
 
@@ -8,7 +8,9 @@ import type { UploadScene } from './post.schema.js';
  *            confirm copies what it checked to `posts/{postId}/body/{sha256}{ext}`, the key readers
  *            get, which no presigned URL can write (a body confirmed before that scheme keeps its
  *            upload key)
- *  - images: `posts/{postId}/images/{yyyyMMdd}/{8 hex}{ext}`, ext one of .jpg .jpeg .png .webp .gif
+ *  - images: uploaded to `posts/{postId}/images/{yyyyMMdd}/{8 hex}{ext}`, ext one of .jpg .jpeg .png
+ *            .webp .gif; a patch that refers to one copies it to `posts/{postId}/pictures/{32 hex}{ext}`,
+ *            the key stored and read (images patched before that scheme keep their upload keys)
  * Each extension names one media type; a presign request's content type and extension must agree.
  */
 const EXTENSIONS: Record<UploadScene, Record<string, string>> = {
@@ -111,6 +113,27 @@ const IMAGE_NAME = new RegExp(`^\\d{8}/[0-9a-f]{8}(?:${extensions('knowpost_imag
 export function isImageKey(postId: string, key: string): boolean {
   const prefix = `posts/${postId}/images/`;
   return key.startsWith(prefix) && IMAGE_NAME.test(key.slice(prefix.length));
+}
+
+/**
+ * Where a patch keeps an image it checked, copied from its upload key (`isImageKey`): named by the
+ * upload's key and ETag, so patching the same unchanged upload again names the same copy, and out of
+ * reach of presigned URLs.
+ */
+export function storedImageKey(postId: string, uploadKey: string, etag: string): string {
+  const name = createHash('sha256')
+    .update(`${uploadKey}\n${normalizeEtag(etag)}`)
+    .digest('hex')
+    .slice(0, 32);
+  return `posts/${postId}/pictures/${name}${uploadKey.slice(uploadKey.lastIndexOf('.'))}`;
+}
+
+const STORED_IMAGE_NAME = new RegExp(`^[0-9a-f]{32}(?:${extensions('knowpost_image')})$`);
+
+/** True for the copies `storedImageKey` names for this post. */
+export function isStoredImageKey(postId: string, key: string): boolean {
+  const prefix = `posts/${postId}/pictures/`;
+  return key.startsWith(prefix) && STORED_IMAGE_NAME.test(key.slice(prefix.length));
 }
 
 /** An absolute http(s) URL of printable ASCII (an image hosted elsewhere). */

@@ -1,5 +1,5 @@
 import type { ObjectStorage } from '../platform/storage/object-storage.js';
-import { isExternalImageUrl, isImageKey, isReadableContentKey } from './post-keys.js';
+import { isExternalImageUrl, isImageKey, isReadableContentKey, isStoredImageKey } from './post-keys.js';
 import type { PostReadRow } from './post-read.repository.js';
 
 /**
@@ -64,7 +64,8 @@ export class PostUrlSigner {
   }
 
   private async image(postId: string, ref: string): Promise<string | null> {
-    if (isImageKey(postId, ref)) return this.storage.presignGet(ref, this.urlTtlSeconds);
+    if (isStoredImageKey(postId, ref) || isImageKey(postId, ref))
+      return this.storage.presignGet(ref, this.urlTtlSeconds);
     if (isExternalImageUrl(ref)) return ref;
     // Neither of this post's image keys nor an absolute URL: not something the write side accepts.
     return null;

@@ -102,10 +102,13 @@ export function postRoutes(deps: PostRouteDeps) {
           summary: 'Edit metadata',
           description:
             '`imgUrls` entries are image keys of this post (from presign, under posts/{id}/images/) or ' +
-            'absolute http(s) URLs.',
+            'absolute http(s) URLs. An uploaded image must exist and be within the image size limit (413 ' +
+            'and deleted otherwise); readers get a copy of it made at the patch (posts/{id}/pictures/), so ' +
+            'a later PUT through the upload URL shows only once a patch names the key again. 409 ' +
+            'OBJECT_CHANGED: an image was replaced while it was being checked.',
           params: PostIdParams,
           body: PostPatchBody,
-          response: { ...NoContent, ...errorResponses(400, 401, 403, 404, 413) },
+          response: { ...NoContent, ...errorResponses(400, 401, 403, 404, 409, 413) },
         },
       },
       async (request, reply) => {

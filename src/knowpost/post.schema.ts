@@ -57,8 +57,9 @@ export type ConfirmBody = Static<typeof ConfirmBody>;
 
 /**
  * `imgUrls` entries are either object keys of images uploaded for this post
- * (`posts/{id}/images/…`, as returned by presign; readers get signed URLs for them) or absolute
- * http(s) URLs of images hosted elsewhere, in printable ASCII.
+ * (`posts/{id}/images/…`, as returned by presign; stored as copies under `posts/{id}/pictures/…`,
+ * which a patch may also send back; readers get signed URLs for them) or absolute http(s) URLs of
+ * images hosted elsewhere, in printable ASCII.
  */
 export const PostPatchBody = Type.Object(
   {

@@ -11,6 +11,7 @@ import { OutboxWriter } from '../platform/outbox/outbox.js';
 import { createSqliteRateLimiter } from '../platform/ratelimit/create.js';
 import { LocalObjectStorage } from '../platform/storage/local-object-storage.js';
 import { parsePostEvent, POST_TOPIC, type PostChange } from './post-events.js';
+import { storedImageKey } from './post-keys.js';
 import { PostObjectPurger } from './post-purge.js';
 import { PostRepository } from './post.repository.js';
 import { PostService, type PostLimits } from './post.service.js';
@@ -51,6 +52,8 @@ const backends: [string, () => Promise<Backend>][] = [
     },
   ],
 ];
+
+const md5 = (text: string) => createHash('md5').update(text).digest('hex');
 
 const AUTHOR = 101;
 const OTHER = 202;
@@ -516,11 +519,14 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
       visible: 'private',
       isTop: true,
     });
+    // The upload is stored as a copy no presigned URL can write.
+    const stored = storedImageKey(id, presigned.objectKey, md5('png'));
+    expect(stored).toMatch(new RegExp(`^posts/${id}/pictures/[0-9a-f]{32}\\.png$`));
     expect(await row(id)).toMatchObject({
       title: 'Hello',
       tags_json: '["a","b"]',
       tag_id: 3,
-      img_urls_json: JSON.stringify([presigned.objectKey, 'https://cdn.example.com/x.png']),
+      img_urls_json: JSON.stringify([stored, 'https://cdn.example.com/x.png']),
       description: 'short',
       visible: 'private',
       is_top: 1,
@@ -546,10 +552,20 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     expect(await imgs(['ftp://example.com/a.png'])).toBe('400 BAD_REQUEST');
     expect(await imgs([`posts/${id}/content.md`])).toBe('400 BAD_REQUEST');
     expect(await outcome(sut.update(AUTHOR, id, {}))).toBe('400 BAD_REQUEST');
-    expect(JSON.parse((await row(id)).img_urls_json)).toEqual([
-      presigned.objectKey,
-      'https://cdn.example.com/x.png',
-    ]);
+    expect(JSON.parse((await row(id)).img_urls_json)).toEqual([stored, 'https://cdn.example.com/x.png']);
+    expect(await imgs([`posts/${id}/pictures/${'0'.repeat(32)}.png`])).toBe('400 BAD_REQUEST');
+
+    // A PUT through the still valid upload URL changes nothing read until a patch refers to it again.
+    await storage.put(presigned.objectKey, Buffer.from('other png'), 'image/png');
+    const read = async (key: string) =>
+      Buffer.concat(await (await storage.get(key))!.body.toArray()).toString();
+    expect(await read(stored)).toBe('png');
+    // The stored copy may be sent back as it is; the upload key is copied again.
+    await sut.update(AUTHOR, id, { imgUrls: [stored, presigned.objectKey] });
+    const again = JSON.parse((await row(id)).img_urls_json) as string[];
+    expect(again[0]).toBe(stored);
+    expect(again[1]).not.toBe(stored);
+    expect(await read(again[1]!)).toBe('other png');
   });
 
   it('writes a changed outbox row with every visibility change, and none for other edits', async () => {

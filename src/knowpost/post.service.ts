@@ -25,7 +25,9 @@ import {
   contentExtension,
   isExternalImageUrl,
   isImageKey,
+  isStoredImageKey,
   normalizeEtag,
+  storedImageKey,
   uploadTarget,
 } from './post-keys.js';
 import type { PostFields, PostRecord, PostRepository } from './post.repository.js';
@@ -238,7 +240,8 @@ export class PostService {
     if (Object.values(fields).every((v) => v === undefined))
       throw new BadRequestError('body must set at least one field');
     const post = await this.owned(userId, postId);
-    if (fields.imgUrls !== undefined) await this.checkImages(post, fields.imgUrls);
+    if (fields.imgUrls !== undefined)
+      fields = { ...fields, imgUrls: await this.storedImages(post, fields.imgUrls) };
     const now = this.now();
     const updated =
       fields.visible === undefined
@@ -326,23 +329,39 @@ export class PostService {
     return post;
   }
 
-  private async checkImages(post: PostRecord, imgUrls: string[]): Promise<void> {
-    const fresh: { key: string; index: number }[] = [];
-    imgUrls.forEach((value, index) => {
-      if (isImageKey(post.id, value)) {
-        if (!post.imgUrls.includes(value)) fresh.push({ key: value, index });
-      } else if (!isExternalImageUrl(value)) {
-        throw new BadRequestError(
-          `imgUrls[${index}] must be an image key under posts/${post.id}/images/ or an http(s) URL`,
-        );
-      }
-    });
-    const heads = await Promise.all(fresh.map(({ key }) => this.storage.head(key)));
-    for (const [i, head] of heads.entries()) {
-      const { key, index } = fresh[i]!;
-      if (!head) throw new BadRequestError(`imgUrls[${index}]: no image was uploaded under ${key}`);
-      if (head.size > this.limits.imageMaxBytes) await this.refuseOversize(key, this.limits.imageMaxBytes);
-    }
+  /**
+   * The image entries to store for `imgUrls`: upload keys of this post (checked to exist within the
+   * image size limit, like confirm does for the body) become copies made inside the store while the
+   * upload's ETag holds (`storedImageKey`), so a PUT through a still valid upload URL changes nothing
+   * readers get; copies the post refers to already, or that exist, stay; http(s) URLs stay.
+   */
+  private async storedImages(post: PostRecord, imgUrls: string[]): Promise<string[]> {
+    return Promise.all(
+      imgUrls.map(async (value, index) => {
+        if (isExternalImageUrl(value)) return value;
+        if (isStoredImageKey(post.id, value)) {
+          if (post.imgUrls.includes(value) || (await this.storage.head(value))) return value;
+          throw new BadRequestError(`imgUrls[${index}]: no image is stored under ${value}`);
+        }
+        if (!isImageKey(post.id, value)) {
+          throw new BadRequestError(
+            `imgUrls[${index}] must be an image key under posts/${post.id}/images/ or an http(s) URL`,
+          );
+        }
+        const head = await this.storage.head(value);
+        if (!head) throw new BadRequestError(`imgUrls[${index}]: no image was uploaded under ${value}`);
+        if (head.size > this.limits.imageMaxBytes)
+          await this.refuseOversize(value, this.limits.imageMaxBytes);
+        const key = storedImageKey(post.id, value, head.etag);
+        if (!(await this.storage.copy(value, key, head.etag))) {
+          throw new ConflictError(
+            `imgUrls[${index}]: the image changed while it was being checked; send the patch again`,
+            'OBJECT_CHANGED',
+          );
+        }
+        return key;
+      }),
+    );
   }
 
   private async refuseOversize(key: string, limit: number): Promise<never> {
