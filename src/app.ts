@@ -335,6 +335,7 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
   const purger = new PostObjectPurger(postRepo, platform.storage, {
     // Past the last upload URL handed out before the deletion.
     graceMs: config.posts.presignExpiresSeconds * 1000 + 60_000,
+    onError: (err, postId) => log.warn({ err, post: postId }, 'could not remove a deleted post’s objects'),
     now,
   });
   const periodic = [

@@ -28,9 +28,10 @@ export interface PostCacheOptions {
 
 /**
  * Shared-tier values carry the version of their shape: a process that reads another version's value
- * (a rolling deploy) treats it as a miss and loads from the database.
+ * (a rolling deploy) treats it as a miss and loads from the database. 2: bodies and images may be
+ * stored copies (`body/`, `pictures/`), which a version-1 process would not sign.
  */
-const FORMAT = 1;
+const FORMAT = 2;
 
 function encode(value: PostView | IdPage): string {
   return JSON.stringify({ v: FORMAT, d: value });

@@ -8,7 +8,7 @@ import type { OutboxMessage } from '../platform/outbox/outbox.js';
  *    the outbox row is written in the transaction that changes the post's status, and consumers
  *    deduplicate by `eventId`. A transition happens at most once per post (a draft publishes once; a
  *    deleted post stays deleted), so `eventId` is derived from the post and the transition.
- *    A visibility change writes a `changed` event the same way (any status, any direction): it
+ *    A visibility change of a post that is not a draft writes a `changed` event the same way: it
  *    moves no count, but the `post-cache` consumer drops the post from the shared caches when it
  *    arrives, so a post made private leaves every cache even if the request's own invalidation
  *    failed (see `PostCacheConsumer`). Its `eventId` is unique per change, not per post.

@@ -5,9 +5,9 @@ import {
   isExternalImageUrl,
   isImageKey,
   isReadableContentKey,
-  normalizeEtag,
   uploadTarget,
 } from './post-keys.js';
+import { normalizeEtag } from '../platform/storage/object-storage.js';
 
 const NOW = Date.UTC(2025, 0, 31, 23, 59);
 

@@ -1,5 +1,6 @@
 import { createHash, randomBytes } from 'node:crypto';
 import { BadRequestError } from '../platform/errors/errors.js';
+import { normalizeEtag } from '../platform/storage/object-storage.js';
 import type { UploadScene } from './post.schema.js';
 
 /**
@@ -145,13 +146,4 @@ export function isExternalImageUrl(value: string): boolean {
   } catch {
     return false;
   }
-}
-
-/** ETags compare without quotes, weakness marker or case (clients and stores differ in all three). */
-export function normalizeEtag(etag: string): string {
-  return etag
-    .trim()
-    .replace(/^W\//i, '')
-    .replace(/^"(.*)"$/, '$1')
-    .toLowerCase();
 }

@@ -9,6 +9,8 @@ export interface PostPurgeOptions {
   graceMs: number;
   /** Most posts purged per round. */
   batch?: number;
+  /** Told about a post whose objects could not be removed (it is tried again next round). */
+  onError?: (err: unknown, postId: string) => void;
   now?: () => number;
 }
 
@@ -16,7 +18,7 @@ export interface PostPurgeOptions {
  * Removes the stored objects of deleted posts (body uploads and copies, images): a post its author
  * deleted is gone from storage too, not only from every answer. A round takes the posts deleted
  * longer than `graceMs` ago whose objects are still there, deletes everything under
- * `posts/{id}/` and marks the row; a failure leaves the row for the next round. Several workers may
+ * `posts/{id}/` and marks the row; a failure is reported and leaves the row for the next round. Several workers may
  * run it at once (deleting twice is harmless).
  */
 export class PostObjectPurger {
@@ -36,10 +38,17 @@ export class PostObjectPurger {
   async runOnce(): Promise<{ posts: number; objects: number }> {
     const ids = await this.posts.deletedUnpurged(this.now() - this.options.graceMs, this.batch);
     let objects = 0;
+    let posts = 0;
     for (const id of ids) {
-      objects += await this.storage.deletePrefix(`posts/${id}`);
-      await this.posts.markPurged(id, this.now());
+      try {
+        objects += await this.storage.deletePrefix(`posts/${id}`);
+        await this.posts.markPurged(id, this.now());
+        posts += 1;
+      } catch (err) {
+        // One post the store refuses must not hold up the others.
+        this.options.onError?.(err, id);
+      }
     }
-    return { posts: ids.length, objects };
+    return { posts, objects };
   }
 }

@@ -11,6 +11,8 @@ export interface PostRecord {
   status: PostStatus;
   visible: string;
   contentKey: string | null;
+  contentEtag: string | null;
+  contentSha256: string | null;
   imgUrls: string[];
 }
 
@@ -83,7 +85,16 @@ export class PostRepository {
   async find(id: string, db: Executor = this.db.kysely): Promise<PostRecord | null> {
     const row = await db
       .selectFrom('knowposts')
-      .select(['id', 'author_id', 'status', 'visible', 'content_key', 'img_urls_json'])
+      .select([
+        'id',
+        'author_id',
+        'status',
+        'visible',
+        'content_key',
+        'content_etag',
+        'content_sha256',
+        'img_urls_json',
+      ])
       .where('id', '=', id)
       .executeTakeFirst();
     if (!row) return null;
@@ -93,6 +104,8 @@ export class PostRepository {
       status: row.status as PostStatus,
       visible: row.visible,
       contentKey: row.content_key,
+      contentEtag: row.content_etag,
+      contentSha256: row.content_sha256,
       imgUrls: parseList(row.img_urls_json),
     };
   }
@@ -153,7 +166,17 @@ export class PostRepository {
     return result.numUpdatedRows > 0n;
   }
 
-  /** `from` → deleted; false when the row is no longer in state `from`. */
+  /** Points the post's body at `to` if it is still at `from`; false otherwise. */
+  async moveContent(id: string, from: string, to: string): Promise<boolean> {
+    const result = await this.db.kysely
+      .updateTable('knowposts')
+      .set({ content_key: to })
+      .where('id', '=', id)
+      .where('content_key', '=', from)
+      .executeTakeFirst();
+    return result.numUpdatedRows > 0n;
+  }
+
   /** Deleted posts whose objects are still in storage, deleted before `before`, oldest first. */
   async deletedUnpurged(before: number, limit: number): Promise<string[]> {
     const rows = await this.db.kysely
@@ -177,6 +200,7 @@ export class PostRepository {
       .execute();
   }
 
+  /** `from` → deleted; false when the row is no longer in state `from`. */
   async softDelete(
     trx: Transaction<Database>,
     id: string,

@@ -79,7 +79,8 @@ export function postRoutes(deps: PostRouteDeps) {
             'an object over the size limit is deleted (413). Readers get a copy of the bytes checked ' +
             '(posts/{id}/body/{sha256}{ext}); the upload is deleted, so a later PUT through the upload URL ' +
             'changes nothing served until it is confirmed. 409 OBJECT_CHANGED: the object was replaced ' +
-            'while being confirmed. Confirming the same body again answers 204.',
+            'while being confirmed. Confirming the same body again answers 204, also while the first ' +
+            'request is still running.',
           params: PostIdParams,
           body: ConfirmBody,
           response: { ...NoContent, ...errorResponses(400, 401, 403, 404, 409, 413) },

@@ -286,10 +286,11 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     expect(await storage.head(confirmed)).toMatchObject({ size: good.size, contentType: 'text/markdown' });
     expect(await storage.head(good.objectKey)).toBeNull();
 
-    // A retried confirm of the same body succeeds and changes nothing.
+    // A retried confirm of the same body succeeds and changes nothing (it tells the caches again, in
+    // case the first one failed before it could).
     changes.length = 0;
     expect(await confirm({})).toBe('ok');
-    expect(changes).toEqual([]);
+    expect(changes).toEqual([{ id, authorId: AUTHOR, kind: 'updated', draft: true }]);
     expect((await row(id)).content_key).toBe(confirmed);
     // Another body confirmed without being uploaded is not.
     expect(await confirm({ sha256: 'b'.repeat(64) })).toBe('409 OBJECT_NOT_UPLOADED');
@@ -311,6 +312,73 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
       content_key: before.content_key,
       content_sha256: before.content_sha256,
     });
+  });
+
+  it('answers 204 to both of two overlapping confirms of the same body (a retried request)', async () => {
+    const id = await newService().createDraft(AUTHOR);
+    const body = await upload(newService(), id);
+    // The second request reads the post before the first one commits and looks for the upload only
+    // once the first one has deleted it.
+    let firstDone!: () => void;
+    const first = new Promise<void>((resolve) => (firstDone = resolve));
+    let waited = false;
+    const gated: typeof storage = Object.create(storage) as typeof storage;
+    gated.head = async (key) => {
+      if (key === body.objectKey && !waited) {
+        waited = true;
+        await first;
+      }
+      return storage.head(key);
+    };
+    const a = outcome(newService().confirmContent(AUTHOR, id, body));
+    const b = outcome(
+      new PostService({ ...serviceOptions(), storage: gated }).confirmContent(AUTHOR, id, body),
+    );
+    expect(await a).toBe('ok');
+    firstDone();
+    expect(await b).toBe('ok');
+    expect(waited).toBe(true);
+    expect(await storage.head(body.objectKey)).toBeNull();
+    expect((await row(id)).content_key).toBe(`posts/${id}/body/${body.sha256}.md`);
+  });
+
+  it('tells caches when the body of a published post changes', async () => {
+    const sut = newService();
+    const id = await publishedPost(sut);
+    changes.length = 0;
+    await sut.confirmContent(AUTHOR, id, await upload(sut, id, 'a new body'));
+    expect(changes).toEqual([{ id, authorId: AUTHOR, kind: 'updated', draft: false }]);
+  });
+
+  it('moves a body confirmed at its upload key before a presign hands that key out again', async () => {
+    const sut = newService();
+    const id = await sut.createDraft(AUTHOR);
+    const bytes = Buffer.from('# confirmed the old way');
+    const legacy = `posts/${id}/content.md`;
+    const stored = await storage.put(legacy, bytes, 'text/markdown');
+    const sha = createHash('sha256').update(bytes).digest('hex');
+    await backend.db.kysely
+      .updateTable('knowposts')
+      .set({ content_key: legacy, content_etag: stored.etag.replaceAll('"', ''), content_sha256: sha })
+      .where('id', '=', id)
+      .execute();
+    await sut.publish(AUTHOR, id);
+    changes.length = 0;
+
+    // Another extension's key is not the body's: nothing moves.
+    await sut.presign(AUTHOR, { scene: 'knowpost_content', postId: id, contentType: 'text/plain' });
+    expect((await row(id)).content_key).toBe(legacy);
+    const presigned = await sut.presign(AUTHOR, {
+      scene: 'knowpost_content',
+      postId: id,
+      contentType: 'text/markdown',
+    });
+    expect(presigned.objectKey).toBe(legacy);
+    const moved = `posts/${id}/body/${sha}.md`;
+    expect((await row(id)).content_key).toBe(moved);
+    expect(changes).toEqual([{ id, authorId: AUTHOR, kind: 'updated', draft: false }]);
+    await storage.put(legacy, Buffer.from('replaced'), 'text/markdown');
+    expect(Buffer.concat(await (await storage.get(moved))!.body.toArray())).toEqual(bytes);
   });
 
   it('refuses to confirm an upload replaced while it was read', async () => {
@@ -586,6 +654,11 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     expect(new Set(changed.map((r) => r.event?.eventId)).size).toBe(2);
     // Changes to a published post are announced as such (the caches drop it).
     expect(changes.filter((c) => c.kind === 'visibility').map((c) => c.draft)).toEqual([false, false]);
+
+    // Nor for a draft (no cache holds one).
+    const draft = await sut.createDraft(AUTHOR);
+    await sut.setVisibility(AUTHOR, draft, 'private');
+    expect(await outboxFor(draft)).toEqual([]);
 
     // A change that does not happen writes nothing.
     expect(await outcome(sut.setVisibility(OTHER, id, 'private'))).toBe('403 FORBIDDEN');

@@ -11,7 +11,7 @@ import {
 } from '../platform/errors/errors.js';
 import type { OutboxWriter } from '../platform/outbox/outbox.js';
 import { enforceLimit, type RateLimiter } from '../platform/ratelimit/ratelimit.js';
-import type { ObjectStorage } from '../platform/storage/object-storage.js';
+import { normalizeEtag, type ObjectStorage, type StoredObject } from '../platform/storage/object-storage.js';
 import {
   postChangedEvent,
   postEvent,
@@ -26,7 +26,6 @@ import {
   isExternalImageUrl,
   isImageKey,
   isStoredImageKey,
-  normalizeEtag,
   storedImageKey,
   uploadTarget,
 } from './post-keys.js';
@@ -72,7 +71,8 @@ export interface PostServiceOptions {
  * Every transition is one conditional UPDATE on the state it leaves, so of two concurrent requests
  * exactly one changes the row. Leaving or entering `published` appends a `post-events` message in
  * the same transaction: the author's post count moves exactly once per transition. A visibility
- * change appends a `changed` message the same way, for the caches (see `PostCacheConsumer`).
+ * change of a post that is not a draft appends a `changed` message the same way, for the caches (see
+ * `PostCacheConsumer`).
  *
  * Who gets which answer: a post the caller may not see (missing, deleted, someone else's draft or
  * non-public post) is 404 for every route, so ids cannot be probed; someone else's post the caller
@@ -135,6 +135,7 @@ export class PostService {
     const post = await this.owned(userId, request.postId, true);
     if (post.status === 'deleted') throw new ConflictError('The post is deleted', 'INVALID_STATE');
     const target = uploadTarget(request.scene, post.id, request.contentType, request.ext, this.now());
+    if (target.key === post.contentKey) await this.moveLegacyBody(post, target.key);
     const maxBytes =
       request.scene === 'knowpost_content' ? this.limits.contentMaxBytes : this.limits.imageMaxBytes;
     const signed = await this.storage.presignPut(target.key, {
@@ -168,8 +169,49 @@ export class PostService {
     }
     const sha256 = body.sha256.toLowerCase();
     const key = confirmedContentKey(post.id, sha256, extension);
-    if (post.contentKey === key && (await this.alreadyConfirmed(key, body))) return;
+    const confirmed = async (contentKey: string | null) =>
+      contentKey === key && (await this.alreadyConfirmed(key, body));
+    if (!(await confirmed(post.contentKey))) {
+      try {
+        const copy = await this.copyChecked(body, sha256, key);
+        const stored = await this.posts.setContent(
+          post.id,
+          userId,
+          { key, etag: normalizeEtag(copy.etag), size: copy.size, sha256 },
+          this.now(),
+        );
+        if (!stored) throw notFound();
+      } catch (err) {
+        // A request for the same body that overlapped this one (a retry) may have confirmed it and
+        // deleted the upload meanwhile: then this one succeeded too.
+        if (
+          !(err instanceof ConflictError) ||
+          !(await confirmed((await this.posts.find(post.id))?.contentKey ?? null))
+        )
+          throw err;
+      }
+    }
+    // Caches drop the old body's URL before the object goes.
+    await this.announce({
+      id: post.id,
+      authorId: userId,
+      kind: 'updated',
+      draft: await this.stillDraft(post),
+    });
+    // The upload, and a body this one replaces, are no longer read by anyone.
+    for (const old of new Set([body.objectKey, post.contentKey])) {
+      if (old === null || old === key) continue;
+      await this.storage.delete(old).catch((err: unknown) => {
+        this.log?.warn({ err, key: old }, 'could not delete an object a post no longer uses');
+      });
+    }
+  }
 
+  /**
+   * Reads the upload back, checks it against what the client says it uploaded, and copies exactly
+   * those bytes to `key` (only while the upload's ETag, their MD5, still holds).
+   */
+  private async copyChecked(body: ConfirmBody, sha256: string, key: string): Promise<StoredObject> {
     const limit = this.limits.contentMaxBytes;
     const head = await this.storage.head(body.objectKey);
     if (!head) throw notUploaded();
@@ -187,6 +229,10 @@ export class PostService {
         if (bytes > limit) await this.refuseOversize(body.objectKey, limit);
         hash.update(buffer);
       }
+    } catch (err) {
+      // Deleted while it was read (a local file opens when read).
+      if ((err as NodeJS.ErrnoException).code === 'ENOENT') throw notUploaded();
+      throw err;
     } finally {
       got.body.destroy();
     }
@@ -195,35 +241,36 @@ export class PostService {
     if (normalizeEtag(got.object.etag) !== normalizeEtag(body.etag))
       throw new BadRequestError('etag does not match the uploaded object');
     if (hash.digest('hex') !== sha256) throw new BadRequestError('sha256 does not match the uploaded object');
-    // Copied only while the upload still holds the bytes read (its ETag is their MD5).
     const copy = await this.storage.copy(body.objectKey, key, got.object.etag);
-    if (!copy) {
-      throw new ConflictError(
-        'The uploaded object changed while it was being confirmed; confirm what is there now',
-        'OBJECT_CHANGED',
-      );
-    }
-
-    const stored = await this.posts.setContent(
-      post.id,
-      userId,
-      { key, etag: normalizeEtag(copy.etag), size: bytes, sha256 },
-      this.now(),
+    if (copy) return copy;
+    if (!(await this.storage.head(body.objectKey))) throw notUploaded();
+    throw new ConflictError(
+      'The uploaded object changed while it was being confirmed; confirm what is there now',
+      'OBJECT_CHANGED',
     );
-    if (!stored) throw notFound();
-    // The upload, and a body this one replaces, are no longer read by anyone.
-    for (const old of new Set([body.objectKey, post.contentKey])) {
-      if (old === null || old === key) continue;
-      await this.storage.delete(old).catch((err: unknown) => {
-        this.log?.warn({ err, key: old }, 'could not delete an object a post no longer uses');
+  }
+
+  /**
+   * A body confirmed before confirm made copies is still read from its upload key, which this
+   * presign is about to hand out: copy it to where confirm would have (while it is still what was
+   * confirmed), so the URL cannot change what readers get.
+   */
+  private async moveLegacyBody(post: PostRecord, uploadKey: string): Promise<void> {
+    const extension = contentExtension(post.id, uploadKey);
+    if (extension === undefined || post.contentEtag === null || post.contentSha256 === null) return;
+    const key = confirmedContentKey(post.id, post.contentSha256, extension);
+    if (!(await this.storage.copy(uploadKey, key, post.contentEtag))) {
+      this.log?.warn({ post: post.id, key: uploadKey }, 'a post body no longer matches what was confirmed');
+      return;
+    }
+    if (await this.posts.moveContent(post.id, uploadKey, key)) {
+      await this.announce({
+        id: post.id,
+        authorId: post.authorId,
+        kind: 'updated',
+        draft: await this.stillDraft(post),
       });
     }
-    await this.announce({
-      id: post.id,
-      authorId: userId,
-      kind: 'updated',
-      draft: await this.stillDraft(post),
-    });
   }
 
   /** The post's body is already the copy of this upload: same key (so same SHA-256), size and ETag. */
@@ -248,8 +295,11 @@ export class PostService {
         ? await this.posts.update(post.id, userId, fields, now)
         : // Who may see the post changes: the caches must hear of it even if this process fails to
           // tell them, so the change is also an event, written with it.
+          // Not for a draft (read after the update, which holds the row): no cache holds one, and
+          // its publish writes an event of its own.
           await this.posts.transaction(async (trx) => {
             if (!(await this.posts.update(post.id, userId, fields, now, trx))) return false;
+            if ((await this.posts.find(post.id, trx))?.status === 'draft') return true;
             const event = postChangedEvent(post.id, userId, now, this.ids.next());
             await this.outbox.append(trx, postEventMessage(event));
             return true;

@@ -352,15 +352,18 @@ export class SqliteCounterStore implements CounterStore {
     let folded = 0;
     while (folded < limit) {
       const step = Math.min(FLUSH_CHUNK, limit - folded);
-      const n = await this.exclusive(() => this.flushNow(step));
+      const { entities: n, clamped } = await this.exclusive(() => this.flushNow(step));
+      // Counted once the transaction committed (a rolled back fold is done again).
+      this.clamped += clamped;
       folded += n;
       if (n < step) break;
     }
     return folded;
   }
 
-  private flushNow(limit: number): number {
+  private flushNow(limit: number): { entities: number; clamped: number } {
     const s = this.s;
+    let clamped = 0;
     const cursor = this.flushCursor ?? { etype: '', eid: '' };
     const dirty = s.dirtyAfter.all(cursor.etype, cursor.eid, limit) as unknown as EntityRow[];
     if (dirty.length < limit && this.flushCursor) {
@@ -380,7 +383,7 @@ export class SqliteCounterStore implements CounterStore {
         if (value === undefined) continue;
         // A negative total would mean a lost increment; clamping keeps the snapshot encodable meanwhile.
         const sum = value + Number(delta);
-        if (sum < 0) this.clamped += 1;
+        if (sum < 0) clamped += 1;
         counts[idx] = Math.max(0, sum);
       }
       s.putSnapshot.run(ref.etype, ref.eid, encodeSnapshot(counts));
@@ -388,7 +391,7 @@ export class SqliteCounterStore implements CounterStore {
     }
     const last = dirty[dirty.length - 1];
     if (last) this.flushCursor = { etype: last.etype, eid: last.eid };
-    return dirty.length;
+    return { entities: dirty.length, clamped };
   }
 
   get clampedFields(): number {

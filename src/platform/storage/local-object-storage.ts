@@ -16,6 +16,7 @@ import {
   assertContentType,
   assertPresignExpiry,
   assertSafeKey,
+  normalizeEtag,
   isSafeKey,
   type ObjectStorage,
   type PresignedPut,
@@ -196,7 +197,7 @@ export class LocalObjectStorage implements ObjectStorage {
       await pipeline(createReadStream(source), digest, createWriteStream(tmp, { flags: 'wx' }));
       // Judged on the bytes copied: the source may have been replaced since its metadata was read.
       const etag = `"${md5.digest('hex')}"`;
-      if (etag !== `"${unquoted(ifEtag)}"`) {
+      if (etag !== `"${normalizeEtag(ifEtag)}"`) {
         await rm(tmp, { force: true });
         return null;
       }
@@ -331,13 +332,6 @@ export class LocalObjectStorage implements ObjectStorage {
     if (isReservedKey(key)) throw new Error(`unsafe object key: ${key}`);
     return join(this.root, key);
   }
-}
-
-function unquoted(etag: string): string {
-  return etag
-    .trim()
-    .replace(/^"(.*)"$/, '$1')
-    .toLowerCase();
 }
 
 /** Names of the files kept beside an object (its metadata, uploads in progress). */

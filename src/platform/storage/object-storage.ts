@@ -69,6 +69,15 @@ export interface ObjectStorage {
   publicUrl(key: string): string;
 }
 
+/** ETags compare without quotes, weakness marker or case (clients and stores differ in all three). */
+export function normalizeEtag(etag: string): string {
+  return etag
+    .trim()
+    .replace(/^W\//i, '')
+    .replace(/^"(.*)"$/, '$1')
+    .toLowerCase();
+}
+
 /** The longest validity a presigned URL may have: SigV4's limit, applied to every adapter alike. */
 export const MAX_PRESIGN_SECONDS = 7 * 24 * 3600;
 

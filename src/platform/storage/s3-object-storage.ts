@@ -18,6 +18,7 @@ import {
   assertContentType,
   assertPresignExpiry,
   assertSafeKey,
+  normalizeEtag,
   type ObjectStorage,
   type PresignedPut,
   type PresignPutOptions,
@@ -132,7 +133,7 @@ export class S3ObjectStorage implements ObjectStorage {
   async copy(from: string, to: string, ifEtag: string): Promise<StoredObject | null> {
     assertSafeKey(from);
     assertSafeKey(to);
-    const etag = `"${ifEtag.trim().replace(/^"(.*)"$/, '$1')}"`;
+    const etag = `"${normalizeEtag(ifEtag)}"`;
     try {
       await this.client.send(
         new CopyObjectCommand({
@@ -145,12 +146,15 @@ export class S3ObjectStorage implements ObjectStorage {
         }),
       );
     } catch (err) {
-      // 412: the source holds other bytes now; 404: it is gone.
-      const status = statusOf(err);
-      if (status === 412 || status === 404 || (err as ServiceError).name === 'NoSuchKey') return null;
+      // 412: the source holds other bytes now; 404 NoSuchKey: it is gone (not a missing bucket).
+      const name = (err as ServiceError).name;
+      if (statusOf(err) === 412 || name === 'NoSuchKey' || (statusOf(err) === 404 && name !== 'NoSuchBucket'))
+        return null;
       throw err;
     }
-    return this.head(to);
+    const copy = await this.head(to);
+    if (!copy) throw new Error(`the copy ${to} vanished as soon as it was written`);
+    return copy;
   }
 
   async deletePrefix(prefix: string): Promise<number> {
