@@ -383,6 +383,7 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
   // The durable path of post cache invalidation (the request's own attempt may fail).
   const postCacheConsumer = new PostCacheConsumer(platform.events, postCache, platform.invalidation, {
     onError: (err) => workerError('post-cache', err),
+    registry: metrics.registry,
   });
   const workers: { start(): void | Promise<void>; stop(): Promise<void> }[] =
     config.role === 'api'

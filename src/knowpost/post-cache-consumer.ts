@@ -1,3 +1,4 @@
+import { Counter, type Registry } from 'prom-client';
 import type { InvalidationBus } from '../platform/cache/invalidation-bus.js';
 import type { EventLog, Subscription } from '../platform/eventlog/eventlog.js';
 import { POST_INVALIDATION_SCOPE, type PostCache } from './post-cache.js';
@@ -8,6 +9,8 @@ export const POST_CACHE_GROUP = 'post-cache';
 export interface PostCacheConsumerOptions {
   /** Told about failures the subscription recovered from (the batch is delivered again). */
   onError: (err: unknown) => void;
+  /** Where `zg_post_cache_invalidations_total` is registered (none: not exported). */
+  registry?: Registry;
   maxWaitMs?: number;
 }
 
@@ -24,13 +27,22 @@ export interface PostCacheConsumerOptions {
  */
 export class PostCacheConsumer {
   private subscription: Subscription | undefined;
+  private readonly invalidated: Counter | undefined;
 
   constructor(
     private readonly events: EventLog,
     private readonly cache: Pick<PostCache, 'invalidateShared'>,
     private readonly bus: InvalidationBus,
     private readonly options: PostCacheConsumerOptions,
-  ) {}
+  ) {
+    this.invalidated =
+      options.registry &&
+      new Counter({
+        name: 'zg_post_cache_invalidations_total',
+        help: 'Posts the post-cache worker dropped from the caches for post events (publish, delete, visibility)',
+        registers: [options.registry],
+      });
+  }
 
   async start(): Promise<void> {
     this.subscription = await this.events.subscribe({
@@ -49,6 +61,7 @@ export class PostCacheConsumer {
         if (ids.size === 0) return;
         await this.cache.invalidateShared([...ids]);
         await this.bus.publish(POST_INVALIDATION_SCOPE, [...ids]);
+        this.invalidated?.inc(ids.size);
       },
       onError: this.options.onError,
     });

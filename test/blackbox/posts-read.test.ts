@@ -258,6 +258,16 @@ describe.each<ProfileName>(['embedded', 'cluster'])('reading posts (%s profile)'
       expect(await feedIds(token)).not.toContain(id);
     }
     expect(ok(await detail(id, author.accessToken), 200).body.visible).toBe('private');
+    // The change also went out as a post event, and the workers invalidated the post again.
+    const invalidated = async () => {
+      const text = await (await fetch(`${server.baseUrl}/metrics`)).text();
+      return Number(/^zg_post_cache_invalidations_total (\S+)$/m.exec(text)?.[1] ?? 0);
+    };
+    const before = await invalidated();
+    ok(
+      await call('PATCH', `/api/v1/knowposts/${id}/visibility`, author.accessToken, { visible: 'followers' }),
+    );
+    expect(await eventually(invalidated, (n) => n > before, 10_000)).toBeGreaterThan(before);
 
     ok(await call('PATCH', `/api/v1/knowposts/${id}/visibility`, author.accessToken, { visible: 'public' }));
     expect(ok(await detail(id, reader.accessToken), 200).body.visible).toBe('public');
