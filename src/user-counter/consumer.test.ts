@@ -1,7 +1,7 @@
 import { Registry } from 'prom-client';
 import { describe, expect, it } from 'vitest';
 import { postChangedEvent, postEvent, POST_TOPIC } from '../knowpost/post-events.js';
-import type { Batch, EventLog, SubscribeOptions } from '../platform/eventlog/eventlog.js';
+import { handedLog, metricOf, oneRecord } from '../../test/rig/fakes.js';
 import { postEventsFeed, UserCounterConsumer } from './consumer.js';
 import type { UserCounterStore } from './store/user-counter-store.js';
 import { UserCounterMetrics } from './user-counter.metrics.js';
@@ -25,13 +25,7 @@ describe('post-events as user counter deltas', () => {
 
 describe(UserCounterConsumer.name, () => {
   it('shows the lag of a batch that fails and comes again growing', async () => {
-    let handler: SubscribeOptions['handler'] | undefined;
-    const events = {
-      subscribe: async (options: SubscribeOptions) => {
-        handler = options.handler;
-        return { close: async () => {} };
-      },
-    } as unknown as EventLog;
+    const log = handedLog();
     let failing = true;
     const store = {
       apply: async (deltas: unknown[]) => {
@@ -41,28 +35,29 @@ describe(UserCounterConsumer.name, () => {
     } as unknown as UserCounterStore;
     const registry = new Registry();
     let now = 10_000;
-    const sut = new UserCounterConsumer(events, store, [postEventsFeed], new UserCounterMetrics(registry), {
-      maxBatch: 10,
-      maxWaitMs: 1,
-      onMalformed: () => {},
-      onError: () => {},
-      now: () => now,
-    });
+    const sut = new UserCounterConsumer(
+      log.events,
+      store,
+      [postEventsFeed],
+      new UserCounterMetrics(registry),
+      {
+        maxBatch: 10,
+        maxWaitMs: 1,
+        onMalformed: () => {},
+        onError: () => {},
+        now: () => now,
+      },
+    );
     await sut.start();
-    const value = JSON.stringify(postEvent('published', '42', 7, 9_000));
-    const batch: Batch = {
-      topic: POST_TOPIC,
-      records: [{ topic: POST_TOPIC, partition: 0, offset: 0n, key: '7', value, timestamp: 9_000 }],
-    };
-    const lag = async () =>
-      (await registry.getSingleMetric('zg_user_counter_consumer_lag_ms')!.get()).values[0]?.value;
-    await expect(handler!(batch)).rejects.toThrow('redis unavailable');
+    const batch = oneRecord(POST_TOPIC, JSON.stringify(postEvent('published', '42', 7, 9_000)), 9_000);
+    const lag = () => metricOf(registry, 'zg_user_counter_consumer_lag_ms');
+    await expect(log.deliver(batch)).rejects.toThrow('redis unavailable');
     expect(await lag()).toBe(1_000);
     now = 30_000;
-    await expect(handler!(batch)).rejects.toThrow('redis unavailable');
+    await expect(log.deliver(batch)).rejects.toThrow('redis unavailable');
     expect(await lag()).toBe(21_000);
     failing = false;
-    await handler!(batch);
+    await log.deliver(batch);
     expect(await lag()).toBe(21_000);
   });
 });

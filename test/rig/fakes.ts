@@ -1,0 +1,33 @@
+import type { Registry } from 'prom-client';
+import type { Batch, EventLog, SubscribeOptions } from '../../src/platform/eventlog/eventlog.js';
+
+/**
+ * An event log whose one subscription hands its handler to the test, which then delivers batches
+ * itself (again, after a failure, as the real logs do).
+ */
+export function handedLog(): { events: EventLog; deliver(batch: Batch): Promise<void> } {
+  let handler: SubscribeOptions['handler'] | undefined;
+  const events = {
+    subscribe: async (options: SubscribeOptions) => {
+      handler = options.handler;
+      return { close: async () => {} };
+    },
+  } as unknown as EventLog;
+  return {
+    events,
+    deliver: (batch) => {
+      if (!handler) throw new Error('nothing subscribed yet');
+      return handler(batch);
+    },
+  };
+}
+
+/** A batch of one record of `topic`, written at `timestamp`. */
+export function oneRecord(topic: string, value: string, timestamp: number): Batch {
+  return { topic, records: [{ topic, partition: 0, offset: 0n, key: 'k', value, timestamp }] };
+}
+
+/** The value of an unlabelled metric, or undefined when it has none yet. */
+export async function metricOf(registry: Registry, name: string): Promise<number | undefined> {
+  return (await registry.getSingleMetric(name)?.get())?.values[0]?.value;
+}
