@@ -172,8 +172,10 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
   // Told after every committed post change (this process only); caches of posts add themselves here.
   const postListeners: PostChangeListener[] = [
     (change) => directory.forget({ etype: 'knowpost', eid: change.id }),
-    // Publishing, deleting a published post and a visibility change append a post event.
+    // Publishing, deleting a published post and a visibility change of one that is not a draft
+    // append a post event.
     (change) => {
+      if (change.draft) return;
       if (change.kind === 'published' || change.kind === 'deleted' || change.kind === 'visibility')
         outboxCommitted();
     },

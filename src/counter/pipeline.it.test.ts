@@ -11,7 +11,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { Redis } from 'ioredis';
 import { Registry } from 'prom-client';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
-import { services, uniqueName } from '../../test/rig/resources.js';
+import { services, testKafkaLog, uniqueName } from '../../test/rig/resources.js';
 import { migrate, openSqlite, type Db } from '../platform/db/database.js';
 import type { EventLog } from '../platform/eventlog/eventlog.js';
 import { KafkaEventLog } from '../platform/eventlog/kafka-eventlog.js';
@@ -190,16 +190,7 @@ async function openRig(profile: Profile): Promise<Rig> {
     store = new RedisCounterStore(main, { prefix: keyPrefix, groups: GROUPS });
     const extraRedis: Redis[] = [];
     const extraLogs: KafkaEventLog[] = [];
-    const kafka = (): KafkaEventLog =>
-      new KafkaEventLog({
-        brokers: services.kafkaBrokers(),
-        prefix: topicPrefix,
-        partitions: 3,
-        clientId: 'zg-pipeline',
-        sessionTimeoutMs: 6_000,
-        heartbeatIntervalMs: 500,
-        retryBackoffMs: { min: 50, max: 500 },
-      });
+    const kafka = (): KafkaEventLog => testKafkaLog('zg-pipeline', topicPrefix, 3);
     const log = kafka();
     events = log;
     await log.ensureTopics([COUNTER_TOPIC]);

@@ -10,7 +10,7 @@ import { Redis } from 'ioredis';
 import type { KyselyPlugin, PluginTransformQueryArgs, PluginTransformResultArgs } from 'kysely';
 import { Registry } from 'prom-client';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { createMysqlDatabase, services, uniqueName } from '../../test/rig/resources.js';
+import { createMysqlDatabase, services, testKafkaLog, uniqueName } from '../../test/rig/resources.js';
 import { CounterMetrics } from '../counter/counter.metrics.js';
 import { CounterService } from '../counter/counter.service.js';
 import type { EntityRef } from '../counter/model.js';
@@ -29,7 +29,6 @@ import type { SharedCache } from '../platform/cache/shared-cache.js';
 import { migrate, openMysql, openSqlite, type Db } from '../platform/db/database.js';
 import { NotFoundError } from '../platform/errors/errors.js';
 import type { EventLog } from '../platform/eventlog/eventlog.js';
-import { KafkaEventLog } from '../platform/eventlog/kafka-eventlog.js';
 import { SqliteEventLog } from '../platform/eventlog/sqlite-eventlog.js';
 import { DetailService } from './detail.service.js';
 import { FeedService } from './feed.service.js';
@@ -117,15 +116,7 @@ async function openBackend(profile: Profile): Promise<Backend> {
   const redis = new Redis(services.redisUrl(), { maxRetriesPerRequest: 1 });
   const keyPrefix = `${uniqueName('feed')}:`;
   const buses: InvalidationBus[] = [];
-  const events = new KafkaEventLog({
-    brokers: services.kafkaBrokers(),
-    prefix: `${uniqueName('k')}.`,
-    partitions: 2,
-    clientId: 'zg-feed',
-    sessionTimeoutMs: 6_000,
-    heartbeatIntervalMs: 500,
-    retryBackoffMs: { min: 50, max: 500 },
-  });
+  const events = testKafkaLog('zg-feed', `${uniqueName('k')}.`);
   await events.ensureTopics([POST_TOPIC]);
   return {
     db,

@@ -4,14 +4,13 @@ import { join } from 'node:path';
 import { Redis } from 'ioredis';
 import { Registry } from 'prom-client';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
-import { services, uniqueName } from '../../test/rig/resources.js';
+import { services, testKafkaLog, uniqueName } from '../../test/rig/resources.js';
 import type { EntityRef } from '../counter/model.js';
 import type { CounterStore } from '../counter/store/counter-store.js';
 import { RedisCounterStore } from '../counter/store/redis-counter-store.js';
 import { SqliteCounterStore } from '../counter/store/sqlite-counter-store.js';
 import { migrate, openSqlite } from '../platform/db/database.js';
 import type { EventLog } from '../platform/eventlog/eventlog.js';
-import { KafkaEventLog } from '../platform/eventlog/kafka-eventlog.js';
 import { SqliteEventLog } from '../platform/eventlog/sqlite-eventlog.js';
 import { VIEW_GROUP, VIEW_TOPIC, ViewAggregator, ViewMetrics, ViewRecorder, replayViews } from './views.js';
 
@@ -37,15 +36,7 @@ async function openRig(
   }
   const redis = new Redis(services.redisUrl(), { maxRetriesPerRequest: 1 });
   const keyPrefix = `${uniqueName('views')}:`;
-  const events = new KafkaEventLog({
-    brokers: services.kafkaBrokers(),
-    prefix: `${uniqueName('views')}.`,
-    partitions: 2,
-    clientId: 'zg-views',
-    sessionTimeoutMs: 6_000,
-    heartbeatIntervalMs: 500,
-    retryBackoffMs: { min: 50, max: 500 },
-  });
+  const events = testKafkaLog('zg-views', `${uniqueName('views')}.`);
   return {
     events,
     store: new RedisCounterStore(redis, { prefix: keyPrefix, groups: 16 }),

@@ -12,11 +12,10 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { Redis } from 'ioredis';
 import { Registry } from 'prom-client';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
-import { createMysqlDatabase, services, uniqueName } from '../../test/rig/resources.js';
+import { createMysqlDatabase, services, testKafkaLog, uniqueName } from '../../test/rig/resources.js';
 import { postEvent, POST_TOPIC, type PostTransition } from '../knowpost/post-events.js';
 import { migrate, openMysql, openSqlite, type Db } from '../platform/db/database.js';
 import type { DeliveredRecord, EventLog } from '../platform/eventlog/eventlog.js';
-import { KafkaEventLog } from '../platform/eventlog/kafka-eventlog.js';
 import { SqliteEventLog } from '../platform/eventlog/sqlite-eventlog.js';
 import { postEventsFeed, USER_COUNTER_GROUP, UserCounterConsumer } from './consumer.js';
 import { ZERO_USER_COUNTS, type UserCounterDelta, type UserCounts } from './model.js';
@@ -72,15 +71,7 @@ async function openRig(profile: Profile): Promise<Rig> {
     const redis = new Redis(services.redisUrl(), { maxRetriesPerRequest: 1 });
     const prefix = `${uniqueName('uc')}:`;
     store = new RedisUserCounterStore(redis, { prefix, groups: 16 });
-    const kafka = new KafkaEventLog({
-      brokers: services.kafkaBrokers(),
-      prefix: `${uniqueName('k')}.`,
-      partitions: 2,
-      clientId: 'zg-user-counters',
-      sessionTimeoutMs: 6_000,
-      heartbeatIntervalMs: 500,
-      retryBackoffMs: { min: 50, max: 500 },
-    });
+    const kafka = testKafkaLog('zg-user-counters', `${uniqueName('k')}.`);
     events = kafka;
     await kafka.ensureTopics([POST_TOPIC]);
     const mysql = db;

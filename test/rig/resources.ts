@@ -1,5 +1,6 @@
 import { randomBytes } from 'node:crypto';
 import { inject } from 'vitest';
+import { KafkaEventLog } from '../../src/platform/eventlog/kafka-eventlog.js';
 
 /**
  * What a test may use of the shared services. The global setup has made sure each one is running
@@ -48,6 +49,22 @@ export function uniqueBucket(kind = 'b'): string {
       .replace(/^-+|-+$/g, '')
       .slice(0, 30) || 'b';
   return `zgt-${services.runId()}-${safeKind}-${randomBytes(3).toString('hex')}`;
+}
+
+/**
+ * A Kafka event log on the shared broker under `prefix`, tuned for tests: a short session so a
+ * member that died leaves its group within seconds, and quick retries after a lost broker.
+ */
+export function testKafkaLog(clientId: string, prefix: string, partitions = 2): KafkaEventLog {
+  return new KafkaEventLog({
+    brokers: services.kafkaBrokers(),
+    prefix,
+    partitions,
+    clientId,
+    sessionTimeoutMs: 6_000,
+    heartbeatIntervalMs: 500,
+    retryBackoffMs: { min: 50, max: 500 },
+  });
 }
 
 export async function createMysqlDatabase(): Promise<{

@@ -96,7 +96,7 @@ export class LocalObjectStorage implements ObjectStorage {
       etag: `"${createHash('md5').update(body).digest('hex')}"`,
       contentType,
     };
-    const tmp = `${path}.${randomBytes(6).toString('hex')}.tmp`;
+    const tmp = tmpPathOf(path);
     try {
       await writeFile(tmp, body);
       await this.commit(path, tmp, meta);
@@ -115,20 +115,8 @@ export class LocalObjectStorage implements ObjectStorage {
   async write(key: string, source: Readable, contentType: string, maxBytes: number): Promise<StoredObject> {
     const path = this.pathOf(key);
     await mkdir(dirname(path), { recursive: true });
-    const tmp = `${path}.${randomBytes(6).toString('hex')}.tmp`;
-    const md5 = createHash('md5');
-    let size = 0;
-    const limit = new Transform({
-      transform(chunk: Buffer, _encoding, callback) {
-        size += chunk.length;
-        if (size > maxBytes) {
-          callback(new PayloadTooLargeError(`The upload exceeds its limit of ${maxBytes} bytes`));
-          return;
-        }
-        md5.update(chunk);
-        callback(null, chunk);
-      },
-    });
+    const tmp = tmpPathOf(path);
+    const limit = measuring(maxBytes);
     // `pipe` (unlike `pipeline`) leaves the source alone when the write fails; its own end is relayed.
     const input = new PassThrough();
     const onError = (err: Error): void => void input.destroy(err);
@@ -137,8 +125,8 @@ export class LocalObjectStorage implements ObjectStorage {
     };
     source.once('error', onError).once('close', onClose).pipe(input);
     try {
-      await pipeline(input, limit, createWriteStream(tmp, { flags: 'wx' }));
-      const meta: StoredObject = { size, etag: `"${md5.digest('hex')}"`, contentType };
+      await pipeline(input, limit.stream, createWriteStream(tmp, { flags: 'wx' }));
+      const meta: StoredObject = { size: limit.size(), etag: limit.etag(), contentType };
       await this.commit(path, tmp, meta);
       return meta;
     } catch (err) {
@@ -183,25 +171,17 @@ export class LocalObjectStorage implements ObjectStorage {
     const object = await this.head(from);
     if (!object) return null;
     await mkdir(dirname(path), { recursive: true });
-    const tmp = `${path}.${randomBytes(6).toString('hex')}.tmp`;
-    const md5 = createHash('md5');
-    let size = 0;
-    const digest = new Transform({
-      transform(chunk: Buffer, _encoding, callback) {
-        size += chunk.length;
-        md5.update(chunk);
-        callback(null, chunk);
-      },
-    });
+    const tmp = tmpPathOf(path);
+    const digest = measuring(Infinity);
     try {
-      await pipeline(createReadStream(source), digest, createWriteStream(tmp, { flags: 'wx' }));
+      await pipeline(createReadStream(source), digest.stream, createWriteStream(tmp, { flags: 'wx' }));
       // Judged on the bytes copied: the source may have been replaced since its metadata was read.
-      const etag = `"${md5.digest('hex')}"`;
+      const etag = digest.etag();
       if (etag !== `"${normalizeEtag(ifEtag)}"`) {
         await rm(tmp, { force: true });
         return null;
       }
-      const meta: StoredObject = { size, etag, contentType: object.contentType };
+      const meta: StoredObject = { size: digest.size(), etag, contentType: object.contentType };
       await this.commit(path, tmp, meta);
       return meta;
     } catch (err) {
@@ -332,6 +312,32 @@ export class LocalObjectStorage implements ObjectStorage {
     if (isReservedKey(key)) throw new Error(`unsafe object key: ${key}`);
     return join(this.root, key);
   }
+}
+
+/** Where an object is written before it is renamed into place. */
+function tmpPathOf(path: string): string {
+  return `${path}.${randomBytes(6).toString('hex')}.tmp`;
+}
+
+/**
+ * Passes bytes through, counting them and their MD5 (the object's ETag); more than `maxBytes` fails
+ * the stream with `PayloadTooLargeError`.
+ */
+function measuring(maxBytes: number): { stream: Transform; size(): number; etag(): string } {
+  const md5 = createHash('md5');
+  let size = 0;
+  const stream = new Transform({
+    transform(chunk: Buffer, _encoding, callback) {
+      size += chunk.length;
+      if (size > maxBytes) {
+        callback(new PayloadTooLargeError(`The upload exceeds its limit of ${maxBytes} bytes`));
+        return;
+      }
+      md5.update(chunk);
+      callback(null, chunk);
+    },
+  });
+  return { stream, size: () => size, etag: () => `"${md5.digest('hex')}"` };
 }
 
 /** Names of the files kept beside an object (its metadata, uploads in progress). */
