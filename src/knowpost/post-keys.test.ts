@@ -5,6 +5,9 @@ import {
   isExternalImageUrl,
   isImageKey,
   isReadableContentKey,
+  isStoredImageKey,
+  isStoredImageOf,
+  storedImageKey,
   uploadTarget,
 } from './post-keys.js';
 import { normalizeEtag } from '../platform/storage/object-storage.js';
@@ -74,6 +77,24 @@ describe('key checks', () => {
     expect(isExternalImageUrl('javascript:alert(1)')).toBe(false);
     expect(isExternalImageUrl('https://exa mple.com/')).toBe(false);
     expect(isExternalImageUrl('//example.com/a.png')).toBe(false);
+  });
+
+  it('names image copies by upload key and ETag, and tells which upload key a copy came from', () => {
+    const upload = 'posts/42/images/20250131/deadbeef.png';
+    const copy = storedImageKey('42', upload, '"abc"');
+    expect(copy).toMatch(/^posts\/42\/pictures\/[0-9a-f]{32}\.png$/);
+    expect(isStoredImageKey('42', copy)).toBe(true);
+    expect(isStoredImageKey('4', copy)).toBe(false);
+    // The same upload and bytes name the same copy; other bytes another one, of the same upload.
+    expect(storedImageKey('42', upload, 'ABC')).toBe(copy);
+    const other = storedImageKey('42', upload, '"def"');
+    expect(other).not.toBe(copy);
+    expect(isStoredImageOf('42', upload, copy)).toBe(true);
+    expect(isStoredImageOf('42', upload, other)).toBe(true);
+    expect(isStoredImageOf('42', 'posts/42/images/20250131/deadbeee.png', copy)).toBe(false);
+    expect(isStoredImageOf('42', upload.replace('.png', '.gif'), copy)).toBe(false);
+    expect(isStoredImageOf('42', upload, copy.replace('.png', '.gif'))).toBe(false);
+    expect(isStoredImageOf('42', upload, upload)).toBe(false);
   });
 
   it('compares ETags without quotes, weakness or case', () => {

@@ -119,15 +119,24 @@ export function isImageKey(postId: string, key: string): boolean {
 /**
  * Where a patch keeps an image it checked, copied from its upload key (`isImageKey`): named by the
  * upload's key and ETag, so patching the same unchanged upload again names the same copy, and out of
- * reach of presigned URLs.
+ * reach of presigned URLs. The name's first half depends on the upload key alone (`isStoredImageOf`).
  */
 export function storedImageKey(postId: string, uploadKey: string, etag: string): string {
-  const name = createHash('sha256')
-    .update(`${uploadKey}\n${normalizeEtag(etag)}`)
-    .digest('hex')
-    .slice(0, 32);
+  const name = `${digest16(uploadKey)}${digest16(`${uploadKey}\n${normalizeEtag(etag)}`)}`;
   return `posts/${postId}/pictures/${name}${uploadKey.slice(uploadKey.lastIndexOf('.'))}`;
 }
+
+/** True when `key` is a copy `storedImageKey` names for this upload key (whatever its ETag was). */
+export function isStoredImageOf(postId: string, uploadKey: string, key: string): boolean {
+  const prefix = `posts/${postId}/pictures/${digest16(uploadKey)}`;
+  return (
+    isStoredImageKey(postId, key) &&
+    key.startsWith(prefix) &&
+    key.endsWith(uploadKey.slice(uploadKey.lastIndexOf('.')))
+  );
+}
+
+const digest16 = (text: string): string => createHash('sha256').update(text).digest('hex').slice(0, 16);
 
 const STORED_IMAGE_NAME = new RegExp(`^[0-9a-f]{32}(?:${extensions('knowpost_image')})$`);
 

@@ -1,4 +1,4 @@
-import type { Kysely, Transaction, Updateable } from 'kysely';
+import { sql, type Kysely, type Transaction, type Updateable } from 'kysely';
 import { translateDbError, type Db } from '../platform/db/database.js';
 import type { Database, KnowpostsTable } from '../platform/db/schema.js';
 
@@ -197,6 +197,45 @@ export class PostRepository {
       .set({ objects_purged_at: now })
       .where('id', '=', id)
       .where('status', '=', 'deleted')
+      .execute();
+  }
+
+  /**
+   * Asks for the post's objects to be checked (`PostUploadSweeper`) at `at`: moves the check there
+   * unless one is due later already, which covers everything this one would find.
+   */
+  async scheduleObjectsCheck(id: string, at: number): Promise<void> {
+    await this.db.kysely
+      .updateTable('knowposts')
+      .set({
+        objects_check_at: sql<number>`CASE WHEN objects_check_at IS NULL OR objects_check_at < ${at} THEN ${at} ELSE objects_check_at END`,
+      })
+      .where('id', '=', id)
+      .execute();
+  }
+
+  /** Posts whose objects check is due at `now`, earliest first, with when each was due. */
+  async objectsCheckDue(now: number, limit: number): Promise<{ id: string; due: number }[]> {
+    const rows = await this.db.kysely
+      .selectFrom('knowposts')
+      .select(['id', 'objects_check_at'])
+      .where('objects_check_at', '<=', now)
+      .orderBy('objects_check_at')
+      .limit(limit)
+      .execute();
+    return rows.map((r) => ({ id: String(r.id), due: Number(r.objects_check_at) }));
+  }
+
+  /**
+   * Ends the check that was due at `due`: the next one at `next` (none when null), unless the check
+   * was moved meanwhile (a presign), which then stands.
+   */
+  async finishObjectsCheck(id: string, due: number, next: number | null): Promise<void> {
+    await this.db.kysely
+      .updateTable('knowposts')
+      .set({ objects_check_at: next })
+      .where('id', '=', id)
+      .where('objects_check_at', '=', due)
       .execute();
   }
 

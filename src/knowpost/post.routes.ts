@@ -105,8 +105,10 @@ export function postRoutes(deps: PostRouteDeps) {
             '`imgUrls` entries are image keys of this post (from presign, under posts/{id}/images/) or ' +
             'absolute http(s) URLs. An uploaded image must exist and be within the image size limit (413 ' +
             'and deleted otherwise); readers get a copy of it made at the patch (posts/{id}/pictures/), so ' +
-            'a later PUT through the upload URL shows only once a patch names the key again. 409 ' +
-            'OBJECT_CHANGED: an image was replaced while it was being checked.',
+            'a later PUT through the upload URL shows only once a patch names the key again. The upload ' +
+            'is then deleted, and so are copies of images the post no longer shows; an upload key sent ' +
+            'again names the copy made of it. 409 OBJECT_CHANGED: an image was replaced while it was ' +
+            'being checked.',
           params: PostIdParams,
           body: PostPatchBody,
           response: { ...NoContent, ...errorResponses(400, 401, 403, 404, 409, 413) },
@@ -216,7 +218,9 @@ export function presignRoutes(deps: PostRouteDeps) {
             'content/confirm expects. Bodies: .md .markdown .txt .html .json (text/markdown, text/plain, ' +
             'text/html, application/json); images: .jpg .jpeg .png .webp .gif (image/jpeg, image/png, ' +
             'image/webp, image/gif). A deleted post is 409 INVALID_STATE. At most 60 presigns per user ' +
-            'per minute (429 past that).',
+            'per minute (429 past that). An upload that is neither confirmed nor named in a patch is ' +
+            'removed once it is older than ZG_UPLOAD_RETENTION_HOURS (24 by default), checked after the ' +
+            'URL expires.',
           body: PresignBody,
           response: { 200: PresignResponse, ...errorResponses(400, 401, 403, 404, 409, 429) },
         },

@@ -26,6 +26,7 @@ import {
   isExternalImageUrl,
   isImageKey,
   isStoredImageKey,
+  isStoredImageOf,
   storedImageKey,
   uploadTarget,
 } from './post-keys.js';
@@ -42,6 +43,11 @@ export interface PostLimits {
   draftsPerHour?: number;
   /** Drafts a user may hold at once (published and deleted posts do not count). */
   maxOpenDrafts?: number;
+  /**
+   * How old an upload never confirmed or referred to, or an image copy the post no longer shows,
+   * must be before `PostUploadSweeper` removes it; default 24 h.
+   */
+  uploadRetentionMs?: number;
 }
 
 export interface PostServiceOptions {
@@ -96,7 +102,13 @@ export class PostService {
     this.limiter = options.limiter;
     this.outbox = options.outbox;
     this.ids = options.ids;
-    this.limits = { presignPerMinute: 60, draftsPerHour: 60, maxOpenDrafts: 100, ...options.limits };
+    this.limits = {
+      presignPerMinute: 60,
+      draftsPerHour: 60,
+      maxOpenDrafts: 100,
+      uploadRetentionMs: 24 * 3_600_000,
+      ...options.limits,
+    };
     this.listeners = options.onChange ?? [];
     this.log = options.log;
     this.now = options.now ?? Date.now;
@@ -138,6 +150,10 @@ export class PostService {
     if (target.key === post.contentKey) await this.moveLegacyBody(post, target.key);
     const maxBytes =
       request.scene === 'knowpost_content' ? this.limits.contentMaxBytes : this.limits.imageMaxBytes;
+    // Whatever is uploaded through the URL and then never confirmed or referred to goes once it is
+    // older than the retention: the post's objects are checked after the URL's last possible use.
+    const expiresMs = this.limits.presignExpiresSeconds * 1000;
+    await this.posts.scheduleObjectsCheck(post.id, this.now() + expiresMs + this.limits.uploadRetentionMs);
     const signed = await this.storage.presignPut(target.key, {
       contentType: target.contentType,
       maxBytes,
@@ -199,10 +215,27 @@ export class PostService {
       draft: await this.stillDraft(post),
     });
     // The upload, and a body this one replaces, are no longer read by anyone.
-    for (const old of new Set([body.objectKey, post.contentKey])) {
-      if (old === null || old === key) continue;
-      await this.storage.delete(old).catch((err: unknown) => {
-        this.log?.warn({ err, key: old }, 'could not delete an object a post no longer uses');
+    await this.discard(
+      post.id,
+      [body.objectKey, post.contentKey].filter((old): old is string => old !== null && old !== key),
+    );
+  }
+
+  /**
+   * Deletes objects the post no longer uses (after the caches were told). One the store refuses is
+   * logged and left to the post's next objects check, asked for now.
+   */
+  private async discard(postId: string, keys: Iterable<string>): Promise<void> {
+    let failed = false;
+    for (const key of new Set(keys)) {
+      await this.storage.delete(key).catch((err: unknown) => {
+        failed = true;
+        this.log?.warn({ err, key }, 'could not delete an object a post no longer uses');
+      });
+    }
+    if (failed) {
+      await this.posts.scheduleObjectsCheck(postId, this.now()).catch((err: unknown) => {
+        this.log?.warn({ err, post: postId }, 'could not schedule a check of a post’s objects');
       });
     }
   }
@@ -287,8 +320,8 @@ export class PostService {
     if (Object.values(fields).every((v) => v === undefined))
       throw new BadRequestError('body must set at least one field');
     const post = await this.owned(userId, postId);
-    if (fields.imgUrls !== undefined)
-      fields = { ...fields, imgUrls: await this.storedImages(post, fields.imgUrls) };
+    const requested = fields.imgUrls;
+    if (requested !== undefined) fields = { ...fields, imgUrls: await this.storedImages(post, requested) };
     const now = this.now();
     const updated =
       fields.visible === undefined
@@ -312,6 +345,19 @@ export class PostService {
     if (isTop !== undefined) kinds.push('top');
     const draft = await this.stillDraft(post);
     for (const kind of kinds) await this.announce({ id: post.id, authorId: userId, kind, draft });
+    if (requested !== undefined) {
+      // A patch racing this one may have copied images this one drops without knowing them: the
+      // post's objects are checked once those copies are older than the retention.
+      await this.posts.scheduleObjectsCheck(post.id, this.now() + this.limits.uploadRetentionMs);
+      // Images the post showed and no longer does, and uploads now copied, are read by no one.
+      const kept = new Set(fields.imgUrls);
+      await this.discard(
+        post.id,
+        [...post.imgUrls, ...requested].filter(
+          (key) => !kept.has(key) && (isImageKey(post.id, key) || isStoredImageKey(post.id, key)),
+        ),
+      );
+    }
   }
 
   async setTop(userId: number, postId: string, isTop: boolean): Promise<void> {
@@ -383,15 +429,16 @@ export class PostService {
    * The image entries to store for `imgUrls`: upload keys of this post (checked to exist within the
    * image size limit, like confirm does for the body) become copies made inside the store while the
    * upload's ETag holds (`storedImageKey`), so a PUT through a still valid upload URL changes nothing
-   * readers get; copies the post refers to already, or that exist, stay; http(s) URLs stay.
+   * readers get; copies the post shows stay; http(s) URLs stay.
    */
   private async storedImages(post: PostRecord, imgUrls: string[]): Promise<string[]> {
     return Promise.all(
       imgUrls.map(async (value, index) => {
         if (isExternalImageUrl(value)) return value;
         if (isStoredImageKey(post.id, value)) {
-          if (post.imgUrls.includes(value) || (await this.storage.head(value))) return value;
-          throw new BadRequestError(`imgUrls[${index}]: no image is stored under ${value}`);
+          // Only a copy the post shows: one it no longer shows is deleted, now or by the sweep.
+          if (post.imgUrls.includes(value)) return value;
+          throw new BadRequestError(`imgUrls[${index}]: the post shows no image stored under ${value}`);
         }
         if (!isImageKey(post.id, value)) {
           throw new BadRequestError(
@@ -399,10 +446,19 @@ export class PostService {
           );
         }
         const head = await this.storage.head(value);
-        if (!head) throw new BadRequestError(`imgUrls[${index}]: no image was uploaded under ${value}`);
+        if (!head) {
+          // Copied by an earlier patch, which deleted the upload: the post's copy of it stands. Read
+          // again, for a patch that overlapped this one (a retried request).
+          const shown = (await this.posts.find(post.id))?.imgUrls ?? [];
+          const copy = shown.find((key) => isStoredImageOf(post.id, value, key));
+          if (copy !== undefined) return copy;
+          throw new BadRequestError(`imgUrls[${index}]: no image was uploaded under ${value}`);
+        }
         if (head.size > this.limits.imageMaxBytes)
           await this.refuseOversize(value, this.limits.imageMaxBytes);
         const key = storedImageKey(post.id, value, head.etag);
+        // These bytes are the post's already.
+        if (post.imgUrls.includes(key)) return key;
         if (!(await this.storage.copy(value, key, head.etag))) {
           throw new ConflictError(
             `imgUrls[${index}]: the image changed while it was being checked; send the patch again`,

@@ -112,6 +112,9 @@ describe(loadConfig.name, () => {
       contentMaxBytes: 5 * 1024 * 1024,
       imageMaxBytes: 10 * 1024 * 1024,
       presignExpiresSeconds: 600,
+      uploadRetentionMs: 24 * 3_600_000,
     });
+    expect(loadConfig({ ZG_UPLOAD_RETENTION_HOURS: '1' }).posts.uploadRetentionMs).toBe(3_600_000);
+    expect(() => loadConfig({ ZG_UPLOAD_RETENTION_HOURS: '0' })).toThrow(/ZG_UPLOAD_RETENTION_HOURS/);
   });
 });

@@ -76,7 +76,13 @@ export interface Config {
   };
   /** Worker id of this process in snowflake ids; unique per process of a deployment. */
   nodeId: number;
-  posts: { contentMaxBytes: number; imageMaxBytes: number; presignExpiresSeconds: number };
+  posts: {
+    contentMaxBytes: number;
+    imageMaxBytes: number;
+    presignExpiresSeconds: number;
+    /** How old an unused upload or image copy of a live post must be before it is removed. */
+    uploadRetentionMs: number;
+  };
   /** Caches of the read side (detail, feeds) and the validity of the download URLs they hold. */
   postReads: {
     localCacheMs: number;
@@ -259,6 +265,11 @@ export const CONFIG_VARS = {
   ZG_POST_CONTENT_MAX_BYTES: { description: 'largest post body upload accepted', default: '5242880' },
   ZG_POST_IMAGE_MAX_BYTES: { description: 'largest post image upload accepted', default: '10485760' },
   ZG_PRESIGN_EXPIRES_SECONDS: { description: 'how long a presigned upload URL stays valid', default: '600' },
+  ZG_UPLOAD_RETENTION_HOURS: {
+    description:
+      'hours after which a post upload never confirmed or used in a patch, or an image copy a post no longer shows, is removed from storage (checked after the last upload URL of the post expires)',
+    default: '24',
+  },
   ZG_POST_CACHE_MS: {
     description:
       'how long each process keeps posts, feed pages and authors in memory (changes are announced at once; this bounds profile edits and missed announcements)',
@@ -511,6 +522,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: { ro
       contentMaxBytes: int('ZG_POST_CONTENT_MAX_BYTES', 1024, 64 * 1024 * 1024),
       imageMaxBytes: int('ZG_POST_IMAGE_MAX_BYTES', 1024, 64 * 1024 * 1024),
       presignExpiresSeconds: int('ZG_PRESIGN_EXPIRES_SECONDS', 60, 7 * 24 * 3600),
+      uploadRetentionMs: int('ZG_UPLOAD_RETENTION_HOURS', 1, 90 * 24) * 3_600_000,
     },
     postReads: {
       localCacheMs: int('ZG_POST_CACHE_MS', 0, 60_000),

@@ -119,6 +119,11 @@ export interface KnowpostsTable {
   publish_time: number | null;
   /** When the objects under `posts/{id}/` of a deleted post were removed from storage. */
   objects_purged_at: number | null;
+  /**
+   * When a live post's objects are next checked for uploads never confirmed or referred to and
+   * copies it no longer refers to (`PostUploadSweeper`); null when nothing is due.
+   */
+  objects_check_at: number | null;
 }
 
 /** Embedded user counters (the cluster profile keeps these in Redis); see sqlite-user-counter-store.ts. */

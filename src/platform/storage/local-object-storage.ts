@@ -8,7 +8,7 @@ import {
   writeFileSync,
 } from 'node:fs';
 import { mkdir, readdir, readFile, rename, rm, stat, writeFile } from 'node:fs/promises';
-import { dirname, join } from 'node:path';
+import { dirname, join, sep } from 'node:path';
 import { PassThrough, Transform, type Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import { PayloadTooLargeError } from '../errors/errors.js';
@@ -18,6 +18,7 @@ import {
   assertSafeKey,
   normalizeEtag,
   isSafeKey,
+  type ListedObject,
   type ObjectStorage,
   type PresignedPut,
   type PresignPutOptions,
@@ -192,21 +193,41 @@ export class LocalObjectStorage implements ObjectStorage {
   }
 
   async deletePrefix(prefix: string): Promise<number> {
+    const objects = (await this.objectNames(prefix)).length;
+    await rm(this.pathOf(prefix), { recursive: true, force: true });
+    return objects;
+  }
+
+  async listPrefix(prefix: string): Promise<ListedObject[]> {
     const dir = this.pathOf(prefix);
+    const listed = await Promise.all(
+      (await this.objectNames(prefix)).map(async (name) => {
+        try {
+          const info = await stat(join(dir, name));
+          return [{ key: `${prefix}/${name.split(sep).join('/')}`, lastModified: info.mtimeMs }];
+        } catch (err) {
+          // Deleted since the directory was read, or its sidecar is written and its bytes not yet.
+          if ((err as NodeJS.ErrnoException).code === 'ENOENT') return [];
+          throw err;
+        }
+      }),
+    );
+    return listed.flat();
+  }
+
+  /** The objects under `{prefix}/`, as paths relative to it (each has its metadata sidecar). */
+  private async objectNames(prefix: string): Promise<string[]> {
     let entries: string[];
     try {
-      entries = await readdir(dir, { recursive: true });
+      entries = await readdir(this.pathOf(prefix), { recursive: true });
     } catch (err) {
-      if (
-        (err as NodeJS.ErrnoException).code === 'ENOENT' ||
-        (err as NodeJS.ErrnoException).code === 'ENOTDIR'
-      )
-        return 0;
+      const code = (err as NodeJS.ErrnoException).code;
+      if (code === 'ENOENT' || code === 'ENOTDIR') return [];
       throw err;
     }
-    const objects = entries.filter((name) => name.endsWith('.meta.json')).length;
-    await rm(dir, { recursive: true, force: true });
-    return objects;
+    return entries
+      .filter((name) => name.endsWith('.meta.json'))
+      .map((name) => name.slice(0, -'.meta.json'.length));
   }
 
   async presignPut(key: string, options: PresignPutOptions): Promise<PresignedPut> {

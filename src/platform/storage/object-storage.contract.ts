@@ -80,6 +80,31 @@ export function defineObjectStorageContract(
         expect(await storage.deletePrefix(`${base}/nothing`)).toBe(0);
       });
 
+      it('lists every object under a prefix with when it was written, and nothing beside it', async () => {
+        const base = key('x').replace(/\/x$/, '');
+        const before = Date.now();
+        const inside = [`${base}/content.md`, `${base}/body/abc.md`, `${base}/images/20250101/00000000.png`];
+        for (const k of inside) await storage.put(k, randomBytes(10), 'text/plain');
+        await storage.put(`${base}0/content.md`, randomBytes(10), 'text/plain');
+        const listed = await storage.listPrefix(base);
+        expect(listed.map((o) => o.key).sort()).toEqual([...inside].sort());
+        // Stores keep whole seconds at least; the clocks are this machine's.
+        for (const o of listed) {
+          expect(o.lastModified).toBeGreaterThan(before - 2000);
+          expect(o.lastModified).toBeLessThan(Date.now() + 2000);
+        }
+        // A copy is written when it is made.
+        await sleep(1100);
+        const source = (await storage.head(inside[0]!))!;
+        const copied = Date.now();
+        await storage.copy(inside[0]!, `${base}/body/def.md`, source.etag);
+        const copy = (await storage.listPrefix(`${base}/body`)).find((o) => o.key === `${base}/body/def.md`);
+        expect(copy?.lastModified).toBeGreaterThan(copied - 1000);
+        expect(await storage.listPrefix(`${base}/nothing`)).toEqual([]);
+        await storage.deletePrefix(base);
+        expect(await storage.listPrefix(base)).toEqual([]);
+      });
+
       it('copies an object, content type included, only while it has the ETag given', async () => {
         const from = key('content.md');
         const to = from.replace('content.md', 'body/copy.md');

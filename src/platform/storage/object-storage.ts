@@ -30,6 +30,13 @@ export interface StoredObject {
   contentType: string;
 }
 
+/** An object as a listing names it. */
+export interface ListedObject {
+  key: string;
+  /** When its bytes were last written (a PUT or a copy to it), in ms since the epoch. */
+  lastModified: number;
+}
+
 export interface PresignPutOptions {
   /** Exact Content-Type the PUT must carry; part of the signature. */
   contentType: string;
@@ -64,6 +71,8 @@ export interface ObjectStorage {
    * many there were. An object written under the prefix meanwhile may survive.
    */
   deletePrefix(prefix: string): Promise<number>;
+  /** Every object whose key starts with `{prefix}/` (`prefix` is a safe key), in no set order. */
+  listPrefix(prefix: string): Promise<ListedObject[]>;
   presignPut(key: string, options: PresignPutOptions): Promise<PresignedPut>;
   presignGet(key: string, expiresInSeconds: number): Promise<string>;
   publicUrl(key: string): string;

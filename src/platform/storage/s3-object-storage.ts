@@ -19,6 +19,7 @@ import {
   assertPresignExpiry,
   assertSafeKey,
   normalizeEtag,
+  type ListedObject,
   type ObjectStorage,
   type PresignedPut,
   type PresignPutOptions,
@@ -158,8 +159,32 @@ export class S3ObjectStorage implements ObjectStorage {
   }
 
   async deletePrefix(prefix: string): Promise<number> {
-    assertSafeKey(prefix);
     let deleted = 0;
+    for await (const page of this.pages(prefix)) {
+      if (page.length === 0) continue;
+      const res = await this.client.send(
+        new DeleteObjectsCommand({
+          Bucket: this.bucket,
+          Delete: { Objects: page.map((o) => ({ Key: o.key })), Quiet: true },
+        }),
+      );
+      const failed = res.Errors ?? [];
+      if (failed.length > 0)
+        throw new Error(`could not delete ${failed.length} objects under ${prefix}/: ${failed[0]?.Code}`);
+      deleted += page.length;
+    }
+    return deleted;
+  }
+
+  async listPrefix(prefix: string): Promise<ListedObject[]> {
+    const listed: ListedObject[] = [];
+    for await (const page of this.pages(prefix)) listed.push(...page);
+    return listed;
+  }
+
+  /** The objects under `{prefix}/`, a listing page at a time. */
+  private async *pages(prefix: string): AsyncGenerator<ListedObject[]> {
+    assertSafeKey(prefix);
     let token: string | undefined;
     do {
       const page = await this.client.send(
@@ -169,19 +194,11 @@ export class S3ObjectStorage implements ObjectStorage {
           ...(token !== undefined ? { ContinuationToken: token } : {}),
         }),
       );
-      const keys = (page.Contents ?? []).flatMap((o) => (o.Key !== undefined ? [{ Key: o.Key }] : []));
-      if (keys.length > 0) {
-        const res = await this.client.send(
-          new DeleteObjectsCommand({ Bucket: this.bucket, Delete: { Objects: keys, Quiet: true } }),
-        );
-        const failed = res.Errors ?? [];
-        if (failed.length > 0)
-          throw new Error(`could not delete ${failed.length} objects under ${prefix}/: ${failed[0]?.Code}`);
-        deleted += keys.length;
-      }
+      yield (page.Contents ?? []).flatMap((o) =>
+        o.Key !== undefined ? [{ key: o.Key, lastModified: o.LastModified?.getTime() ?? 0 }] : [],
+      );
       token = page.IsTruncated ? page.NextContinuationToken : undefined;
     } while (token !== undefined);
-    return deleted;
   }
 
   async presignPut(key: string, options: PresignPutOptions): Promise<PresignedPut> {

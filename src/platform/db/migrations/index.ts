@@ -124,6 +124,11 @@ const sqlite: Record<string, Step> = {
     `ALTER TABLE knowposts ADD COLUMN objects_purged_at INTEGER`,
     `CREATE INDEX knowposts_purge ON knowposts (status, objects_purged_at, updated_at)`,
   ),
+  // When a live post's objects are next checked for uploads and copies it no longer refers to.
+  '0010_knowpost_sweep': exec(
+    `ALTER TABLE knowposts ADD COLUMN objects_check_at INTEGER`,
+    `CREATE INDEX knowposts_sweep ON knowposts (objects_check_at)`,
+  ),
 };
 
 const mysql: Record<string, Step> = {
@@ -197,6 +202,9 @@ const mysql: Record<string, Step> = {
   '0009_knowpost_purge': exec(
     `ALTER TABLE knowposts ADD COLUMN objects_purged_at BIGINT NULL,
        ADD KEY knowposts_purge (status, objects_purged_at, updated_at)`,
+  ),
+  '0010_knowpost_sweep': exec(
+    `ALTER TABLE knowposts ADD COLUMN objects_check_at BIGINT NULL, ADD KEY knowposts_sweep (objects_check_at)`,
   ),
 };
 

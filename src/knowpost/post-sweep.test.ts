@@ -1,0 +1,112 @@
+import { describe, expect, it } from 'vitest';
+import type { PostRecord } from './post.repository.js';
+import { PostUploadSweeper } from './post-sweep.js';
+
+const HOUR = 3_600_000;
+const NOW = 100 * HOUR;
+
+function post(id: string, fields: Partial<PostRecord> = {}): PostRecord {
+  return {
+    id,
+    authorId: 1,
+    status: 'published',
+    visible: 'public',
+    contentKey: null,
+    contentEtag: null,
+    contentSha256: null,
+    imgUrls: [],
+    ...fields,
+  };
+}
+
+describe(PostUploadSweeper.name, () => {
+  it('keeps what the post refers to, bodies and unknown keys, and goes on past a post the store refuses', async () => {
+    const legacyBody = 'posts/1/content.md';
+    const legacyImage = 'posts/1/images/20250101/00000000.png';
+    const old = NOW - HOUR;
+    const objects = new Map<string, number>([
+      [legacyBody, old],
+      [legacyImage, old],
+      ['posts/1/content.txt', old],
+      ['posts/1/images/20250101/00000001.png', old],
+      [`posts/1/body/${'a'.repeat(64)}.md`, old],
+      [`posts/1/pictures/${'b'.repeat(32)}.png`, old],
+      ['posts/1/notes/x.txt', old],
+      ['posts/3/images/20250101/00000002.png', old],
+    ]);
+    const finished: [string, number, number | null][] = [];
+    const posts = {
+      objectsCheckDue: async (now: number) => {
+        expect(now).toBe(NOW);
+        return ['1', '2', '3'].map((id) => ({ id, due: 7 }));
+      },
+      finishObjectsCheck: async (id: string, due: number, next: number | null) =>
+        void finished.push([id, due, next]),
+      find: async (id: string) =>
+        post(
+          id,
+          id === '1' ? { contentKey: legacyBody, imgUrls: [legacyImage, 'https://x.invalid/a.png'] } : {},
+        ),
+    };
+    const storage = {
+      listPrefix: async (prefix: string) => {
+        if (prefix.startsWith('posts/2')) throw new Error('AccessDenied');
+        return [...objects]
+          .filter(([key]) => key.startsWith(`${prefix}/`))
+          .map(([key, lastModified]) => ({ key, lastModified }));
+      },
+      delete: async (key: string) => void objects.delete(key),
+    };
+    const errors: string[] = [];
+    const sut = new PostUploadSweeper(posts, storage, {
+      retentionMs: HOUR,
+      now: () => NOW,
+      onError: (_err, id) => errors.push(id),
+    });
+    expect(await sut.runOnce()).toEqual({ posts: 2, objects: 4 });
+    expect([...objects.keys()]).toEqual([
+      legacyBody,
+      legacyImage,
+      `posts/1/body/${'a'.repeat(64)}.md`,
+      'posts/1/notes/x.txt',
+    ]);
+    expect(errors).toEqual(['2']);
+    expect(finished).toEqual([
+      ['1', 7, null],
+      ['3', 7, null],
+    ]);
+  });
+
+  it('leaves deleted posts to the purge and checks again when the youngest unused object is old enough', async () => {
+    const objects = new Map<string, number>([
+      ['posts/1/content.txt', NOW - 10 * 60_000],
+      ['posts/1/images/20250101/00000001.png', NOW - 20 * 60_000],
+      ['posts/2/content.txt', NOW - 2 * HOUR],
+    ]);
+    const finished: [string, number | null][] = [];
+    const sut = new PostUploadSweeper(
+      {
+        objectsCheckDue: async () => [
+          { id: '1', due: 1 },
+          { id: '2', due: 1 },
+        ],
+        finishObjectsCheck: async (id, _due, next) => void finished.push([id, next]),
+        find: async (id) => post(id, id === '2' ? { status: 'deleted' } : {}),
+      },
+      {
+        listPrefix: async (prefix) =>
+          [...objects]
+            .filter(([key]) => key.startsWith(`${prefix}/`))
+            .map(([key, lastModified]) => ({ key, lastModified })),
+        delete: async (key) => void objects.delete(key),
+      },
+      { retentionMs: HOUR, now: () => NOW },
+    );
+    expect(await sut.runOnce()).toEqual({ posts: 2, objects: 0 });
+    expect(objects.size).toBe(3);
+    expect(finished).toEqual([
+      ['1', NOW - 20 * 60_000 + HOUR],
+      ['2', null],
+    ]);
+  });
+});

@@ -1,0 +1,88 @@
+import type { ObjectStorage } from '../platform/storage/object-storage.js';
+import { isContentKey, isImageKey, isStoredImageKey } from './post-keys.js';
+import type { PostRepository } from './post.repository.js';
+
+export interface PostUploadSweepOptions {
+  /** How old an upload or image copy the post does not use must be before it goes. */
+  retentionMs: number;
+  /** Most posts checked per round. */
+  batch?: number;
+  /** Told about a post whose objects could not be checked (its check stays due). */
+  onError?: (err: unknown, postId: string) => void;
+  now?: () => number;
+}
+
+/**
+ * Removes what a live post keeps in storage and does not use: body and image uploads that were
+ * never confirmed or referred to in a patch, and image copies the post no longer shows (patches
+ * delete those themselves; this catches a delete that failed and patches that raced). Posts ask for
+ * a check (`objects_check_at`) when they hand out an upload URL, after its expiry plus the
+ * retention, and when a patch or confirm leaves objects behind.
+ *
+ * A check lists the post's objects, reads the post and deletes each unused one older than the
+ * retention; a younger one sets the next check to when it is old enough. Uploads go first; copies
+ * are listed again afterwards, so a copy made from an upload just before that upload was deleted is
+ * seen as new. Confirmed bodies (`posts/{id}/body/`) are left alone: their names come from their
+ * bytes, so confirming a body again rewrites an old name, and confirm deletes the body it replaces.
+ * Deleted posts are the purge's (`PostObjectPurger`). Several workers may run it at once.
+ */
+export class PostUploadSweeper {
+  private readonly batch: number;
+  private readonly now: () => number;
+
+  constructor(
+    private readonly posts: Pick<PostRepository, 'objectsCheckDue' | 'finishObjectsCheck' | 'find'>,
+    private readonly storage: Pick<ObjectStorage, 'listPrefix' | 'delete'>,
+    private readonly options: PostUploadSweepOptions,
+  ) {
+    this.batch = options.batch ?? 100;
+    this.now = options.now ?? Date.now;
+  }
+
+  /** One round; resolves to how many posts were checked and objects deleted. */
+  async runOnce(): Promise<{ posts: number; objects: number }> {
+    const now = this.now();
+    let posts = 0;
+    let objects = 0;
+    for (const { id, due } of await this.posts.objectsCheckDue(now, this.batch)) {
+      try {
+        const swept = await this.sweep(id, now);
+        await this.posts.finishObjectsCheck(id, due, swept.next);
+        objects += swept.deleted;
+        posts += 1;
+      } catch (err) {
+        // One post the store refuses must not hold up the others.
+        this.options.onError?.(err, id);
+      }
+    }
+    return { posts, objects };
+  }
+
+  private async sweep(id: string, now: number): Promise<{ deleted: number; next: number | null }> {
+    const { retentionMs } = this.options;
+    let deleted = 0;
+    let next: number | null = null;
+    const passes: [string, (postId: string, key: string) => boolean][] = [
+      [`posts/${id}`, (postId, key) => isContentKey(postId, key) || isImageKey(postId, key)],
+      [`posts/${id}/pictures`, isStoredImageKey],
+    ];
+    for (const [prefix, sweeps] of passes) {
+      const listed = await this.storage.listPrefix(prefix);
+      // Read after the listing: anything referred to before the listing is seen as used.
+      const post = await this.posts.find(id);
+      if (!post || post.status === 'deleted') return { deleted, next: null };
+      const used = new Set([post.contentKey, ...post.imgUrls]);
+      for (const object of listed) {
+        if (!sweeps(id, object.key) || used.has(object.key)) continue;
+        if (object.lastModified <= now - retentionMs) {
+          await this.storage.delete(object.key);
+          deleted += 1;
+        } else {
+          // Whole milliseconds: file times have finer ones.
+          next = Math.min(next ?? Infinity, Math.ceil(object.lastModified + retentionMs));
+        }
+      }
+    }
+    return { deleted, next };
+  }
+}
