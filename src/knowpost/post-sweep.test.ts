@@ -20,7 +20,7 @@ function post(id: string, fields: Partial<PostRecord> = {}): PostRecord {
 }
 
 describe(PostUploadSweeper.name, () => {
-  it('keeps what the post refers to, bodies and unknown keys, and goes on past a post the store refuses', async () => {
+  it('keeps what the post refers to, bodies and unknown keys, and goes on past a post the store refuses, trying it again later', async () => {
     const legacyBody = 'posts/1/content.md';
     const legacyImage = 'posts/1/images/20250101/00000000.png';
     const old = NOW - HOUR;
@@ -73,6 +73,7 @@ describe(PostUploadSweeper.name, () => {
     expect(errors).toEqual(['2']);
     expect(finished).toEqual([
       ['1', 7, null],
+      ['2', 7, NOW + 600_000],
       ['3', 7, null],
     ]);
   });

@@ -7,7 +7,9 @@ export interface PostUploadSweepOptions {
   retentionMs: number;
   /** Most posts checked per round. */
   batch?: number;
-  /** Told about a post whose objects could not be checked (its check stays due). */
+  /** When a post whose check failed is tried again; default 10 minutes. */
+  retryMs?: number;
+  /** Told about a post whose objects could not be checked (it is tried again after `retryMs`). */
   onError?: (err: unknown, postId: string) => void;
   now?: () => number;
 }
@@ -51,8 +53,9 @@ export class PostUploadSweeper {
         objects += swept.deleted;
         posts += 1;
       } catch (err) {
-        // One post the store refuses must not hold up the others.
+        // One post the store refuses must not hold up the others, now or in the next rounds.
         this.options.onError?.(err, id);
+        await this.posts.finishObjectsCheck(id, due, now + (this.options.retryMs ?? 600_000));
       }
     }
     return { posts, objects };
