@@ -124,10 +124,12 @@ const sqlite: Record<string, Step> = {
     `ALTER TABLE knowposts ADD COLUMN objects_purged_at INTEGER`,
     `CREATE INDEX knowposts_purge ON knowposts (status, objects_purged_at, updated_at)`,
   ),
-  // When a live post's objects are next checked for uploads and copies it no longer refers to.
+  // When a live post's objects are next checked for uploads and copies it no longer refers to;
+  // posts from before the column are checked once, first.
   '0010_knowpost_sweep': exec(
     `ALTER TABLE knowposts ADD COLUMN objects_check_at INTEGER`,
     `CREATE INDEX knowposts_sweep ON knowposts (objects_check_at)`,
+    `UPDATE knowposts SET objects_check_at = 0 WHERE status <> 'deleted'`,
   ),
 };
 
@@ -205,6 +207,7 @@ const mysql: Record<string, Step> = {
   ),
   '0010_knowpost_sweep': exec(
     `ALTER TABLE knowposts ADD COLUMN objects_check_at BIGINT NULL, ADD KEY knowposts_sweep (objects_check_at)`,
+    `UPDATE knowposts SET objects_check_at = 0 WHERE status <> 'deleted'`,
   ),
 };
 
