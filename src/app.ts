@@ -37,7 +37,7 @@ import { KnowpostVisibilityRepository } from './knowpost/visibility.repository.j
 import { createDescriptionSuggester } from './knowpost/description/create.js';
 import { descriptionRoutes } from './knowpost/description.routes.js';
 import { PostCacheConsumer } from './knowpost/post-cache-consumer.js';
-import { PostObjectPurger } from './knowpost/post-purge.js';
+import { PostObjectPurger, postObjectsRemovedCounter } from './knowpost/post-purge.js';
 import { PostUploadSweeper } from './knowpost/post-sweep.js';
 import { POST_TOPIC, type PostChangeListener } from './knowpost/post-events.js';
 import { PostRepository } from './knowpost/post.repository.js';
@@ -341,6 +341,7 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
     onError: (err, postId) => log.warn({ err, post: postId }, 'could not remove a deleted post’s objects'),
     now,
   });
+  const objectsRemoved = postObjectsRemovedCounter(metrics.registry);
   const sweeper = new PostUploadSweeper(postRepo, platform.storage, {
     retentionMs: config.posts.uploadRetentionMs,
     onError: (err, postId) => log.warn({ err, post: postId }, 'could not check a post’s unused objects'),
@@ -367,8 +368,18 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
         ),
       workerError,
     ),
-    new PeriodicTask('post-purge', 60_000, () => purger.runOnce(), workerError),
-    new PeriodicTask('post-sweep', 60_000, () => sweeper.runOnce(), workerError),
+    new PeriodicTask(
+      'post-purge',
+      60_000,
+      async () => objectsRemoved.inc({ task: 'purge' }, (await purger.runOnce()).objects),
+      workerError,
+    ),
+    new PeriodicTask(
+      'post-sweep',
+      60_000,
+      async () => objectsRemoved.inc({ task: 'sweep' }, (await sweeper.runOnce()).objects),
+      workerError,
+    ),
     new PeriodicTask(
       'counter-reconcile',
       config.counters.reconcileIntervalMs,

@@ -1,3 +1,4 @@
+import { Counter, type Registry } from 'prom-client';
 import type { ObjectStorage } from '../platform/storage/object-storage.js';
 import type { PostRepository } from './post.repository.js';
 
@@ -51,4 +52,14 @@ export class PostObjectPurger {
     }
     return { posts, objects };
   }
+}
+
+/** `zg_post_objects_removed_total{task}`: what the purge and the upload sweep removed from storage. */
+export function postObjectsRemovedCounter(registry: Registry): Counter<'task'> {
+  return new Counter({
+    name: 'zg_post_objects_removed_total',
+    help: 'Objects removed from storage: of deleted posts (task purge), unused uploads and image copies of live posts (task sweep)',
+    labelNames: ['task'],
+    registers: [registry],
+  });
 }
