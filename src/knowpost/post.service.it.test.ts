@@ -126,18 +126,30 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
       .filter((r) => r.topic === POST_TOPIC && parsePostEvent(r.payload)?.postId === id)
       .map((r) => ({ key: r.msg_key, event: parsePostEvent(r.payload) }));
 
+  /** Presigns an upload to the author's post and stores `bytes` under its key, as a client's PUT would. */
+  async function uploadObject(
+    sut: PostService,
+    postId: string,
+    scene: 'knowpost_content' | 'knowpost_image',
+    contentType: string,
+    bytes: Buffer | string,
+  ) {
+    const presigned = await sut.presign(AUTHOR, { scene, postId, contentType });
+    const stored = await storage.put(
+      presigned.objectKey,
+      Buffer.from(bytes),
+      presigned.headers['Content-Type'],
+    );
+    return { objectKey: presigned.objectKey, etag: stored.etag };
+  }
+
   /** Uploads a body the way a client would and returns what confirm needs. */
   async function upload(sut: PostService, postId: string, text = `# Post ${postId}\n\nhello`) {
-    const presigned = await sut.presign(AUTHOR, {
-      scene: 'knowpost_content',
-      postId,
-      contentType: 'text/markdown',
-    });
     const bytes = Buffer.from(text);
-    const stored = await storage.put(presigned.objectKey, bytes, presigned.headers['Content-Type']);
+    const { objectKey, etag } = await uploadObject(sut, postId, 'knowpost_content', 'text/markdown', bytes);
     return {
-      objectKey: presigned.objectKey,
-      etag: stored.etag,
+      objectKey,
+      etag,
       size: bytes.length,
       sha256: createHash('sha256').update(bytes).digest('hex'),
     };
@@ -413,18 +425,13 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     const sut = newService();
     const id = await sut.createDraft(AUTHOR);
     await sut.confirmContent(AUTHOR, id, await upload(sut, id));
-    const presigned = await sut.presign(AUTHOR, {
-      scene: 'knowpost_content',
-      postId: id,
-      contentType: 'text/html',
-    });
     const bytes = Buffer.from('<p>hi</p>');
-    const stored = await storage.put(presigned.objectKey, bytes, 'text/html');
+    const presigned = await uploadObject(sut, id, 'knowpost_content', 'text/html', bytes);
     const first = (await row(id)).content_key!;
     expect(first).toMatch(/\/body\/[0-9a-f]{64}\.md$/);
     await sut.confirmContent(AUTHOR, id, {
       objectKey: presigned.objectKey,
-      etag: stored.etag,
+      etag: presigned.etag,
       size: bytes.length,
       sha256: createHash('sha256').update(bytes).digest('hex'),
     });
@@ -494,12 +501,7 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     const gone = await publishedPost(sut);
     const draft = await sut.createDraft(AUTHOR);
     await sut.confirmContent(AUTHOR, draft, await upload(sut, draft));
-    const image = await sut.presign(AUTHOR, {
-      scene: 'knowpost_image',
-      postId: gone,
-      contentType: 'image/png',
-    });
-    await storage.put(image.objectKey, Buffer.from('png'), 'image/png');
+    const image = await uploadObject(sut, gone, 'knowpost_image', 'image/png', 'png');
     await sut.update(AUTHOR, gone, { imgUrls: [image.objectKey] });
     const keysOf = async (id: string) => {
       const r = await row(id);
@@ -574,12 +576,7 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
   it('edits metadata, checks image entries and announces what changed', async () => {
     const sut = newService();
     const id = await sut.createDraft(AUTHOR);
-    const presigned = await sut.presign(AUTHOR, {
-      scene: 'knowpost_image',
-      postId: id,
-      contentType: 'image/png',
-    });
-    await storage.put(presigned.objectKey, Buffer.from('png'), 'image/png');
+    const presigned = await uploadObject(sut, id, 'knowpost_image', 'image/png', 'png');
     changes.length = 0;
 
     await sut.update(AUTHOR, id, {
@@ -678,12 +675,7 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
   it('refuses and deletes an oversized image', async () => {
     const sut = newService({ imageMaxBytes: 1024 });
     const id = await sut.createDraft(AUTHOR);
-    const presigned = await sut.presign(AUTHOR, {
-      scene: 'knowpost_image',
-      postId: id,
-      contentType: 'image/jpeg',
-    });
-    await storage.put(presigned.objectKey, Buffer.alloc(2048), 'image/jpeg');
+    const presigned = await uploadObject(sut, id, 'knowpost_image', 'image/jpeg', Buffer.alloc(2048));
     expect(await outcome(sut.update(AUTHOR, id, { imgUrls: [presigned.objectKey] }))).toBe(
       '413 PAYLOAD_TOO_LARGE',
     );
@@ -718,11 +710,7 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
       scene: 'knowpost_content' | 'knowpost_image',
       contentType: string,
       text: string,
-    ) => {
-      const presigned = await sut.presign(AUTHOR, { scene, postId: id, contentType });
-      await storage.put(presigned.objectKey, Buffer.from(text), contentType);
-      return presigned.objectKey;
-    };
+    ) => (await uploadObject(sut, id, scene, contentType, text)).objectKey;
     const exists = async (key: string) => (await storage.head(key)) !== null;
     const images = async () => JSON.parse((await row(id)).img_urls_json) as string[];
     const unconfirmed = await uploaded('knowpost_content', 'text/plain', 'never confirmed');

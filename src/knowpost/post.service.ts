@@ -321,7 +321,13 @@ export class PostService {
       throw new BadRequestError('body must set at least one field');
     const post = await this.owned(userId, postId);
     const requested = fields.imgUrls;
-    if (requested !== undefined) fields = { ...fields, imgUrls: await this.storedImages(post, requested) };
+    if (requested !== undefined) {
+      // A patch racing this one may copy images this one drops without knowing them: the post's
+      // objects are checked once those copies are older than the retention. Asked before anything
+      // changes, so a failure here changes nothing.
+      await this.posts.scheduleObjectsCheck(post.id, this.now() + this.limits.uploadRetentionMs);
+      fields = { ...fields, imgUrls: await this.storedImages(post, requested) };
+    }
     const now = this.now();
     const updated =
       fields.visible === undefined
@@ -346,9 +352,6 @@ export class PostService {
     const draft = await this.stillDraft(post);
     for (const kind of kinds) await this.announce({ id: post.id, authorId: userId, kind, draft });
     if (requested !== undefined) {
-      // A patch racing this one may have copied images this one drops without knowing them: the
-      // post's objects are checked once those copies are older than the retention.
-      await this.posts.scheduleObjectsCheck(post.id, this.now() + this.limits.uploadRetentionMs);
       // Images the post showed and no longer does, and uploads now copied, are read by no one.
       const kept = new Set(fields.imgUrls);
       await this.discard(
