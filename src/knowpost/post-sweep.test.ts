@@ -15,6 +15,7 @@ function post(id: string, fields: Partial<PostRecord> = {}): PostRecord {
     contentEtag: null,
     contentSha256: null,
     imgUrls: [],
+    imgUrlsJson: '[]',
     ...fields,
   };
 }

@@ -14,6 +14,8 @@ export interface PostRecord {
   contentEtag: string | null;
   contentSha256: string | null;
   imgUrls: string[];
+  /** `imgUrls` as stored, for `update`'s check that no other edit changed them meanwhile. */
+  imgUrlsJson: string;
 }
 
 export interface PostFields {
@@ -107,15 +109,20 @@ export class PostRepository {
       contentEtag: row.content_etag,
       contentSha256: row.content_sha256,
       imgUrls: parseList(row.img_urls_json),
+      imgUrlsJson: row.img_urls_json,
     };
   }
 
-  /** Applies `fields` to the author's post unless it is deleted; false when no such row. */
+  /**
+   * Applies `fields` to the author's post unless it is deleted, and only while its images are still
+   * `imagesWere` (as `imgUrlsJson` read them) when that is given; false when no such row.
+   */
   async update(
     id: string,
     authorId: number,
     fields: PostFields,
     now: number,
+    imagesWere?: string,
     db: Executor = this.db.kysely,
   ): Promise<boolean> {
     const set: Updateable<KnowpostsTable> = { updated_at: now };
@@ -126,13 +133,14 @@ export class PostRepository {
     if (fields.visible !== undefined) set.visible = fields.visible;
     if (fields.isTop !== undefined) set.is_top = fields.isTop ? 1 : 0;
     if (fields.description !== undefined) set.description = fields.description;
-    const result = await db
+    let update = db
       .updateTable('knowposts')
       .set(set)
       .where('id', '=', id)
       .where('author_id', '=', authorId)
-      .where('status', '!=', 'deleted')
-      .executeTakeFirst();
+      .where('status', '!=', 'deleted');
+    if (imagesWere !== undefined) update = update.where('img_urls_json', '=', imagesWere);
+    const result = await update.executeTakeFirst();
     return result.numUpdatedRows > 0n;
   }
 

@@ -108,7 +108,8 @@ export function postRoutes(deps: PostRouteDeps) {
             'a later PUT through the upload URL shows only once a patch names the key again. The upload ' +
             'is then deleted, and so are copies of images the post no longer shows; an upload key sent ' +
             'again names the copy made of it. 409 OBJECT_CHANGED: an image was replaced while it was ' +
-            'being checked.',
+            'being checked. An edit of imgUrls that overlaps another is judged again against what that ' +
+            'one stored; 409 POST_CHANGED after three such losses.',
           params: PostIdParams,
           body: PostPatchBody,
           response: { ...NoContent, ...errorResponses(400, 401, 403, 404, 409, 413) },

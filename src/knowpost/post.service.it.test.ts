@@ -769,6 +769,61 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     expect((await row(id)).objects_check_at).toBe(now + 5);
   });
 
+  it('judges an edit of images again when another overlapped it, so every image shown exists', async () => {
+    const sut = newService();
+    const id = await publishedPost(sut);
+    const images = async () => JSON.parse((await row(id)).img_urls_json) as string[];
+    const exists = async (key: string) => (await storage.head(key)) !== null;
+    const upload = async (text: string) =>
+      (await uploadObject(sut, id, 'knowpost_image', 'image/png', text)).objectKey;
+    /**
+     * Runs `edit` on a service whose copies of `key` wait until another edit has finished: one to
+     * `other` at the first copy, or one to a new URL at every copy when `other` is `'every'`.
+     */
+    async function overlapped(key: string, edit: string[], other: string[] | 'every') {
+      const others: Promise<string>[] = [];
+      class Pausing extends LocalObjectStorage {
+        override async copy(from: string, to: string, ifEtag: string) {
+          if (from === key && (other === 'every' || others.length === 0)) {
+            const imgUrls = other === 'every' ? [`https://x.invalid/${others.length}.png`] : other;
+            others.push(outcome(sut.update(AUTHOR, id, { imgUrls })));
+            await others.at(-1);
+          }
+          return super.copy(from, to, ifEtag);
+        }
+      }
+      const paused = new PostService({
+        ...serviceOptions(),
+        storage: new Pausing(root, 'http://files.invalid/files'),
+      });
+      const result = await outcome(paused.update(AUTHOR, id, { imgUrls: edit }));
+      return [result, ...(await Promise.all(others))];
+    }
+
+    await sut.update(AUTHOR, id, { imgUrls: [await upload('first')] });
+    const [first] = await images();
+    // The other edit drops the first image; this one may not bring its deleted copy back.
+    const second = await upload('second');
+    expect(await overlapped(second, [first!, second], [])).toEqual(['400 BAD_REQUEST', 'ok']);
+    expect(await images()).toEqual([]);
+    expect(await exists(first!)).toBe(false);
+
+    // Judged again, this one wins, and the other's image, no longer shown, goes.
+    const third = await upload('third');
+    const fourth = await upload('fourth');
+    expect(await overlapped(third, [third], [fourth])).toEqual(['ok', 'ok']);
+    const shown = await images();
+    expect(shown).toEqual([storedImageKey(id, third, md5('third'))]);
+    expect(await exists(shown[0]!)).toBe(true);
+    for (const gone of [third, fourth, storedImageKey(id, fourth, md5('fourth'))])
+      expect({ gone, exists: await exists(gone) }).toEqual({ gone, exists: false });
+
+    // Overlapped at every try, it gives up after three and changes nothing.
+    const fifth = await upload('fifth');
+    expect(await overlapped(fifth, [fifth], 'every')).toEqual(['409 POST_CHANGED', 'ok', 'ok', 'ok']);
+    expect(await images()).toEqual(['https://x.invalid/2.png']);
+  });
+
   it('keeps going when a change listener fails', async () => {
     const warned: unknown[] = [];
     const sut = new PostService({

@@ -315,35 +315,34 @@ export class PostService {
   /**
    * Metadata edits. Image entries are this post's image keys (checked to exist within the image
    * size limit, like confirm does for the body) or absolute http(s) URLs.
+   *
+   * An edit of the images applies only while the post still shows what it read: of two overlapping
+   * ones, the second is judged again against what the first stored, so it cannot put back a copy the
+   * first deleted. After three such losses it answers 409 `POST_CHANGED`.
    */
   async update(userId: number, postId: string, fields: PostFields): Promise<void> {
     if (Object.values(fields).every((v) => v === undefined))
       throw new BadRequestError('body must set at least one field');
-    const post = await this.owned(userId, postId);
+    let post = await this.owned(userId, postId);
     const requested = fields.imgUrls;
-    if (requested !== undefined) {
+    let stored = fields;
+    if (requested === undefined) {
+      if (!(await this.write(post, fields))) throw notFound();
+    } else {
       // A patch racing this one may copy images this one drops without knowing them: the post's
       // objects are checked once those copies are older than the retention. Asked before anything
       // changes, so a failure here changes nothing.
       await this.posts.scheduleObjectsCheck(post.id, this.now() + this.limits.uploadRetentionMs);
-      fields = { ...fields, imgUrls: await this.storedImages(post, requested) };
+      for (let attempt = 1; ; attempt++) {
+        stored = { ...fields, imgUrls: await this.storedImages(post, requested) };
+        if (await this.write(post, stored, post.imgUrlsJson)) break;
+        // Deleted (404 from `owned`), or another edit changed the images since they were read.
+        post = await this.owned(userId, postId);
+        if (attempt === 3) {
+          throw new ConflictError('The post changed while it was being edited; try again', 'POST_CHANGED');
+        }
+      }
     }
-    const now = this.now();
-    const updated =
-      fields.visible === undefined
-        ? await this.posts.update(post.id, userId, fields, now)
-        : // Who may see the post changes: the caches must hear of it even if this process fails to
-          // tell them, so the change is also an event, written with it.
-          // Not for a draft (read after the update, which holds the row): no cache holds one, and
-          // its publish writes an event of its own.
-          await this.posts.transaction(async (trx) => {
-            if (!(await this.posts.update(post.id, userId, fields, now, trx))) return false;
-            if ((await this.posts.find(post.id, trx))?.status === 'draft') return true;
-            const event = postChangedEvent(post.id, userId, now, this.ids.next());
-            await this.outbox.append(trx, postEventMessage(event));
-            return true;
-          });
-    if (!updated) throw notFound();
     const kinds: PostChangeKind[] = [];
     const { visible, isTop, ...rest } = fields;
     if (Object.values(rest).some((v) => v !== undefined)) kinds.push('updated');
@@ -353,7 +352,7 @@ export class PostService {
     for (const kind of kinds) await this.announce({ id: post.id, authorId: userId, kind, draft });
     if (requested !== undefined) {
       // Images the post showed and no longer does, and uploads now copied, are read by no one.
-      const kept = new Set(fields.imgUrls);
+      const kept = new Set(stored.imgUrls);
       await this.discard(
         post.id,
         [...post.imgUrls, ...requested].filter(
@@ -361,6 +360,23 @@ export class PostService {
         ),
       );
     }
+  }
+
+  /** One edit of the author's post; false when it is deleted or its images are no longer `imagesWere`. */
+  private async write(post: PostRecord, fields: PostFields, imagesWere?: string): Promise<boolean> {
+    const now = this.now();
+    if (fields.visible === undefined)
+      return this.posts.update(post.id, post.authorId, fields, now, imagesWere);
+    // Who may see the post changes: the caches must hear of it even if this process fails to tell
+    // them, so the change is also an event, written with it. Not for a draft (read after the update,
+    // which holds the row): no cache holds one, and its publish writes an event of its own.
+    return this.posts.transaction(async (trx) => {
+      if (!(await this.posts.update(post.id, post.authorId, fields, now, imagesWere, trx))) return false;
+      if ((await this.posts.find(post.id, trx))?.status === 'draft') return true;
+      const event = postChangedEvent(post.id, post.authorId, now, this.ids.next());
+      await this.outbox.append(trx, postEventMessage(event));
+      return true;
+    });
   }
 
   async setTop(userId: number, postId: string, isTop: boolean): Promise<void> {
