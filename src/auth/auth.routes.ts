@@ -45,6 +45,10 @@ export function authRoutes(deps: AuthRouteDeps) {
       {
         schema: {
           tags,
+          description:
+            'Phone codes go to the SMS webhook (ZG_SMS_WEBHOOK_URL); without one they are logged where ' +
+            'ZG_SMS_LOG_CODES allows (the embedded default), else refused with 503 SMS_UNAVAILABLE for ' +
+            'every scene and number alike. 503 UNAVAILABLE: the code could not be delivered.',
           body: SendCodeBody,
           response: { 200: SendCodeResponse, ...errorResponses(400, 409, 429, 503) },
         },

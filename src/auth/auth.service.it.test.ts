@@ -162,4 +162,56 @@ describe('client addresses behind a trusted proxy', () => {
       .execute();
     expect(rows).toEqual([{ ip: '10.1.1.1' }]);
   });
+
+  it('limits an IPv6 client by its /64', async () => {
+    expect((await login('2001:db8:1:2::a')).statusCode).toBe(401);
+    expect((await login('2001:db8:1:2:ffff::b')).statusCode).toBe(401);
+    expect((await login('2001:db8:1:2::c')).statusCode).toBe(429);
+    expect((await login('2001:db8:1:3::a')).statusCode).toBe(401);
+  });
+
+  it('limits code checks per client, across accounts and apart from sends and sign-ins', async () => {
+    const check = (url: string, identifier: string, extra: Record<string, unknown>) =>
+      app.http.inject({
+        method: 'POST',
+        url,
+        payload: { identifierType: 'EMAIL', identifier, code: '123456', ...extra },
+        remoteAddress: '10.1.1.1',
+        headers: { 'x-forwarded-for': '198.51.100.60' },
+      });
+    const statuses = [
+      (await check('/api/v1/auth/login', 'g1@example.test', {})).statusCode,
+      (await check('/api/v1/auth/register', 'g2@example.test', { agreeTerms: true })).statusCode,
+      (await check('/api/v1/auth/password/reset', 'g3@example.test', { newPassword: 'abc12345' })).statusCode,
+      (await check('/api/v1/auth/login', 'g4@example.test', {})).statusCode,
+    ];
+    expect(statuses).toEqual([400, 400, 429, 429]);
+    // Password sign-ins from the same client are counted apart.
+    expect((await login('198.51.100.60')).statusCode).toBe(401);
+  });
+});
+
+describe('phone codes without an SMS gateway', () => {
+  let app: App;
+  beforeAll(async () => {
+    const dataDir = mkdtempSync(join(tmpdir(), 'zg-auth-sms-'));
+    const config = loadConfig({ ZG_DATA_DIR: dataDir, PORT: '0', ZG_SMS_LOG_CODES: 'false' });
+    app = await buildApp(config, { logger: pino({ level: 'silent' }) });
+  });
+  afterAll(async () => app?.close());
+
+  it('are refused alike for every scene and account, and e-mail codes still go', async () => {
+    const send = (scene: string, identifierType: string, identifier: string) =>
+      app.http.inject({
+        method: 'POST',
+        url: '/api/v1/auth/send-code',
+        payload: { scene, identifierType, identifier },
+      });
+    for (const scene of ['REGISTER', 'LOGIN', 'RESET_PASSWORD']) {
+      const res = await send(scene, 'PHONE', '13800138000');
+      expect(res.statusCode).toBe(503);
+      expect(res.json()).toMatchObject({ code: 'SMS_UNAVAILABLE' });
+    }
+    expect((await send('REGISTER', 'EMAIL', 'mail@example.test')).statusCode).toBe(200);
+  });
 });

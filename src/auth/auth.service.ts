@@ -10,6 +10,7 @@ import type { RateLimiter } from '../platform/ratelimit/ratelimit.js';
 import type { UserRow, UsersRepository } from '../profile/users.repository.js';
 import type { Authenticator } from './authenticator.js';
 import type { IdentifierType, Scene } from './code-sender/code-sender.js';
+import { rateLimitSubject } from './client-address.js';
 import { normalizeIdentifier } from './identifiers.js';
 import type { LoginAttempt, LoginAuditRepository } from './login-audit.repository.js';
 import { meetsPasswordPolicy, type PasswordHasher } from './passwords.js';
@@ -32,7 +33,10 @@ export interface TokenPair {
 export interface AuthLimits {
   /** Password logins per identifier per window. */
   passwordPerIdentifier: number;
-  /** Code sends and password logins per client address per window. */
+  /**
+   * Code sends, code checks and password logins per client (an IPv4 address, an IPv6 /64) per
+   * window, each counted apart.
+   */
   perIp: number;
   windowMs: number;
 }
@@ -70,6 +74,14 @@ export class AuthService {
 
   async sendCode(scene: Scene, type: IdentifierType, rawIdentifier: string, ctx: RequestContext) {
     const identifier = normalizeIdentifier(type, rawIdentifier);
+    // Before anything about the account: the same answer whether it exists or not.
+    if (!this.verification.delivers(type)) {
+      throw new AppError(
+        'SMS_UNAVAILABLE',
+        'Codes cannot be sent to phone numbers here; use an e-mail address or a password',
+        503,
+      );
+    }
     await this.limitIp('send', ctx);
     const existing = await this.users.findByIdentifier(type, identifier);
     if (scene === 'REGISTER' && existing)
@@ -93,6 +105,7 @@ export class AuthService {
       throw new AuthError('TERMS_NOT_ACCEPTED', 'The terms must be accepted', 400);
     const identifier = normalizeIdentifier(input.identifierType, input.identifier);
     if (input.password !== undefined && !meetsPasswordPolicy(input.password)) throw passwordPolicy();
+    await this.limitIp('verify', ctx);
     // The code first: otherwise any made-up code would tell, without limit, who is registered.
     await this.verification.verify('REGISTER', identifier, input.code);
     if (await this.users.findByIdentifier(input.identifierType, identifier)) {
@@ -156,6 +169,8 @@ export class AuthService {
 
   async loginWithCode(type: IdentifierType, rawIdentifier: string, code: string, ctx: RequestContext) {
     const identifier = normalizeIdentifier(type, rawIdentifier);
+    // A code's five tries are per identifier: one client guessing across many accounts is held here.
+    await this.limitIp('verify', ctx);
     try {
       await this.verification.verify('LOGIN', identifier, code);
     } catch (err) {
@@ -213,6 +228,7 @@ export class AuthService {
   ) {
     const identifier = normalizeIdentifier(type, rawIdentifier);
     if (!meetsPasswordPolicy(newPassword)) throw passwordPolicy();
+    await this.limitIp('verify', ctx);
     await this.verification.verify('RESET_PASSWORD', identifier, code);
     const user = await this.users.findByIdentifier(type, identifier);
     if (!user) throw new BadRequestError('No valid code; ask for a new one', 'VERIFICATION_NOT_FOUND');
@@ -279,7 +295,7 @@ export class AuthService {
   private async limitIp(action: string, ctx: RequestContext): Promise<void> {
     if (!ctx.ip) return;
     const decision = await this.limiter.hit(
-      `auth:${action}:ip:${ctx.ip}`,
+      `auth:${action}:ip:${rateLimitSubject(ctx.ip)}`,
       this.limits.perIp,
       this.limits.windowMs,
     );

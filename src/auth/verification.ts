@@ -28,6 +28,11 @@ export class VerificationService {
     private readonly now: () => number = Date.now,
   ) {}
 
+  /** Whether codes can be sent to identifiers of this type here at all. */
+  delivers(type: IdentifierType): boolean {
+    return this.sender.delivers?.(type) ?? true;
+  }
+
   /** `deliver: false` runs the same limits without creating or sending a code (unknown accounts). */
   async send(
     scene: Scene,

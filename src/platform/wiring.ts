@@ -20,6 +20,7 @@ import { SqliteUserCounterStore } from '../user-counter/store/sqlite-user-counte
 import type { CodeSender } from '../auth/code-sender/code-sender.js';
 import { RoutingCodeSender } from '../auth/code-sender/code-sender.js';
 import { LogCodeSender } from '../auth/code-sender/log-code-sender.js';
+import { WebhookCodeSender } from '../auth/code-sender/webhook-code-sender.js';
 import { SmtpCodeSender } from '../auth/code-sender/smtp-code-sender.js';
 import { loadOrCreatePem } from '../auth/keys.js';
 import type { ListCache } from '../relation/list-cache/list-cache.js';
@@ -88,8 +89,16 @@ async function s3Storage(config: Config, log: Logger) {
   return storage;
 }
 
-async function emailSender(config: Config, log: Logger): Promise<CodeSender> {
-  return config.smtp.url ? SmtpCodeSender.create(config.smtp.url, config.smtp.from) : new LogCodeSender(log);
+async function codeSenders(config: Config, log: Logger): Promise<RoutingCodeSender> {
+  const { smtp, sms } = config;
+  return new RoutingCodeSender({
+    EMAIL: smtp.url ? await SmtpCodeSender.create(smtp.url, smtp.from) : new LogCodeSender(log),
+    PHONE: sms.webhookUrl
+      ? new WebhookCodeSender({ url: sms.webhookUrl, token: sms.webhookToken })
+      : sms.log
+        ? new LogCodeSender(log)
+        : null,
+  });
 }
 
 async function createEmbedded(config: Config, log: Logger): Promise<Platform> {
@@ -99,10 +108,7 @@ async function createEmbedded(config: Config, log: Logger): Promise<Platform> {
     await migrate(db);
     const events = new SqliteEventLog(db);
     closers.unshift(() => events.close());
-    const codeSender = new RoutingCodeSender({
-      EMAIL: await emailSender(config, log),
-      PHONE: new LogCodeSender(log),
-    });
+    const codeSender = await codeSenders(config, log);
     closers.unshift(async () => codeSender.close());
     const invalidation = createLocalInvalidationBus();
     closers.unshift(() => invalidation.close());
@@ -192,10 +198,7 @@ async function createCluster(config: Config, log: Logger): Promise<Platform> {
     const { RedisUserCounterStore } = await import('../user-counter/store/redis-user-counter-store.js');
     const { RedisListCache } = await import('../relation/list-cache/redis-list-cache.js');
 
-    const codeSender = new RoutingCodeSender({
-      EMAIL: await emailSender(config, log),
-      PHONE: new LogCodeSender(log),
-    });
+    const codeSender = await codeSenders(config, log);
     closers.unshift(async () => codeSender.close());
     return {
       db,

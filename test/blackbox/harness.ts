@@ -2,6 +2,7 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { generateKeyPairSync } from 'node:crypto';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
+import { createServer as createHttpServer } from 'node:http';
 import { createServer, type AddressInfo } from 'node:net';
 import { join, resolve } from 'node:path';
 import { createInterface } from 'node:readline';
@@ -137,6 +138,23 @@ export async function startServer(
     await new Promise<void>((ok) => smtp.listen(0, '127.0.0.1', ok));
     const smtpPort = (smtp.server.address() as { port: number }).port;
     cleanups.push(() => new Promise<void>((ok) => smtp.close(() => ok())));
+    // Phone codes reach an SMS gateway's webhook, as they would in production.
+    const smsToken = uniqueName('sms');
+    const sms = createHttpServer((request, response) => {
+      const chunks: Buffer[] = [];
+      request.on('data', (c: Buffer) => chunks.push(c));
+      request.on('end', () => {
+        if (request.headers.authorization !== `Bearer ${smsToken}`) return void response.writeHead(401).end();
+        const body = JSON.parse(Buffer.concat(chunks).toString('utf8')) as Record<string, unknown>;
+        if (typeof body.to === 'string' && typeof body.scene === 'string' && typeof body.code === 'string')
+          delivered.push({ identifier: body.to, scene: body.scene, code: body.code, at: Date.now() });
+        notify();
+        response.writeHead(204).end();
+      });
+    });
+    await new Promise<void>((ok) => sms.listen(0, '127.0.0.1', ok));
+    const smsPort = (sms.address() as AddressInfo).port;
+    cleanups.push(() => new Promise<void>((ok) => sms.close(() => ok())));
     Object.assign(env, {
       ZG_MYSQL_URL: (mysqlUrl = database.url),
       ZG_REDIS_URL: services.redisUrl(),
@@ -145,6 +163,8 @@ export async function startServer(
       ZG_KAFKA_PREFIX: `${uniqueName('bb')}.`,
       ZG_KAFKA_PARTITIONS: '2',
       ZG_SMTP_URL: `smtp://127.0.0.1:${smtpPort}`,
+      ZG_SMS_WEBHOOK_URL: `http://127.0.0.1:${smsPort}/sms`,
+      ZG_SMS_WEBHOOK_TOKEN: smsToken,
       ZG_S3_ENDPOINT: services.s3Endpoint(),
       ZG_S3_BUCKET: bucket,
       ZG_S3_ACCESS_KEY_ID: services.s3Credentials().accessKeyId,

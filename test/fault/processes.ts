@@ -254,6 +254,8 @@ export async function clusterDeployment(
       ZG_KAFKA_PREFIX: `${uniqueName('ft')}.`,
       ZG_KAFKA_PARTITIONS: '3',
       ZG_SMTP_URL: 'smtp://127.0.0.1:9',
+      // Accounts sign up by phone, their codes read from the log.
+      ZG_SMS_LOG_CODES: 'true',
       ZG_S3_ENDPOINT: services.s3Endpoint(),
       ZG_S3_BUCKET: bucket,
       ZG_S3_ACCESS_KEY_ID: services.s3Credentials().accessKeyId,

@@ -16,19 +16,30 @@ export interface CodeMessage {
 
 export interface CodeSender {
   send(message: CodeMessage): Promise<void>;
+  /** Whether codes for this identifier type can be sent at all (a setting, not a passing failure). */
+  delivers?(type: IdentifierType): boolean;
   close?(): Promise<void>;
 }
 
-/** Routes each identifier type to its own sender (mail for email, SMS for phone). */
+/**
+ * Routes each identifier type to its own sender (mail for email, SMS for phone); a type without
+ * one is not delivered to.
+ */
 export class RoutingCodeSender implements CodeSender {
-  constructor(private readonly byType: Record<IdentifierType, CodeSender>) {}
+  constructor(private readonly byType: Record<IdentifierType, CodeSender | null>) {}
+
+  delivers(type: IdentifierType): boolean {
+    return this.byType[type] !== null;
+  }
 
   send(message: CodeMessage): Promise<void> {
-    return this.byType[message.identifierType].send(message);
+    const sender = this.byType[message.identifierType];
+    if (sender === null) return Promise.reject(new Error(`no sender for ${message.identifierType} codes`));
+    return sender.send(message);
   }
 
   async close(): Promise<void> {
     const unique = new Set(Object.values(this.byType));
-    await Promise.all([...unique].map(async (s) => s.close?.()));
+    await Promise.all([...unique].map(async (s) => s?.close?.()));
   }
 }

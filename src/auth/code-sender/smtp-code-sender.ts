@@ -41,7 +41,8 @@ export class SmtpCodeSender implements CodeSender {
     const minutes = Math.round(message.expireSeconds / 60);
     await this.transport.sendMail({
       from: this.from,
-      to: message.identifier,
+      // An address as it is, never parsed for display names or lists.
+      to: { name: '', address: message.identifier },
       subject: SUBJECTS[message.scene],
       text:
         `您的验证码是 ${message.code}，${minutes} 分钟内有效。\n` +

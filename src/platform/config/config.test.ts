@@ -65,6 +65,22 @@ describe(loadConfig.name, () => {
     }
   });
 
+  it('logs phone codes on embedded only, unless a webhook is set or told otherwise', () => {
+    expect(loadConfig({}).sms).toEqual({ webhookUrl: undefined, webhookToken: undefined, log: true });
+    expect(loadConfig(CLUSTER_ENV).sms.log).toBe(false);
+    expect(loadConfig({ ...CLUSTER_ENV, ZG_SMS_LOG_CODES: 'true' }).sms.log).toBe(true);
+    expect(loadConfig({ ZG_SMS_LOG_CODES: 'false' }).sms.log).toBe(false);
+    expect(
+      loadConfig({
+        ...CLUSTER_ENV,
+        ZG_SMS_WEBHOOK_URL: 'https://sms.example/send',
+        ZG_SMS_WEBHOOK_TOKEN: 't',
+      }).sms,
+    ).toEqual({ webhookUrl: 'https://sms.example/send', webhookToken: 't', log: false });
+    expect(() => loadConfig({ ZG_SMS_WEBHOOK_URL: 'ftp://sms.example' })).toThrow(/ZG_SMS_WEBHOOK_URL/);
+    expect(() => loadConfig({ ZG_SMS_LOG_CODES: 'yes' })).toThrow(/ZG_SMS_LOG_CODES/);
+  });
+
   it('refuses an unknown profile rather than starting embedded', () => {
     expect(() => loadConfig({ ZG_PROFILE: 'clustre' })).toThrow(/ZG_PROFILE/);
   });

@@ -41,6 +41,8 @@ export interface Config {
   /** scrypt cost parameter (log2 N) for new password hashes. */
   passwordHashCost: number;
   smtp: { url: string | undefined; from: string };
+  /** Phone codes: POSTed to `webhookUrl` when set; else logged when `log`, else refused. */
+  sms: { webhookUrl: string | undefined; webhookToken: string | undefined; log: boolean };
   /** Guessing limits per 15 minutes: password sign-ins per identifier; code sends, and separately sign-ins, per client address. */
   authLimits: { passwordPerIdentifier: number; perIp: number; windowMs: number };
   counters: {
@@ -181,10 +183,22 @@ export const CONFIG_VARS = {
     description: 'From address of verification mail',
     default: 'Zhiguang <no-reply@zhiguang.local>',
   },
+  ZG_SMS_WEBHOOK_URL: {
+    description:
+      'http(s) URL phone verification codes are POSTed to as JSON (an SMS gateway or a relay to one); a 2xx answer means sent',
+  },
+  ZG_SMS_WEBHOOK_TOKEN: {
+    description: 'sent as "Authorization: Bearer <token>" with every POST to ZG_SMS_WEBHOOK_URL',
+    secret: true,
+  },
+  ZG_SMS_LOG_CODES: {
+    description:
+      'without ZG_SMS_WEBHOOK_URL, write phone codes to the log (true) or refuse to send them (false, 503 SMS_UNAVAILABLE); default true on embedded, false on cluster: anyone who reads the log could sign in as any phone user',
+  },
   ZG_AUTH_LOGIN_LIMIT: { description: 'password sign-in attempts per account per 15 minutes', default: '10' },
   ZG_AUTH_IP_LIMIT: {
     description:
-      'code sends per client address per 15 minutes, and as many password sign-ins (counted separately)',
+      'code sends per client (an IPv4 address, an IPv6 /64) per 15 minutes, and as many code checks and as many password sign-ins (each counted apart)',
     default: '60',
   },
   ZG_TRUST_PROXY: {
@@ -487,6 +501,16 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: { ro
     sessionCheckCacheMs: int('ZG_SESSION_CHECK_CACHE_MS', 0, 60_000),
     passwordHashCost: int('ZG_PASSWORD_HASH_COST', 10, 20),
     smtp: { url: smtpUrl, from: raw('ZG_SMTP_FROM') ?? '' },
+    sms: {
+      webhookUrl: url('ZG_SMS_WEBHOOK_URL', ['http:', 'https:']),
+      webhookToken: raw('ZG_SMS_WEBHOOK_TOKEN'),
+      log:
+        oneOf(
+          'ZG_SMS_LOG_CODES',
+          ['false', 'true'],
+          raw('ZG_SMS_LOG_CODES') ?? String(profile === 'embedded'),
+        ) === 'true',
+    },
     authLimits: {
       passwordPerIdentifier: int('ZG_AUTH_LOGIN_LIMIT', 1, 1_000_000),
       perIp: int('ZG_AUTH_IP_LIMIT', 1, 1_000_000_000),

@@ -1,0 +1,38 @@
+import { isIPv4, isIPv6 } from 'node:net';
+
+/**
+ * The part of a client address that names one client for rate limits: an IPv4 address whole, an
+ * IPv6 address by its /64 network, which a single subscriber is commonly handed whole (limiting each
+ * of its addresses apart would give that client 2^64 allowances). IPv4-mapped IPv6 addresses count
+ * as the IPv4 address they carry.
+ */
+export function rateLimitSubject(ip: string): string {
+  const address = ip.replace(/%.*$/, '');
+  if (isIPv4(address)) return address;
+  if (!isIPv6(address)) return address;
+  const groups = expandIPv6(address);
+  if (groups.slice(0, 5).every((g) => g === 0) && groups[5] === 0xffff) {
+    return `${groups[6]! >> 8}.${groups[6]! & 0xff}.${groups[7]! >> 8}.${groups[7]! & 0xff}`;
+  }
+  return `${groups
+    .slice(0, 4)
+    .map((g) => g.toString(16))
+    .join(':')}::/64`;
+}
+
+/** The eight 16-bit groups of a valid IPv6 address (with `::` and a dotted IPv4 tail resolved). */
+function expandIPv6(address: string): number[] {
+  const [head = '', tail] = address.split('::');
+  const parse = (part: string): number[] =>
+    part === ''
+      ? []
+      : part.split(':').flatMap((group) => {
+          if (!group.includes('.')) return [parseInt(group, 16)];
+          const [a = 0, b = 0, c = 0, d = 0] = group.split('.').map(Number);
+          return [(a << 8) | b, (c << 8) | d];
+        });
+  const first = parse(head);
+  if (tail === undefined) return first;
+  const last = parse(tail);
+  return [...first, ...new Array<number>(8 - first.length - last.length).fill(0), ...last];
+}
