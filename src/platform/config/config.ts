@@ -195,7 +195,11 @@ export const CONFIG_VARS = {
     description:
       'without ZG_SMS_WEBHOOK_URL, write phone codes to the log (true) or refuse to send them (false, 503 SMS_UNAVAILABLE); default true on embedded, false on cluster: anyone who reads the log could sign in as any phone user',
   },
-  ZG_AUTH_LOGIN_LIMIT: { description: 'password sign-in attempts per account per 15 minutes', default: '10' },
+  ZG_AUTH_LOGIN_LIMIT: {
+    description:
+      'password sign-in attempts per identifier (phone number or e-mail address, registered or not) per 15 minutes; a successful sign-in starts the count again',
+    default: '10',
+  },
   ZG_AUTH_IP_LIMIT: {
     description:
       'code sends per client (an IPv4 address, an IPv6 /64) per 15 minutes, and as many code checks and as many password sign-ins (each counted apart)',
@@ -576,7 +580,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: { ro
   const reads = config.postReads;
   if (reads.urlTtlSeconds * 1000 < 2 * (reads.localCacheMs + reads.sharedCacheMs)) {
     problems.push(
-      'ZG_POST_URL_TTL_SECONDS: must be over twice ZG_POST_CACHE_MS + ZG_POST_SHARED_CACHE_MS (cached posts carry these URLs)',
+      'ZG_POST_URL_TTL_SECONDS: must be at least twice ZG_POST_CACHE_MS + ZG_POST_SHARED_CACHE_MS (cached posts carry these URLs)',
     );
   }
   if (problems.length > 0) throw new ConfigError(problems);
