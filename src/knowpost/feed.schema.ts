@@ -3,6 +3,11 @@ import { Nullable } from '../platform/http/schemas.js';
 
 export const MAX_PAGE_SIZE = 50;
 export const DEFAULT_PAGE_SIZE = 20;
+/**
+ * How deep the public feed pages: through its newest 10,000 posts. A page is an OFFSET, which costs
+ * the database a scan of every row it skips, and the feed is public.
+ */
+export const FEED_DEPTH = 10_000;
 
 /** `size` outside 1–50 is clamped rather than refused (the contract); `page` is 1-based. */
 export const PageQuery = Type.Object({

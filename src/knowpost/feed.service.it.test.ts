@@ -333,6 +333,23 @@ describe.each<Profile>(['embedded', 'cluster'])('reading posts against real stor
     expect(small.warm).toEqual({ db: 1, 'store.readSnapshots': 1, 'store.flags': 1 });
   });
 
+  it('pages the public feed only as deep as told, the last page saying there is no more', async () => {
+    const p = apiProcess({});
+    const interactions = {
+      counts: async (refs: readonly EntityRef[]) =>
+        refs.map(() => [0, 0, 0, 0, 0] as [number, number, number, number, number]),
+      flags: async () => [],
+    };
+    const shallow = new FeedService(p.cache, new PostReadRepository(backend.db), interactions, undefined, 4);
+    expect((await p.feeds.feed(2, 2, null)).hasMore).toBe(true);
+    expect((await shallow.feed(1, 2, null)).hasMore).toBe(true);
+    const last = await shallow.feed(2, 2, null);
+    expect(last.entries).toHaveLength(2);
+    expect(last.hasMore).toBe(false);
+    expect((await shallow.feed(1, 3, null)).hasMore).toBe(true);
+    expect((await shallow.feed(2, 3, null)).hasMore).toBe(false);
+  });
+
   it('keeps an anonymous page’s answer for its ttl and drops it on any post change', async () => {
     let now = 1_000;
     const counts: Counts = {};

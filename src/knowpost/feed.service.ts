@@ -1,6 +1,7 @@
 import type { Counts, EntityRef } from '../counter/model.js';
 import type { Flags } from '../counter/store/counter-store.js';
 import { AnonymousAnswers, type AnonymousAnswersOptions } from './anonymous-answers.js';
+import { FEED_DEPTH } from './feed.schema.js';
 import {
   feedResponseBytes,
   feedTemplate,
@@ -60,6 +61,8 @@ export class FeedService {
     private readonly repo: PostReadRepository,
     private readonly interactions: PostInteractions,
     anonymous?: AnonymousAnswersOptions,
+    /** The public feed pages through this many of its newest posts (see `FEED_DEPTH`). */
+    readonly depth = FEED_DEPTH,
   ) {
     this.anonymousPages =
       anonymous && anonymous.ttlMs > 0
@@ -131,7 +134,12 @@ export class FeedService {
       const post = posts.get(id);
       return post && isListed(post) ? [post] : [];
     });
-    return { entries: await this.entries(shown, viewerId, counts), page, size, hasMore };
+    return {
+      entries: await this.entries(shown, viewerId, counts),
+      page,
+      size,
+      hasMore: hasMore && page * size < this.depth,
+    };
   }
 
   /** The caller's published posts of any visibility, top ones first, then newest. */
