@@ -339,7 +339,8 @@ describe(CachedEntityDirectory.name, () => {
       expect(a.state.value).toEqual([true]);
       expect((await lookup([post('1')], 8).promise).value).toEqual([false]);
       expect((await lookup([post('1')], null).promise).value).toEqual([false]);
-      expect(mayView({ ...own, visible: 'unlisted' }, null)).toBe(true);
+      expect(mayView({ ...own, visible: 'unlisted' }, null)).toBe(false);
+      expect(mayView({ ...own, visible: 'unlisted' }, 7)).toBe(true);
       expect(mayView({ ...PUBLIC, status: 'draft' }, 1)).toBe(false);
     });
   });

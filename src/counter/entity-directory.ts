@@ -17,12 +17,12 @@ export interface Visibility {
 }
 
 /**
- * Counters exist for published posts only. Anyone may see a public or unlisted one; a post for
- * followers, a school or its author alone is shown to its author (audiences arrive with relations).
+ * Counters exist for published posts only. Anyone may see a public one; any other (unlisted, for
+ * followers, a school or its author alone) is shown to its author only, as its detail is.
  */
 export function mayView(v: Visibility | null | undefined, viewerId: number | null): boolean {
   if (!v || v.status !== 'published') return false;
-  return v.visible === 'public' || v.visible === 'unlisted' || (viewerId !== null && v.authorId === viewerId);
+  return v.visible === 'public' || (viewerId !== null && v.authorId === viewerId);
 }
 
 type Value = Visibility | null;

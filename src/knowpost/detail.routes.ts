@@ -17,9 +17,9 @@ export function detailRoutes(deps: { details: DetailService; guards: AuthGuards 
         schema: {
           tags: ['knowposts'],
           description:
-            'A published public or unlisted post, for everyone. Its author also gets their own drafts and ' +
-            'their private, followers and school posts (audiences are not modelled yet, so only the author ' +
-            'sees those). Anything else is 404, deleted posts too, also for their author. Each 200 counts a view, except ' +
+            'A published public post, for everyone. Its author also gets their own drafts and their ' +
+            'unlisted, private, followers and school posts (audiences are not modelled yet, so only the ' +
+            'author sees those). Anything else is 404, deleted posts too, also for their author. Each 200 counts a view, except ' +
             "an author's read of a post only they may see.",
           params: DetailParams,
           response: { 200: KnowPostDetailResponse, ...errorResponses(400, 401, 404) },

@@ -2,7 +2,7 @@ import { NotFoundError } from '../platform/errors/errors.js';
 import { AnonymousAnswers, type AnonymousAnswersOptions } from './anonymous-answers.js';
 import { NO_FLAGS, refOf, type PostInteractions } from './feed.service.js';
 import type { PostCache } from './post-cache.js';
-import { isShareable, mayRead } from './post-read.model.js';
+import { isListed, mayRead } from './post-read.model.js';
 import { detailResponseBytes, type Detail } from './read-answers.js';
 
 /** Where a successful detail read reports its view (buffered, see `ViewRecorder`). */
@@ -11,7 +11,7 @@ export interface ViewSink {
 }
 
 /**
- * One post for one viewer: published public or unlisted posts for everyone, any post but a deleted
+ * One post for one viewer: published public posts for everyone, any post but a deleted
  * one for its author, 404 for everything else (so ids cannot be probed). The visibility check runs on
  * every read, cached or not; counts and flags are read live and never cached with the post.
  *
@@ -36,7 +36,7 @@ export class DetailService {
   async detail(id: string, viewerId: number | null): Promise<Detail> {
     const detail = await this.read(id, viewerId, (refs) => this.interactions.counts(refs));
     // An author reading their own draft or private post is not a reader.
-    if (isShareable(detail.post)) this.views.record(id);
+    if (isListed(detail.post)) this.views.record(id);
     return detail;
   }
 

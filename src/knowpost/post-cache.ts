@@ -5,7 +5,7 @@ import { SingleFlight } from '../platform/cache/single-flight.js';
 import { TieredCache } from '../platform/cache/tiered-cache.js';
 import type { PostChangeListener } from './post-events.js';
 import type { AuthorRow, IdPage, PostReadRepository } from './post-read.repository.js';
-import { isShareable, type PostUrlSigner, type PostView } from './post-read.model.js';
+import { isListed, type PostUrlSigner, type PostView } from './post-read.model.js';
 
 /** Bus scope of post changes; its keys are post ids. */
 export const POST_INVALIDATION_SCOPE = 'knowpost';
@@ -64,7 +64,7 @@ function decodePage(text: string): IdPage | null {
 
 /**
  * The caches of the read side, each read through to the database:
- *  - posts by id (two tiers), holding only published public or unlisted posts: nothing a viewer may
+ *  - posts by id (two tiers), holding only published public posts: nothing a viewer may
  *    not see is ever stored where another viewer's request could read it, and nothing per viewer;
  *    other posts are loaded for each request;
  *  - pages of the public feed as lists of ids (two tiers), all under one guard, so a change to any
@@ -96,7 +96,7 @@ export class PostCache {
       sharedTtlMs: options.sharedTtlMs,
       encode,
       decode: decodePost,
-      cacheable: isShareable,
+      cacheable: isListed,
       onSharedError,
     });
     this.pages = new TieredCache<IdPage>({

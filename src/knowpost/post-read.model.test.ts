@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import type { PostReadRow } from './post-read.repository.js';
-import { isListed, isShareable, mayRead, PostUrlSigner } from './post-read.model.js';
+import { isListed, mayRead, PostUrlSigner } from './post-read.model.js';
 
 const ID = '7200000000000000001';
 const row = (over: Partial<PostReadRow> = {}): PostReadRow => ({
@@ -22,7 +22,7 @@ const row = (over: Partial<PostReadRow> = {}): PostReadRow => ({
 describe('who may read a post', () => {
   const cases: [Partial<PostReadRow>, { anyone: boolean; author: boolean; listed: boolean }][] = [
     [{}, { anyone: true, author: true, listed: true }],
-    [{ visible: 'unlisted' }, { anyone: true, author: true, listed: false }],
+    [{ visible: 'unlisted' }, { anyone: false, author: true, listed: false }],
     [{ visible: 'private' }, { anyone: false, author: true, listed: false }],
     [{ visible: 'followers' }, { anyone: false, author: true, listed: false }],
     [{ visible: 'school' }, { anyone: false, author: true, listed: false }],
@@ -40,7 +40,6 @@ describe('who may read a post', () => {
       author: mayRead(post, 10),
       listed: isListed(post),
     }).toEqual(expected);
-    expect(isShareable(post)).toBe(expected.anyone);
   });
 });
 

@@ -16,25 +16,24 @@ export interface PostView extends PostReadRow {
   urlsExpireAt: number;
 }
 
-/** Published and public or unlisted: anyone may read it, so shared caches may hold it. */
-export function isShareable(post: Pick<PostReadRow, 'status' | 'visible'>): boolean {
-  return post.status === 'published' && (post.visible === 'public' || post.visible === 'unlisted');
-}
-
-/** Published and public: it belongs in the public feed. */
+/**
+ * Published and public: anyone may read it, it belongs in the public feed, and shared caches may
+ * hold it. Every other visibility (`unlisted` too, as the contract has it) is its author's alone
+ * until audiences are modelled.
+ */
 export function isListed(post: Pick<PostReadRow, 'status' | 'visible'>): boolean {
   return post.status === 'published' && post.visible === 'public';
 }
 
 /**
- * Who may read a post's detail: anyone when it is shareable; its author in any state but deleted.
- * Audiences (followers, school) are not modelled yet, so such posts are their author's alone.
+ * Who may read a post's detail: anyone when it is published and public; its author in any state but
+ * deleted.
  */
 export function mayRead(
   post: Pick<PostReadRow, 'status' | 'visible' | 'authorId'>,
   viewerId: number | null,
 ): boolean {
-  if (isShareable(post)) return true;
+  if (isListed(post)) return true;
   return viewerId !== null && post.authorId === viewerId && post.status !== 'deleted';
 }
 

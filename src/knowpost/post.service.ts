@@ -82,7 +82,7 @@ export interface PostServiceOptions {
  *
  * Who gets which answer: a post the caller may not see (missing, deleted, someone else's draft or
  * non-public post) is 404 for every route, so ids cannot be probed; someone else's post the caller
- * may see (published, public or unlisted) is 403. Only `publish` and `presign` tell the author that
+ * may see (published and public) is 403. Only `publish` and `presign` tell the author that
  * their post is deleted (409 `INVALID_STATE`); elsewhere a deleted post is 404.
  */
 export class PostService {

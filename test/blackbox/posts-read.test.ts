@@ -213,7 +213,7 @@ describe.each<ProfileName>(['embedded', 'cluster'])('reading posts (%s profile)'
     expect((await call('GET', '/api/v1/knowposts/mine')).status).toBe(401);
   });
 
-  it('never shows a private post, a draft or a deleted post to anyone but its author', async () => {
+  it('never shows a private, unlisted or draft post to anyone but its author, nor a deleted one', async () => {
     const privatePost = await newPost(author, { visible: 'private' });
     const draft = await newPost(author, { publish: false });
     const deleted = await newPost(author);
@@ -232,18 +232,18 @@ describe.each<ProfileName>(['embedded', 'cluster'])('reading posts (%s profile)'
       id: draft,
       publishTime: null,
     });
+    expect(ok(await detail(unlisted, author.accessToken), 200).body.visible).toBe('unlisted');
     expect((await detail(deleted, author.accessToken)).status).toBe(404);
     expect(await feedIds(author.accessToken)).not.toContain(privatePost);
 
     for (const token of [undefined, reader.accessToken]) {
-      for (const id of [privatePost, draft, deleted]) {
+      for (const id of [privatePost, draft, deleted, unlisted]) {
         const res = await detail(id, token);
         expect(res.status, `${id} ${token ? 'reader' : 'anonymous'}`).toBe(404);
         expect(res.body).toMatchObject({ code: 'NOT_FOUND' });
       }
       const ids = await feedIds(token);
       for (const id of [privatePost, draft, deleted, unlisted]) expect(ids).not.toContain(id);
-      expect(ok(await detail(unlisted, token), 200).body.visible).toBe('unlisted');
     }
   });
 

@@ -102,6 +102,12 @@ describe.each<ProfileName>(['embedded', 'cluster'])('publishing posts (%s profil
     ).toBe(204);
 
     expect((await as(author).call('POST', `/api/v1/knowposts/${id}/publish`)).status).toBe(204);
+    // Unlisted, it is its author's alone, as a private post is.
+    expect((await as(other).call('GET', `/api/v1/knowposts/detail/${id}`)).status).toBe(404);
+    expect((await as(other).call('PATCH', `/api/v1/knowposts/${id}`, { title: 'mine' })).status).toBe(404);
+    expect(
+      (await as(author).call('PATCH', `/api/v1/knowposts/${id}/visibility`, { visible: 'public' })).status,
+    ).toBe(204);
     // The upload URL still works, but what readers get is what confirm checked.
     expect((await put(content.body, Buffer.from('replaced after confirm'))).status).toBe(200);
     const detail = await as(other).call('GET', `/api/v1/knowposts/detail/${id}`);
@@ -112,7 +118,7 @@ describe.each<ProfileName>(['embedded', 'cluster'])('publishing posts (%s profil
     expect(again.body).toMatchObject({ code: 'INVALID_STATE' });
     expect(typeof again.body.requestId).toBe('string');
 
-    // Others may see it (unlisted) but not change it.
+    // Others may see it (public) but not change it.
     expect((await as(other).call('PATCH', `/api/v1/knowposts/${id}`, { title: 'mine' })).status).toBe(403);
     expect((await as(other).call('DELETE', `/api/v1/knowposts/${id}`)).status).toBe(403);
 
