@@ -101,6 +101,30 @@ describe.each<ProfileName>(['embedded', 'cluster'])('bad input (%s profile)', (p
     }
   });
 
+  it('takes a call that carries no body whatever Content-Type it names, as many clients send one on every call', async () => {
+    for (const contentType of [
+      'application/json',
+      'application/json; charset=utf-8',
+      'application/x-www-form-urlencoded',
+    ]) {
+      const headers = { 'content-type': contentType };
+      const draft = await client.call('POST', '/api/v1/knowposts/drafts', {
+        raw: '',
+        token: user.accessToken,
+        headers,
+      });
+      expect({ contentType, status: draft.status }).toEqual({ contentType, status: 200 });
+      const removed = await client.call('DELETE', `/api/v1/knowposts/${draft.body.id as string}`, {
+        raw: '',
+        token: user.accessToken,
+        headers,
+      });
+      expect({ contentType, status: removed.status }).toEqual({ contentType, status: 204 });
+    }
+    const form = await send(ROUTES[2]!, 'identifierType=EMAIL', 'application/x-www-form-urlencoded');
+    expect([form.status, form.body.code]).toEqual([415, 'UNSUPPORTED_MEDIA_TYPE']);
+  });
+
   it('answers bodies of the wrong type, wrong field types and missing fields with a 4xx', async () => {
     for (const route of ROUTES) {
       for (const body of ['"string"', '42', 'null', '[]', 'true']) {

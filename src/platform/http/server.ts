@@ -40,6 +40,31 @@ function newAjv(coerceTypes: false | 'array'): Ajv {
   return ajv;
 }
 
+/**
+ * A request without a body has none, whatever its Content-Type says: clients commonly send
+ * `Content-Type: application/json` (or a form type) on every call, also on those that take no body
+ * (create a draft, publish, follow). A route that needs a body still refuses a missing one through
+ * its schema; a non-empty form body is still 415.
+ */
+function acceptEmptyBodies(app: FastifyInstance): void {
+  const json = app.getDefaultJsonParser('error', 'error');
+  app.removeContentTypeParser('application/json');
+  app.addContentTypeParser('application/json', { parseAs: 'string' }, (request, body, done) => {
+    if (body === '') done(null, undefined);
+    else json(request, body as string, done);
+  });
+  app.addContentTypeParser(
+    'application/x-www-form-urlencoded',
+    { parseAs: 'string' },
+    (_request, body, done) => {
+      if (body === '') return done(null, undefined);
+      const error = new Error('Form bodies are not accepted; send JSON') as Error & { statusCode: number };
+      error.statusCode = 415;
+      done(error, undefined);
+    },
+  );
+}
+
 /** Fastify with the plumbing every route relies on; features register their routes on it. */
 export async function createHttpServer(options: HttpServerOptions): Promise<FastifyInstance> {
   // Typed as Fastify's base logger so the instance keeps Fastify's default generics.
@@ -77,6 +102,7 @@ export async function createHttpServer(options: HttpServerOptions): Promise<Fast
     (httpPart === 'body' ? validators.body : validators.text).compile(schema),
   );
 
+  acceptEmptyBodies(app);
   installErrorHandling(app);
   app.addHook('onRequest', async (request, reply) => {
     void reply.header('x-request-id', request.id);
