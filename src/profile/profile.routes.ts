@@ -48,7 +48,8 @@ export function profileRoutes(deps: ProfileRouteDeps) {
           consumes: ['multipart/form-data'],
           description:
             'multipart/form-data with one field `file`: a PNG, JPEG, GIF or WebP image of at most ' +
-            'ZG_AVATAR_MAX_BYTES (5 MiB by default; 413 over that). ' +
+            "ZG_AVATAR_MAX_BYTES (5 MiB by default; 413 over that), judged by its bytes: the part's " +
+            'Content-Type must agree or be application/octet-stream. ' +
             'Up to 20 uploads per user per hour (429 past that); the avatar replaced is deleted.',
           response: { 200: ProfileResponse, ...errorResponses(400, 401, 413, 429) },
         },

@@ -18,6 +18,9 @@ type Patch = Static<typeof ProfilePatchBody>;
 /** Each upload stores a new object, so they are counted: enough to try a few pictures, not to fill a disk. */
 export const AVATAR_UPLOADS_PER_HOUR = 20;
 
+/** What clients send for a file whose type they do not know. */
+const GENERIC_TYPES = new Set(['application/octet-stream', 'binary/octet-stream', '']);
+
 const IMAGE_TYPES: { type: string; ext: string; magic: (b: Buffer) => boolean }[] = [
   {
     type: 'image/png',
@@ -91,11 +94,13 @@ export class ProfileService {
   async setAvatar(userId: number, bytes: Buffer, declaredType: string): Promise<UserRow> {
     if (bytes.length > this.avatarMaxBytes) throw new PayloadTooLargeError('The avatar is too large');
     if (bytes.length === 0) throw new BadRequestError('file is empty');
+    // The bytes decide; a declared type must agree, unless it names no type in particular.
     const kind = IMAGE_TYPES.find((t) => t.magic(bytes));
-    if (
-      !kind ||
-      (declaredType !== kind.type && !(declaredType === 'image/jpg' && kind.type === 'image/jpeg'))
-    ) {
+    const agrees =
+      declaredType === kind?.type ||
+      (declaredType === 'image/jpg' && kind?.type === 'image/jpeg') ||
+      GENERIC_TYPES.has(declaredType);
+    if (!kind || !agrees) {
       throw new BadRequestError('file must be a PNG, JPEG, GIF or WebP image');
     }
     const before = await this.get(userId);

@@ -122,6 +122,16 @@ describe.each<ProfileName>(['embedded', 'cluster'])('profiles (%s profile)', (pr
     expect(again.body.avatar).not.toBe(res.body.avatar);
     expect((await fetch(again.body.avatar)).status).toBe(200);
     expect([403, 404]).toContain((await fetch(res.body.avatar)).status);
+
+    // A client that does not know the file's type names none in particular: the bytes decide.
+    const untyped = new FormData();
+    untyped.append('file', new Blob([PNG], { type: 'application/octet-stream' }), 'me');
+    const sniffed = await client.call('POST', '/api/v1/profile/avatar', {
+      token: user.accessToken,
+      raw: untyped,
+    });
+    expect(sniffed.status).toBe(200);
+    expect((await fetch(sniffed.body.avatar)).headers.get('content-type')).toBe('image/png');
   });
 
   it('limits avatar uploads per user', async () => {
@@ -147,6 +157,8 @@ describe.each<ProfileName>(['embedded', 'cluster'])('profiles (%s profile)', (pr
     };
     const text = await upload(Buffer.from('hello'), 'image/png');
     expect([text.status, text.body.code]).toEqual([400, 'BAD_REQUEST']);
+    expect((await upload(Buffer.from('hello'), 'application/octet-stream')).status).toBe(400);
+    expect((await upload(PNG, 'text/html')).status).toBe(400);
     const big = await upload(Buffer.concat([PNG, Buffer.alloc(70_000)]), 'image/png');
     expect([big.status, big.body.code]).toEqual([413, 'PAYLOAD_TOO_LARGE']);
     const wrongField = await upload(PNG, 'image/png', 'picture');
