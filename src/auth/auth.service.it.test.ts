@@ -88,6 +88,19 @@ describe(AuthService.name, () => {
     ]);
   });
 
+  it('names the values a field may take when it takes none of them', async () => {
+    const res = await post('/api/v1/auth/send-code', {
+      scene: 'SIGNUP',
+      identifierType: 'EMAIL',
+      identifier: 'x@example.test',
+    });
+    expect(res.statusCode).toBe(400);
+    expect(res.json()).toMatchObject({
+      code: 'BAD_REQUEST',
+      message: 'body.scene must be one of "REGISTER", "LOGIN", "RESET_PASSWORD"',
+    });
+  });
+
   it('limits code sends per client address', async () => {
     const config = app.config.authLimits;
     const results: number[] = [];

@@ -32,7 +32,15 @@ function validationMessage(err: FastifyError): string {
     return `${context}.${String(params.additionalProperty)} is not allowed`;
   }
   const field = first.instancePath ? first.instancePath.slice(1).replaceAll('/', '.') : '';
-  return `${context}${field ? `.${field}` : ''} ${first.message ?? 'is invalid'}`;
+  const name = `${context}${field ? `.${field}` : ''}`;
+  if (first.keyword === 'const') {
+    // A choice of values (a union of constants) fails once per value: name them all.
+    const allowed = err.validation!.filter(
+      (e) => e.keyword === 'const' && e.instancePath === first.instancePath,
+    );
+    return `${name} must be one of ${allowed.map((e) => JSON.stringify(e.params.allowedValue)).join(', ')}`;
+  }
+  return `${name} ${first.message ?? 'is invalid'}`;
 }
 
 /** Maps every error to the contract's shape; 5xx answers never carry internals. */
