@@ -51,7 +51,7 @@ function acceptEmptyBodies(app: FastifyInstance): void {
   app.removeContentTypeParser('application/json');
   app.addContentTypeParser('application/json', { parseAs: 'string' }, (request, body, done) => {
     if (body === '') done(null, undefined);
-    else json(request, body as string, done);
+    else void json(request, body as string, done);
   });
   app.addContentTypeParser(
     'application/x-www-form-urlencoded',
