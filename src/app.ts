@@ -283,7 +283,7 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
     now,
   });
 
-  await http.register(opsRoutes(metrics, platform.readiness, () => draining));
+  await http.register(opsRoutes(metrics, platform.readiness, () => draining, config.metricsToken));
   if (config.role !== 'worker') {
     await http.register(authRoutes({ auth, users, guards, jwks: [signingKey.publicJwk] }));
     await http.register(profileRoutes({ profiles, guards, avatarMaxBytes: config.avatarMaxBytes }));

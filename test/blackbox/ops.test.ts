@@ -67,3 +67,25 @@ describe.each<ProfileName>(['embedded', 'cluster'])('operations (%s profile)', (
     expect(cors.headers.get('access-control-allow-methods')).toContain('PATCH');
   });
 });
+
+describe('metrics behind a token', () => {
+  let server: Server;
+  beforeAll(async () => {
+    server = await startServer('embedded', { ZG_METRICS_TOKEN: 'm3trics-t0ken' });
+  });
+  afterAll(async () => server?.stop());
+
+  it('answers only the token', async () => {
+    const read = (authorization?: string) =>
+      fetch(`${server.baseUrl}/metrics`, authorization ? { headers: { authorization } } : {});
+    for (const authorization of [undefined, 'Bearer wrong', 'm3trics-t0ken', 'Bearer m3trics-t0ke']) {
+      const res = await read(authorization);
+      expect({ authorization, status: res.status }).toEqual({ authorization, status: 401 });
+      expect(await res.json()).toMatchObject({ code: 'UNAUTHORIZED' });
+    }
+    const res = await read('Bearer m3trics-t0ken');
+    expect(res.status).toBe(200);
+    expect(await res.text()).toContain('process_cpu_seconds_total');
+    expect((await fetch(`${server.baseUrl}/healthz`)).status).toBe(200);
+  });
+});

@@ -95,6 +95,8 @@ export interface Config {
   };
   /** The in-process buffer of views: published at `flushItems` views or `flushMs` after the first. */
   views: { flushItems: number; flushMs: number };
+  /** Bearer token `/metrics` asks for; unset, it is open. */
+  metricsToken: string | undefined;
   bodyLimitBytes: number;
   /** Fastify's `trustProxy`: which proxies may name the client's address in X-Forwarded-For. */
   trustProxy: boolean | number | string;
@@ -315,6 +317,11 @@ export const CONFIG_VARS = {
     default: '200',
   },
   ZG_BODY_LIMIT_BYTES: { description: 'largest JSON body accepted', default: '1048576' },
+  ZG_METRICS_TOKEN: {
+    description:
+      'when set, GET /metrics answers only requests with "Authorization: Bearer <token>" (401 otherwise); unset, anyone who reaches the port may read it',
+    secret: true,
+  },
   ZG_AVATAR_MAX_BYTES: { description: 'largest avatar upload accepted', default: '5242880' },
   ZG_SHUTDOWN_TIMEOUT_MS: {
     description: 'how long a graceful shutdown may take before the process exits anyway',
@@ -564,6 +571,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: { ro
       flushMs: int('ZG_VIEW_FLUSH_MS', 10, 60_000),
     },
     bodyLimitBytes: int('ZG_BODY_LIMIT_BYTES', 1024, 64 * 1024 * 1024),
+    metricsToken: raw('ZG_METRICS_TOKEN'),
     trustProxy,
     avatarMaxBytes: int('ZG_AVATAR_MAX_BYTES', 1024, 64 * 1024 * 1024),
     shutdownTimeoutMs: int('ZG_SHUTDOWN_TIMEOUT_MS', 100, 600_000),

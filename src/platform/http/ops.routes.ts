@@ -1,5 +1,7 @@
+import { createHash, timingSafeEqual } from 'node:crypto';
 import type { FastifyInstance } from 'fastify';
 import { Type } from 'typebox';
+import { UnauthorizedError } from '../errors/errors.js';
 import type { Metrics } from '../metrics/metrics.js';
 
 export type ReadinessCheck = () => Promise<boolean>;
@@ -9,7 +11,11 @@ export function opsRoutes(
   metrics: Metrics,
   checks: Record<string, ReadinessCheck>,
   isDraining: () => boolean,
+  /** When set, `/metrics` answers only `Authorization: Bearer <metricsToken>`. */
+  metricsToken?: string,
 ) {
+  const digest = (text: string) => createHash('sha256').update(text).digest();
+  const expected = metricsToken === undefined ? undefined : digest(`Bearer ${metricsToken}`);
   return async (app: FastifyInstance): Promise<void> => {
     const tags = ['operations'];
     app.get(
@@ -35,7 +41,11 @@ export function opsRoutes(
       });
     });
 
-    app.get('/metrics', { schema: { tags, hide: true } }, async (_request, reply) => {
+    app.get('/metrics', { schema: { tags, hide: true } }, async (request, reply) => {
+      // Compared as digests, so the time taken tells nothing of the token.
+      if (expected && !timingSafeEqual(digest(request.headers.authorization ?? ''), expected)) {
+        throw new UnauthorizedError('/metrics needs the metrics token');
+      }
       void reply.header('content-type', metrics.registry.contentType);
       return metrics.registry.metrics();
     });
