@@ -67,6 +67,18 @@ describe.each<ProfileName>(['embedded', 'cluster'])('profiles (%s profile)', (pr
     const taken = await client.call('PATCH', '/api/v1/profile', { token: bob.accessToken, body: { zgId } });
     expect(taken.status).toBe(409);
     expect(taken.body.code).toBe('CONFLICT');
+    // A handle in another case is the same handle.
+    const upper = zgId.toUpperCase();
+    const cased = await client.call('PATCH', '/api/v1/profile', {
+      token: bob.accessToken,
+      body: { zgId: upper },
+    });
+    expect(cased.status).toBe(409);
+    const recased = await client.call('PATCH', '/api/v1/profile', {
+      token: alice.accessToken,
+      body: { zgId: upper },
+    });
+    expect([recased.status, recased.body.zgId]).toEqual([200, upper]);
   });
 
   it('refuses invalid profile edits and changes nothing', async () => {

@@ -131,6 +131,13 @@ const sqlite: Record<string, Step> = {
     `CREATE INDEX knowposts_sweep ON knowposts (objects_check_at)`,
     `UPDATE knowposts SET objects_check_at = 0 WHERE status <> 'deleted'`,
   ),
+  // A zgId is a handle: `Alice_1` and `alice_1` name one person. Of handles already held in two
+  // cases, the oldest account keeps its own; the later ones get a generated one, as at sign-up.
+  '0011_zg_id_nocase': exec(
+    `UPDATE users SET zg_id = 'zg_' || lower(hex(randomblob(5)))
+       WHERE EXISTS (SELECT 1 FROM users o WHERE lower(o.zg_id) = lower(users.zg_id) AND o.id < users.id)`,
+    `CREATE UNIQUE INDEX users_zg_id_nocase ON users (zg_id COLLATE NOCASE)`,
+  ),
 };
 
 const mysql: Record<string, Step> = {
@@ -208,6 +215,12 @@ const mysql: Record<string, Step> = {
   '0010_knowpost_sweep': exec(
     `ALTER TABLE knowposts ADD COLUMN objects_check_at BIGINT NULL, ADD KEY knowposts_sweep (objects_check_at)`,
     `UPDATE knowposts SET objects_check_at = 0 WHERE status <> 'deleted'`,
+  ),
+  '0011_zg_id_nocase': exec(
+    `UPDATE users u JOIN users o ON LOWER(o.zg_id) = LOWER(u.zg_id) AND o.id < u.id
+       SET u.zg_id = CONCAT('zg_', LEFT(SHA2(CONCAT(RAND(), u.id), 256), 10))`,
+    // The unique key compares in the column's collation.
+    `ALTER TABLE users MODIFY zg_id VARCHAR(32) CHARACTER SET utf8mb4 COLLATE utf8mb4_general_ci NOT NULL`,
   ),
 };
 
