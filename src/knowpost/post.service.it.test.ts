@@ -2,11 +2,9 @@ import { createHash, randomBytes } from 'node:crypto';
 import { mkdtempSync, rmSync, utimesSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { Migrator } from 'kysely/migration';
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
-import { createMysqlDatabase } from '../../test/rig/resources.js';
-import { migrate, openMysql, openSqlite, type Db } from '../platform/db/database.js';
-import { migrationsFor } from '../platform/db/migrations/index.js';
+import { freshDatabases, type FreshDatabase } from '../../test/rig/resources.js';
+import { migrate, openSqlite, type Db } from '../platform/db/database.js';
 import { AppError } from '../platform/errors/errors.js';
 import { parseSnowflake, SnowflakeGenerator } from '../platform/ids/snowflake.js';
 import { OutboxWriter } from '../platform/outbox/outbox.js';
@@ -19,43 +17,7 @@ import { PostUploadSweeper } from './post-sweep.js';
 import { PostRepository } from './post.repository.js';
 import { PostService, type PostLimits } from './post.service.js';
 
-interface Backend {
-  db: Db;
-  close(): Promise<void>;
-}
-
-/** A fresh database, migrated unless told otherwise. */
-const backends: [string, (migrated?: boolean) => Promise<Backend>][] = [
-  [
-    'sqlite',
-    async (migrated = true) => {
-      const db = openSqlite(':memory:');
-      if (migrated) await migrate(db);
-      return { db, close: () => db.close() };
-    },
-  ],
-  [
-    'mariadb',
-    async (migrated = true) => {
-      const database = await createMysqlDatabase();
-      const db = await openMysql(database.url);
-      try {
-        if (migrated) await migrate(db);
-      } catch (err) {
-        await db.close();
-        await database.drop();
-        throw err;
-      }
-      return {
-        db,
-        close: async () => {
-          await db.close();
-          await database.drop();
-        },
-      };
-    },
-  ],
-];
+const backends = freshDatabases({ migrated: true });
 
 const md5 = (text: string) => createHash('md5').update(text).digest('hex');
 
@@ -75,7 +37,7 @@ async function outcome(call: Promise<unknown>): Promise<string> {
 }
 
 describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
-  let backend: Backend;
+  let backend: FreshDatabase;
   let limiterDb: Db;
   let root: string;
   let storage: LocalObjectStorage;
@@ -844,50 +806,5 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     const id = await sut.createDraft(AUTHOR);
     expect(changes).toEqual([{ id, authorId: AUTHOR, kind: 'created', draft: true }]);
     expect(warned).toHaveLength(1);
-  });
-});
-
-describe.each(backends)('the upload sweep migration on %s', (_name, open) => {
-  let close: (() => Promise<void>) | undefined;
-  afterEach(async () => {
-    await close?.();
-    close = undefined;
-  });
-
-  it('has every live post from before it checked once, first', async () => {
-    const backend = await open(false);
-    close = () => backend.close();
-    const { db } = backend;
-    const migrator = new Migrator({
-      db: db.kysely,
-      provider: { getMigrations: () => Promise.resolve(migrationsFor(db.dialect)) },
-    });
-    const before = await migrator.migrateTo('0009_knowpost_purge');
-    expect(before.error).toBeUndefined();
-    const post = (id: string, status: string) => ({
-      id,
-      author_id: 1,
-      status,
-      visible: 'public',
-      created_at: 1,
-      updated_at: 1,
-    });
-    await db.kysely
-      .insertInto('knowposts')
-      .values([post('11', 'draft'), post('12', 'published'), post('13', 'deleted')])
-      .execute();
-    await migrate(db);
-    const rows = await db.kysely
-      .selectFrom('knowposts')
-      .select(['id', 'objects_check_at'])
-      .orderBy('id')
-      .execute();
-    expect(
-      rows.map((r) => [String(r.id), r.objects_check_at === null ? null : Number(r.objects_check_at)]),
-    ).toEqual([
-      ['11', 0],
-      ['12', 0],
-      ['13', null],
-    ]);
   });
 });

@@ -1,5 +1,6 @@
 import { randomBytes } from 'node:crypto';
 import { inject } from 'vitest';
+import { migrate, openMysql, openSqlite, type Db } from '../../src/platform/db/database.js';
 import { KafkaEventLog } from '../../src/platform/eventlog/kafka-eventlog.js';
 
 /**
@@ -94,4 +95,50 @@ export async function createMysqlDatabase(): Promise<{
       }
     },
   };
+}
+
+export interface FreshDatabase {
+  db: Db;
+  /** Closes it, and drops it on MariaDB. */
+  close(): Promise<void>;
+}
+
+/**
+ * A new, empty database of each dialect (SQLite in memory, a MariaDB database of its own), migrated
+ * when asked: `[name, open]` pairs for `describe.each`.
+ */
+export function freshDatabases(options: { migrated: boolean }): [string, () => Promise<FreshDatabase>][] {
+  const ready = async (fresh: FreshDatabase): Promise<FreshDatabase> => {
+    if (!options.migrated) return fresh;
+    try {
+      await migrate(fresh.db);
+    } catch (err) {
+      await fresh.close();
+      throw err;
+    }
+    return fresh;
+  };
+  return [
+    [
+      'sqlite',
+      async () => {
+        const db = openSqlite(':memory:');
+        return ready({ db, close: () => db.close() });
+      },
+    ],
+    [
+      'mariadb',
+      async () => {
+        const database = await createMysqlDatabase();
+        const db = await openMysql(database.url);
+        return ready({
+          db,
+          close: async () => {
+            await db.close();
+            await database.drop();
+          },
+        });
+      },
+    ],
+  ];
 }

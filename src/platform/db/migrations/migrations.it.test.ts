@@ -1,33 +1,22 @@
 import { Migrator } from 'kysely/migration';
 import { afterEach, describe, expect, it } from 'vitest';
-import { createMysqlDatabase } from '../../../../test/rig/resources.js';
+import { freshDatabases } from '../../../../test/rig/resources.js';
 import { UniqueViolationError } from '../../errors/errors.js';
-import { migrate, openMysql, openSqlite, translateDbError, type Db } from '../database.js';
+import { migrate, translateDbError, type Db } from '../database.js';
 import { migrationsFor } from './index.js';
 
-const backends: [string, () => Promise<{ db: Db; close(): Promise<void> }>][] = [
-  [
-    'sqlite',
-    async () => {
-      const db = openSqlite(':memory:');
-      return { db, close: () => db.close() };
-    },
-  ],
-  [
-    'mariadb',
-    async () => {
-      const database = await createMysqlDatabase();
-      const db = await openMysql(database.url);
-      return {
-        db,
-        close: async () => {
-          await db.close();
-          await database.drop();
-        },
-      };
-    },
-  ],
-];
+const backends = freshDatabases({ migrated: false });
+
+/** Runs the migrations up to and with `name`, as a database of that release would have them. */
+async function migrateTo(db: Db, name: string): Promise<void> {
+  const migrator = new Migrator({
+    db: db.kysely,
+    provider: { getMigrations: () => Promise.resolve(migrationsFor(db.dialect)) },
+  });
+  const { error } = await migrator.migrateTo(name);
+  if (error)
+    throw error instanceof Error ? error : new Error(`migrating to ${name} failed`, { cause: error });
+}
 
 describe.each(backends)('migrations on %s', (_name, open) => {
   let close: (() => Promise<void>) | undefined;
@@ -36,15 +25,45 @@ describe.each(backends)('migrations on %s', (_name, open) => {
     close = undefined;
   });
 
-  it('0011 makes zgIds unique whatever their case, the oldest holder keeping theirs', async () => {
+  /** A new database as the release with migration `name` last left it. */
+  async function databaseAt(name: string): Promise<Db> {
     const backend = await open();
     close = () => backend.close();
-    const { db } = backend;
-    const migrator = new Migrator({
-      db: db.kysely,
-      provider: { getMigrations: () => Promise.resolve(migrationsFor(db.dialect)) },
+    await migrateTo(backend.db, name);
+    return backend.db;
+  }
+
+  it('0010 has every live post from before it checked once, first', async () => {
+    const db = await databaseAt('0009_knowpost_purge');
+    const post = (id: string, status: string) => ({
+      id,
+      author_id: 1,
+      status,
+      visible: 'public',
+      created_at: 1,
+      updated_at: 1,
     });
-    expect((await migrator.migrateTo('0010_knowpost_sweep')).error).toBeUndefined();
+    await db.kysely
+      .insertInto('knowposts')
+      .values([post('11', 'draft'), post('12', 'published'), post('13', 'deleted')])
+      .execute();
+    await migrate(db);
+    const rows = await db.kysely
+      .selectFrom('knowposts')
+      .select(['id', 'objects_check_at'])
+      .orderBy('id')
+      .execute();
+    expect(
+      rows.map((r) => [String(r.id), r.objects_check_at === null ? null : Number(r.objects_check_at)]),
+    ).toEqual([
+      ['11', 0],
+      ['12', 0],
+      ['13', null],
+    ]);
+  });
+
+  it('0011 makes zgIds unique whatever their case, the oldest holder keeping theirs', async () => {
+    const db = await databaseAt('0010_knowpost_sweep');
     const user = (id: number, zgId: string) => ({
       id,
       phone: `1380000000${id}`,
