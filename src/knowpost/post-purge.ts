@@ -2,17 +2,21 @@ import { Counter, type Registry } from 'prom-client';
 import type { ObjectStorage } from '../platform/storage/object-storage.js';
 import type { PostRepository } from './post.repository.js';
 
-export interface PostPurgeOptions {
+/** What the tasks that remove posts' objects (the purge and the upload sweep) share. */
+export interface PostObjectsTaskOptions {
+  /** Most posts taken per round; default 100. */
+  batch?: number;
+  /** Told about a post whose objects could not be handled (it is tried again later). */
+  onError?: (err: unknown, postId: string) => void;
+  now?: () => number;
+}
+
+export interface PostPurgeOptions extends PostObjectsTaskOptions {
   /**
    * How long after its deletion a post's objects go: past the validity of any upload URL handed out
    * before the deletion, so an upload through one cannot land after the purge.
    */
   graceMs: number;
-  /** Most posts purged per round. */
-  batch?: number;
-  /** Told about a post whose objects could not be removed (it is tried again next round). */
-  onError?: (err: unknown, postId: string) => void;
-  now?: () => number;
 }
 
 /**

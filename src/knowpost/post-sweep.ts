@@ -1,17 +1,13 @@
 import type { ObjectStorage } from '../platform/storage/object-storage.js';
 import { isContentKey, isImageKey, isStoredImageKey } from './post-keys.js';
+import type { PostObjectsTaskOptions } from './post-purge.js';
 import type { PostRepository } from './post.repository.js';
 
-export interface PostUploadSweepOptions {
+export interface PostUploadSweepOptions extends PostObjectsTaskOptions {
   /** How old an upload or image copy the post does not use must be before it goes. */
   retentionMs: number;
-  /** Most posts checked per round. */
-  batch?: number;
   /** When a post whose check failed is tried again; default 10 minutes. */
   retryMs?: number;
-  /** Told about a post whose objects could not be checked (it is tried again after `retryMs`). */
-  onError?: (err: unknown, postId: string) => void;
-  now?: () => number;
 }
 
 /**
