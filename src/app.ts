@@ -26,6 +26,7 @@ import { UsersRepository } from './profile/users.repository.js';
 import { CounterAggregator } from './counter/aggregator.js';
 import { CounterMetrics } from './counter/counter.metrics.js';
 import { OutboxMetrics } from './platform/outbox/outbox.metrics.js';
+import { MemoryRateLimiter } from './platform/ratelimit/memory-ratelimit.js';
 import { recentCounts } from './counter/recent-counts.js';
 import { counterRoutes } from './counter/counter.routes.js';
 import { CounterService } from './counter/counter.service.js';
@@ -157,7 +158,11 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
       log.warn({ err, events: n }, 'counter events published, but their records stay until the repair job'),
   });
   counterMetrics.buffered = () => publisher.buffered;
-  const counters = new CounterService(platform.counterStore, directory, publisher, counterMetrics, now);
+  // Counted in memory: a shared limiter would add a round trip to every like.
+  const counters = new CounterService(platform.counterStore, directory, publisher, counterMetrics, now, {
+    limiter: new MemoryRateLimiter({ now }),
+    perMinute: config.counters.togglesPerMinute,
+  });
 
   // After a commit that wrote outbox rows: the relay of this process starts a round at once; a
   // process without a relay (the api role) tells the relays of worker processes through the bus.

@@ -81,10 +81,14 @@ export function counterRoutes(deps: { counters: CounterService; guards: AuthGuar
           schema: {
             tags,
             security,
+            description:
+              'Likes, unlikes, favourites and unfavourites together: at most ZG_COUNTER_TOGGLE_LIMIT per user ' +
+              'per minute in each API process (300 by default; 429 past that, changing nothing). A post the ' +
+              'caller may not see is 404.',
             body: ActionBody,
             response: {
               200: metric === 'like' ? LikeResponse : FavResponse,
-              ...errorResponses(400, 401, 404),
+              ...errorResponses(400, 401, 404, 429),
             },
           },
         },

@@ -1,4 +1,5 @@
 import { NotFoundError } from '../platform/errors/errors.js';
+import { enforceLimit, type RateLimiter } from '../platform/ratelimit/ratelimit.js';
 import type { EntityDirectory } from './entity-directory.js';
 import type { CounterEventPublisher } from './event-publisher.js';
 import type { CounterMetrics } from './counter.metrics.js';
@@ -13,6 +14,12 @@ import {
 import type { CounterStore, Flags } from './store/counter-store.js';
 
 export type CountsView = Partial<Record<PostField, number>>;
+
+/** Likes, unlikes, favourites and unfavourites together, per user, counted by `limiter`. */
+export interface ToggleLimit {
+  limiter: RateLimiter;
+  perMinute: number;
+}
 
 /** Each post field's position in the snapshot layout (`POST_FIELDS` order). */
 const FIELD_POSITION: Readonly<Record<PostField, number>> = {
@@ -48,6 +55,7 @@ export class CounterService {
     private readonly publisher: CounterEventPublisher | null,
     private readonly metrics: CounterMetrics,
     private readonly now: () => number = Date.now,
+    private readonly toggleLimit: ToggleLimit | null = null,
   ) {}
 
   async toggle(
@@ -56,6 +64,10 @@ export class CounterService {
     userId: number,
     on: boolean,
   ): Promise<{ readonly changed: boolean; readonly state: boolean }> {
+    if (this.toggleLimit) {
+      const { limiter, perMinute } = this.toggleLimit;
+      await enforceLimit(limiter, `toggle:${userId}`, perMinute, 60_000, 'likes and favourites');
+    }
     await this.assertVisible([ref], userId);
     const result = await this.store.toggle(ref, metric, userId, on, this.now());
     this.metrics.toggles.inc({ metric, changed: result.changed ? 'true' : 'false' });

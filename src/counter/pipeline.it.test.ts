@@ -18,6 +18,8 @@ import { KafkaEventLog } from '../platform/eventlog/kafka-eventlog.js';
 import { SqliteEventLog } from '../platform/eventlog/sqlite-eventlog.js';
 import { COUNTER_GROUP, CounterAggregator, parseCounterEvent } from './aggregator.js';
 import { CounterMetrics } from './counter.metrics.js';
+import { RateLimitedError } from '../platform/errors/errors.js';
+import { MemoryRateLimiter } from '../platform/ratelimit/memory-ratelimit.js';
 import { CounterService } from './counter.service.js';
 import { CounterEventPublisher } from './event-publisher.js';
 import { CounterReconciler, flushPending, repairUnpublished, replayAll, verifyAll } from './maintenance.js';
@@ -778,6 +780,33 @@ describe.each<Profile>(['embedded', 'cluster'])('counter pipeline (%s profile)',
     expect(await reconciler.runOnce()).toEqual({ checked: 1, drifted: 1 });
     expect(await rig.service.snapshots([ref])).toEqual([[41, 10, 3, 2, 1]]);
     await expectExact(rig, [ref], model);
+  });
+
+  it("refuses a user's toggles past the per-user limit with 429, changing nothing, and leaves other users alone", async () => {
+    const ref = post(1);
+    const limited = new CounterService(
+      rig.store,
+      everyoneSeesEverything,
+      rig.publisher,
+      rig.metrics,
+      Date.now,
+      {
+        limiter: new MemoryRateLimiter(),
+        perMinute: 3,
+      },
+    );
+    expect((await limited.toggle(ref, 'like', 1, true)).changed).toBe(true);
+    expect((await limited.toggle(ref, 'like', 1, false)).changed).toBe(true);
+    expect((await limited.toggle(ref, 'like', 1, true)).changed).toBe(true);
+    // Likes and favourites share the one budget.
+    await expect(limited.toggle(ref, 'like', 1, false)).rejects.toMatchObject({
+      status: 429,
+      code: 'RATE_LIMITED',
+    });
+    await expect(limited.toggle(ref, 'fav', 1, true)).rejects.toBeInstanceOf(RateLimitedError);
+    expect(await rig.store.flags(1, [ref])).toEqual([{ like: true, fav: false }]);
+    expect(await rig.store.factCounts(ref)).toEqual({ like: 1, fav: 0 });
+    expect((await limited.toggle(ref, 'fav', 2, true)).changed).toBe(true);
   });
 
   it('replays the log from the earliest offset into an emptied store, exactly, up to the end captured at the start (invariant 7)', async () => {

@@ -164,6 +164,32 @@ describe.each<ProfileName>(['embedded', 'cluster'])(
       );
     });
 
+    it('limits how many likes and favourites a user makes per minute (429, nothing changed)', async () => {
+      const id = newPostId();
+      await server.insertPost({ id, authorId: author.userId });
+      const busy = await signUp(server, client);
+      const limit = 300; // ZG_COUNTER_TOGGLE_LIMIT's default
+      const statuses: number[] = [];
+      for (let i = 0; i < limit; i += 20) {
+        const wave = Array.from({ length: 20 }, (_, k) => ((i + k) % 2 === 0 ? 'like' : 'unlike'));
+        statuses.push(
+          ...(await Promise.all(wave.map((a) => act(busy.accessToken, a, id)))).map((r) => r.status),
+        );
+      }
+      expect(statuses.filter((s) => s !== 200)).toEqual([]);
+      // The 301st, a first favourite, is refused and leaves the post unfavourited.
+      const refused = await act(busy.accessToken, 'fav', id);
+      expect(refused.status).toBe(429);
+      expect(refused.body).toMatchObject({ code: 'RATE_LIMITED' });
+      expect(Number(refused.headers.get('retry-after'))).toBeGreaterThan(0);
+      const status = await client.call('GET', `/api/v1/action/status?entityType=knowpost&ids=${id}`, {
+        token: busy.accessToken,
+      });
+      expect(status.body).toMatchObject({ items: [{ entityId: id, faved: false }] });
+      // Others are not limited by it.
+      expect((await act(reader.accessToken, 'fav', id)).body).toEqual({ changed: true, faved: true });
+    });
+
     it('keeps counts exact under concurrent toggles from many users', async () => {
       const ids = [newPostId(), newPostId()];
       for (const id of ids) await server.insertPost({ id, authorId: author.userId });

@@ -225,6 +225,7 @@ function baseEnv(dataDir: string): Record<string, string> {
     ZG_JWT_ISSUER: 'zg-fault',
     ZG_PASSWORD_HASH_COST: '10',
     ZG_AUTH_IP_LIMIT: '1000000000',
+    ZG_COUNTER_TOGGLE_LIMIT: '1000000000',
     ZG_ACCESS_TOKEN_TTL: '3600',
   };
 }

@@ -52,6 +52,8 @@ export interface Config {
     /** An event not acknowledged by the event log for this long has its entity rebuilt from facts. */
     repairAfterMs: number;
     reconcileIntervalMs: number;
+    /** Likes, unlikes, favourites and unfavourites one user may make per minute, in each API process. */
+    togglesPerMinute: number;
   };
   /** The model that writes post descriptions; without a key, descriptions are extractive summaries. */
   ai: {
@@ -229,6 +231,11 @@ export const CONFIG_VARS = {
   ZG_COUNTER_RECONCILE_MS: {
     description: "how often workers' reconcilers sample post counters and user counters and heal drift",
     default: '30000',
+  },
+  ZG_COUNTER_TOGGLE_LIMIT: {
+    description:
+      'likes, unlikes, favourites and unfavourites one user may make per minute, counted by each API process apart (behind N processes a user gets up to N times as many)',
+    default: '300',
   },
   ZG_ENTITY_CACHE_MS: {
     description:
@@ -532,6 +539,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: { ro
       flushIntervalMs: int('ZG_COUNTER_FLUSH_MS', 10, 60_000),
       repairAfterMs: int('ZG_COUNTER_REPAIR_AFTER_MS', 100, 3_600_000),
       reconcileIntervalMs: int('ZG_COUNTER_RECONCILE_MS', 100, 86_400_000),
+      togglesPerMinute: int('ZG_COUNTER_TOGGLE_LIMIT', 1, 1_000_000_000),
     },
     entityCacheMs: int('ZG_ENTITY_CACHE_MS', 0, 60_000),
     ai: {
