@@ -114,7 +114,12 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
     { access: config.jwt.accessTtlSeconds, refresh: config.jwt.refreshTtlSeconds },
     now,
   );
-  const sessions = new SessionStore(platform.kv, config.jwt.refreshTtlSeconds * 1000);
+  const sessions = new SessionStore(
+    platform.kv,
+    config.jwt.refreshTtlSeconds * 1000,
+    config.jwt.refreshReuseGraceMs,
+    now,
+  );
   const authenticator = new Authenticator(signer, sessions, config.sessionCheckCacheMs, 50_000, now);
   const guards = installAuthGuards(http, authenticator);
   const auth = new AuthService(

@@ -94,7 +94,18 @@ export function authRoutes(deps: AuthRouteDeps) {
 
     app.post(
       '/api/v1/auth/token/refresh',
-      { schema: { tags, body: RefreshBody, response: { 200: TokenResponse, ...errorResponses(400, 401) } } },
+      {
+        schema: {
+          tags,
+          description:
+            'Rotates the refresh token: the one given is spent, and presenting it again ends the session ' +
+            '(every token of this sign-in), except within ZG_REFRESH_REUSE_GRACE_MS (10 s) of its rotation, ' +
+            'where it is only refused (401 REFRESH_TOKEN_INVALID): two tabs refreshing at once keep the ' +
+            "winner's tokens.",
+          body: RefreshBody,
+          response: { 200: TokenResponse, ...errorResponses(400, 401) },
+        },
+      },
       async (request) => deps.auth.refresh(request.body.refreshToken, context(request)),
     );
 

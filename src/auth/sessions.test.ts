@@ -50,6 +50,40 @@ describe(SessionStore.name, () => {
     expect(await rotations([6 * DAY, 7 * DAY + 1])).toEqual(['ok', 'invalid']);
   });
 
+  it('refuses a rotated token presented again within the grace, ending the session only after it', async () => {
+    const graced = new SessionStore(createSqliteKv(db, { now: () => now }), 7 * DAY, 10_000, () => now);
+    const { sid, ver } = await graced.open(1);
+    await graced.allowRefresh(sid, 'rt-0');
+    expect(await graced.takeRefresh(sid, 'rt-0', 1, ver)).toBe('ok');
+    await graced.allowRefresh(sid, 'rt-1');
+    // The other tab, a moment later: refused, and the winner's session goes on.
+    now += 9_999;
+    expect(await graced.takeRefresh(sid, 'rt-0', 1, ver)).toBe('invalid');
+    expect(await graced.isActive(sid, 1, ver)).toBe(true);
+    expect(await graced.takeRefresh(sid, 'rt-1', 1, ver)).toBe('ok');
+    await graced.allowRefresh(sid, 'rt-2');
+    // Past the grace, the first token again: a replay, which ends the session.
+    now += 1;
+    expect(await graced.takeRefresh(sid, 'rt-0', 1, ver)).toBe('reused');
+    expect(await graced.isActive(sid, 1, ver)).toBe(false);
+    expect(await graced.takeRefresh(sid, 'rt-2', 1, ver)).toBe('invalid');
+  });
+
+  it('ends the session at once on reuse without a grace, and for records that carry no time', async () => {
+    const { sid, ver } = await sessions.open(1);
+    await sessions.allowRefresh(sid, 'rt-0');
+    expect(await sessions.takeRefresh(sid, 'rt-0', 1, ver)).toBe('ok');
+    expect(await sessions.takeRefresh(sid, 'rt-0', 1, ver)).toBe('reused');
+    expect(await sessions.isActive(sid, 1, ver)).toBe(false);
+
+    const kv = createSqliteKv(db, { now: () => now });
+    const graced = new SessionStore(kv, 7 * DAY, 10_000, () => now);
+    const other = await graced.open(1);
+    await kv.set('auth:rtu:old', other.sid, DAY);
+    expect(await graced.takeRefresh(other.sid, 'old', 1, other.ver)).toBe('reused');
+    expect(await graced.isActive(other.sid, 1, other.ver)).toBe(false);
+  });
+
   it('does not bring back a session ended while its token was being rotated', async () => {
     const { sid, ver } = await sessions.open(1);
     await sessions.allowRefresh(sid, 'rt');

@@ -8,8 +8,11 @@ import type { KeyValueStore } from '../platform/kv/kv.js';
  *   or from the last rotation; deleting it ends the session for access and refresh tokens alike.
  * - `auth:rt:{jti}`   → sid for the one refresh token of the family that may still be used.
  *   Rotation takes it with GETDEL, so of two concurrent refreshes exactly one wins.
- * - `auth:rtu:{jti}`  → sid for refresh tokens already rotated away; presenting one again is
- *   token theft or a replay, and ends the whole family.
+ * - `auth:rtu:{jti}`  → `{sid} {rotatedAtMs}` for refresh tokens already rotated away; presenting
+ *   one again is token theft or a replay, and ends the whole family, unless it comes within
+ *   `reuseGraceMs` of the rotation: then it is the loser of two refreshes sent at once (two tabs of
+ *   one browser sharing the tokens, a retry), answered 'invalid' while the winner's tokens stay
+ *   good. A thief gains nothing from that window either: the token is refused all the same.
  * - `auth:uv:{uid}`   → the user's session version. Tokens carry the version they were issued
  *   under; a password reset bumps it, ending every session of the user without scanning keys.
  */
@@ -17,6 +20,8 @@ export class SessionStore {
   constructor(
     private readonly kv: KeyValueStore,
     private readonly refreshTtlMs: number,
+    private readonly reuseGraceMs = 0,
+    private readonly now: () => number = Date.now,
   ) {}
 
   async userVersion(userId: number): Promise<number> {
@@ -37,7 +42,7 @@ export class SessionStore {
 
   /**
    * Takes a refresh token for rotation. 'ok' for exactly one caller per token; 'reused' when the
-   * token was already rotated (the family is then ended); 'invalid' otherwise.
+   * token was rotated longer than `reuseGraceMs` ago (the family is then ended); 'invalid' otherwise.
    */
   async takeRefresh(
     sid: string,
@@ -47,16 +52,18 @@ export class SessionStore {
   ): Promise<'ok' | 'reused' | 'invalid'> {
     const taken = await this.kv.getDel(`auth:rt:${jti}`);
     if (taken === null) {
-      if ((await this.kv.get(`auth:rtu:${jti}`)) !== null) {
-        await this.end(sid);
-        return 'reused';
-      }
-      return 'invalid';
+      const rotated = await this.kv.get(`auth:rtu:${jti}`);
+      if (rotated === null) return 'invalid';
+      // Records written without a time (older releases) count as rotated long ago.
+      const at = Number(rotated.split(' ')[1] ?? -Infinity);
+      if (this.now() - at < this.reuseGraceMs) return 'invalid';
+      await this.end(sid);
+      return 'reused';
     }
     // Check the family before marking the token as rotated: a concurrent caller that then sees the
     // marker and ends the family cannot turn this winner's answer into a failure half-way.
     const active = taken === sid && (await this.isActive(sid, userId, ver));
-    await this.kv.set(`auth:rtu:${jti}`, sid, this.refreshTtlMs);
+    await this.kv.set(`auth:rtu:${jti}`, `${sid} ${this.now()}`, this.refreshTtlMs);
     if (!active) return 'invalid';
     // A session in use lives as long as the refresh token it is about to get; `expire` never
     // brings back a session ended meanwhile.

@@ -1,14 +1,17 @@
 import { createPrivateKey, generateKeyPairSync } from 'node:crypto';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { SignJWT } from 'jose';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Client, newEmail, newPhone, signUp, startServer, type ProfileName, type Server } from './harness.js';
+
+const REUSE_GRACE_MS = 1_000;
 
 describe.each<ProfileName>(['embedded', 'cluster'])('accounts (%s profile)', (profile) => {
   let server: Server;
   let client: Client;
 
   beforeAll(async () => {
-    server = await startServer(profile);
+    server = await startServer(profile, { ZG_REFRESH_REUSE_GRACE_MS: String(REUSE_GRACE_MS) });
     client = new Client(server.baseUrl);
   });
   afterAll(async () => server?.stop());
@@ -259,6 +262,13 @@ describe.each<ProfileName>(['embedded', 'cluster'])('accounts (%s profile)', (pr
         ),
       );
       expect(results.map((r) => r.status).sort()).toEqual([200, 401]);
+      // Two tabs refreshing at once: the loser is refused, the winner's tokens go on working.
+      const winner = results.find((r) => r.status === 200)!.body;
+      expect((await client.call('GET', '/api/v1/auth/me', { token: winner.accessToken })).status).toBe(200);
+      const next = await client.call('POST', '/api/v1/auth/token/refresh', {
+        body: { refreshToken: winner.refreshToken },
+      });
+      expect(next.status).toBe(200);
     }
   });
 
@@ -272,6 +282,14 @@ describe.each<ProfileName>(['embedded', 'cluster'])('accounts (%s profile)', (pr
       body: { refreshToken: user.refreshToken },
     });
     expectError(replay, 401, 'REFRESH_TOKEN_INVALID');
+    // Within the grace it is only refused (the other tab); after it, a replay ends the session.
+    expect((await client.call('GET', '/api/v1/auth/me', { token: first.body.accessToken })).status).toBe(200);
+    await sleep(REUSE_GRACE_MS + 100);
+    expectError(
+      await client.call('POST', '/api/v1/auth/token/refresh', { body: { refreshToken: user.refreshToken } }),
+      401,
+      'REFRESH_TOKEN_INVALID',
+    );
     expectError(
       await client.call('POST', '/api/v1/auth/token/refresh', {
         body: { refreshToken: first.body.refreshToken },

@@ -35,6 +35,8 @@ export interface Config {
     issuer: string;
     accessTtlSeconds: number;
     refreshTtlSeconds: number;
+    /** A rotated refresh token presented again within this time is refused without ending its session. */
+    refreshReuseGraceMs: number;
   };
   /** How long a process may trust its cached view of a session before asking the store again. */
   sessionCheckCacheMs: number;
@@ -172,6 +174,11 @@ export const CONFIG_VARS = {
   ZG_REFRESH_TOKEN_TTL: {
     description: 'refresh token lifetime in seconds, 300 to 7776000 (90 days)',
     default: '604800',
+  },
+  ZG_REFRESH_REUSE_GRACE_MS: {
+    description:
+      'a refresh token presented again within this time of its rotation is refused without ending its session (two tabs refreshing at once); later, reuse ends the session; 0 to 60000',
+    default: '10000',
   },
   ZG_SESSION_CHECK_CACHE_MS: {
     description: 'how long a process trusts its cached session state (revocation delay across processes)',
@@ -515,6 +522,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: { ro
       issuer: raw('ZG_JWT_ISSUER') ?? 'zhiguang',
       accessTtlSeconds: int('ZG_ACCESS_TOKEN_TTL', 60, 86_400),
       refreshTtlSeconds: int('ZG_REFRESH_TOKEN_TTL', 300, 90 * 86_400),
+      refreshReuseGraceMs: int('ZG_REFRESH_REUSE_GRACE_MS', 0, 60_000),
     },
     sessionCheckCacheMs: int('ZG_SESSION_CHECK_CACHE_MS', 0, 60_000),
     passwordHashCost: int('ZG_PASSWORD_HASH_COST', 10, 20),
