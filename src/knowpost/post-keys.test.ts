@@ -27,6 +27,13 @@ describe(uploadTarget.name, () => {
       key: 'posts/42/images/20250131/deadbeef.jpeg',
       contentType: 'image/jpeg',
     });
+    // Without its dot, as clients of the original service may send it.
+    expect(uploadTarget('knowpost_content', '42', 'text/markdown', 'MD', NOW).key).toBe(
+      'posts/42/content.md',
+    );
+    expect(uploadTarget('knowpost_image', '42', 'image/png', 'png', NOW, () => 'deadbeef').key).toBe(
+      'posts/42/images/20250131/deadbeef.png',
+    );
     expect(uploadTarget('knowpost_image', '42', 'image/webp', undefined, NOW).key).toMatch(
       /^posts\/42\/images\/20250131\/[0-9a-f]{8}\.webp$/,
     );
@@ -38,7 +45,8 @@ describe(uploadTarget.name, () => {
       ['knowpost_image', 'text/markdown', undefined],
       ['knowpost_content', 'text/markdown', '.txt'],
       ['knowpost_content', 'text/markdown', '.png'],
-      ['knowpost_content', 'text/markdown', 'md'],
+      ['knowpost_content', 'text/markdown', 'txt'],
+      ['knowpost_content', 'text/markdown', '..md'],
       ['knowpost_image', 'image/svg+xml', undefined],
       ['knowpost_content', 'text/html; charset=utf-8\r\nX: y', undefined],
       ['knowpost_content', 'text/html; boundary=x', undefined],

@@ -65,6 +65,7 @@ export function uploadTarget(
     extension = extensions[0]![0];
   } else {
     extension = ext.toLowerCase();
+    if (!extension.startsWith('.')) extension = `.${extension}`;
     if (!(extension in allowed))
       throw new BadRequestError(`ext must be one of ${Object.keys(allowed).join(' ')} for ${scene}`);
     if (allowed[extension] !== mediaType)

@@ -103,7 +103,9 @@ export function postRoutes(deps: PostRouteDeps) {
           summary: 'Edit metadata',
           description:
             '`imgUrls` entries are image keys of this post (from presign, under posts/{id}/images/) or ' +
-            'absolute http(s) URLs. An uploaded image must exist and be within the image size limit (413 ' +
+            "absolute http(s) URLs. A URL of this post's own objects stands for its key: the upload URL " +
+            'with or without its query, or an image URL from a detail answer (signed, possibly expired). ' +
+            'An uploaded image must exist and be within the image size limit (413 ' +
             'and deleted otherwise); readers get a copy of it made at the patch (posts/{id}/pictures/), so ' +
             'a later PUT through the upload URL shows only once a patch names the key again. The upload ' +
             'is then deleted, and so are copies of images the post no longer shows; an upload key sent ' +
@@ -218,7 +220,8 @@ export function presignRoutes(deps: PostRouteDeps) {
             'PUT the bytes to putUrl with exactly the returned headers; the ETag response header is what ' +
             'content/confirm expects. Bodies: .md .markdown .txt .html .json (text/markdown, text/plain, ' +
             'text/html, application/json); images: .jpg .jpeg .png .webp .gif (image/jpeg, image/png, ' +
-            'image/webp, image/gif). A deleted post is 409 INVALID_STATE. At most 60 presigns per user ' +
+            'image/webp, image/gif); ext may omit its dot (png is .png) and must match contentType. A ' +
+            'deleted post is 409 INVALID_STATE. At most 60 presigns per user ' +
             'per minute (429 past that). An upload that is neither confirmed nor named in a patch is ' +
             'removed once it is older than ZG_UPLOAD_RETENTION_HOURS (24 by default), checked after the ' +
             'URL expires.',

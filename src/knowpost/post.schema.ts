@@ -59,7 +59,8 @@ export type ConfirmBody = Static<typeof ConfirmBody>;
  * `imgUrls` entries are either object keys of images uploaded for this post
  * (`posts/{id}/images/…`, as returned by presign; stored as copies under `posts/{id}/pictures/…`,
  * which a patch may also send back; readers get signed URLs for them) or absolute http(s) URLs of
- * images hosted elsewhere, in printable ASCII.
+ * images hosted elsewhere, in printable ASCII. A URL of one of this post's objects (an upload URL,
+ * an image URL of a detail answer) stands for its key.
  */
 export const PostPatchBody = Type.Object(
   {

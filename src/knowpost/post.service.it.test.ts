@@ -599,6 +599,45 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     expect(await read(again[1]!)).toBe('other png');
   });
 
+  it("takes URLs of the post's own objects for their keys: upload URLs and signed image URLs sent back", async () => {
+    const sut = newService();
+    const id = await sut.createDraft(AUTHOR);
+    const presigned = await sut.presign(AUTHOR, {
+      scene: 'knowpost_image',
+      postId: id,
+      contentType: 'image/png',
+    });
+    await storage.put(presigned.objectKey, Buffer.from('png'), 'image/png');
+    const elsewhere = 'https://cdn.example.com/x.png';
+    // What clients of the original service send: the upload URL without its query.
+    await sut.update(AUTHOR, id, { imgUrls: [presigned.putUrl.split('?')[0]!, elsewhere] });
+    const stored = storedImageKey(id, presigned.objectKey, md5('png'));
+    const images = async () => JSON.parse((await row(id)).img_urls_json) as string[];
+    expect(await images()).toEqual([stored, elsewhere]);
+    expect(await storage.head(presigned.objectKey)).toBeNull();
+
+    // An edit sending back the signed URLs a detail answer gave keeps the copy, not the URL.
+    const shown = await storage.presignGet(stored, 60);
+    await sut.update(AUTHOR, id, { imgUrls: [shown, elsewhere] });
+    expect(await images()).toEqual([stored, elsewhere]);
+    await sut.update(AUTHOR, id, { title: 'edited', imgUrls: [shown.split('?')[0]!] });
+    expect(await images()).toEqual([stored]);
+    expect(await storage.head(stored)).not.toBeNull();
+
+    // Objects of another post are not this post's to show: such a URL stays an outside address.
+    const other = await sut.createDraft(AUTHOR);
+    const foreign = (
+      await sut.presign(AUTHOR, { scene: 'knowpost_image', postId: other, contentType: 'image/png' })
+    ).putUrl.split('?')[0]!;
+    await sut.update(AUTHOR, id, { imgUrls: [foreign] });
+    expect(await images()).toEqual([foreign]);
+    // A URL of this post's objects that is no image is refused like its key.
+    const body = (
+      await sut.presign(AUTHOR, { scene: 'knowpost_content', postId: id, contentType: 'text/markdown' })
+    ).putUrl;
+    expect(await outcome(sut.update(AUTHOR, id, { imgUrls: [body] }))).toBe('400 BAD_REQUEST');
+  });
+
   it('writes a changed outbox row with every visibility change, and none for other edits', async () => {
     const sut = newService();
     const id = await publishedPost(sut);

@@ -314,7 +314,7 @@ export class PostService {
 
   /**
    * Metadata edits. Image entries are this post's image keys (checked to exist within the image
-   * size limit, like confirm does for the body) or absolute http(s) URLs.
+   * size limit, like confirm does for the body), URLs of them, or absolute http(s) URLs.
    *
    * An edit of the images applies only while the post still shows what it read: of two overlapping
    * ones, the second is judged again against what the first stored, so it cannot put back a copy the
@@ -324,7 +324,7 @@ export class PostService {
     if (Object.values(fields).every((v) => v === undefined))
       throw new BadRequestError('body must set at least one field');
     let post = await this.owned(userId, postId);
-    const requested = fields.imgUrls;
+    const requested = fields.imgUrls?.map((value) => this.ownImageKey(post.id, value));
     let stored = fields;
     if (requested === undefined) {
       if (!(await this.write(post, fields))) throw notFound();
@@ -442,6 +442,18 @@ export class PostService {
     }
     if (post.status === 'deleted' && !deletedToo) throw notFound();
     return post;
+  }
+
+  /**
+   * The key a URL of this post's objects names, for clients that send back what they were given: an
+   * upload URL without its query (what clients of the original service store) or a signed image URL
+   * of a detail answer (an edit that keeps the images), which would otherwise be kept as an outside
+   * image and break once it expires. Any other value is returned as it is.
+   */
+  private ownImageKey(postId: string, value: string): string {
+    if (!isExternalImageUrl(value)) return value;
+    const key = this.storage.keyOf(value);
+    return key !== null && key.startsWith(`posts/${postId}/`) ? key : value;
   }
 
   /**

@@ -136,6 +136,26 @@ describe.each<ProfileName>(['embedded', 'cluster'])('publishing posts (%s profil
     expect(server.logLines().filter((line) => Number(line.level) >= 50)).toEqual([]);
   });
 
+  it('takes the upload URL and detail image URLs a client sends back as the images they name', async () => {
+    const id = await draft(author);
+    const image = await presign(author, { scene: 'knowpost_image', postId: id, contentType: 'image/png' });
+    expect((await put(image.body, PNG)).status).toBe(200);
+    // Clients of the original service show an image at its upload URL without the query.
+    const address = (image.body.putUrl as string).split('?')[0]!;
+    const patch = (imgUrls: string[]) => as(author).call('PATCH', `/api/v1/knowposts/${id}`, { imgUrls });
+    expect((await patch([address])).status).toBe(204);
+    const read = async () =>
+      (await as(author).call('GET', `/api/v1/knowposts/detail/${id}`)).body.images as string[];
+    const [shown] = await read();
+    expect(shown).not.toBe(address);
+    expect(await fetchBytes(shown!)).toEqual({ status: 200, bytes: PNG });
+    // An edit sending back what the detail showed keeps showing it (no outside URL that expires).
+    expect((await patch([shown!])).status).toBe(204);
+    const [kept] = await read();
+    expect(kept!.split('?')[0]).toBe(shown!.split('?')[0]);
+    expect(await fetchBytes(kept!)).toEqual({ status: 200, bytes: PNG });
+  });
+
   it('lets only the author presign, confirm and edit', async () => {
     const hidden = await draft(author);
     const { id: visible } = await draftWithContent(client, author);

@@ -16,6 +16,7 @@ import {
   assertContentType,
   assertPresignExpiry,
   assertSafeKey,
+  keyBelow,
   normalizeEtag,
   isSafeKey,
   type ListedObject,
@@ -260,6 +261,10 @@ export class LocalObjectStorage implements ObjectStorage {
 
   publicUrl(key: string): string {
     return `${this.baseUrl}/${key}`;
+  }
+
+  keyOf(url: string): string | null {
+    return keyBelow(url, [`${this.baseUrl}/upload`, this.baseUrl]);
   }
 
   /**

@@ -315,6 +315,44 @@ export function defineObjectStorageContract(
       );
     });
 
+    describe('keyOf', () => {
+      it('names the key of every URL the store gives out, with or without its query', async () => {
+        const k = key('images/20261204/0a1b2c3d.png');
+        const put = await storage.presignPut(k, {
+          contentType: 'image/png',
+          maxBytes: 1_000,
+          expiresInSeconds: 60,
+        });
+        const get = await storage.presignGet(k, 60);
+        for (const url of [put.url, get, storage.publicUrl(k)]) {
+          expect(storage.keyOf(url)).toBe(k);
+          expect(storage.keyOf(url.split('?')[0]!)).toBe(k);
+          expect(storage.keyOf(`${url.split('?')[0]!}#top`)).toBe(k);
+        }
+      });
+
+      it('names no key for other URLs', async () => {
+        const k = key('images/20261204/0a1b2c3d.png');
+        const get = new URL(await storage.presignGet(k, 60));
+        const elsewhere = new URL(get);
+        elsewhere.host = 'images.example.com';
+        const otherScheme = new URL(get);
+        otherScheme.protocol = 'ftp:';
+        for (const url of [
+          elsewhere.toString(),
+          otherScheme.toString(),
+          'https://images.example.com/a.png',
+          'not a url',
+          '',
+          `${get.origin}/`,
+          // Not a key this store could hold.
+          withKeyReplaced(get.toString(), k, `${k}%20copy`),
+        ]) {
+          expect(storage.keyOf(url), url).toBeNull();
+        }
+      });
+    });
+
     describe('presigned GET', () => {
       it('returns the bytes and content type of any key', async () => {
         const k = key('body.md');

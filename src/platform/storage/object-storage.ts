@@ -76,6 +76,39 @@ export interface ObjectStorage {
   presignPut(key: string, options: PresignPutOptions): Promise<PresignedPut>;
   presignGet(key: string, expiresInSeconds: number): Promise<string>;
   publicUrl(key: string): string;
+  /**
+   * The key a URL of this store names: one `presignPut`, `presignGet` or `publicUrl` gave, with or
+   * without its query (a signed URL that expired still names its key). Null for any other URL.
+   */
+  keyOf(url: string): string | null;
+}
+
+/**
+ * The key `url` names below the first of `bases` it starts with (scheme, host, port and path
+ * compared; query and fragment ignored), or null. Keys are percent-decoded and must be safe.
+ */
+export function keyBelow(url: string, bases: readonly string[]): string | null {
+  let target: URL;
+  try {
+    target = new URL(url);
+  } catch {
+    return null;
+  }
+  if (target.protocol !== 'http:' && target.protocol !== 'https:') return null;
+  const path = `${target.origin}${target.pathname}`;
+  for (const base of bases) {
+    const parsed = new URL(base);
+    const prefix = `${parsed.origin}${parsed.pathname.replace(/\/+$/, '')}/`;
+    if (!path.startsWith(prefix)) continue;
+    let key: string;
+    try {
+      key = decodeURIComponent(path.slice(prefix.length));
+    } catch {
+      return null;
+    }
+    return isSafeKey(key) ? key : null;
+  }
+  return null;
 }
 
 /** ETags compare without quotes, weakness marker or case (clients and stores differ in all three). */

@@ -18,6 +18,7 @@ import {
   assertContentType,
   assertPresignExpiry,
   assertSafeKey,
+  keyBelow,
   normalizeEtag,
   type ListedObject,
   type ObjectStorage,
@@ -224,6 +225,10 @@ export class S3ObjectStorage implements ObjectStorage {
 
   publicUrl(key: string): string {
     return `${this.publicBase}/${key}`;
+  }
+
+  keyOf(url: string): string | null {
+    return keyBelow(url, [this.bucketUrl(), this.publicBase]);
   }
 
   /** Creates the bucket unless it exists (development and tests; production buckets are provisioned). */
