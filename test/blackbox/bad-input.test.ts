@@ -185,6 +185,22 @@ describe.each<ProfileName>(['embedded', 'cluster'])('bad input (%s profile)', (p
       code: 'BAD_REQUEST',
       requestId: malformed.headers.get('x-request-id'),
     });
+    // Numbers in paths and queries are plain decimal digits: no hex, exponents, signs or spaces.
+    const numbers = [
+      `/api/v1/profile/0x${user.userId.toString(16)}`,
+      `/api/v1/profile/${user.userId}e0`,
+      `/api/v1/profile/%20${user.userId}`,
+      '/api/v1/knowposts/feed?size=%20',
+      '/api/v1/knowposts/feed?page=%2B1',
+      '/api/v1/knowposts/feed?size=1e1',
+      `/api/v1/relation/following?userId=0x${user.userId.toString(16)}`,
+    ];
+    for (const path of numbers) {
+      const res = await client.call('GET', path, { token: user.accessToken });
+      expect([path, res.status, res.body?.code]).toEqual([path, 400, 'BAD_REQUEST']);
+    }
+    expect((await client.call('GET', `/api/v1/profile/${user.userId}`)).status).toBe(200);
+    expect((await client.call('GET', '/api/v1/knowposts/feed?size=10&page=1')).status).toBe(200);
     // Names of the files kept beside stored objects name no object.
     for (const suffix of ['.meta.json', '.tmp', '.tmp.meta']) {
       expect4xx(`files ${suffix}`, await client.call('GET', `/files/avatars/x.png${suffix}`));

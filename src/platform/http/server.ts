@@ -5,6 +5,7 @@ import Fastify, {
   type FastifyInstance,
   type FastifyReply,
   type FastifyServerOptions,
+  type FastifySchemaCompiler,
 } from 'fastify';
 import cors from '@fastify/cors';
 import multipart from '@fastify/multipart';
@@ -38,6 +39,59 @@ function newAjv(coerceTypes: false | 'array'): Ajv {
   });
   addFormats.default(ajv);
   return ajv;
+}
+
+const INTEGER_TEXT = /^-?\d+$/;
+const NUMBER_TEXT = /^-?\d+(?:\.\d+)?$/;
+
+type TextValidator = ReturnType<FastifySchemaCompiler<unknown>>;
+
+/** The properties of an object schema that are numbers (alone or among `anyOf`), by kind. */
+function numericProperties(schema: unknown): Map<string, 'integer' | 'number'> {
+  const found = new Map<string, 'integer' | 'number'>();
+  const properties = (schema as { properties?: Record<string, unknown> } | null)?.properties ?? {};
+  for (const [name, property] of Object.entries(properties)) {
+    const p = property as { type?: unknown; anyOf?: { type?: unknown }[] };
+    const types = [p.type, ...(p.anyOf ?? []).map((option) => option.type)];
+    if (types.includes('integer')) found.set(name, 'integer');
+    else if (types.includes('number')) found.set(name, 'number');
+  }
+  return found;
+}
+
+/**
+ * Coercion turns any text `Number()` reads into a number: `0x10`, `1e3`, ` 10`, `+5`. A query or
+ * path number must be written in plain decimal digits instead; anything else fails validation as
+ * a value of the wrong type would.
+ */
+function plainDecimalNumbers(schema: unknown, validate: TextValidator): TextValidator {
+  const numeric = numericProperties(schema);
+  if (numeric.size === 0) return validate;
+  const strict: TextValidator = (data: unknown) => {
+    if (data !== null && typeof data === 'object') {
+      for (const [name, kind] of numeric) {
+        const raw = (data as Record<string, unknown>)[name];
+        const texts = Array.isArray(raw) ? raw : [raw];
+        const pattern = kind === 'integer' ? INTEGER_TEXT : NUMBER_TEXT;
+        if (texts.some((t) => typeof t === 'string' && !pattern.test(t))) {
+          strict.errors = [
+            {
+              instancePath: `/${name}`,
+              schemaPath: `#/properties/${name}/type`,
+              keyword: 'type',
+              params: { type: kind },
+              message: `must be ${kind}`,
+            },
+          ];
+          return false;
+        }
+      }
+    }
+    const valid = validate(data);
+    strict.errors = validate.errors ?? null;
+    return valid;
+  };
+  return strict;
 }
 
 /**
@@ -99,7 +153,9 @@ export async function createHttpServer(options: HttpServerOptions): Promise<Fast
     text: newAjv('array'),
   };
   app.setValidatorCompiler(({ schema, httpPart }) =>
-    (httpPart === 'body' ? validators.body : validators.text).compile(schema),
+    httpPart === 'body'
+      ? validators.body.compile(schema)
+      : plainDecimalNumbers(schema, validators.text.compile(schema)),
   );
 
   acceptEmptyBodies(app);
