@@ -1,5 +1,5 @@
 import { Type, type Static } from 'typebox';
-import { Nullable } from '../platform/http/schemas.js';
+import { Nullable, SingleLine } from '../platform/http/schemas.js';
 
 /**
  * Request and response shapes of the post write routes and of the upload presign route.
@@ -64,15 +64,15 @@ export type ConfirmBody = Static<typeof ConfirmBody>;
  */
 export const PostPatchBody = Type.Object(
   {
-    title: Type.Optional(Type.String({ maxLength: 256 })),
+    title: Type.Optional(SingleLine({ maxLength: 256 })),
     tagId: Type.Optional(Nullable(Type.Integer({ minimum: 0, maximum: Number.MAX_SAFE_INTEGER }))),
-    tags: Type.Optional(Type.Array(Type.String({ minLength: 1, maxLength: 64 }), { maxItems: MAX_TAGS })),
+    tags: Type.Optional(Type.Array(SingleLine({ minLength: 1, maxLength: 64 }), { maxItems: MAX_TAGS })),
     imgUrls: Type.Optional(
       Type.Array(Type.String({ minLength: 1, maxLength: MAX_IMAGE_URL_LENGTH }), { maxItems: MAX_IMAGES }),
     ),
     visible: Type.Optional(Visible),
     isTop: Type.Optional(Type.Boolean()),
-    description: Type.Optional(Type.String({ maxLength: 50 })),
+    description: Type.Optional(SingleLine({ maxLength: 50 })),
   },
   { additionalProperties: false, minProperties: 1 },
 );

@@ -1,5 +1,5 @@
 import { Type } from 'typebox';
-import { Nullable } from '../platform/http/schemas.js';
+import { MultiLine, Nullable, SingleLine } from '../platform/http/schemas.js';
 
 export const Gender = Type.Union([
   Type.Literal('MALE'),
@@ -9,12 +9,12 @@ export const Gender = Type.Union([
 ]);
 
 export const ProfilePatchBody = Type.Object({
-  nickname: Type.Optional(Type.String({ minLength: 1, maxLength: 64 })),
-  bio: Type.Optional(Type.String({ maxLength: 512 })),
+  nickname: Type.Optional(SingleLine({ minLength: 1, maxLength: 64 })),
+  bio: Type.Optional(MultiLine({ maxLength: 512 })),
   gender: Type.Optional(Gender),
   birthday: Type.Optional(Type.String({ pattern: '^\\d{4}-\\d{2}-\\d{2}$' })),
   zgId: Type.Optional(Type.String({ pattern: '^[a-zA-Z0-9_]{4,32}$' })),
-  school: Type.Optional(Type.String({ maxLength: 128 })),
+  school: Type.Optional(SingleLine({ maxLength: 128 })),
   tagJson: Type.Optional(Type.String({ maxLength: 2048 })),
 });
 

@@ -300,6 +300,9 @@ describe.each<ProfileName>(['embedded', 'cluster'])('publishing posts (%s profil
       { imgUrls: ['https://example.com/' + 'a'.repeat(1024)] },
       { visible: 'friends' },
       { isTop: 'yes' },
+      { title: 'a\u0000b' },
+      { tags: ['ok', 'line\nbreak'] },
+      { description: 'del\u007f' },
     ];
     for (const body of cases) {
       const res = await patch(body);

@@ -99,6 +99,10 @@ describe.each<ProfileName>(['embedded', 'cluster'])('profiles (%s profile)', (pr
       { tagJson: 'not json' },
       { tagJson: '{"a":1}' },
       { nickname: 42 },
+      { nickname: 'a\u0000b' },
+      { nickname: 'two\nlines' },
+      { school: 'bell\u0007' },
+      { bio: 'escape \u001b[31mred' },
     ];
     for (const body of bad) {
       const res = await client.call('PATCH', '/api/v1/profile', { token: user.accessToken, body });
@@ -112,6 +116,15 @@ describe.each<ProfileName>(['embedded', 'cluster'])('profiles (%s profile)', (pr
     expect((await client.call('GET', '/api/v1/auth/me', { token: user.accessToken })).body).toEqual(before);
     expect((await client.call('GET', '/api/v1/profile/999999999')).status).toBe(404);
     expect((await client.call('GET', '/api/v1/profile/abc')).status).toBe(400);
+    const named = await client.call('PATCH', '/api/v1/profile', {
+      token: user.accessToken,
+      body: { nickname: 'a\u0000b' },
+    });
+    expect(named.body.message).toBe('body.nickname must not contain control characters');
+    // A bio may have line breaks and tabs.
+    const bio = 'first line\n\tsecond line\r\n';
+    const edited = await client.call('PATCH', '/api/v1/profile', { token: user.accessToken, body: { bio } });
+    expect([edited.status, edited.body.bio]).toEqual([200, bio]);
   });
 
   it('uploads an avatar and serves it back', async () => {

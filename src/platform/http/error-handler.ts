@@ -1,5 +1,6 @@
 import type { FastifyError, FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { AppError, RateLimitedError } from '../errors/errors.js';
+import { TEXT_FORMATS } from './schemas.js';
 
 /** The contract's error body: every non-2xx answer has this shape. */
 export interface ErrorBody {
@@ -40,6 +41,9 @@ function validationMessage(err: FastifyError): string {
     );
     return `${name} must be one of ${allowed.map((e) => JSON.stringify(e.params.allowedValue)).join(', ')}`;
   }
+  const format =
+    first.keyword === 'format' ? TEXT_FORMATS[params.format as keyof typeof TEXT_FORMATS] : undefined;
+  if (format) return `${name} ${format.message}`;
   return `${name} ${first.message ?? 'is invalid'}`;
 }
 

@@ -1,4 +1,4 @@
-import { Type, type TSchema } from 'typebox';
+import { Type, type TSchema, type TStringOptions } from 'typebox';
 import type { FastifyReply } from 'fastify';
 
 export const ErrorSchema = Type.Object({
@@ -9,6 +9,31 @@ export const ErrorSchema = Type.Object({
 
 /** Nullable helper: fast-json-stringify and ajv both understand anyOf with null. */
 export const Nullable = <T extends TSchema>(schema: T) => Type.Union([schema, Type.Null()]);
+
+// C0 and C1 controls and DEL: never part of a name or a title, and a NUL breaks many a reader.
+/* eslint-disable no-control-regex -- these patterns exist to find control characters */
+const CONTROL = /[\u0000-\u001f\u007f-\u009f]/;
+const CONTROL_BUT_LINE_BREAKS = /[\u0000-\u0008\u000b\u000c\u000e-\u001f\u007f-\u009f]/;
+/* eslint-enable no-control-regex */
+
+/** String formats the validators know, with what a value of each must not contain. */
+export const TEXT_FORMATS = {
+  'single-line': {
+    validate: (value: string) => !CONTROL.test(value),
+    message: 'must not contain control characters',
+  },
+  'multi-line': {
+    validate: (value: string) => !CONTROL_BUT_LINE_BREAKS.test(value),
+    message: 'must not contain control characters other than line breaks and tabs',
+  },
+} as const;
+
+/** A name, title or tag: any characters but control characters. */
+export const SingleLine = (options: TStringOptions = {}) =>
+  Type.String({ ...options, format: 'single-line' });
+
+/** Longer text (a bio): line breaks and tabs allowed, other control characters not. */
+export const MultiLine = (options: TStringOptions = {}) => Type.String({ ...options, format: 'multi-line' });
 
 /** Standard error answers to list in a route's schema so the OpenAPI document shows them. */
 export function errorResponses(...statuses: number[]): Record<number, typeof ErrorSchema> {

@@ -16,6 +16,7 @@ import addFormats from 'ajv-formats';
 import type { Logger } from 'pino';
 import type { Metrics } from '../metrics/metrics.js';
 import { installErrorHandling } from './error-handler.js';
+import { TEXT_FORMATS } from './schemas.js';
 
 export interface HttpServerOptions {
   logger: Logger;
@@ -38,6 +39,9 @@ function newAjv(coerceTypes: false | 'array'): Ajv {
     strict: false,
   });
   addFormats.default(ajv);
+  for (const [name, format] of Object.entries(TEXT_FORMATS)) {
+    ajv.addFormat(name, { type: 'string', validate: format.validate });
+  }
   return ajv;
 }
 
