@@ -29,7 +29,7 @@ export function profileRoutes(deps: ProfileRouteDeps) {
           security,
           description:
             'Changes the fields given. At least one profile field is needed (400 otherwise; unknown fields ' +
-            'are dropped and do not count). A zgId another user holds, in any case, is 409.',
+            'are dropped and do not count). A zgId another user holds, in any case, is 409 ZGID_EXISTS.',
           body: ProfilePatchBody,
           response: { 200: ProfileResponse, ...errorResponses(400, 401, 409) },
         },

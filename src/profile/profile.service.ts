@@ -85,7 +85,7 @@ export class ProfileService {
     try {
       await this.users.update(userId, changes);
     } catch (err) {
-      if (err instanceof UniqueViolationError) throw new ConflictError('This zgId is taken');
+      if (err instanceof UniqueViolationError) throw new ConflictError('This zgId is taken', 'ZGID_EXISTS');
       throw err;
     }
     return this.get(userId);

@@ -66,7 +66,7 @@ describe.each<ProfileName>(['embedded', 'cluster'])('profiles (%s profile)', (pr
 
     const taken = await client.call('PATCH', '/api/v1/profile', { token: bob.accessToken, body: { zgId } });
     expect(taken.status).toBe(409);
-    expect(taken.body.code).toBe('CONFLICT');
+    expect(taken.body.code).toBe('ZGID_EXISTS');
     // A handle in another case is the same handle.
     const upper = zgId.toUpperCase();
     const cased = await client.call('PATCH', '/api/v1/profile', {
