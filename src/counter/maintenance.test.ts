@@ -2,7 +2,7 @@ import { describe, expect, it } from 'vitest';
 import type { Batch, EndOffsets, EventLog } from '../platform/eventlog/eventlog.js';
 import { replayAll } from './maintenance.js';
 import { COUNTER_TOPIC, entityKey, eventFor, type CounterEvent, type EntityRef } from './model.js';
-import type { CounterStore } from './store/counter-store.js';
+import type { CounterStore, StaleEvent } from './store/counter-store.js';
 
 /** A log of counter events in two partitions; `readRange` honours the end offsets it is given. */
 class FakeLog {
@@ -48,6 +48,10 @@ class RecordingStore {
   inFlight = 0;
   maxInFlight = 0;
   resets = 0;
+
+  async staleUnpublished(): Promise<StaleEvent[]> {
+    return [];
+  }
 
   async reset(): Promise<void> {
     this.resets++;
@@ -117,6 +121,7 @@ describe(replayAll.name, () => {
 
     expect(store.resets).toBe(1);
     expect(report).toEqual({
+      published: 0,
       events: 300 * 4 + bigEvents.length,
       malformed: 0,
       facts: 300 * 3 + bigEvents.length,
@@ -158,7 +163,7 @@ describe(replayAll.name, () => {
       },
     } as unknown as EventLog;
     const report = await replayAll(store as unknown as CounterStore, log, () => undefined);
-    expect(report).toEqual({ events: 1, malformed: 1, facts: 1, entities: 1 });
+    expect(report).toEqual({ published: 0, events: 1, malformed: 1, facts: 1, entities: 1 });
     expect(store.rebuiltWith.get(post(1).eid)).toBe(1);
   });
 });
