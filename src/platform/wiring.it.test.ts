@@ -2,7 +2,7 @@ import { Redis } from 'ioredis';
 import { afterEach, describe, expect, it } from 'vitest';
 import { services, uniqueName } from '../../test/rig/resources.js';
 import { RedisCounterStore } from '../counter/store/redis-counter-store.js';
-import { clusterRedisOptions } from './wiring.js';
+import { checkCounterGroups, clusterRedisOptions } from './wiring.js';
 
 describe('the cluster profile’s Redis client', () => {
   let redis: Redis | undefined;
@@ -22,5 +22,23 @@ describe('the cluster profile’s Redis client', () => {
     expect(redis.autoPipelineQueueSize).toBe(1);
     expect(await flags).toEqual([{ like: false, fav: false }]);
     expect(await snapshots).toEqual([null]);
+  });
+});
+
+describe('the counter groups of a deployment', () => {
+  it('are recorded by the first process, and a process started with another number refuses to start', async () => {
+    const redis = new Redis(services.redisUrl());
+    const prefix = `${uniqueName('groups')}:`;
+    try {
+      await checkCounterGroups(redis, prefix, 4096);
+      await checkCounterGroups(redis, prefix, 4096);
+      await expect(checkCounterGroups(redis, prefix, 1024)).rejects.toThrow(
+        /ZG_COUNTER_GROUPS is 1024, but .* laid out in 4096 groups/,
+      );
+      expect(await redis.get(`${prefix}meta:counter-groups`)).toBe('4096');
+    } finally {
+      await redis.del(`${prefix}meta:counter-groups`);
+      await redis.quit();
+    }
   });
 });

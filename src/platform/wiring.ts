@@ -14,7 +14,7 @@ import type { ObjectStorage } from './storage/object-storage.js';
 import { LocalObjectStorage, loadOrCreateSigningKey } from './storage/local-object-storage.js';
 import type { CounterStore } from '../counter/store/counter-store.js';
 import { SqliteCounterStore } from '../counter/store/sqlite-counter-store.js';
-import type { RedisOptions } from 'ioredis';
+import type { Redis, RedisOptions } from 'ioredis';
 import type { UserCounterStore } from '../user-counter/store/user-counter-store.js';
 import { SqliteUserCounterStore } from '../user-counter/store/sqlite-user-counter-store.js';
 import type { CodeSender } from '../auth/code-sender/code-sender.js';
@@ -160,6 +160,23 @@ export async function clusterRedisOptions(): Promise<
   };
 }
 
+/**
+ * Counter keys are spread over `ZG_COUNTER_GROUPS` hash-tag groups, so the same entity lives under
+ * another key with another value, where its counts read as zeros. The first process of a deployment
+ * records the value under `{prefix}meta:counter-groups`; a process started with another refuses to.
+ */
+export async function checkCounterGroups(redis: Redis, prefix: string, groups: number): Promise<void> {
+  const key = `${prefix}meta:counter-groups`;
+  await redis.set(key, String(groups), 'NX');
+  const recorded = Number(await redis.get(key));
+  if (recorded !== groups) {
+    throw new Error(
+      `ZG_COUNTER_GROUPS is ${groups}, but the counters under the Redis prefix "${prefix}" are laid out in ` +
+        `${recorded} groups: set it back to ${recorded} (the value is fixed for the life of a deployment)`,
+    );
+  }
+}
+
 async function createCluster(config: Config, log: Logger): Promise<Platform> {
   const closers: (() => Promise<void>)[] = [];
   try {
@@ -170,6 +187,7 @@ async function createCluster(config: Config, log: Logger): Promise<Platform> {
     const { Redis } = await import('ioredis');
     const redis = new Redis(required(config.redisUrl, 'ZG_REDIS_URL'), await clusterRedisOptions());
     closers.unshift(async () => void (await redis.quit().catch(() => redis.disconnect())));
+    await checkCounterGroups(redis, config.redisPrefix, config.counters.groups);
     // A subscribed connection can run no other command, so the bus gets one of its own (and closes it).
     const invalidation = await createRedisInvalidationBus({
       publisher: redis,

@@ -223,7 +223,7 @@ export const CONFIG_VARS = {
   },
   ZG_COUNTER_GROUPS: {
     description:
-      'cluster: hash-tag groups for counter keys (snapshot buckets); fixed for the life of a deployment',
+      'cluster: hash-tag groups for counter keys (snapshot buckets); fixed for the life of a deployment (the first process records it in Redis; one started with another value refuses to start)',
     default: '4096',
   },
   ZG_COUNTER_FLUSH_MS: {
