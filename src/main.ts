@@ -1,4 +1,4 @@
-import { parseArgs } from 'node:util';
+import { inspect, parseArgs } from 'node:util';
 import { buildApp } from './app.js';
 import { ConfigError, loadConfig } from './platform/config/config.js';
 
@@ -44,8 +44,7 @@ async function main(): Promise<void> {
 }
 
 main().catch((err: unknown) => {
-  process.stderr.write(
-    `zhiguang failed to start: ${err instanceof Error ? (err.stack ?? err.message) : String(err)}\n`,
-  );
+  // inspect shows the causes (a migration's connection error) and an AggregateError's errors too.
+  process.stderr.write(`zhiguang failed to start: ${inspect(err, { depth: 4 })}\n`);
   process.exit(1);
 });

@@ -34,7 +34,12 @@ describe(loadConfig.name, () => {
   it('lists every problem at once instead of falling back', () => {
     let error: unknown;
     try {
-      loadConfig({ ZG_PROFILE: 'cluster', PORT: 'eighty', ZG_KAFKA_BROKERS: 'nohost' });
+      loadConfig({
+        ZG_PROFILE: 'cluster',
+        PORT: 'eighty',
+        ZG_KAFKA_BROKERS: 'nohost',
+        ZG_REDIS_PREFIX: 'zg{a}:',
+      });
     } catch (err) {
       error = err;
     }
@@ -47,6 +52,7 @@ describe(loadConfig.name, () => {
       'ZG_KAFKA_BROKERS',
       'ZG_JWT_PRIVATE_KEY',
       'ZG_SMTP_URL',
+      'ZG_REDIS_PREFIX',
     ]) {
       expect(problems).toContain(name);
     }

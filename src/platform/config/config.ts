@@ -157,7 +157,10 @@ export const CONFIG_VARS = {
   },
   ZG_MYSQL_URL: { description: 'cluster: mysql://user:password@host:port/database', secret: true },
   ZG_REDIS_URL: { description: 'cluster: redis://[:password@]host:port[/db]', secret: true },
-  ZG_REDIS_PREFIX: { description: 'prefix of every Redis key', default: 'zg:' },
+  ZG_REDIS_PREFIX: {
+    description: 'prefix of every Redis key; without "{" or "}" (the keys carry hash tags of their own)',
+    default: 'zg:',
+  },
   ZG_KAFKA_BROKERS: { description: 'cluster: comma-separated host:port list of Kafka bootstrap brokers' },
   ZG_KAFKA_PREFIX: { description: 'prefix of every Kafka topic and consumer group', default: 'zg.' },
   ZG_KAFKA_PARTITIONS: { description: 'partitions for topics the service creates', default: '6' },
@@ -427,6 +430,13 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: { ro
     problems.push(`${name}: must be one of ${allowed.join(', ')} (got ${JSON.stringify(value)})`);
     return allowed[0] as T;
   };
+  const redisPrefix = (): string => {
+    const value = raw('ZG_REDIS_PREFIX') ?? 'zg:';
+    if (/[{}]/.test(value)) {
+      problems.push(`ZG_REDIS_PREFIX: must not contain "{" or "}" (got ${JSON.stringify(value)})`);
+    }
+    return value;
+  };
   const int = (name: VarName, min: number, max: number): number => {
     const value = raw(name);
     const n = Number(value);
@@ -512,7 +522,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: { ro
     dataDir: raw('ZG_DATA_DIR') ?? './data',
     mysqlUrl,
     redisUrl,
-    redisPrefix: raw('ZG_REDIS_PREFIX') ?? 'zg:',
+    redisPrefix: redisPrefix(),
     kafkaBrokers,
     kafkaPrefix: raw('ZG_KAFKA_PREFIX') ?? 'zg.',
     kafkaPartitions: int('ZG_KAFKA_PARTITIONS', 1, 1024),

@@ -49,7 +49,11 @@ export async function migrate(db: Db): Promise<void> {
   const { error, results } = await migrator.migrateToLatest();
   const failed = results?.find((r) => r.status === 'Error');
   if (error || failed) {
-    throw new Error(`migration ${failed?.migrationName ?? ''} failed`, { cause: error });
+    const reason = error instanceof Error ? `: ${error.message}` : '';
+    throw new Error(
+      failed ? `migration ${failed.migrationName} failed${reason}` : `migrations could not run${reason}`,
+      { cause: error },
+    );
   }
 }
 
