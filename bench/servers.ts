@@ -225,6 +225,7 @@ function baseEnv(profile: 'embedded' | 'cluster', dataDir: string): Record<strin
     ZG_AUTH_IP_LIMIT: '1000000',
     // 20 users make thousands of likes a second between them.
     ZG_COUNTER_TOGGLE_LIMIT: '1000000000',
+    ZG_SHUTDOWN_DRAIN_MS: '0',
   };
 }
 

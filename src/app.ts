@@ -76,6 +76,8 @@ export interface App {
   log: Logger;
   /** Binds the HTTP server (every role serves /healthz, /readyz and /metrics) and starts the workers of the role. */
   start(): Promise<string>;
+  /** Readiness answers "draining" from now on (so load balancers stop routing here); requests are still served. */
+  drain(): void;
   /** Graceful: stop accepting, finish in-flight requests, drain workers, close connections. */
   close(): Promise<void>;
 }
@@ -443,6 +445,9 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
       for (const worker of workers) await worker.start();
       log.info({ address, profile: config.profile, role: config.role }, 'zhiguang started');
       return address;
+    },
+    drain() {
+      draining = true;
     },
     async close() {
       draining = true;

@@ -41,6 +41,8 @@ export interface Server {
   logLines(): Record<string, unknown>[];
   /** Test fixture: writes a post row straight into the server's database, skipping the publish flow. */
   insertPost(post: FixturePost): Promise<void>;
+  /** Sends SIGTERM and returns; `stop` then waits for the exit and cleans up. */
+  terminate(): void;
   stop(): Promise<void>;
 }
 
@@ -103,6 +105,8 @@ export async function startServer(
     ZG_PASSWORD_HASH_COST: '12',
     ZG_AUTH_IP_LIMIT: '100000',
     ZG_SESSION_CHECK_CACHE_MS: '0',
+    // Stop at once; the drain has a test of its own.
+    ZG_SHUTDOWN_DRAIN_MS: '0',
   };
 
   if (profile === 'cluster') {
@@ -283,6 +287,9 @@ export async function startServer(
         });
         waiters.clear();
       }
+    },
+    terminate() {
+      if (child.exitCode === null) child.kill('SIGTERM');
     },
     async stop() {
       if (child.exitCode === null) {

@@ -89,3 +89,23 @@ describe('metrics behind a token', () => {
     expect((await fetch(`${server.baseUrl}/healthz`)).status).toBe(200);
   });
 });
+
+describe('a graceful stop', () => {
+  it('keeps serving while readiness says draining, then exits', async () => {
+    // The embedded profile drains too when told to; it starts in a fraction of a cluster's time.
+    const server = await startServer('embedded', { ZG_SHUTDOWN_DRAIN_MS: '2000' });
+    try {
+      const client = new Client(server.baseUrl);
+      expect((await client.call('GET', '/readyz')).status).toBe(200);
+      const signalled = Date.now();
+      server.terminate();
+      await new Promise((resolve) => setTimeout(resolve, 300));
+      const ready = await client.call('GET', '/readyz');
+      expect([ready.status, ready.body.status]).toEqual([503, 'draining']);
+      expect((await client.call('GET', '/api/v1/knowposts/feed')).status).toBe(200);
+      expect(Date.now() - signalled).toBeLessThan(2_000);
+    } finally {
+      await server.stop();
+    }
+  });
+});

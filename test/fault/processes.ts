@@ -226,6 +226,7 @@ function baseEnv(dataDir: string): Record<string, string> {
     ZG_PASSWORD_HASH_COST: '10',
     ZG_AUTH_IP_LIMIT: '1000000000',
     ZG_COUNTER_TOGGLE_LIMIT: '1000000000',
+    ZG_SHUTDOWN_DRAIN_MS: '0',
     ZG_ACCESS_TOKEN_TTL: '3600',
   };
 }

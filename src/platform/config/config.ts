@@ -106,6 +106,8 @@ export interface Config {
   trustProxy: boolean | number | string;
   avatarMaxBytes: number;
   shutdownTimeoutMs: number;
+  /** How long a stopping process answers while its readiness says "draining", before it stops listening. */
+  shutdownDrainMs: number;
   relations: {
     /** Follows plus unfollows one user may make per minute. */
     changesPerMinute: number;
@@ -340,8 +342,12 @@ export const CONFIG_VARS = {
     secret: true,
   },
   ZG_AVATAR_MAX_BYTES: { description: 'largest avatar upload accepted', default: '5242880' },
+  ZG_SHUTDOWN_DRAIN_MS: {
+    description:
+      'on SIGTERM, how long a process keeps serving while /readyz answers 503 "draining", so load balancers stop sending it requests before it stops listening; default 5000 on cluster, 0 on embedded',
+  },
   ZG_SHUTDOWN_TIMEOUT_MS: {
-    description: 'how long a graceful shutdown may take before the process exits anyway',
+    description: 'how long a graceful shutdown may take, after the drain, before the process exits anyway',
     default: '10000',
   },
   ZG_RELATION_CHANGE_LIMIT: {
@@ -601,6 +607,12 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: { ro
     trustProxy,
     avatarMaxBytes: int('ZG_AVATAR_MAX_BYTES', 1024, 64 * 1024 * 1024),
     shutdownTimeoutMs: int('ZG_SHUTDOWN_TIMEOUT_MS', 100, 600_000),
+    shutdownDrainMs:
+      raw('ZG_SHUTDOWN_DRAIN_MS') === undefined
+        ? profile === 'cluster'
+          ? 5_000
+          : 0
+        : int('ZG_SHUTDOWN_DRAIN_MS', 0, 600_000),
     relations: {
       changesPerMinute: int('ZG_RELATION_CHANGE_LIMIT', 1, 1_000_000),
       bigAccountFollowers: int('ZG_RELATION_BIG_ACCOUNT_FOLLOWERS', 1, 1_000_000_000),

@@ -144,6 +144,8 @@ export async function createHttpServer(options: HttpServerOptions): Promise<Fast
         .header('x-request-id', request.id)
         .send({ code: 'BAD_REQUEST', message: `Malformed request: ${error.message}`, requestId: request.id });
     },
+    // Answered below instead, in the contract's shape.
+    return503OnClosing: false,
     genReqId: (req) => {
       const incoming = req.headers['x-request-id'];
       return typeof incoming === 'string' && REQUEST_ID.test(incoming) ? incoming : randomUUID();
@@ -164,8 +166,25 @@ export async function createHttpServer(options: HttpServerOptions): Promise<Fast
 
   acceptEmptyBodies(app);
   installErrorHandling(app);
+  // Once closing, requests still arriving on open connections are turned away: the client should
+  // retry on another process (the listener is closed; requests in flight finish).
+  let closing = false;
+  app.addHook('preClose', async () => {
+    closing = true;
+  });
+  // Answers given while closing end their connection, so none keeps the close waiting.
+  app.addHook('onSend', async (_request, reply) => {
+    if (closing) void reply.header('connection', 'close');
+  });
   app.addHook('onRequest', async (request, reply) => {
     void reply.header('x-request-id', request.id);
+    if (closing) {
+      return reply.code(503).header('connection', 'close').send({
+        code: 'UNAVAILABLE',
+        message: 'This server is shutting down; try again',
+        requestId: request.id,
+      });
+    }
   });
   app.addHook('onResponse', async (request, reply) => {
     const route = request.routeOptions.url ?? 'unmatched';

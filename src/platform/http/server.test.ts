@@ -1,0 +1,61 @@
+import { connect, type AddressInfo } from 'node:net';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { pino } from 'pino';
+import { describe, expect, it } from 'vitest';
+import { Metrics } from '../metrics/metrics.js';
+import { createHttpServer } from './server.js';
+
+describe('the HTTP server while it closes', () => {
+  it('finishes a request in flight, answers later ones 503 in the contract shape, and ends their connections', async () => {
+    const app = await createHttpServer({
+      logger: pino({ level: 'silent' }),
+      metrics: new Metrics(),
+      bodyLimitBytes: 1024,
+      uploadLimitBytes: 1024,
+      version: 'test',
+    });
+    let release!: () => void;
+    const held = new Promise<void>((resolve) => (release = resolve));
+    app.get('/slow', async () => {
+      await held;
+      return { done: true };
+    });
+    app.get('/fast', async () => ({ fast: true }));
+    await app.listen({ host: '127.0.0.1', port: 0 });
+    const { port } = app.server.address() as AddressInfo;
+
+    const open = (): { send: (text: string) => boolean; received: () => string; ended: Promise<void> } => {
+      const socket = connect(port, '127.0.0.1');
+      let received = '';
+      socket.on('data', (chunk: Buffer) => (received += chunk.toString('utf8')));
+      const ended = new Promise<void>((resolve) => socket.on('close', () => resolve()));
+      return { send: (text) => socket.write(text), received: () => received, ended };
+    };
+    // One request in flight when the close begins; another whose headers are still arriving.
+    const busy = open();
+    busy.send('GET /slow HTTP/1.1\r\nHost: x\r\n\r\n');
+    const late = open();
+    late.send('GET /fast HTTP/1.1\r\nHost: x\r\n');
+    await sleep(50);
+    const closed = app.close();
+    await sleep(50);
+    late.send('\r\n');
+    await sleep(50);
+    release();
+    // Both answers end their connections, so the close does not wait for a keep-alive timeout.
+    await Promise.all([busy.ended, late.ended, closed]);
+
+    expect(busy.received()).toMatch(/^HTTP\/1\.1 200 /);
+    expect(busy.received()).toContain('{"done":true}');
+    expect(late.received()).toMatch(/^HTTP\/1\.1 503 /);
+    for (const answer of [busy.received(), late.received()]) {
+      expect(answer).toMatch(/\r\nconnection: close\r\n/i);
+    }
+    const text = late.received();
+    expect(JSON.parse(text.slice(text.indexOf('\r\n\r\n') + 4))).toEqual({
+      code: 'UNAVAILABLE',
+      message: 'This server is shutting down; try again',
+      requestId: expect.any(String),
+    });
+  });
+});
