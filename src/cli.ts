@@ -17,12 +17,24 @@ const USAGE = `usage: zhiguang counters|users|relations <command> [options]
   counters rebuild [--entity T:ID]…   rebuild snapshots from facts (all entities, or the ones named)
   counters replay --yes               empty the counter store and rebuild it from counter-events,
                                       earliest record to the end captured at the start, then add
-                                      back the views read-events holds (stop writers first)
+                                      back the views read-events holds (stop writers first; toggles
+                                      that never reached the log are published to it first)
   counters flush                      fold all pending deltas into snapshots now
 ${USERS_USAGE}
 ${RELATIONS_USAGE}
 
 Configuration comes from the environment, as for the server (see .env.example).`;
+
+/** The options each command takes; any other is refused rather than ignored. */
+const COMMAND_OPTIONS: Record<string, readonly string[]> = {
+  'counters verify': ['fix'],
+  'counters rebuild': ['entity'],
+  'counters replay': ['yes'],
+  'counters flush': [],
+  'users verify': ['fix'],
+  'relations verify': ['fix'],
+  'relations rebuild': [],
+};
 
 /** The admin command line: maintenance jobs with progress on stderr and a JSON summary on stdout. */
 async function main(argv: string[]): Promise<number> {
@@ -44,6 +56,13 @@ async function main(argv: string[]): Promise<number> {
   }
   const { values, positionals } = parsed;
   const [area, command] = positionals;
+  const takes = COMMAND_OPTIONS[`${area} ${command}`];
+  const misplaced = Object.keys(values).find((name) => name !== 'help' && !takes?.includes(name));
+  if (takes && !values.help && (misplaced !== undefined || positionals.length > 2)) {
+    const what = misplaced !== undefined ? `--${misplaced}` : `"${positionals[2]}"`;
+    process.stderr.write(`${area} ${command} takes no ${what}\n\n${USAGE}\n`);
+    return 2;
+  }
   if (area === 'users' && command === 'verify' && !values.help) {
     const config = loadConfig(process.env);
     const log = createLogger(config.logLevel === 'info' ? 'warn' : config.logLevel);

@@ -1,5 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Client, startServer, type ProfileName, type Server } from './harness.js';
+import { runCli } from '../fault/processes.js';
 
 describe.each<ProfileName>(['embedded', 'cluster'])('operations (%s profile)', (profile) => {
   let server: Server;
@@ -106,6 +107,22 @@ describe('a graceful stop', () => {
       expect(Date.now() - signalled).toBeLessThan(2_000);
     } finally {
       await server.stop();
+    }
+  });
+});
+
+describe('the admin command line', () => {
+  it('refuses options a command does not take, before it connects to anything', async () => {
+    const env = { PATH: process.env.PATH ?? '' };
+    for (const args of [
+      ['users', 'verify', '--entity', 'knowpost:1'],
+      ['counters', 'verify', '--yes'],
+      ['counters', 'flush', '--fix'],
+      ['relations', 'rebuild', 'now'],
+    ]) {
+      const result = await runCli(env, args, 30_000);
+      expect({ args, code: result.code }).toEqual({ args, code: 2 });
+      expect(result.stderr).toContain(`${args[0]} ${args[1]} takes no`);
     }
   });
 });
