@@ -57,6 +57,8 @@ function numericProperties(schema: unknown): Map<string, 'integer' | 'number'> {
   for (const [name, property] of Object.entries(properties)) {
     const p = property as { type?: unknown; anyOf?: { type?: unknown }[] };
     const types = [p.type, ...(p.anyOf ?? []).map((option) => option.type)];
+    // Text is a valid value of its own where a string is allowed.
+    if (types.includes('string')) continue;
     if (types.includes('integer')) found.set(name, 'integer');
     else if (types.includes('number')) found.set(name, 'number');
   }
