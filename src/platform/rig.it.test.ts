@@ -106,7 +106,8 @@ describe('test rig', () => {
     try {
       const created = await admin.createTopics({ topics: [topic], partitions: 2, replicas: 1 });
       expect(created.map((t) => [t.name, t.partitions])).toEqual([[topic, 2]]);
-      expect(await admin.listTopics()).toContain(topic);
+      // A broker learns of a new topic from the controller a moment after the create returns.
+      await expect.poll(() => admin.listTopics(), { timeout: 5_000, interval: 100 }).toContain(topic);
 
       // Producer: records with the same key land on the same partition, in order.
       const sent = await producer.send({
