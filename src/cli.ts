@@ -102,12 +102,7 @@ async function main(argv: string[]): Promise<number> {
       },
     );
   }
-  if (
-    values.help ||
-    area !== 'counters' ||
-    !command ||
-    !['verify', 'rebuild', 'replay', 'flush'].includes(command)
-  ) {
+  if (values.help || area !== 'counters' || takes === undefined) {
     process.stderr.write(`${USAGE}\n`);
     return values.help ? 0 : 2;
   }

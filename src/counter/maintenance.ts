@@ -60,6 +60,9 @@ export interface RepairReport {
   rebuilt: number;
 }
 
+/** Unpublished records taken per round by the repair job and by a replay. */
+const UNPUBLISHED_BATCH = 500;
+
 /**
  * Events toggled but never acknowledged by the event log (a publish that failed, a process that died
  * with events in memory, a buffer that overflowed) are published again from their records, so the
@@ -77,7 +80,7 @@ export async function repairUnpublished(
 ): Promise<RepairReport> {
   const report: RepairReport = { republished: 0, rebuilt: 0 };
   for (;;) {
-    const stale = await store.staleUnpublished(now, olderThanMs, 500);
+    const stale = await store.staleUnpublished(now, olderThanMs, UNPUBLISHED_BATCH);
     if (stale.length === 0) return report;
     const withEvent = stale.filter((s) => s.event !== null);
     const withoutEvent = stale.filter((s) => s.event === null);
@@ -104,7 +107,7 @@ export async function repairUnpublished(
     report.rebuilt += unique.size;
     await store.dropUnpublished(sent ? stale : withoutEvent);
     if (!sent) await store.deferUnpublished(withEvent, now);
-    if (stale.length < 500) return report;
+    if (stale.length < UNPUBLISHED_BATCH) return report;
   }
 }
 
@@ -325,7 +328,7 @@ async function publishWaiting(
 ): Promise<number> {
   let published = 0;
   for (;;) {
-    const waiting = await store.staleUnpublished(now, 0, 500);
+    const waiting = await store.staleUnpublished(now, 0, UNPUBLISHED_BATCH);
     if (waiting.length === 0) return published;
     if (waiting.some((w) => w.event === null)) {
       throw new Error(
@@ -340,7 +343,7 @@ async function publishWaiting(
     await store.dropUnpublished(waiting);
     published += waiting.length;
     progress(`published ${published} toggles that had not reached the log`);
-    if (waiting.length < 500) return published;
+    if (waiting.length < UNPUBLISHED_BATCH) return published;
   }
 }
 

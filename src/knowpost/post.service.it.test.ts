@@ -82,6 +82,8 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
 
   const row = (id: string) =>
     backend.db.kysely.selectFrom('knowposts').selectAll().where('id', '=', id).executeTakeFirstOrThrow();
+  /** What the post's row stores for its images. */
+  const imagesOf = async (id: string) => JSON.parse((await row(id)).img_urls_json) as string[];
 
   const outboxFor = async (id: string) =>
     (await backend.db.kysely.selectFrom('outbox').selectAll().orderBy('id').execute())
@@ -102,7 +104,7 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
       Buffer.from(bytes),
       presigned.headers['Content-Type'],
     );
-    return { objectKey: presigned.objectKey, etag: stored.etag };
+    return { objectKey: presigned.objectKey, etag: stored.etag, putUrl: presigned.putUrl };
   }
 
   /** Uploads a body the way a client would and returns what confirm needs. */
@@ -593,7 +595,7 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     expect(await read(stored)).toBe('png');
     // The stored copy may be sent back as it is; the upload key is copied again.
     await sut.update(AUTHOR, id, { imgUrls: [stored, presigned.objectKey] });
-    const again = JSON.parse((await row(id)).img_urls_json) as string[];
+    const again = await imagesOf(id);
     expect(again[0]).toBe(stored);
     expect(again[1]).not.toBe(stored);
     expect(await read(again[1]!)).toBe('other png');
@@ -602,26 +604,20 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
   it("takes URLs of the post's own objects for their keys: upload URLs and signed image URLs sent back", async () => {
     const sut = newService();
     const id = await sut.createDraft(AUTHOR);
-    const presigned = await sut.presign(AUTHOR, {
-      scene: 'knowpost_image',
-      postId: id,
-      contentType: 'image/png',
-    });
-    await storage.put(presigned.objectKey, Buffer.from('png'), 'image/png');
+    const presigned = await uploadObject(sut, id, 'knowpost_image', 'image/png', 'png');
     const elsewhere = 'https://cdn.example.com/x.png';
     // What clients of the original service send: the upload URL without its query.
     await sut.update(AUTHOR, id, { imgUrls: [presigned.putUrl.split('?')[0]!, elsewhere] });
     const stored = storedImageKey(id, presigned.objectKey, md5('png'));
-    const images = async () => JSON.parse((await row(id)).img_urls_json) as string[];
-    expect(await images()).toEqual([stored, elsewhere]);
+    expect(await imagesOf(id)).toEqual([stored, elsewhere]);
     expect(await storage.head(presigned.objectKey)).toBeNull();
 
     // An edit sending back the signed URLs a detail answer gave keeps the copy, not the URL.
     const shown = await storage.presignGet(stored, 60);
     await sut.update(AUTHOR, id, { imgUrls: [shown, elsewhere] });
-    expect(await images()).toEqual([stored, elsewhere]);
+    expect(await imagesOf(id)).toEqual([stored, elsewhere]);
     await sut.update(AUTHOR, id, { title: 'edited', imgUrls: [shown.split('?')[0]!] });
-    expect(await images()).toEqual([stored]);
+    expect(await imagesOf(id)).toEqual([stored]);
     expect(await storage.head(stored)).not.toBeNull();
 
     // Objects of another post are not this post's to show: such a URL stays an outside address.
@@ -630,7 +626,7 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
       await sut.presign(AUTHOR, { scene: 'knowpost_image', postId: other, contentType: 'image/png' })
     ).putUrl.split('?')[0]!;
     await sut.update(AUTHOR, id, { imgUrls: [foreign] });
-    expect(await images()).toEqual([foreign]);
+    expect(await imagesOf(id)).toEqual([foreign]);
     // A URL of this post's objects that is no image is refused like its key.
     const body = (
       await sut.presign(AUTHOR, { scene: 'knowpost_content', postId: id, contentType: 'text/markdown' })
@@ -713,19 +709,18 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
       text: string,
     ) => (await uploadObject(sut, id, scene, contentType, text)).objectKey;
     const exists = async (key: string) => (await storage.head(key)) !== null;
-    const images = async () => JSON.parse((await row(id)).img_urls_json) as string[];
     const unconfirmed = await uploaded('knowpost_content', 'text/plain', 'never confirmed');
     const unused = await uploaded('knowpost_image', 'image/png', 'never used');
     const shown = await uploaded('knowpost_image', 'image/png', 'shown');
     const dropped = await uploaded('knowpost_image', 'image/png', 'dropped');
     await sut.update(AUTHOR, id, { imgUrls: [shown, dropped] });
-    const [shownCopy, droppedCopy] = await images();
+    const [shownCopy, droppedCopy] = await imagesOf(id);
     // A patch deletes the uploads it copied, and later the images it no longer shows.
     expect(await exists(shown)).toBe(false);
     expect(await exists(dropped)).toBe(false);
     // An upload key sent again after its upload went names the post's copy of it.
     await sut.update(AUTHOR, id, { imgUrls: [shown] });
-    expect(await images()).toEqual([shownCopy]);
+    expect(await imagesOf(id)).toEqual([shownCopy]);
     expect(await exists(droppedCopy!)).toBe(false);
     // Left behind, as a racing patch or a failed delete would leave it.
     const stray = storedImageKey(id, `posts/${id}/images/20250601/0badc0de.png`, md5('x'));
@@ -773,7 +768,6 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
   it('judges an edit of images again when another overlapped it, so every image shown exists', async () => {
     const sut = newService();
     const id = await publishedPost(sut);
-    const images = async () => JSON.parse((await row(id)).img_urls_json) as string[];
     const exists = async (key: string) => (await storage.head(key)) !== null;
     const upload = async (text: string) =>
       (await uploadObject(sut, id, 'knowpost_image', 'image/png', text)).objectKey;
@@ -802,18 +796,18 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     }
 
     await sut.update(AUTHOR, id, { imgUrls: [await upload('first')] });
-    const [first] = await images();
+    const [first] = await imagesOf(id);
     // The other edit drops the first image; this one may not bring its deleted copy back.
     const second = await upload('second');
     expect(await overlapped(second, [first!, second], [])).toEqual(['400 BAD_REQUEST', 'ok']);
-    expect(await images()).toEqual([]);
+    expect(await imagesOf(id)).toEqual([]);
     expect(await exists(first!)).toBe(false);
 
     // Judged again, this one wins, and the other's image, no longer shown, goes.
     const third = await upload('third');
     const fourth = await upload('fourth');
     expect(await overlapped(third, [third], [fourth])).toEqual(['ok', 'ok']);
-    const shown = await images();
+    const shown = await imagesOf(id);
     expect(shown).toEqual([storedImageKey(id, third, md5('third'))]);
     expect(await exists(shown[0]!)).toBe(true);
     for (const gone of [third, fourth, storedImageKey(id, fourth, md5('fourth'))])
@@ -822,7 +816,7 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     // Overlapped at every try, it gives up after three and changes nothing.
     const fifth = await upload('fifth');
     expect(await overlapped(fifth, [fifth], 'every')).toEqual(['409 POST_CHANGED', 'ok', 'ok', 'ok']);
-    expect(await images()).toEqual(['https://x.invalid/2.png']);
+    expect(await imagesOf(id)).toEqual(['https://x.invalid/2.png']);
   });
 
   it('keeps going when a change listener fails', async () => {
