@@ -2,14 +2,18 @@ import { parseArgs } from 'node:util';
 import { Registry } from 'prom-client';
 import { CounterMetrics } from './counter/counter.metrics.js';
 import { flushPending, rebuildAll, replayAll, verifyAll } from './counter/maintenance.js';
-import { COUNTER_TOPIC, parseEntityKey, type EntityRef } from './counter/model.js';
+import { COUNTER_TOPIC, entityKey, parseEntityKey, type EntityRef } from './counter/model.js';
 import { ConfigError, loadConfig } from './platform/config/config.js';
 import { createLogger } from './platform/logging/logger.js';
 import { createPlatform } from './platform/wiring.js';
 import { replayViews, VIEW_TOPIC } from './knowpost/views.js';
+import { KnowpostVisibilityRepository } from './knowpost/visibility.repository.js';
 import { relationUserCountParts } from './relation/user-count-parts.js';
 import { runUsersCommand, USERS_USAGE } from './user-counter/admin.js';
 import { RELATIONS_USAGE, runRelationsCommand } from './relation/admin.js';
+
+/** What a verify command exits with when it found drift, so a scheduled run can raise an alarm. */
+const DRIFT_EXIT = 3;
 
 const USAGE = `usage: zhiguang counters|users|relations <command> [options]
 
@@ -23,6 +27,8 @@ const USAGE = `usage: zhiguang counters|users|relations <command> [options]
 ${USERS_USAGE}
 ${RELATIONS_USAGE}
 
+Exit status: 0 done (for verify: nothing drifted), ${DRIFT_EXIT} verify found drift (also when --fix healed
+it), 2 usage or an entity that does not exist, 1 any other failure.
 Configuration comes from the environment, as for the server (see .env.example).`;
 
 /** The options each command takes; any other is refused rather than ignored. */
@@ -66,7 +72,7 @@ async function main(argv: string[]): Promise<number> {
   if (area === 'users' && command === 'verify' && !values.help) {
     const config = loadConfig(process.env);
     const log = createLogger(config.logLevel === 'info' ? 'warn' : config.logLevel);
-    return runUsersCommand(
+    const code = await runUsersCommand(
       config,
       log,
       command,
@@ -83,11 +89,12 @@ async function main(argv: string[]): Promise<number> {
         },
       },
     );
+    return code === 'drift' ? DRIFT_EXIT : code;
   }
   if (area === 'relations' && (command === 'verify' || command === 'rebuild') && !values.help) {
     const config = loadConfig(process.env);
     const log = createLogger(config.logLevel === 'info' ? 'warn' : config.logLevel);
-    return runRelationsCommand(
+    const code = await runRelationsCommand(
       config,
       log,
       command,
@@ -101,6 +108,7 @@ async function main(argv: string[]): Promise<number> {
         note: (message) => process.stderr.write(`${message}\n`),
       },
     );
+    return code === 'drift' ? DRIFT_EXIT : code;
   }
   if (values.help || area !== 'counters' || takes === undefined) {
     process.stderr.write(`${USAGE}\n`);
@@ -130,11 +138,22 @@ async function main(argv: string[]): Promise<number> {
   const progress = (message: string) => process.stderr.write(`\r${message}\u001b[K`);
   const started = Date.now();
   try {
+    if (refs) {
+      // A snapshot is kept for every entity named, so a mistyped id would leave one behind for good.
+      const known = await new KnowpostVisibilityRepository(platform.db).load(refs);
+      const unknown = refs.filter((ref) => !known.has(entityKey(ref)));
+      if (unknown.length > 0) {
+        process.stderr.write(`no such post: ${unknown.map(entityKey).join(', ')}; nothing rebuilt\n`);
+        return 2;
+      }
+    }
     await platform.events.ensureTopics([COUNTER_TOPIC, VIEW_TOPIC], { keepForever: [COUNTER_TOPIC] });
     let summary: unknown;
+    let code = 0;
     if (command === 'verify') {
       const report = await verifyAll(platform.counterStore, values.fix ?? false, progress);
-      summary = { ...report, drifted: report.drifted.map((r) => `${r.etype}:${r.eid}`) };
+      summary = { ...report, drifted: report.drifted.map(entityKey) };
+      if (report.drifted.length > 0) code = DRIFT_EXIT;
     } else if (command === 'rebuild') {
       summary = { rebuilt: await rebuildAll(platform.counterStore, refs, progress) };
     } else if (command === 'replay') {
@@ -147,7 +166,7 @@ async function main(argv: string[]): Promise<number> {
     process.stdout.write(
       `${JSON.stringify({ command: `counters ${command}`, ...(summary as object), seconds: (Date.now() - started) / 1000 })}\n`,
     );
-    return 0;
+    return code;
   } finally {
     await platform.close();
   }

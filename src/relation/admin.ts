@@ -30,14 +30,14 @@ export const EMBEDDED_CACHES_NOTE =
   'neither compares nor clears; they follow the table once they expire (ZG_RELATION_LIST_CACHE_TTL_MS) ' +
   'or the server restarts';
 
-/** `zhiguang relations verify [--fix] | rebuild`; resolves with the exit code. */
+/** `zhiguang relations verify [--fix] | rebuild`; resolves with the exit code, or 'drift' when verify found some. */
 export async function runRelationsCommand(
   config: Config,
   log: Logger,
   command: string,
   options: { fix: boolean },
   io: AdminIo,
-): Promise<number> {
+): Promise<number | 'drift'> {
   if (command !== 'verify' && command !== 'rebuild') return 2;
   const platform = await createPlatform(config, log);
   const started = Date.now();
@@ -54,6 +54,7 @@ export async function runRelationsCommand(
     });
     const rebuildCounters = (userId: number) => counters.service.rebuild(userId, 'overwrite', 'admin');
     let summary: object;
+    let drifted = false;
     if (command === 'verify') {
       const reconciler = new RelationReconciler({
         repo,
@@ -66,7 +67,9 @@ export async function runRelationsCommand(
         settleMs: 0,
         sampleSize: 0,
       });
-      summary = await verifyRelations(repo, reconciler, options.fix, (message) => io.progress(message));
+      const report = await verifyRelations(repo, reconciler, options.fix, (message) => io.progress(message));
+      drifted = report.driftedUsers > 0;
+      summary = report;
     } else {
       summary = await rebuildRelations(
         { repo, lists: platform.relationLists, bus: platform.invalidation, rebuildCounters },
@@ -81,7 +84,7 @@ export async function runRelationsCommand(
       }),
     );
     if (config.profile === 'embedded') io.note(EMBEDDED_CACHES_NOTE);
-    return 0;
+    return drifted ? 'drift' : 0;
   } finally {
     await platform.close();
   }

@@ -17,7 +17,8 @@ export interface RelationVerifyReport {
   counterUsers: number;
   /** Cached lists that differed from their tables. */
   cacheLists: number;
-  fixed: boolean;
+  /** Drifted users healed (with --fix). */
+  fixed: number;
   /** Changes whose counter deltas are still on their way, and the age of the oldest (ms). */
   inFlight: number;
   oldestInFlightMs: number | null;
@@ -39,7 +40,7 @@ export async function verifyRelations(
     projectionPairs: 0,
     counterUsers: 0,
     cacheLists: 0,
-    fixed: fix,
+    fixed: 0,
     inFlight: 0,
     oldestInFlightMs: null,
   };
@@ -57,7 +58,10 @@ export async function verifyRelations(
       if (drift.counters.length > 0) report.counterUsers++;
       report.cacheLists += drift.caches.length;
       reconciler.count(drift);
-      if (fix) await reconciler.heal(drift);
+      if (fix) {
+        await reconciler.heal(drift);
+        report.fixed++;
+      }
     }
     after = page[page.length - 1]!;
     progress(`relations verify: ${report.checked} users checked, ${report.driftedUsers} drifted`);

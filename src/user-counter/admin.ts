@@ -20,7 +20,7 @@ export interface AdminIo {
  * database (allowing for deltas still on their way) and, with --fix, overwrites the drifted ones.
  * Users without a snapshot are counted, not created: the first read rebuilds them. `parts` must be
  * the same slices of the truth the server uses (see app.ts), or fields it leaves out would be
- * compared with, and healed to, zero.
+ * compared with, and healed to, zero. Resolves with the exit code, or 'drift' when some user drifted.
  */
 export async function runUsersCommand(
   config: Config,
@@ -28,7 +28,7 @@ export async function runUsersCommand(
   command: string,
   options: { fix: boolean; parts: (db: Db, platform: Platform) => UserCountPart[] },
   io: AdminIo,
-): Promise<number> {
+): Promise<number | 'drift'> {
   if (command !== 'verify') return 2;
   const platform = await createPlatform(config, log);
   const started = Date.now();
@@ -50,7 +50,7 @@ export async function runUsersCommand(
         seconds: (Date.now() - started) / 1000,
       }),
     );
-    return 0;
+    return report.drifted.length > 0 ? 'drift' : 0;
   } finally {
     await platform.close();
   }

@@ -1,3 +1,7 @@
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { DatabaseSync } from 'node:sqlite';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Client, startServer, type ProfileName, type Server } from './harness.js';
 import { runCli } from '../fault/processes.js';
@@ -123,6 +127,72 @@ describe('the admin command line', () => {
       const result = await runCli(env, args, 30_000);
       expect({ args, code: result.code }).toEqual({ args, code: 2 });
       expect(result.stderr).toContain(`${args[0]} ${args[1]} takes no`);
+    }
+  });
+
+  it('exits 3 when verify finds drift, also once --fix healed it, and refuses to rebuild posts that do not exist', async () => {
+    const dataDir = mkdtempSync(join(tmpdir(), 'zg-cli-'));
+    try {
+      const env = { PATH: process.env.PATH ?? '', ZG_DATA_DIR: dataDir, LOG_LEVEL: 'warn' };
+      // The first command creates the database.
+      const empty = await runCli(env, ['counters', 'verify']);
+      expect([empty.code, empty.json]).toMatchObject([0, { checked: 0, drifted: [] }]);
+
+      const db = new DatabaseSync(join(dataDir, 'zhiguang.db'));
+      try {
+        db.exec(`INSERT INTO knowposts (id, author_id, status, created_at, updated_at)
+                 VALUES ('5', 1, 'published', 0, 0)`);
+        // One like among the facts, none in the snapshot.
+        db.exec(`INSERT INTO counter_facts VALUES ('knowpost', '5', 'like', 42)`);
+        db.exec(`INSERT INTO counter_entities (etype, eid) VALUES ('knowpost', '5')`);
+        db.exec(`INSERT INTO counter_snapshots VALUES ('knowpost', '5', zeroblob(20))`);
+      } finally {
+        db.close();
+      }
+
+      const found = await runCli(env, ['counters', 'verify']);
+      expect([found.code, found.json]).toMatchObject([3, { checked: 1, drifted: ['knowpost:5'], fixed: 0 }]);
+      const fixed = await runCli(env, ['counters', 'verify', '--fix']);
+      expect([fixed.code, fixed.json]).toMatchObject([3, { drifted: ['knowpost:5'], fixed: 1 }]);
+      const clean = await runCli(env, ['counters', 'verify']);
+      expect([clean.code, clean.json]).toMatchObject([0, { checked: 1, drifted: [] }]);
+
+      const unknown = await runCli(env, [
+        'counters',
+        'rebuild',
+        '--entity',
+        'knowpost:5',
+        '--entity',
+        'knowpost:6',
+      ]);
+      expect([unknown.code, unknown.json]).toEqual([2, undefined]);
+      expect(unknown.stderr).toContain('no such post: knowpost:6; nothing rebuilt');
+      const rebuilt = await runCli(env, ['counters', 'rebuild', '--entity', 'knowpost:5']);
+      expect([rebuilt.code, rebuilt.json]).toMatchObject([0, { rebuilt: 1 }]);
+
+      for (const area of ['users', 'relations']) {
+        const result = await runCli(env, [area, 'verify']);
+        expect([area, result.code, result.json]).toMatchObject([area, 0, { drifted: [] }]);
+      }
+      // A follow whose follower row never appeared.
+      const users = new DatabaseSync(join(dataDir, 'zhiguang.db'));
+      try {
+        for (const id of [1, 2]) {
+          users.exec(`INSERT INTO users (id, nickname, avatar, zg_id, created_at, updated_at)
+                      VALUES (${id}, 'u${id}', '', 'u${id}', 0, 0)`);
+        }
+        users.exec(`INSERT INTO following VALUES (1, 2, 0)`);
+      } finally {
+        users.close();
+      }
+      const drift = await runCli(env, ['relations', 'verify']);
+      expect([drift.code, drift.json]).toMatchObject([3, { driftedUsers: 1, projectionPairs: 1, fixed: 0 }]);
+      const healed = await runCli(env, ['relations', 'verify', '--fix']);
+      expect([healed.code, healed.json]).toMatchObject([3, { driftedUsers: 1, fixed: 1 }]);
+      const after = await runCli(env, ['relations', 'verify']);
+      expect([after.code, after.json]).toMatchObject([0, { driftedUsers: 0 }]);
+    } finally {
+      rmSync(dataDir, { recursive: true, force: true });
     }
   });
 });
