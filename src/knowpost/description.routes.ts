@@ -27,7 +27,8 @@ export function descriptionRoutes(deps: DescriptionRouteDeps) {
           security: [{ bearerAuth: [] }],
           description:
             'A description (at most 50 characters) of the post markdown in `content`, drawn from its first ' +
-            '20,000 characters; 400 DESCRIPTION_CONTENT_EMPTY when they show no text. At most ' +
+            '20,000 characters, leaving out script and style elements; 400 DESCRIPTION_CONTENT_EMPTY when they ' +
+            'show no text. At most ' +
             'ZG_AI_RATE_LIMIT requests per user per minute (20 by default; 429 past that).',
           body: Type.Object({ content: Type.String({ minLength: 1, maxLength: 200_000 }) }),
           response: {

@@ -1,4 +1,5 @@
 import { BadRequestError } from '../../platform/errors/errors.js';
+import { fenceOf } from './text.js';
 
 /** Longest description a post may carry, in Unicode code points. */
 export const DESCRIPTION_MAX_LENGTH = 50;
@@ -33,13 +34,99 @@ export interface DescriptionSuggester {
  */
 export const ANALYSED_CHARS = 20_000;
 
-/** The opening of `content` the suggesters read: at most `max` characters, ended at its last line break when it has one. */
+/**
+ * The opening of `content` the suggesters read: at most `max` characters, ended at its last line
+ * break when it has one, without what no reader sees (`withoutHiddenHtml`).
+ */
 export function analysedPart(content: string, max: number = ANALYSED_CHARS): string {
+  return withoutHiddenHtml(openingOf(content, max));
+}
+
+function openingOf(content: string, max: number): string {
   if (content.length <= max) return content;
   const lineEnd = content.lastIndexOf('\n', max);
   if (lineEnd > 0) return content.slice(0, lineEnd);
   const cut = content.slice(0, max);
   return /[\uD800-\uDBFF]$/.test(cut) ? cut.slice(0, -1) : cut;
+}
+
+// Raw HTML whose text a reader never sees: a script or style element.
+const HIDDEN_TAG = /<(script|style)(?=[\s/>]|$)/gi;
+const HIDDEN_BLOCK = /^ {0,3}<(script|style)(?=[\s/>]|$)/i;
+
+/**
+ * The markdown without the contents of `<script>` and `<style>` elements, as a markdown renderer
+ * that passes HTML through would show it: a line opening with such a tag starts an HTML block that
+ * runs to the line holding its closing tag (or to the end); within a line, only an element closed on
+ * that line goes. Code (fenced or inline) keeps its text. Linear in the input.
+ */
+export function withoutHiddenHtml(markdown: string): string {
+  HIDDEN_TAG.lastIndex = 0;
+  if (!HIDDEN_TAG.test(markdown)) return markdown;
+  const lines = markdown.split('\n');
+  let block: RegExp | undefined;
+  let fence: string | undefined;
+  for (let i = 0; i < lines.length; i++) {
+    const line = lines[i]!;
+    if (block) {
+      const rest = afterClosing(line, block, 0);
+      lines[i] = rest ?? '';
+      if (rest !== undefined) block = undefined;
+      continue;
+    }
+    const marker = fenceOf(line);
+    if (fence !== undefined) {
+      if (marker !== undefined && marker[0] === fence[0] && marker.length >= fence.length) fence = undefined;
+      continue;
+    }
+    if (marker !== undefined) {
+      fence = marker;
+      continue;
+    }
+    const opening = HIDDEN_BLOCK.exec(line);
+    if (opening) {
+      const closing = new RegExp(`</${opening[1]}`, 'gi');
+      const rest = afterClosing(line, closing, opening[0].length);
+      lines[i] = rest ?? '';
+      if (rest === undefined) block = closing;
+      continue;
+    }
+    lines[i] = withoutInlineElements(line);
+  }
+  return lines.join('\n');
+}
+
+/** What follows the closing tag `closing` matches from `from` on, or undefined when there is none. */
+function afterClosing(line: string, closing: RegExp, from: number): string | undefined {
+  closing.lastIndex = from;
+  if (!closing.test(line)) return undefined;
+  const end = line.indexOf('>', closing.lastIndex);
+  return end < 0 ? '' : line.slice(end + 1);
+}
+
+/** A line without the script and style elements closed on it, leaving code spans alone. */
+function withoutInlineElements(line: string): string {
+  let kept = '';
+  let at = 0;
+  // Backticks before `counted`: an odd number means a code span is open there.
+  let ticks = 0;
+  let counted = 0;
+  while (at < line.length) {
+    HIDDEN_TAG.lastIndex = at;
+    const open = HIDDEN_TAG.exec(line);
+    if (!open) break;
+    for (; counted < open.index; counted++) if (line[counted] === '`') ticks++;
+    if (ticks % 2 === 1) break;
+    const closing = new RegExp(`</${open[1]}`, 'gi');
+    closing.lastIndex = HIDDEN_TAG.lastIndex;
+    // No closing tag after this opening: none after a later one either.
+    if (!closing.test(line)) break;
+    const end = line.indexOf('>', closing.lastIndex);
+    kept += `${line.slice(at, open.index)} `;
+    at = end < 0 ? line.length : end + 1;
+    counted = at;
+  }
+  return kept + line.slice(at);
 }
 
 export class EmptyContentError extends BadRequestError {

@@ -152,6 +152,14 @@ describe('ExtractiveSuggester', () => {
     expect(description).toBe("console.log('hello')");
   });
 
+  it('leaves out the text of scripts and styles, which no reader sees', async () => {
+    const post = `<script>\ndocument.cookie 计数器 计数器 计数器\n</script>\n<style>p { color: red }</style>\n\n${COUNTER_POST}`;
+    expect(await describe50(post)).toBe(await describe50(COUNTER_POST));
+    await expect(
+      suggester.suggest('<script>alert("hi")</script>\n<style>\nbody {}\n</style>'),
+    ).rejects.toBeInstanceOf(EmptyContentError);
+  });
+
   it('is deterministic', async () => {
     for (const post of [COUNTER_POST, NODE_POST, QUESTION_POST, KAFKA_POST, HOOKS_POST]) {
       const first = await new ExtractiveSuggester().suggest(post);

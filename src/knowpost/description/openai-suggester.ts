@@ -3,6 +3,7 @@ import {
   DESCRIPTION_MAX_LENGTH,
   EmptyContentError,
   analysedPart,
+  withoutHiddenHtml,
   type DescriptionLog,
   type DescriptionSuggester,
   type SuggestedDescription,
@@ -71,9 +72,12 @@ export function descriptionFromAnswer(answer: string): string | undefined {
   return undefined;
 }
 
-/** The post as the model sees it: inline images' data dropped, cut to `PROMPT_CONTENT_CHARS`. */
+/**
+ * The post as the model sees it: script and style elements and inline images' data dropped, cut to
+ * `PROMPT_CONTENT_CHARS`.
+ */
 export function promptContent(content: string): string {
-  const text = content.replace(/data:[\w/+.-]+;base64,[A-Za-z0-9+/=]+/g, 'data:');
+  const text = withoutHiddenHtml(content).replace(/data:[\w/+.-]+;base64,[A-Za-z0-9+/=]+/g, 'data:');
   if (text.length <= PROMPT_CONTENT_CHARS) return text;
   const cut = text.slice(0, PROMPT_CONTENT_CHARS);
   return /[\uD800-\uDBFF]$/.test(cut) ? cut.slice(0, -1) : cut;
