@@ -109,6 +109,8 @@ if ARGV[3] == '1' and raw and #raw == 20 then return { 'present', raw } end
 local version = redis.call('HGET', KEYS[2], uid) or '0'
 if ARGV[4] ~= '' and version ~= ARGV[4] then return { 'conflict', version } end
 redis.call('HSET', KEYS[1], uid, ARGV[2])
+-- A rebuild that read the version before this write must not land after it.
+redis.call('HINCRBY', KEYS[2], uid, 1)
 for i = 6, #ARGV do record(uid, ARGV[i], ARGV[5]) end
 return { 'written' }
 `;

@@ -58,9 +58,10 @@ describe('SqliteUserCounterStore (embedded specifics)', () => {
       delta: 1,
     }));
     await expect(sut.apply(batch, NOW)).rejects.toThrow(/injected crash/);
+    // As the write left it.
     expect(await sut.inspect(1, ['e1'])).toEqual({
       counts: { ...ZERO_USER_COUNTS, posts: 1 },
-      version: 0,
+      version: 1,
       applied: [false],
     });
     db.raw!.exec('DROP TRIGGER die_mid_apply');

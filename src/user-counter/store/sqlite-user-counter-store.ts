@@ -109,7 +109,8 @@ export class SqliteUserCounterStore implements UserCounterStore {
       if (options.ifVersion !== undefined && version !== options.ifVersion) {
         return { outcome: 'conflict', version };
       }
-      s.upsertData.run(userId, bytes);
+      // Raising the version refuses the write of a rebuild that read it before this one.
+      s.writeData.run(userId, bytes);
       for (const eventId of new Set(options.markApplied ?? [])) this.record(userId, eventId, now);
       return { outcome: 'written' };
     });
@@ -203,6 +204,10 @@ function prepareStatements(raw: DatabaseSync) {
        ON CONFLICT (user_id) DO UPDATE SET version = version + 1 RETURNING data`,
     ),
     putData: p('UPDATE user_counters SET data = ? WHERE user_id = CAST(? AS INTEGER)'),
+    writeData: p(
+      `INSERT INTO user_counters (user_id, data, version) VALUES (CAST(? AS INTEGER), ?, 1)
+       ON CONFLICT (user_id) DO UPDATE SET data = excluded.data, version = version + 1`,
+    ),
     upsertData: p(
       `INSERT INTO user_counters (user_id, data, version) VALUES (CAST(? AS INTEGER), ?, 0)
        ON CONFLICT (user_id) DO UPDATE SET data = excluded.data`,

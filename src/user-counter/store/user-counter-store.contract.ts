@@ -130,9 +130,10 @@ export function defineUserCounterStoreContract(
         applied: 1,
         skipped: 1,
       });
+      // Raised by the write and by p3.
       expect(await sut.inspect(4, ['p3'])).toEqual({
         counts: counts({ posts: 3 }),
-        version: 3,
+        version: 4,
         applied: [true],
       });
     });
@@ -176,6 +177,23 @@ export function defineUserCounterStoreContract(
         outcome: 'written',
       });
       expect(await sut.read([5])).toEqual([counts({ posts: 4 })]);
+    });
+
+    it('raises the version on every write, so of two rebuilds that read one version only the first lands', async () => {
+      await sut.write(6, counts({ followers: 1 }), {}, NOW);
+      // Rebuild A reads the version (then the database: 1 follower) and stalls.
+      const a = await sut.inspect(6);
+      // A follow commits; rebuild B reads the version and the database (2, the follow on its way).
+      const b = await sut.inspect(6);
+      expect(
+        await sut.write(6, counts({ followers: 2 }), { ifVersion: b.version, markApplied: ['f'] }, NOW),
+      ).toEqual({ outcome: 'written' });
+      expect(await sut.write(6, counts({ followers: 1 }), { ifVersion: a.version }, NOW)).toEqual({
+        outcome: 'conflict',
+        version: a.version + 1,
+      });
+      expect(await sut.apply([delta('f', 6, 'followers', 1)], NOW)).toEqual({ applied: 0, skipped: 1 });
+      expect(await sut.read([6])).toEqual([counts({ followers: 2 })]);
     });
 
     it('marks events applied for the written user only', async () => {

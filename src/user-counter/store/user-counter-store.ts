@@ -10,8 +10,8 @@ import type { UserCounterDelta, UserCounts } from '../model.js';
  * - the **snapshot**, or none: a missing (or malformed) snapshot means "not known here", never zeros;
  *   the service then rebuilds it from the database (the source of truth);
  * - a **version**, raised by every delta that is applied to the user, whether or not a snapshot
- *   exists. Rebuilds write conditionally on it, so a delta applied while a rebuild was reading the
- *   database is never overwritten (lost);
+ *   exists, and by every write. Rebuilds write conditionally on it, so neither a delta applied nor
+ *   another rebuild written while a rebuild was reading the database is overwritten (lost);
  * - the **applied ids**: which events have moved the user, as (user, eventId) pairs, kept for
  *   `retentionMs` after they were recorded and trimmed by age as new ones arrive;
  * - the **marks** of sequenced sources: an event id `<source>#<seq>` (see `sequencedEventId`) names
@@ -31,7 +31,7 @@ import type { UserCounterDelta, UserCounts } from '../model.js';
  *   no counts (the rebuild reads the database, which already holds the change) but is still recorded
  *   and still raises the version. Fields saturate at 0 and 2^32 - 1: never below zero.
  * - `write` sets a user's counts, optionally only if no snapshot exists (`ifAbsent`) and/or only if
- *   the user's version is still `ifVersion`; in the same atomic step it records `markApplied` as
+ *   the user's version is still `ifVersion`; in the same atomic step it raises the version and records `markApplied` as
  *   applied (a sequenced id raises its source's mark to its seq, never lowers it), so events whose
  *   effect the written counts already include are skipped when they arrive.
  * - `inspect` reads one user's snapshot, version and whether the given events are recorded, as of one
