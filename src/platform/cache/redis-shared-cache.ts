@@ -1,5 +1,5 @@
 import type { ChainableCommander, Redis } from 'ioredis';
-import { execPipeline, type ScriptCall } from '../kv/redis-kv.js';
+import { BUMP_MARK_LUA, execPipeline, type ScriptCall } from '../kv/redis-kv.js';
 import type { CacheFill, CacheRead, CacheSlot, SharedCache } from './shared-cache.js';
 
 // A value is stored as "<generation>|<value>" and read only while its guard still has that
@@ -19,7 +19,12 @@ if g ~= ARGV[1] then return 0 end
 redis.call('SET', KEYS[2], g .. '|' .. ARGV[2], 'PX', ARGV[3])
 return 1
 `;
-const CMD = { get: 'zgCacheGet', fill: 'zgCacheFill' } as const;
+// KEYS: guard. ARGV: ttl ms.
+const INVALIDATE_LUA = `${BUMP_MARK_LUA}
+bump_mark(KEYS[1], ARGV[1])
+return 1
+`;
+const CMD = { get: 'zgCacheGet', fill: 'zgCacheFill', invalidate: 'zgCacheInvalidate' } as const;
 
 type ScriptPipeline = ChainableCommander &
   Record<(typeof CMD)[keyof typeof CMD], (...args: (string | number)[]) => ChainableCommander>;
@@ -28,8 +33,9 @@ export interface RedisSharedCacheOptions {
   /** Prefix of every key (the deployment's Redis prefix). */
   prefix: string;
   /**
-   * How long a guard's generation is kept after it last moved. A value must not outlive it (a
-   * forgotten generation starts again at 0), so fills are capped at half of it.
+   * How long a guard's generation is kept after it last moved. Fills are capped at half of it; a
+   * value that outlives its guard stays hidden, since a forgotten generation reads as 0 and moves on
+   * to a value of the clock, never to one it had.
    */
   guardTtlMs?: number;
 }
@@ -54,6 +60,8 @@ export class RedisSharedCache implements SharedCache {
       redis.defineCommand(CMD.get, { numberOfKeys: 2, lua: GET_LUA });
     if (typeof commands[CMD.fill] !== 'function')
       redis.defineCommand(CMD.fill, { numberOfKeys: 2, lua: FILL_LUA });
+    if (typeof commands[CMD.invalidate] !== 'function')
+      redis.defineCommand(CMD.invalidate, { numberOfKeys: 1, lua: INVALIDATE_LUA });
     this.getScript = (commands[CMD.get] as ScriptCall).bind(redis);
   }
 
@@ -87,11 +95,8 @@ export class RedisSharedCache implements SharedCache {
 
   async invalidate(guards: readonly string[]): Promise<void> {
     if (guards.length === 0) return;
-    const pipeline = this.redis.pipeline();
-    for (const guard of new Set(guards)) {
-      const key = this.genKey(guard);
-      pipeline.incr(key).pexpire(key, this.guardTtlMs);
-    }
+    const pipeline = this.redis.pipeline() as ScriptPipeline;
+    for (const guard of new Set(guards)) pipeline[CMD.invalidate](this.genKey(guard), this.guardTtlMs);
     await execPipeline(pipeline);
   }
 }

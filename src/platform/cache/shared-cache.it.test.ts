@@ -64,6 +64,20 @@ describe('RedisSharedCache keys', () => {
     for (const key of keys) expect(await redis.pttl(key)).toBeGreaterThan(0);
   });
 
+  it('keeps hiding a value that outlived its guard after the next invalidation', async () => {
+    const sut = createRedisSharedCache(redis, prefix);
+    const slot = { key: 'post:1', guard: 'post:1' };
+    await sut.invalidate(['post:1']);
+    const [r] = await sut.get([slot]);
+    await sut.fill([{ ...slot, gen: r!.gen, value: 'public v1' }], 10_000);
+    // The guard expires (a day after it last moved) while the value, filled just before, lives on.
+    await redis.del(`${prefix}c:{post:1}`);
+    await sut.invalidate(['post:1']);
+    const [after] = await sut.get([slot]);
+    expect(after!.value).toBeNull();
+    expect(after!.gen).not.toBe(r!.gen);
+  });
+
   it('refuses guards that would break the hash tag', async () => {
     const sut = createRedisSharedCache(redis, prefix);
     await expect(sut.get([{ key: 'k', guard: 'a}b' }])).rejects.toThrow(RangeError);

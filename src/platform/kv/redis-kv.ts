@@ -14,6 +14,24 @@ const INCR_COMMAND = 'zgKvIncrWithTtl';
 type IncrWithTtl = (key: string, by: number, ttlMs: number) => Promise<number>;
 
 /**
+ * Lua defining `bump_mark(key, ttl_ms)`: moves a change mark on (a number readers compare before and
+ * after their work) and keeps it `ttl_ms`. A mark that expired starts again from the clock's
+ * microseconds, not from 1, so it never comes back to a value someone read before it expired
+ * (unless it had been moved more than once a microsecond all its life).
+ */
+export const BUMP_MARK_LUA = `
+local function bump_mark(key, ttl)
+  if redis.call('EXISTS', key) == 1 then
+    redis.call('INCR', key)
+  else
+    local t = redis.call('TIME')
+    redis.call('SET', key, t[1] .. string.format('%06d', tonumber(t[2])))
+  end
+  redis.call('PEXPIRE', key, ttl)
+end
+`;
+
+/**
  * Registers a Lua script on the client once (ioredis sends EVAL on a connection's first use and
  * EVALSHA afterwards) and returns it as a typed function.
  */

@@ -61,4 +61,25 @@ describe('redis list cache marks', () => {
       await redis.quit();
     }
   });
+
+  it('refuses a fill that read a mark which expired and moved again before it installed', async () => {
+    const redis = new Redis(services.redisUrl(), { maxRetriesPerRequest: 1 });
+    const prefix = `${uniqueName('rel')}:`;
+    try {
+      const sut = new RedisListCache(redis, { prefix, ttlMs: 60_000, maxEntries: 100 });
+      const list = { owner: 7, kind: 'followers' as const };
+      await sut.apply([{ ...list, userId: 8, createdAt: 1 }]);
+      const filled = await sut.fill(list, async () => {
+        // The mark read before this load expires, and a follow moves it again.
+        await redis.del(`${prefix}rel:{u7}:followers:mark`);
+        await sut.apply([{ ...list, userId: 9, createdAt: 2 }]);
+        return [{ userId: 8, createdAt: 1 }];
+      });
+      expect(filled.cached).toBe(false);
+      expect(await sut.all(list)).toBeNull();
+    } finally {
+      await deleteByPrefix(redis, prefix);
+      await redis.quit();
+    }
+  });
 });

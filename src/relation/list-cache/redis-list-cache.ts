@@ -1,4 +1,5 @@
 import type { Redis } from 'ioredis';
+import { BUMP_MARK_LUA } from '../../platform/kv/redis-kv.js';
 import type { ListEntry, ListPosition } from '../model.js';
 import type { ListCache, ListCacheOptions, ListChange, ListPage, ListRef } from './list-cache.js';
 
@@ -58,9 +59,8 @@ return 1
 `;
 
 // KEYS: list, mark. ARGV: mark ttl ms, max entries, op ('a' add | 'r' remove | 'd' drop), score, member.
-const CHANGE_LUA = `
-redis.call('INCR', KEYS[2])
-redis.call('PEXPIRE', KEYS[2], ARGV[1])
+const CHANGE_LUA = `${BUMP_MARK_LUA}
+bump_mark(KEYS[2], ARGV[1])
 if ARGV[3] == 'd' then return redis.call('DEL', KEYS[1]) end
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 if ARGV[3] == 'a' then
@@ -89,7 +89,9 @@ export interface RedisListCacheOptions extends ListCacheOptions {
 
 /**
  * A mark only has to outlive the fills that read it (one query of at most `maxEntries` rows): every
- * follow moves two marks, so a day's worth would keep a key per active user around for nothing.
+ * follow moves two marks, so a day's worth would keep a key per active user around for nothing. A
+ * fill slower than that is still refused after a change: an expired mark starts again from the
+ * clock, not from a value the fill read.
  */
 export const DEFAULT_MARK_TTL_MS = 10 * 60_000;
 
