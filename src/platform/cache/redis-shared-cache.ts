@@ -1,5 +1,5 @@
 import type { ChainableCommander, Redis } from 'ioredis';
-import { BUMP_MARK_LUA, execPipeline, type ScriptCall } from '../kv/redis-kv.js';
+import { BUMP_MARK_LUA, defineScript, execPipeline, type ScriptCall } from '../kv/redis-kv.js';
 import type { CacheFill, CacheRead, CacheSlot, SharedCache } from './shared-cache.js';
 
 // A value is stored as "<generation>|<value>" and read only while its guard still has that
@@ -55,14 +55,10 @@ export class RedisSharedCache implements SharedCache {
   ) {
     this.prefix = options.prefix;
     this.guardTtlMs = options.guardTtlMs ?? 24 * 3600_000;
-    const commands = redis as unknown as Record<string, unknown>;
-    if (typeof commands[CMD.get] !== 'function')
-      redis.defineCommand(CMD.get, { numberOfKeys: 2, lua: GET_LUA });
-    if (typeof commands[CMD.fill] !== 'function')
-      redis.defineCommand(CMD.fill, { numberOfKeys: 2, lua: FILL_LUA });
-    if (typeof commands[CMD.invalidate] !== 'function')
-      redis.defineCommand(CMD.invalidate, { numberOfKeys: 1, lua: INVALIDATE_LUA });
-    this.getScript = (commands[CMD.get] as ScriptCall).bind(redis);
+    this.getScript = defineScript<ScriptCall>(redis, CMD.get, 2, GET_LUA);
+    // Called through pipelines, which find them on the client.
+    defineScript(redis, CMD.fill, 2, FILL_LUA);
+    defineScript(redis, CMD.invalidate, 1, INVALIDATE_LUA);
   }
 
   private genKey(guard: string): string {

@@ -31,9 +31,10 @@ import type { UserCounterDelta, UserCounts } from '../model.js';
  *   no counts (the rebuild reads the database, which already holds the change) but is still recorded
  *   and still raises the version. Fields saturate at 0 and 2^32 - 1: never below zero.
  * - `write` sets a user's counts, optionally only if no snapshot exists (`ifAbsent`) and/or only if
- *   the user's version is still `ifVersion`; in the same atomic step it raises the version and records `markApplied` as
- *   applied (a sequenced id raises its source's mark to its seq, never lowers it), so events whose
- *   effect the written counts already include are skipped when they arrive.
+ *   the user's version is still `ifVersion`; in the same atomic step it raises the version and
+ *   records `markApplied` as applied (a sequenced id raises its source's mark to its seq, never
+ *   lowers it), so events whose effect the written counts already include are skipped when they
+ *   arrive.
  * - `inspect` reads one user's snapshot, version and whether the given events are recorded, as of one
  *   instant.
  *
