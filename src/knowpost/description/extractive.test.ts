@@ -130,6 +130,25 @@ describe('ExtractiveSuggester', () => {
     expect(description).toBe('今天聊聊 Redis 计数器的幂等设计');
   });
 
+  it('keeps words that merely begin like a greeting', async () => {
+    expect(await describe50('Hibernate caches entities per session.')).toBe(
+      'Hibernate caches entities per session',
+    );
+    expect(await describe50('History of the event log design.')).toBe('History of the event log design');
+    expect(await describe50('Heyting algebras model intuitionistic logic.')).toBe(
+      'Heyting algebras model intuitionistic logic',
+    );
+    expect(await describe50('Hello world programs show the toolchain works.')).toBe(
+      'Hello world programs show the toolchain works',
+    );
+    expect(await describe50('Hi, this guide sets up Kafka in KRaft mode.')).toBe(
+      'this guide sets up Kafka in KRaft mode',
+    );
+    expect(await describe50('Hey everyone I tuned our Redis listpack limits.')).toBe(
+      'I tuned our Redis listpack limits',
+    );
+  });
+
   it('uses an informative title when no sentence says much', async () => {
     const description = await describe50('# 用 Kysely 写类型安全的 SQL 查询\n\n今天试了一下，效果不错。');
     expect(description).toBe('用 Kysely 写类型安全的 SQL 查询');

@@ -70,8 +70,10 @@ const CJK_RUN = /[\p{Script=Han}\p{Script=Hiragana}\p{Script=Katakana}]+/gu;
 const WORD = /[\p{L}\p{N}]+(?:['’.+#-][\p{L}\p{N}]+)*[+#]*/gu;
 const SENTENCE_END = /(?:[。！？!?；;]|\.(?=["'”’)）」』]*(?:\s|$)))+["'”’)）」』]*/gu;
 const URL = /\b(?:https?|ftp):\/\/[^\s<>()（）]+/g;
+// A Latin greeting must end at a word boundary and be followed by punctuation or an addressee, so
+// that "Hibernate", "History" and "Hello world programs" keep their first word.
 const GREETING =
-  /^(?:大家好|各位好|哈喽|嗨|hello(?: everyone| all)?|hi(?: everyone| all)?|hey(?: everyone| all)?)\s*[，,！!。.~～]*\s*/iu;
+  /^(?:(?:大家好|各位好|哈喽|嗨)\s*[，,！!。.~～]*|(?:hello|hi|hey)(?:(?: everyone| all| there| folks)(?![\p{L}\p{N}])\s*[，,！!。.~～]*|\s*[，,！!。.~～]+))\s*/iu;
 const SELF_INTRODUCTION = /^(?:我是|i'm |i am |my name is )[^，,。.!！]{0,20}[，,。.!！]\s*/iu;
 // A sentence opening with a connective continues a thought begun elsewhere.
 const CONTINUATION =
