@@ -191,6 +191,9 @@ export function postRoutes(deps: PostRouteDeps) {
           tags,
           security,
           summary: 'Delete (soft)',
+          description:
+            'Only the author. Deleting a post the author already deleted is 204 and changes nothing, ' +
+            'so a retried request succeeds.',
           params: PostIdParams,
           response: { ...NoContent, ...errorResponses(400, 401, 403, 404, 409) },
         },

@@ -407,11 +407,15 @@ export class PostService {
     await this.announce({ id: post.id, authorId: userId, kind: 'published', draft: false });
   }
 
-  /** Soft delete; leaving `published` appends `unpublished` in the same transaction. */
+  /**
+   * Soft delete; leaving `published` appends `unpublished` in the same transaction. Deleting the
+   * author's already deleted post succeeds and changes nothing, so a retried request gets its 204.
+   */
   async delete(userId: number, postId: string): Promise<void> {
     for (let attempt = 0; attempt < 3; attempt++) {
-      const post = await this.owned(userId, postId);
-      const from = post.status as 'draft' | 'published';
+      const post = await this.owned(userId, postId, true);
+      if (post.status === 'deleted') return;
+      const from = post.status;
       const now = this.now();
       const deleted = await this.posts.transaction(async (trx) => {
         if (!(await this.posts.softDelete(trx, post.id, userId, from, now))) return false;
