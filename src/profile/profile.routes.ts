@@ -49,7 +49,7 @@ export function profileRoutes(deps: ProfileRouteDeps) {
           description:
             'multipart/form-data with one field `file`: a PNG, JPEG, GIF or WebP image of at most ' +
             "ZG_AVATAR_MAX_BYTES (5 MiB by default; 413 over that), judged by its bytes: the part's " +
-            'Content-Type must agree or be application/octet-stream. ' +
+            'Content-Type must be some image/* type or application/octet-stream. ' +
             'Up to 20 uploads per user per hour (429 past that); the avatar replaced is deleted.',
           response: { 200: ProfileResponse, ...errorResponses(400, 401, 413, 429) },
         },

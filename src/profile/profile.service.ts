@@ -94,12 +94,10 @@ export class ProfileService {
   async setAvatar(userId: number, bytes: Buffer, declaredType: string): Promise<UserRow> {
     if (bytes.length > this.avatarMaxBytes) throw new PayloadTooLargeError('The avatar is too large');
     if (bytes.length === 0) throw new BadRequestError('file is empty');
-    // The bytes decide; a declared type must agree, unless it names no type in particular.
+    // The bytes decide the type stored and served. A declared type only has to say "an image" (a
+    // browser names a PNG saved as .jpg a JPEG) or nothing in particular.
     const kind = IMAGE_TYPES.find((t) => t.magic(bytes));
-    const agrees =
-      declaredType === kind?.type ||
-      (declaredType === 'image/jpg' && kind?.type === 'image/jpeg') ||
-      GENERIC_TYPES.has(declaredType);
+    const agrees = declaredType.startsWith('image/') || GENERIC_TYPES.has(declaredType);
     if (!kind || !agrees) {
       throw new BadRequestError('file must be a PNG, JPEG, GIF or WebP image');
     }

@@ -157,6 +157,17 @@ describe.each<ProfileName>(['embedded', 'cluster'])('profiles (%s profile)', (pr
     });
     expect(sniffed.status).toBe(200);
     expect((await fetch(sniffed.body.avatar)).headers.get('content-type')).toBe('image/png');
+
+    // A PNG saved under a .jpg name is declared as a JPEG by the browser: the bytes decide here too.
+    const misnamed = new FormData();
+    misnamed.append('file', new Blob([PNG], { type: 'image/jpeg' }), 'me.jpg');
+    const renamed = await client.call('POST', '/api/v1/profile/avatar', {
+      token: user.accessToken,
+      raw: misnamed,
+    });
+    expect(renamed.status).toBe(200);
+    expect(renamed.body.avatar).toMatch(/\.png$/);
+    expect((await fetch(renamed.body.avatar)).headers.get('content-type')).toBe('image/png');
   });
 
   it('limits avatar uploads per user', async () => {
