@@ -313,6 +313,7 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
         guards,
         limiter: platform.limiter,
         perUserPerMinute: config.ai.perUserPerMinute,
+        maxBodyBytes: Math.max(config.bodyLimitBytes, 2 * config.posts.contentMaxBytes),
       }),
     );
   }

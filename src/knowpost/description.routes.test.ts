@@ -3,6 +3,7 @@ import { request as httpRequest } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { afterEach, describe, expect, it } from 'vitest';
 import type { AuthGuards } from '../auth/auth.guard.js';
+import { installErrorHandling } from '../platform/http/error-handler.js';
 import type { RateLimiter } from '../platform/ratelimit/ratelimit.js';
 import { descriptionRoutes } from './description.routes.js';
 
@@ -20,18 +21,26 @@ describe(descriptionRoutes.name, () => {
     for (const app of apps.splice(0)) await app.close();
   });
 
-  async function serve(suggest: (signal: AbortSignal | undefined) => Promise<string>) {
+  async function serve(
+    suggest: (signal: AbortSignal | undefined, content: string) => Promise<string>,
+    options: { maxBodyBytes?: number; limiter?: RateLimiter } = {},
+  ) {
     const app = Fastify();
     apps.push(app);
+    installErrorHandling(app);
     app.decorateRequest('principal', null);
     await app.register(
       descriptionRoutes({
         describer: {
-          suggest: async (_content, signal) => ({ description: await suggest(signal), source: 'extractive' }),
+          suggest: async (content, signal) => ({
+            description: await suggest(signal, content),
+            source: 'extractive',
+          }),
         },
         guards: signedIn,
-        limiter: unlimited,
+        limiter: options.limiter ?? unlimited,
         perUserPerMinute: 10,
+        maxBodyBytes: options.maxBodyBytes ?? 1024 * 1024,
       }),
     );
     await app.listen({ host: '127.0.0.1', port: 0 });
@@ -77,5 +86,64 @@ describe(descriptionRoutes.name, () => {
     });
     expect(await res.json()).toEqual({ description: 'A post' });
     expect(signal?.aborted).toBe(false);
+  });
+
+  it('takes a post as long as a post body may be, and refuses a body over the limit with 413', async () => {
+    const lengths: number[] = [];
+    const port = await serve(
+      async (_signal, content) => {
+        lengths.push(content.length);
+        return 'A post';
+      },
+      { maxBodyBytes: 3 * 1024 * 1024 },
+    );
+    const post = async (content: string) =>
+      fetch(`http://127.0.0.1:${port}/api/v1/knowposts/description/suggest`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ content }),
+      });
+    const long = `# A post\n\n${'Some text about counters.\n'.repeat(100_000)}`;
+    const accepted = await post(long);
+    expect(accepted.status).toBe(200);
+    expect(lengths).toEqual([long.length]);
+    const tooLong = await post('x'.repeat(3 * 1024 * 1024));
+    expect(tooLong.status).toBe(413);
+    expect(lengths.length).toBe(1);
+  });
+
+  it('refuses a caller over the rate before reading the body', async () => {
+    let asked = 0;
+    const refusing = {
+      hit: async () => ({ allowed: false, retryAfterMs: 30_000 }),
+    } as unknown as RateLimiter;
+    const port = await serve(
+      async () => {
+        asked++;
+        return 'A post';
+      },
+      { limiter: refusing },
+    );
+    // The headers promise a body that never comes: only an answer given before reading it arrives.
+    const status = await new Promise<number>((resolve, reject) => {
+      const req = httpRequest({
+        port,
+        method: 'POST',
+        path: '/api/v1/knowposts/description/suggest',
+        headers: { 'content-type': 'application/json', 'content-length': 1_000_000 },
+      });
+      req.on('response', (res) => {
+        resolve(res.statusCode ?? 0);
+        req.destroy();
+      });
+      req.on('error', reject);
+      setTimeout(() => {
+        req.destroy();
+        reject(new Error('no answer before the body'));
+      }, 3_000).unref();
+      req.write('{"content":"');
+    });
+    expect(status).toBe(429);
+    expect(asked).toBe(0);
   });
 });

@@ -12,6 +12,8 @@ export interface DescriptionRouteDeps {
   guards: AuthGuards;
   limiter: RateLimiter;
   perUserPerMinute: number;
+  /** The largest request body taken, in bytes: room for any post body the service stores, as JSON. */
+  maxBodyBytes: number;
 }
 
 /** Suggests a post description of at most 50 characters; signed-in and rate limited, since a call may cost money. */
@@ -21,31 +23,37 @@ export function descriptionRoutes(deps: DescriptionRouteDeps) {
     app.post(
       '/api/v1/knowposts/description/suggest',
       {
-        onRequest: deps.guards.required,
+        // Signed in and within the rate before the body, which may run to megabytes, is read.
+        onRequest: [
+          deps.guards.required,
+          async (request) => {
+            await enforceLimit(
+              deps.limiter,
+              `describe:${principalOf(request).userId}`,
+              deps.perUserPerMinute,
+              60_000,
+              'description requests',
+            );
+          },
+        ],
+        bodyLimit: deps.maxBodyBytes,
         schema: {
           tags: ['knowposts'],
           security: [{ bearerAuth: [] }],
           description:
             'A description (at most 50 characters) of the post markdown in `content`, drawn from its first ' +
             '20,000 characters, leaving out script and style elements; 400 DESCRIPTION_CONTENT_EMPTY when they ' +
-            'show no text. At most ' +
+            'show no text. The body may be as large as a post body may be (twice ZG_POST_CONTENT_MAX_BYTES, ' +
+            'room for JSON escapes; 413 past that). At most ' +
             'ZG_AI_RATE_LIMIT requests per user per minute (20 by default; 429 past that).',
-          body: Type.Object({ content: Type.String({ minLength: 1, maxLength: 200_000 }) }),
+          body: Type.Object({ content: Type.String({ minLength: 1 }) }),
           response: {
             200: Type.Object({ description: Type.String({ maxLength: 50 }) }),
-            ...errorResponses(400, 401, 429),
+            ...errorResponses(400, 401, 413, 429),
           },
         },
       },
       async (request, reply) => {
-        const { userId } = principalOf(request);
-        await enforceLimit(
-          deps.limiter,
-          `describe:${userId}`,
-          deps.perUserPerMinute,
-          60_000,
-          'description requests',
-        );
         // A caller who hangs up stops the model call. The request's own 'close' comes as soon as the
         // body is read; the response's comes when the connection ends, before an answer only if
         // the caller left.
