@@ -149,6 +149,18 @@ describe('ExtractiveSuggester', () => {
     );
   });
 
+  it('does not end a sentence at an abbreviation or an initial', async () => {
+    expect(await describe50('Mr. Smith explains how bitmaps count likes.')).toBe(
+      'Mr. Smith explains how bitmaps count likes',
+    );
+    expect(await describe50('We compare e.g. Kafka and NATS for events.')).toBe(
+      'We compare e.g. Kafka and NATS for events',
+    );
+    expect(await describe50('J. R. Smith wrote the event log design.')).toBe(
+      'J. R. Smith wrote the event log design',
+    );
+  });
+
   it('uses an informative title when no sentence says much', async () => {
     const description = await describe50('# 用 Kysely 写类型安全的 SQL 查询\n\n今天试了一下，效果不错。');
     expect(description).toBe('用 Kysely 写类型安全的 SQL 查询');

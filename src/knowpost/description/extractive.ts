@@ -68,7 +68,9 @@ const GENERIC_TITLES = new Set(
 
 const CJK_RUN = /[\p{Script=Han}\p{Script=Hiragana}\p{Script=Katakana}]+/gu;
 const WORD = /[\p{L}\p{N}]+(?:['’.+#-][\p{L}\p{N}]+)*[+#]*/gu;
-const SENTENCE_END = /(?:[。！？!?；;]|\.(?=["'”’)）」』]*(?:\s|$)))+["'”’)）」』]*/gu;
+// A full stop after a title, a Latin abbreviation or a capital initial ("Mr.", "e.g.", "J.") ends no sentence.
+const SENTENCE_END =
+  /(?:[。！？!?；;]|(?<!(?:^|[^\p{L}\p{N}.])(?:Mr|Mrs|Ms|Dr|Prof|Sr|Jr|St|vs|cf|approx|Fig|e\.g|i\.e|\p{Lu}))\.(?=["'”’)）」』]*(?:\s|$)))+["'”’)）」』]*/gu;
 const URL = /\b(?:https?|ftp):\/\/[^\s<>()（）]+/g;
 // A Latin greeting must end at a word boundary and be followed by punctuation or an addressee, so
 // that "Hibernate", "History" and "Hello world programs" keep their first word.
