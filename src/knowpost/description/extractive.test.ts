@@ -178,6 +178,12 @@ describe('ExtractiveSuggester', () => {
     expect(description).toBe('计数器必须幂等。重放事件时，幂等的计数器不会重复计数，点赞数也就不会虚高');
   });
 
+  it('adds no space after full-width punctuation when it joins two sentences', async () => {
+    expect(await describe50('Redis 计数器很快。Redis 计数器也能精确。')).toBe(
+      'Redis 计数器很快。Redis 计数器也能精确',
+    );
+  });
+
   it('falls back to the text of a post that is only code', async () => {
     const description = await describe50("```js\nconsole.log('hello')\n```");
     expect(description).toBe("console.log('hello')");

@@ -351,7 +351,10 @@ export class ExtractiveSuggester implements DescriptionSuggester {
     const next = sentences[sentence.order + 1];
     const length = codePointLength(sentence.text);
     if (length >= 20 || next?.block !== sentence.block) return sentence.text;
-    const joined = joinLines([sentence.text, next.text]);
+    // Full-width punctuation carries its own spacing: the next sentence follows it directly.
+    const joined = /[。！？；]["'”’)）」』]*$/u.test(sentence.text)
+      ? sentence.text + next.text
+      : joinLines([sentence.text, next.text]);
     return codePointLength(joined) <= DESCRIPTION_MAX_LENGTH ? joined : sentence.text;
   }
 }
