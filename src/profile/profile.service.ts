@@ -97,7 +97,8 @@ export class ProfileService {
     // The bytes decide the type stored and served. A declared type only has to say "an image" (a
     // browser names a PNG saved as .jpg a JPEG) or nothing in particular.
     const kind = IMAGE_TYPES.find((t) => t.magic(bytes));
-    const agrees = declaredType.startsWith('image/') || GENERIC_TYPES.has(declaredType);
+    const declared = declaredType.toLowerCase();
+    const agrees = declared.startsWith('image/') || GENERIC_TYPES.has(declared);
     if (!kind || !agrees) {
       throw new BadRequestError('file must be a PNG, JPEG, GIF or WebP image');
     }
