@@ -545,6 +545,102 @@ describe.each<Dialect>(['sqlite', 'mariadb'])('relations on %s', (dialect) => {
     expect(mine.nextCursor).toBeNull();
   });
 
+  it('lists followers as the truth says while changes are still on their way to the projection', async () => {
+    const owner = await rig.newUser();
+    const fans: number[] = [];
+    for (let i = 0; i < 8; i++) {
+      fans.push(await rig.newUser());
+      await sut.follow(fans[i]!, owner);
+    }
+    await rig.projector.apply(await rig.drain());
+    // Not projected yet: three leave, one leaves and comes back, five new ones arrive.
+    for (const fan of fans.slice(0, 3)) await sut.unfollow(fan, owner);
+    await sut.unfollow(fans[5]!, owner);
+    await sut.follow(fans[5]!, owner);
+    for (let i = 0; i < 5; i++) {
+      const fan = await rig.newUser();
+      fans.push(fan);
+      await sut.follow(fan, owner);
+    }
+    // Four newer follows are projected first, so pending entries also sort below projected ones.
+    const earlier = await rig.drain();
+    for (let i = 0; i < 4; i++) {
+      const fan = await rig.newUser();
+      fans.push(fan);
+      await sut.follow(fan, owner);
+    }
+    const later = await rig.drain();
+    await rig.projector.apply(later);
+    expect(earlier).toHaveLength(10);
+    const truth = (
+      await rig.db.kysely
+        .selectFrom('following')
+        .select(['from_user_id', 'created_at'])
+        .where('to_user_id', '=', owner)
+        .execute()
+    )
+      .map((r) => ({ userId: Number(r.from_user_id), createdAt: Number(r.created_at) }))
+      .sort((x, y) => y.createdAt - x.createdAt || y.userId - x.userId);
+    expect(truth).toHaveLength(14);
+    for (const limit of [1, 2, 3, 5, 20]) {
+      for (let offset = 0; offset <= truth.length + 3; offset++) {
+        const page = await rig.repo.page(owner, 'followers', { offset }, limit);
+        expect(page.entries, `offset ${offset}, limit ${limit}`).toEqual(truth.slice(offset, offset + limit));
+        expect(page.more, `offset ${offset}, limit ${limit}`).toBe(offset + limit < truth.length);
+      }
+      const walked: ListEntry[] = [];
+      let page = await rig.repo.page(owner, 'followers', { offset: 0 }, limit);
+      walked.push(...page.entries);
+      while (page.more) {
+        page = await rig.repo.page(owner, 'followers', { after: walked[walked.length - 1]! }, limit);
+        walked.push(...page.entries);
+      }
+      expect(walked, `cursor walk, limit ${limit}`).toEqual(truth);
+    }
+    // The service fills the list cache from the same read, and the consumer's repeat changes nothing.
+    const ids = truth.map((e) => e.userId);
+    expect((await sut.list(owner, 'followers', { offset: 0 }, 20)).items.map((p) => p.id)).toEqual(ids);
+    await rig.projector.apply(earlier);
+    expect(await rig.drain()).toEqual([]);
+    expect((await rig.lists.all({ owner, kind: 'followers' }))?.map((e) => e.userId)).toEqual(ids);
+    expect(await rig.repo.page(owner, 'followers', { offset: 0 }, 20)).toEqual({
+      entries: truth,
+      more: false,
+    });
+  });
+
+  it("shows a new follower their own follow in the followed user's list before the consumer runs", async () => {
+    const big = rig.service({ bigAccountFollowers: 2, listCacheMaxEntries: 1 });
+    try {
+      const [owner, star, x, y] = [
+        await rig.newUser(),
+        await rig.newUser(),
+        await rig.newUser(),
+        await rig.newUser(),
+      ];
+      await sut.follow(x, owner);
+      await rig.projector.apply(await rig.drain());
+      // Nobody has cached the list: the caller's read fills it, and must include the caller.
+      await sut.follow(y, owner);
+      expect((await sut.list(owner, 'followers', { offset: 0 }, 10)).items.map((p) => p.id)).toEqual([y, x]);
+      expect((await rig.lists.all({ owner, kind: 'followers' }))?.map((e) => e.userId)).toEqual([y, x]);
+      // A big account's first page (read from the database, kept in process) likewise.
+      await big.follow(x, star);
+      await big.follow(y, star);
+      await rig.projector.apply(await rig.drain());
+      const newcomer = await rig.newUser();
+      await big.follow(newcomer, star);
+      expect((await big.list(star, 'followers', { offset: 0 }, 10)).items.map((p) => p.id)).toEqual([
+        newcomer,
+        y,
+        x,
+      ]);
+      await rig.projector.apply(await rig.drain());
+    } finally {
+      big.close();
+    }
+  });
+
   it('serves lists from complete caches and keeps them complete through changes', async () => {
     const [owner, x, y, z] = [
       await rig.newUser(),

@@ -28,6 +28,8 @@ export interface PairSync extends Pair {
 
 // Far below both dialects' limits on bound parameters per statement.
 const CHUNK = 400;
+/** Most changes in flight for one user that a followers read merges from the truth. */
+const MAX_OVERLAY = 1_000;
 /** Most follow/unfollow changes committed in one transaction (five parameters a row at most). */
 const MAX_BATCH = 200;
 /** Tries of one batch that lost a race for one of its pairs or a deadlock. */
@@ -283,18 +285,122 @@ export class RelationRepository {
     };
   }
 
-  /** One page of a list, newest first, and whether more follow; one indexed query. */
+  /**
+   * One page of a list, newest first, and whether more follow. A following list is read from the
+   * truth, one indexed query. A followers list is read from the `follower` projection, which the
+   * consumer brings up to date a moment after each change: the pairs of changes it may not have
+   * projected yet (their unapplied marks, deleted only after the projection) are read from the truth
+   * instead and merged in, so the page is the truth's even then. The marks are read first: a mark
+   * already gone means its pair was projected before the projection is read.
+   */
   async page(
     owner: number,
     kind: ListKind,
     position: ListPosition,
     limit: number,
   ): Promise<{ entries: ListEntry[]; more: boolean }> {
+    if (kind === 'following') return this.tablePage(owner, kind, position, limit, []);
+    const pending = [
+      ...new Set(
+        (
+          await this.db.kysely
+            .selectFrom('relation_unapplied')
+            .select('from_user_id')
+            .where('to_user_id', '=', owner)
+            .limit(MAX_OVERLAY + 1)
+            .execute()
+        ).map((r) => Number(r.from_user_id)),
+      ),
+    ];
+    // So many changes in flight for one user that the projection is read as it is (it catches up
+    // within about a second); merging would cost more than the staleness is worth.
+    if (pending.length === 0 || pending.length > MAX_OVERLAY) {
+      return this.tablePage(owner, kind, position, limit, []);
+    }
+    const truth = (
+      await this.db.kysely
+        .selectFrom('following')
+        .select(['from_user_id as user_id', 'created_at'])
+        .where('to_user_id', '=', owner)
+        .where('from_user_id', 'in', pending)
+        .execute()
+    )
+      .map(toEntry)
+      .sort(newestFirst);
+
+    if ('after' in position) {
+      const { after } = position;
+      const rest = await this.tablePage(owner, kind, position, limit, pending);
+      const merged = [...rest.entries, ...truth.filter((e) => newestFirst(after, e) < 0)].sort(newestFirst);
+      return {
+        entries: merged.slice(0, limit),
+        more: merged.length > limit || rest.more,
+      };
+    }
+    return this.mergedOffsetPage(owner, position.offset, limit, pending, truth);
+  }
+
+  /**
+   * A followers page by offset, over the projection without the pending pairs (P) merged with the
+   * pending pairs' truth (T, k entries). A row of P at index i sits at i + (entries of T before it)
+   * in the merge, so P's rows that can land in [offset, offset + limit] lie in P[offset - k, offset +
+   * limit]: that window is read, and the merge is exact from its first row on (everything of T
+   * before that row sits below `offset`).
+   */
+  private async mergedOffsetPage(
+    owner: number,
+    offset: number,
+    limit: number,
+    pending: number[],
+    truth: ListEntry[],
+  ): Promise<{ entries: ListEntry[]; more: boolean }> {
+    const start = Math.max(0, offset - truth.length);
+    const rows = await this.tableRows(
+      owner,
+      'followers',
+      { offset: start },
+      offset + limit + 1 - start,
+      pending,
+    );
+    const first = rows[0];
+    // Past the end of P: the whole list, at most |P| + k entries, ends at or before `offset`.
+    if (!first && start > 0) return { entries: [], more: false };
+    const included = start === 0 || !first ? truth : truth.filter((e) => newestFirst(e, first) > 0);
+    const before = truth.length - included.length;
+    // Entries of T past the window's last row may sort wrongly against rows of P not read, but only
+    // past that row, which sits at offset + limit or later unless the window holds the rest of P.
+    const merged = [...rows, ...included].sort(newestFirst);
+    // merged[j] is entry `start + before + j` of the whole list.
+    const from = offset - (start + before);
+    const page = merged.slice(from, from + limit + 1);
+    return { entries: page.slice(0, limit), more: page.length > limit };
+  }
+
+  /** One page of a list's table, leaving out the given users; one indexed query. */
+  private async tablePage(
+    owner: number,
+    kind: ListKind,
+    position: ListPosition,
+    limit: number,
+    without: number[],
+  ): Promise<{ entries: ListEntry[]; more: boolean }> {
+    const rows = await this.tableRows(owner, kind, position, limit + 1, without);
+    return { entries: rows.slice(0, limit), more: rows.length > limit };
+  }
+
+  private async tableRows(
+    owner: number,
+    kind: ListKind,
+    position: ListPosition,
+    count: number,
+    without: number[],
+  ): Promise<ListEntry[]> {
     const { table, owner: ownerCol, other } = LISTS[kind];
     let query = this.db.kysely
       .selectFrom(table)
       .select([`${other} as user_id`, 'created_at'])
       .where(ownerCol, '=', owner);
+    if (without.length > 0) query = query.where(other, 'not in', without);
     if ('after' in position) {
       const { createdAt, userId } = position.after;
       query = query.where((eb: ExpressionBuilder<Database, typeof table>) =>
@@ -304,13 +410,9 @@ export class RelationRepository {
         ]),
       );
     }
-    query = query
-      .orderBy('created_at', 'desc')
-      .orderBy(other, 'desc')
-      .limit(limit + 1);
+    query = query.orderBy('created_at', 'desc').orderBy(other, 'desc').limit(count);
     if ('offset' in position && position.offset > 0) query = query.offset(position.offset);
-    const rows = (await query.execute()).map(toEntry);
-    return { entries: rows.slice(0, limit), more: rows.length > limit };
+    return (await query.execute()).map(toEntry);
   }
 
   /** The first `max` entries of a list (the whole list when it has at most `max`). */
@@ -536,6 +638,11 @@ async function countWhere(
     .where(column, '=', userId)
     .executeTakeFirst();
   return Number(row?.n ?? 0);
+}
+
+/** List order: newest first, ties by the higher user id first (negative when `a` comes first). */
+function newestFirst(a: ListEntry, b: ListEntry): number {
+  return b.createdAt - a.createdAt || b.userId - a.userId;
 }
 
 function toEntry(row: { user_id: number | string; created_at: number | string }): ListEntry {
