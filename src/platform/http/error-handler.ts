@@ -1,5 +1,6 @@
 import type { FastifyError, FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { AppError, RateLimitedError } from '../errors/errors.js';
+import { isDependencyOutage } from '../errors/outage.js';
 import { TEXT_FORMATS } from './schemas.js';
 
 /** The contract's error body: every non-2xx answer has this shape. */
@@ -47,7 +48,10 @@ function validationMessage(err: FastifyError): string {
   return `${name} ${first.message ?? 'is invalid'}`;
 }
 
-/** Maps every error to the contract's shape; 5xx answers never carry internals. */
+/**
+ * Maps every error to the contract's shape; 5xx answers never carry internals. A backing service
+ * that cannot be reached answers 503 with `Retry-After`, anything else unexpected 500.
+ */
 export function installErrorHandling(app: FastifyInstance): void {
   app.setErrorHandler(
     (error: FastifyError | AppError | Error, request: FastifyRequest, reply: FastifyReply) => {
@@ -68,8 +72,11 @@ export function installErrorHandling(app: FastifyInstance): void {
         const code = FRAMEWORK_CODES[status] ?? 'BAD_REQUEST';
         return reply.status(status).send({ code, message: fe.message, requestId });
       }
-      request.log.error({ err: error }, 'unhandled error');
-      const unavailable = status === 503;
+      const unavailable = status === 503 || isDependencyOutage(error);
+      if (unavailable) {
+        request.log.error({ err: error }, 'a backing service is unavailable');
+        void reply.header('retry-after', '1');
+      } else request.log.error({ err: error }, 'unhandled error');
       return reply.status(unavailable ? 503 : 500).send({
         code: unavailable ? 'UNAVAILABLE' : 'INTERNAL_ERROR',
         message: unavailable ? 'Service temporarily unavailable' : 'Internal error',

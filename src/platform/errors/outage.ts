@@ -1,0 +1,61 @@
+/**
+ * Whether an error says a backing service (database, Redis, object storage, …) could not be reached
+ * or is overloaded, as opposed to a bug or a misconfiguration: such a request may well succeed if
+ * tried again shortly, and answers 503 rather than 500. Looks through `cause` chains and the
+ * `errors` of an AggregateError.
+ */
+export function isDependencyOutage(err: unknown): boolean {
+  return walk(err, 0);
+}
+
+/** Socket and DNS failures (Node), and the drivers' own codes for a lost or refused connection. */
+const CODES = new Set([
+  'ECONNREFUSED',
+  'ECONNRESET',
+  'ECONNABORTED',
+  'ETIMEDOUT',
+  'EPIPE',
+  'EHOSTUNREACH',
+  'ENETUNREACH',
+  'EAI_AGAIN',
+  'ENOTFOUND',
+  // mysql2
+  'PROTOCOL_CONNECTION_LOST',
+  'PROTOCOL_SEQUENCE_TIMEOUT',
+  'ER_CON_COUNT_ERROR',
+  'ER_SERVER_SHUTDOWN',
+]);
+
+/** Error names: ioredis giving up on a command, the AWS SDK's timeouts and S3's throttling answers. */
+const NAMES = new Set([
+  'MaxRetriesPerRequestError',
+  'TimeoutError',
+  'RequestTimeout',
+  'SlowDown',
+  'ServiceUnavailable',
+]);
+
+/** ioredis on a closed connection, and Redis replies that mean "not now". */
+const MESSAGE = /^(?:Connection is closed\.|LOADING |TRYAGAIN |CLUSTERDOWN |MASTERDOWN |BUSY )/;
+
+interface Described {
+  name?: unknown;
+  code?: unknown;
+  message?: unknown;
+  cause?: unknown;
+  errors?: unknown;
+  $metadata?: { httpStatusCode?: unknown };
+}
+
+function walk(err: unknown, depth: number): boolean {
+  if (depth > 5 || typeof err !== 'object' || err === null) return false;
+  const e = err as Described;
+  if (typeof e.code === 'string' && CODES.has(e.code)) return true;
+  if (typeof e.name === 'string' && NAMES.has(e.name)) return true;
+  if (typeof e.message === 'string' && MESSAGE.test(e.message)) return true;
+  // An HTTP service (the object store) answered that it, or a gateway before it, is not available.
+  const status = e.$metadata?.httpStatusCode;
+  if (status === 502 || status === 503 || status === 504) return true;
+  if (Array.isArray(e.errors) && e.errors.some((inner) => walk(inner, depth + 1))) return true;
+  return walk(e.cause, depth + 1);
+}

@@ -1,0 +1,106 @@
+import { createServer, type AddressInfo } from 'node:net';
+import Fastify, { type FastifyInstance } from 'fastify';
+import { Redis } from 'ioredis';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { openMysql } from '../db/database.js';
+import { S3ObjectStorage } from '../storage/s3-object-storage.js';
+import { installErrorHandling } from './error-handler.js';
+
+/** A loopback port nothing listens on: connections to it are refused at once. */
+async function closedPort(): Promise<number> {
+  const server = createServer();
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  const { port } = server.address() as AddressInfo;
+  await new Promise<void>((resolve) => server.close(() => resolve()));
+  return port;
+}
+
+/** The error `action` rejects with. */
+async function failureOf(action: () => Promise<unknown>): Promise<Error> {
+  return action().then(
+    () => {
+      throw new Error('expected a failure');
+    },
+    (err: unknown) => (err instanceof Error ? err : new Error(String(err))),
+  );
+}
+
+describe('errors of unreachable dependencies', () => {
+  let app: FastifyInstance;
+  const thrown = new Map<string, Error>();
+
+  beforeAll(async () => {
+    const port = await closedPort();
+    const s3 = new S3ObjectStorage({
+      endpoint: `http://127.0.0.1:${port}`,
+      region: 'us-east-1',
+      bucket: 'zhiguang',
+      accessKeyId: 'a',
+      secretAccessKey: 'b',
+      forcePathStyle: true,
+    });
+    const redis = new Redis({ port, host: '127.0.0.1', maxRetriesPerRequest: 0, lazyConnect: true });
+    redis.on('error', () => undefined);
+    const mysql = await openMysql(`mysql://root@127.0.0.1:${port}/zhiguang`, 1);
+    try {
+      thrown.set('object storage', await failureOf(() => s3.head('avatars/u1.png')));
+      thrown.set('redis', await failureOf(() => redis.get('k')));
+      thrown.set('database', await failureOf(() => mysql.kysely.selectFrom('users').select('id').execute()));
+    } finally {
+      s3.close();
+      redis.disconnect();
+      await mysql.close();
+    }
+    // The store answered, but is overloaded (S3's SlowDown) or not there (a proxy's 502).
+    thrown.set(
+      'an overloaded object store',
+      Object.assign(new Error('Please reduce your request rate.'), {
+        name: 'SlowDown',
+        $metadata: { httpStatusCode: 503 },
+      }),
+    );
+    thrown.set('a wrapped refusal', new Error('could not load', { cause: thrown.get('database') }));
+
+    app = Fastify({ logger: false });
+    installErrorHandling(app);
+    app.get('/fail/:what', async (request) => {
+      const { what } = request.params as { what: string };
+      throw thrown.get(what) ?? new Error(`a bug: ${what}`);
+    });
+    app.get('/denied', async () => {
+      throw Object.assign(new Error('Access Denied'), {
+        name: 'AccessDenied',
+        $metadata: { httpStatusCode: 403 },
+      });
+    });
+    await app.ready();
+  }, 30_000);
+  afterAll(async () => {
+    await app?.close();
+  });
+
+  it.each(['object storage', 'redis', 'database', 'an overloaded object store', 'a wrapped refusal'])(
+    'answers 503 UNAVAILABLE with Retry-After when %s cannot be reached',
+    async (what) => {
+      const res = await app.inject({ method: 'GET', url: `/fail/${encodeURIComponent(what)}` });
+      expect(res.statusCode).toBe(503);
+      expect(res.headers['retry-after']).toBe('1');
+      const body = res.json<{ code: string; message: string; requestId: string }>();
+      expect(body.code).toBe('UNAVAILABLE');
+      expect(body.message).toBe('Service temporarily unavailable');
+      expect(body.requestId).toBeTruthy();
+    },
+  );
+
+  it('answers 500 for anything else, a store refusing its credentials included', async () => {
+    for (const url of ['/fail/bug', '/denied']) {
+      const res = await app.inject({ method: 'GET', url });
+      expect(res.statusCode, url).toBe(500);
+      expect(res.json<{ code: string; message: string }>()).toMatchObject({
+        code: 'INTERNAL_ERROR',
+        message: 'Internal error',
+      });
+      expect(res.headers['retry-after']).toBeUndefined();
+    }
+  });
+});
