@@ -118,7 +118,9 @@ export function postRoutes(deps: PostRouteDeps) {
         },
       },
       async (request, reply) => {
-        await deps.posts.update(principalOf(request).userId, request.params.id, request.body);
+        const { tagId, ...rest } = request.body;
+        const fields = tagId === undefined ? rest : { ...rest, tagId: tagId === null ? null : Number(tagId) };
+        await deps.posts.update(principalOf(request).userId, request.params.id, fields);
         return reply.status(204).send(null);
       },
     );

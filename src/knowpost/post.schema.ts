@@ -65,7 +65,15 @@ export type ConfirmBody = Static<typeof ConfirmBody>;
 export const PostPatchBody = Type.Object(
   {
     title: Type.Optional(SingleLine({ maxLength: 256 })),
-    tagId: Type.Optional(Nullable(Type.Integer({ minimum: 0, maximum: Number.MAX_SAFE_INTEGER }))),
+    tagId: Type.Optional(
+      Nullable(
+        Type.Union([
+          Type.Integer({ minimum: 0, maximum: Number.MAX_SAFE_INTEGER }),
+          // As the original service took it too: a number written as a string of digits.
+          Type.String({ pattern: '^(0|[1-9][0-9]{0,14})$' }),
+        ]),
+      ),
+    ),
     tags: Type.Optional(Type.Array(SingleLine({ minLength: 1, maxLength: 64 }), { maxItems: MAX_TAGS })),
     imgUrls: Type.Optional(
       Type.Array(Type.String({ minLength: 1, maxLength: MAX_IMAGE_URL_LENGTH }), { maxItems: MAX_IMAGES }),

@@ -305,6 +305,13 @@ describe.each<ProfileName>(['embedded', 'cluster'])('publishing posts (%s profil
       { title: 'a\u0000b' },
       { tags: ['ok', 'line\nbreak'] },
       { description: 'del\u007f' },
+      { tagId: -1 },
+      { tagId: 1.5 },
+      { tagId: '1.5' },
+      { tagId: '-1' },
+      { tagId: '' },
+      { tagId: '0x10' },
+      { tagId: '9'.repeat(16) },
     ];
     for (const body of cases) {
       const res = await patch(body);
@@ -319,6 +326,8 @@ describe.each<ProfileName>(['embedded', 'cluster'])('publishing posts (%s profil
     ).toBe(400);
     expect((await as(author).call('PATCH', `/api/v1/knowposts/${id}/visibility`, {})).status).toBe(400);
     expect((await patch({ title: 'x'.repeat(256), description: 'd'.repeat(50), tags: [] })).status).toBe(204);
+    // A tag id may come as a number or as a string of digits; null clears it.
+    for (const tagId of [7, '7', '0', null]) expect((await patch({ tagId })).status).toBe(204);
   });
 });
 
