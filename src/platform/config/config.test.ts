@@ -87,6 +87,23 @@ describe(loadConfig.name, () => {
     expect(() => loadConfig({ ZG_SMS_LOG_CODES: 'yes' })).toThrow(/ZG_SMS_LOG_CODES/);
   });
 
+  it('logs e-mail codes without a mail server on embedded, and on cluster only when told to', () => {
+    expect(loadConfig({}).smtp).toMatchObject({ url: undefined, log: true });
+    expect(loadConfig(CLUSTER_ENV).smtp).toMatchObject({ url: 'smtp://127.0.0.1:25', log: false });
+    const { ZG_SMTP_URL: _url, ...noMail } = CLUSTER_ENV;
+    expect(() => loadConfig(noMail)).toThrow(
+      /ZG_SMTP_URL: required on the cluster profile.*ZG_MAIL_LOG_CODES/,
+    );
+    expect(loadConfig({ ...noMail, ZG_MAIL_LOG_CODES: 'true' }).smtp).toMatchObject({
+      url: undefined,
+      log: true,
+    });
+    // A mail server, when set, is used whatever the setting says.
+    expect(loadConfig({ ...CLUSTER_ENV, ZG_MAIL_LOG_CODES: 'true' }).smtp.url).toBe('smtp://127.0.0.1:25');
+    expect(() => loadConfig({ ZG_MAIL_LOG_CODES: 'false' })).toThrow(/ZG_SMTP_URL/);
+    expect(() => loadConfig({ ZG_MAIL_LOG_CODES: 'yes' })).toThrow(/ZG_MAIL_LOG_CODES/);
+  });
+
   it('refuses an unknown profile rather than starting embedded', () => {
     expect(() => loadConfig({ ZG_PROFILE: 'clustre' })).toThrow(/ZG_PROFILE/);
   });

@@ -42,7 +42,8 @@ export interface Config {
   sessionCheckCacheMs: number;
   /** scrypt cost parameter (log2 N) for new password hashes. */
   passwordHashCost: number;
-  smtp: { url: string | undefined; from: string };
+  /** `log`: without a mail server, e-mail codes go to the log (always true when `url` is unset). */
+  smtp: { url: string | undefined; from: string; log: boolean };
   /** Phone codes: POSTed to `webhookUrl` when set; else logged when `log`, else refused. */
   sms: { webhookUrl: string | undefined; webhookToken: string | undefined; log: boolean };
   /** Guessing limits per 15 minutes: password sign-ins per identifier; code sends, and separately sign-ins, per client address. */
@@ -192,12 +193,16 @@ export const CONFIG_VARS = {
   ZG_PASSWORD_HASH_COST: { description: 'scrypt cost as log2(N), 10 to 20', default: '15' },
   ZG_SMTP_URL: {
     description:
-      'smtp://user:pass@host:port for verification mail; required on cluster; on embedded, e-mail codes are logged when unset',
+      'smtp://user:pass@host:port for verification mail; required on cluster unless ZG_MAIL_LOG_CODES=true; on embedded, e-mail codes are logged when unset',
     secret: true,
   },
   ZG_SMTP_FROM: {
     description: 'From address of verification mail',
     default: 'Zhiguang <no-reply@zhiguang.local>',
+  },
+  ZG_MAIL_LOG_CODES: {
+    description:
+      'without ZG_SMTP_URL, write e-mail codes to the log (true); default true on embedded, false on cluster, where ZG_SMTP_URL is then required: anyone who reads the log could sign in as any e-mail user',
   },
   ZG_SMS_WEBHOOK_URL: {
     description:
@@ -504,8 +509,19 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: { ro
     if (!s3SecretAccessKey) problems.push('ZG_S3_SECRET_ACCESS_KEY: required on the cluster profile');
   }
   const smtpUrl = url('ZG_SMTP_URL', ['smtp:', 'smtps:']);
-  if (profile === 'cluster' && !smtpUrl)
-    problems.push('ZG_SMTP_URL: required on the cluster profile (verification mail)');
+  const mailLog =
+    oneOf(
+      'ZG_MAIL_LOG_CODES',
+      ['false', 'true'],
+      raw('ZG_MAIL_LOG_CODES') ?? String(profile === 'embedded'),
+    ) === 'true';
+  if (!smtpUrl && !mailLog) {
+    problems.push(
+      profile === 'cluster'
+        ? 'ZG_SMTP_URL: required on the cluster profile (verification mail), unless ZG_MAIL_LOG_CODES=true writes the codes to the log'
+        : 'ZG_SMTP_URL: required when ZG_MAIL_LOG_CODES=false (e-mail codes must go somewhere)',
+    );
+  }
   const privateKeyPem = raw('ZG_JWT_PRIVATE_KEY')?.replace(/\\n/g, '\n');
   if (profile === 'cluster' && !privateKeyPem) {
     problems.push(
@@ -542,7 +558,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: { ro
     },
     sessionCheckCacheMs: int('ZG_SESSION_CHECK_CACHE_MS', 0, 60_000),
     passwordHashCost: int('ZG_PASSWORD_HASH_COST', 10, 20),
-    smtp: { url: smtpUrl, from: raw('ZG_SMTP_FROM') ?? '' },
+    smtp: { url: smtpUrl, from: raw('ZG_SMTP_FROM') ?? '', log: !smtpUrl },
     sms: {
       webhookUrl: url('ZG_SMS_WEBHOOK_URL', ['http:', 'https:']),
       webhookToken: raw('ZG_SMS_WEBHOOK_TOKEN'),
