@@ -396,7 +396,10 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
     new PeriodicTask(
       'counter-reconcile',
       config.counters.reconcileIntervalMs,
-      () => reconciler.runOnce(),
+      async () => {
+        const round = await reconciler.runOnce();
+        if (round.drifted > 0) log.warn(round, 'counter drift found and healed');
+      },
       workerError,
     ),
   ];

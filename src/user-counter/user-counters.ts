@@ -73,7 +73,10 @@ export function createUserCounters(deps: UserCountersDeps): UserCounters {
   const reconcile = new PeriodicTask(
     'user-counter-reconcile',
     deps.reconcileIntervalMs,
-    () => reconciler.runOnce(),
+    async () => {
+      const round = await reconciler.runOnce();
+      if (round.drifted > 0) log.warn(round, 'user counter drift found and healed');
+    },
     (_name, err) => log.warn({ err }, 'user counter reconcile failed; will retry'),
   );
   return { service, reconciler, metrics, topics: consumer.topics, workers: [consumer, reconcile] };

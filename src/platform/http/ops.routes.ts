@@ -16,6 +16,7 @@ export function opsRoutes(
 ) {
   const digest = (text: string) => createHash('sha256').update(text).digest();
   const expected = metricsToken === undefined ? undefined : digest(`Bearer ${metricsToken}`);
+  let lastReadiness: string | undefined;
   return async (app: FastifyInstance): Promise<void> => {
     const tags = ['operations'];
     app.get(
@@ -24,7 +25,7 @@ export function opsRoutes(
       async () => ({ status: 'ok' }),
     );
 
-    app.get('/readyz', { schema: { tags } }, async (_request, reply) => {
+    app.get('/readyz', { schema: { tags } }, async (request, reply) => {
       const entries = await Promise.all(
         Object.entries(checks).map(async ([name, check]) => {
           const ok = await Promise.race([
@@ -35,10 +36,16 @@ export function opsRoutes(
         }),
       );
       const ready = !isDraining() && entries.every(([, state]) => state === 'ok');
-      return reply.status(ready ? 200 : 503).send({
-        status: ready ? 'ok' : isDraining() ? 'draining' : 'unavailable',
-        checks: Object.fromEntries(entries),
-      });
+      const status = ready ? 'ok' : isDraining() ? 'draining' : 'unavailable';
+      const states = Object.fromEntries(entries);
+      // Polled every few seconds: told once per change, not once per answer.
+      const summary = `${status} ${JSON.stringify(states)}`;
+      if (summary !== lastReadiness) {
+        lastReadiness = summary;
+        const level = status === 'unavailable' ? 'warn' : 'info';
+        request.log[level]({ status, checks: states }, 'readiness changed');
+      }
+      return reply.status(ready ? 200 : 503).send({ status, checks: states });
     });
 
     app.get('/metrics', { schema: { tags, hide: true } }, async (request, reply) => {

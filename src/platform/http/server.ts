@@ -194,7 +194,10 @@ export async function createHttpServer(options: HttpServerOptions): Promise<Fast
       { method: request.method, route, status: String(reply.statusCode) },
       reply.elapsedTime / 1000,
     );
-    if (reply.statusCode >= 500) request.log.warn({ route, status: reply.statusCode }, 'request failed');
+    // `/readyz` answers 503 by design while not ready; its own handler logs when that changes.
+    if (reply.statusCode >= 500 && route !== '/readyz') {
+      request.log.warn({ route, status: reply.statusCode }, 'request failed');
+    }
   });
 
   await app.register(cors, {

@@ -1,0 +1,49 @@
+import { pino } from 'pino';
+import { describe, expect, it } from 'vitest';
+import { Metrics } from '../metrics/metrics.js';
+import { opsRoutes } from './ops.routes.js';
+import { createHttpServer } from './server.js';
+
+describe('readiness', () => {
+  it('logs when it changes, not every 503 a load balancer polls', async () => {
+    const lines: { level: number; msg: string; checks?: Record<string, string>; status?: string }[] = [];
+    const logger = pino(
+      { level: 'info' },
+      { write: (line: string) => void lines.push(JSON.parse(line) as (typeof lines)[number]) },
+    );
+    let kafkaUp = true;
+    let draining = false;
+    const app = await createHttpServer({
+      logger,
+      metrics: new Metrics(),
+      bodyLimitBytes: 1024,
+      uploadLimitBytes: 1024,
+      version: 'test',
+    });
+    await app.register(
+      opsRoutes(new Metrics(), { database: async () => true, kafka: async () => kafkaUp }, () => draining),
+    );
+    await app.ready();
+    const poll = async () => (await app.inject({ method: 'GET', url: '/readyz' })).statusCode;
+    try {
+      expect(await poll()).toBe(200);
+      kafkaUp = false;
+      for (let i = 0; i < 5; i++) expect(await poll()).toBe(503);
+      kafkaUp = true;
+      expect(await poll()).toBe(200);
+      draining = true;
+      for (let i = 0; i < 3; i++) expect(await poll()).toBe(503);
+    } finally {
+      await app.close();
+    }
+    const readiness = lines.filter((l) => l.msg.startsWith('readiness'));
+    expect(readiness.map((l) => [l.level, l.msg, l.status])).toEqual([
+      [30, 'readiness changed', 'ok'],
+      [40, 'readiness changed', 'unavailable'],
+      [30, 'readiness changed', 'ok'],
+      [30, 'readiness changed', 'draining'],
+    ]);
+    expect(readiness[1]?.checks).toEqual({ database: 'ok', kafka: 'down' });
+    expect(lines.filter((l) => l.msg === 'request failed')).toEqual([]);
+  });
+});
