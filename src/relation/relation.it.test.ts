@@ -61,6 +61,7 @@ interface Rig {
   /** Publishes every outbox row through the real relay; returns the relation events, in order. */
   drain(): Promise<RelationEvent[]>;
   newUser(): Promise<number>;
+  newUsers(count: number): Promise<number[]>;
   cleanup(): Promise<void>;
 }
 
@@ -151,6 +152,25 @@ async function openRig(dialect: Dialect): Promise<Rig> {
   };
   const relay = new OutboxRelay({ store: outboxStore, events: recorder, batchSize: 500 });
   let nextPhone = 0;
+  async function newUser(): Promise<number> {
+    const now = Date.now();
+    const user = await users.insert({
+      phone: `1${String(Date.now() % 1e6).padStart(6, '0')}${String(nextPhone++).padStart(4, '0')}`,
+      email: `${uniqueName('u')}@example.test`,
+      password_hash: null,
+      nickname: 'someone',
+      avatar: 'https://example.test/a.png',
+      bio: null,
+      zg_id: uniqueName('z').slice(-32),
+      gender: 'UNKNOWN',
+      birthday: null,
+      school: null,
+      tags_json: '[]',
+      created_at: now,
+      updated_at: now,
+    });
+    return user.id;
+  }
   return {
     db,
     repo,
@@ -185,24 +205,11 @@ async function openRig(dialect: Dialect): Promise<Rig> {
       while ((await relay.runOnce()) > 0);
       return published.splice(0);
     },
-    async newUser() {
-      const now = Date.now();
-      const user = await users.insert({
-        phone: `1${String(Date.now() % 1e6).padStart(6, '0')}${String(nextPhone++).padStart(4, '0')}`,
-        email: `${uniqueName('u')}@example.test`,
-        password_hash: null,
-        nickname: 'someone',
-        avatar: 'https://example.test/a.png',
-        bio: null,
-        zg_id: uniqueName('z').slice(-32),
-        gender: 'UNKNOWN',
-        birthday: null,
-        school: null,
-        tags_json: '[]',
-        created_at: now,
-        updated_at: now,
-      });
-      return user.id;
+    newUser,
+    async newUsers(count) {
+      const ids: number[] = [];
+      for (let i = 0; i < count; i++) ids.push(await newUser());
+      return ids;
     },
     async cleanup() {
       if (errors.length > 0) throw new AggregateError(errors, 'the projector reported errors');
@@ -612,12 +619,7 @@ describe.each<Dialect>(['sqlite', 'mariadb'])('relations on %s', (dialect) => {
   it("shows a new follower their own follow in the followed user's list before the consumer runs", async () => {
     const big = rig.service({ bigAccountFollowers: 2, listCacheMaxEntries: 1 });
     try {
-      const [owner, star, x, y] = [
-        await rig.newUser(),
-        await rig.newUser(),
-        await rig.newUser(),
-        await rig.newUser(),
-      ];
+      const [owner, star, x, y] = (await rig.newUsers(4)) as [number, number, number, number];
       await sut.follow(x, owner);
       await rig.projector.apply(await rig.drain());
       // Nobody has cached the list: the caller's read fills it, and must include the caller.
@@ -642,12 +644,7 @@ describe.each<Dialect>(['sqlite', 'mariadb'])('relations on %s', (dialect) => {
   });
 
   it('serves lists from complete caches and keeps them complete through changes', async () => {
-    const [owner, x, y, z] = [
-      await rig.newUser(),
-      await rig.newUser(),
-      await rig.newUser(),
-      await rig.newUser(),
-    ];
+    const [owner, x, y, z] = (await rig.newUsers(4)) as [number, number, number, number];
     await sut.follow(x, owner);
     await rig.projector.apply(await rig.drain());
     // A change to a list nobody cached must not create a one-entry cache.
