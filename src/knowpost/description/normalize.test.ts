@@ -87,6 +87,16 @@ describe('normalizeDescription', () => {
     expect(raw.startsWith(result)).toBe(true);
   });
 
+  it('cuts unpunctuated Chinese between words, not inside one', () => {
+    const raw =
+      '我们在生产环境中使用分布式缓存和消息队列来提高系统的吞吐量并降低数据库的压力同时保证数据最终一致性以及服务的高可用性';
+    // The 50th code point is the 以 of 以及.
+    expect([...raw].slice(49, 51).join('')).toBe('以及');
+    expect(normalizeDescription(raw)).toBe(
+      '我们在生产环境中使用分布式缓存和消息队列来提高系统的吞吐量并降低数据库的压力同时保证数据最终一致性',
+    );
+  });
+
   it('cuts English at a word boundary, never inside a word', () => {
     const raw =
       'This is a very long English description that certainly goes past the fifty character limit by a lot.';
@@ -130,7 +140,8 @@ describe('normalizeDescription', () => {
 
   it('honours another maximum', () => {
     expect(normalizeDescription('用 Redis 做精确计数器的三个坑', 8)).toBe('用 Redis');
-    expect(normalizeDescription('用 Redis 做精确计数器的三个坑', 10)).toBe('用 Redis 做精');
+    // 精确 is one word: the cut does not split it.
+    expect(normalizeDescription('用 Redis 做精确计数器的三个坑', 10)).toBe('用 Redis 做');
     expect(normalizeDescription('anything', 0)).toBe('');
   });
 

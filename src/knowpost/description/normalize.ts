@@ -58,6 +58,7 @@ const CLAUSE_END = new Set([...'，,、：:—']);
 const WORD_CHAR = /^[\p{L}\p{N}]$/u;
 
 const graphemes = new Intl.Segmenter(undefined, { granularity: 'grapheme' });
+const words = new Intl.Segmenter('zh', { granularity: 'word' });
 
 // Every character in TRAILING, LEADING and QUOTES is in the BMP, so code units can be compared directly.
 function stripTrailing(text: string): string {
@@ -147,7 +148,31 @@ function cut(text: string, max: number): string {
   if (at < 0) at = findFromEnd((c) => CLAUSE_END.has(c));
   if (at < 0 && isMidWord(chars[chars.length - 1], nextChar)) at = findFromEnd((c) => /\s/.test(c));
   const shortened = at > 0 ? stripTrailing(chars.slice(0, at).join('')) : '';
-  return shortened === '' ? stripTrailing(prefix) : shortened;
+  if (shortened !== '') return shortened;
+  // Chinese and Japanese have no spaces: a dictionary finds where the word that runs past the cut
+  // begins.
+  const last = chars[chars.length - 1];
+  if (last !== undefined && isUnspacedChar(last) && isUnspacedChar(nextChar ?? '')) {
+    const start = wordStartBefore(text, prefix.length, chars.slice(0, floor).join('').length);
+    if (start !== undefined) return stripTrailing(text.slice(0, start));
+  }
+  return stripTrailing(prefix);
+}
+
+/**
+ * Where the word that spans code-unit index `at` of `text` begins, when that is at or after `floor`
+ * (undefined when `at` is already between two words, or the word began too early).
+ */
+function wordStartBefore(text: string, at: number, floor: number): number | undefined {
+  // A few characters past the cut are enough to see the whole word around it.
+  const window = text.slice(0, at + 16);
+  let start: number | undefined;
+  for (const { index } of words.segment(window)) {
+    if (index > at) break;
+    start = index;
+  }
+  if (start === undefined || start === at || start < floor || start === 0) return undefined;
+  return start;
 }
 
 /**
