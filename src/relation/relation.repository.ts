@@ -300,23 +300,18 @@ export class RelationRepository {
     limit: number,
   ): Promise<{ entries: ListEntry[]; more: boolean }> {
     if (kind === 'following') return this.tablePage(owner, kind, position, limit, []);
-    const pending = [
-      ...new Set(
-        (
-          await this.db.kysely
-            .selectFrom('relation_unapplied')
-            .select('from_user_id')
-            .where('to_user_id', '=', owner)
-            .limit(MAX_OVERLAY + 1)
-            .execute()
-        ).map((r) => Number(r.from_user_id)),
-      ),
-    ];
+    const marks = await this.db.kysely
+      .selectFrom('relation_unapplied')
+      .select('from_user_id')
+      .where('to_user_id', '=', owner)
+      .limit(MAX_OVERLAY + 1)
+      .execute();
     // So many changes in flight for one user that the projection is read as it is (it catches up
     // within about a second); merging would cost more than the staleness is worth.
-    if (pending.length === 0 || pending.length > MAX_OVERLAY) {
+    if (marks.length === 0 || marks.length > MAX_OVERLAY) {
       return this.tablePage(owner, kind, position, limit, []);
     }
+    const pending = [...new Set(marks.map((r) => Number(r.from_user_id)))];
     const truth = (
       await this.db.kysely
         .selectFrom('following')
