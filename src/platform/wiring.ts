@@ -91,6 +91,13 @@ async function s3Storage(config: Config, log: Logger) {
 
 async function codeSenders(config: Config, log: Logger): Promise<RoutingCodeSender> {
   const { smtp, sms } = config;
+  const logged = [...(smtp.url ? [] : ['e-mail']), ...(!sms.webhookUrl && sms.log ? ['phone'] : [])];
+  if (config.profile === 'cluster' && logged.length > 0) {
+    log.warn(
+      { codes: logged },
+      'verification codes are written to the log: whoever reads it can sign in as those users',
+    );
+  }
   return new RoutingCodeSender({
     EMAIL: smtp.url ? await SmtpCodeSender.create(smtp.url, smtp.from) : new LogCodeSender(log),
     PHONE: sms.webhookUrl
