@@ -204,6 +204,74 @@ describe('client addresses behind a trusted proxy', () => {
   });
 });
 
+describe('password sign-in limits', () => {
+  let app: App;
+  const codes = new Map<string, string>();
+  beforeAll(async () => {
+    const logger = pino(
+      { level: 'info' },
+      {
+        write(line: string) {
+          const entry = JSON.parse(line) as { msg?: string; identifier?: string; code?: string };
+          if (entry.msg === 'verification code' && entry.identifier && entry.code)
+            codes.set(entry.identifier, entry.code);
+        },
+      },
+    );
+    const config = loadConfig({
+      ZG_DATA_DIR: mkdtempSync(join(tmpdir(), 'zg-auth-lock-')),
+      ZG_PASSWORD_HASH_COST: '10',
+      PORT: '0',
+      ZG_AUTH_LOGIN_LIMIT: '2',
+    });
+    app = await buildApp(config, { logger });
+  });
+  afterAll(async () => app?.close());
+
+  const call = (url: string, payload: Record<string, unknown>, ip: string) =>
+    app.http.inject({ method: 'POST', url, payload, remoteAddress: ip });
+  const login = async (password: string, ip: string) =>
+    (
+      await call(
+        '/api/v1/auth/login',
+        { identifierType: 'EMAIL', identifier: 'victim@example.test', password },
+        ip,
+      )
+    ).statusCode;
+
+  it('keeps one address from locking a person out, and caps the account across addresses', async () => {
+    const identifier = 'victim@example.test';
+    await call(
+      '/api/v1/auth/send-code',
+      { scene: 'REGISTER', identifierType: 'EMAIL', identifier },
+      '10.0.0.1',
+    );
+    const reg = await call(
+      '/api/v1/auth/register',
+      {
+        identifierType: 'EMAIL',
+        identifier,
+        code: codes.get(identifier),
+        password: 'right-123',
+        agreeTerms: true,
+      },
+      '10.0.0.1',
+    );
+    expect(reg.statusCode).toBe(200);
+
+    expect([await login('wrong-123', '203.0.113.1'), await login('wrong-123', '203.0.113.1')]).toEqual([
+      401, 401,
+    ]);
+    expect(await login('right-123', '203.0.113.1')).toBe(429);
+    expect(await login('right-123', '198.51.100.5')).toBe(200);
+
+    // 10 × 2 attempts a window for the account: 3 so far, 17 more from other addresses, then none.
+    for (let i = 0; i < 17; i++) expect(await login('wrong-123', `192.0.2.${10 + (i >> 1)}`)).toBe(401);
+    expect(await login('wrong-123', '192.0.2.200')).toBe(429);
+    expect(await login('right-123', '198.51.100.6')).toBe(429);
+  });
+});
+
 describe('phone codes without an SMS gateway', () => {
   let app: App;
   beforeAll(async () => {

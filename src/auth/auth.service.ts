@@ -31,7 +31,10 @@ export interface TokenPair {
 }
 
 export interface AuthLimits {
-  /** Password logins per identifier per window. */
+  /**
+   * Password logins per identifier and client per window; the identifier as a whole takes
+   * `ACCOUNT_LOGIN_CEILING` times as many.
+   */
   passwordPerIdentifier: number;
   /**
    * Code sends, code checks and password logins per client (an IPv4 address, an IPv6 /64) per
@@ -40,6 +43,9 @@ export interface AuthLimits {
   perIp: number;
   windowMs: number;
 }
+
+/** How many times the per-address password limit one identifier takes from all addresses together. */
+export const ACCOUNT_LOGIN_CEILING = 10;
 
 export class AuthError extends AppError {}
 
@@ -125,20 +131,25 @@ export class AuthService {
   ) {
     const identifier = normalizeIdentifier(type, rawIdentifier);
     await this.limitIp('login', ctx);
-    const perIdentifier = await this.limiter.hit(
-      `login:id:${identifier}`,
-      this.limits.passwordPerIdentifier,
-      this.limits.windowMs,
-    );
-    if (!perIdentifier.allowed) {
+    const pairKey = `login:id:${identifier}:${ctx.ip ? rateLimitSubject(ctx.ip) : '-'}`;
+    const limit = this.limits.passwordPerIdentifier;
+    // Per account *and* address, so one address cannot lock a person out of their own account; the
+    // account as a whole has a higher ceiling that bounds guessing spread over many addresses. An
+    // attempt refused for its address does not count against the account.
+    let decision = await this.limiter.hit(pairKey, limit, this.limits.windowMs);
+    if (decision.allowed) {
+      decision = await this.limiter.hit(
+        `login:id:${identifier}`,
+        limit * ACCOUNT_LOGIN_CEILING,
+        this.limits.windowMs,
+      );
+    }
+    if (!decision.allowed) {
       await this.record(
         { userId: null, identifier, channel: 'PASSWORD', success: false, reason: 'RATE_LIMITED' },
         ctx,
       );
-      throw new RateLimitedError(
-        'Too many sign-in attempts; try again later',
-        perIdentifier.retryAfterMs / 1000,
-      );
+      throw new RateLimitedError('Too many sign-in attempts; try again later', decision.retryAfterMs / 1000);
     }
     const user = await this.users.findByIdentifier(type, identifier);
     if (!user || user.password_hash === null) {
@@ -162,7 +173,7 @@ export class AuthService {
       );
       throw invalidCredentials();
     }
-    await this.limiter.reset(`login:id:${identifier}`);
+    await this.limiter.reset(pairKey);
     await this.record({ userId: user.id, identifier, channel: 'PASSWORD', success: true, reason: null }, ctx);
     return { user, token: await this.issue(user.id) };
   }

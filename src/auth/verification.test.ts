@@ -113,10 +113,55 @@ describe(VerificationService.name, () => {
     expect(await errorCode(sut.send('LOGIN', 'EMAIL', 'a@b.cd', true))).toBe('ok');
   });
 
-  it('runs the limits but creates no code when told not to deliver', async () => {
+  it('answers checks for an unknown account exactly as for a known one, and sends nothing', async () => {
     await sut.send('LOGIN', 'EMAIL', 'ghost@b.cd', false);
-    expect(sender.sent).toHaveLength(0);
+    await sut.send('LOGIN', 'EMAIL', 'real@b.cd', true);
+    const real = sender.last();
+    expect(sender.sent).toHaveLength(1);
     expect(await errorCode(sut.send('LOGIN', 'EMAIL', 'ghost@b.cd', false))).toBe('VERIFICATION_RATE_LIMIT');
-    expect(await errorCode(sut.verify('LOGIN', 'ghost@b.cd', '123456'))).toBe('VERIFICATION_NOT_FOUND');
+    const wrong = real === '000000' ? '000001' : '000000';
+    for (const who of ['ghost@b.cd', 'real@b.cd']) {
+      for (let i = 0; i < 5; i++)
+        expect(await errorCode(sut.verify('LOGIN', who, wrong))).toBe('VERIFICATION_MISMATCH');
+      expect(await errorCode(sut.verify('LOGIN', who, wrong))).toBe('VERIFICATION_TOO_MANY_ATTEMPTS');
+    }
+    expect(await errorCode(sut.verify('LOGIN', 'nobody@b.cd', wrong))).toBe('VERIFICATION_NOT_FOUND');
+  });
+
+  it('sends a live code again instead of voiding it, and keeps counting its tries', async () => {
+    await sut.send('LOGIN', 'EMAIL', 'a@b.cd', true);
+    const first = sender.last();
+    const wrong = first === '000000' ? '000001' : '000000';
+    for (let i = 0; i < 4; i++) await sut.verify('LOGIN', 'a@b.cd', wrong).catch(() => undefined);
+    // someone else asks for a code for this address four minutes later
+    now += 240_000;
+    await sut.send('LOGIN', 'EMAIL', 'a@b.cd', true);
+    expect(sender.sent).toHaveLength(2);
+    expect(sender.last()).toBe(first);
+    expect(sender.sent[1]?.expireSeconds).toBe(300);
+    // the resent code lives five minutes from the resend, with one try left
+    now += 299_000;
+    expect(await errorCode(sut.verify('LOGIN', 'a@b.cd', wrong))).toBe('VERIFICATION_MISMATCH');
+    expect(await errorCode(sut.verify('LOGIN', 'a@b.cd', first))).toBe('VERIFICATION_TOO_MANY_ATTEMPTS');
+  });
+
+  it('sends a new code once the old one is used, and keeps a sent code when a resend fails', async () => {
+    await sut.send('LOGIN', 'EMAIL', 'a@b.cd', true);
+    const first = sender.last();
+    now += 61_000;
+    sender.failNext = true;
+    expect(await errorCode(sut.send('LOGIN', 'EMAIL', 'a@b.cd', true))).toBe('UNAVAILABLE');
+    expect(await errorCode(sut.verify('LOGIN', 'a@b.cd', first))).toBe('ok');
+    await sut.send('LOGIN', 'EMAIL', 'a@b.cd', true);
+    expect(sender.sent).toHaveLength(2);
+    expect(await errorCode(sut.verify('LOGIN', 'a@b.cd', sender.last()))).toBe('ok');
+  });
+
+  it('sends a real code to an identifier that registered after an undelivered send', async () => {
+    await sut.send('LOGIN', 'EMAIL', 'new@b.cd', false);
+    now += 61_000;
+    await sut.send('LOGIN', 'EMAIL', 'new@b.cd', true);
+    expect(sender.last()).toMatch(/^\d{6}$/);
+    expect(await errorCode(sut.verify('LOGIN', 'new@b.cd', sender.last()))).toBe('ok');
   });
 });

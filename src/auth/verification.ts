@@ -1,7 +1,7 @@
-import { randomInt, timingSafeEqual } from 'node:crypto';
+import { randomBytes, randomInt, timingSafeEqual } from 'node:crypto';
 import { AppError, RateLimitedError, UnavailableError } from '../platform/errors/errors.js';
 import type { KeyValueStore } from '../platform/kv/kv.js';
-import type { CodeSender, IdentifierType, Scene } from './code-sender/code-sender.js';
+import type { CodeMessage, CodeSender, IdentifierType, Scene } from './code-sender/code-sender.js';
 
 export const CODE_TTL_SECONDS = 300;
 const SEND_INTERVAL_MS = 60_000;
@@ -33,7 +33,10 @@ export class VerificationService {
     return this.sender.delivers?.(type) ?? true;
   }
 
-  /** `deliver: false` runs the same limits without creating or sending a code (unknown accounts). */
+  /**
+   * `deliver: false` (unknown accounts) runs the same limits and stores a value no code matches, so
+   * later checks cannot tell the account is unknown; nothing is sent.
+   */
   async send(
     scene: Scene,
     identifierType: IdentifierType,
@@ -60,15 +63,35 @@ export class VerificationService {
       );
     }
     await this.kv.incr(dailyKey, 1, DAY_MS + 3_600_000);
-    if (!deliver) return;
 
-    const code = String(randomInt(0, 1_000_000)).padStart(6, '0');
-    await this.kv.set(`vc:code:${id}`, code, CODE_TTL_SECONDS * 1000);
+    const codeKey = `vc:code:${id}`;
+    const ttlMs = CODE_TTL_SECONDS * 1000;
+    // A live code is sent again rather than replaced: asking for a code on someone else's identifier
+    // must not void the one already in their inbox. Its tries go on counting.
+    const live = await this.kv.get(codeKey);
+    if (live !== null && (!deliver || isCode(live)) && (await this.kv.expire(codeKey, ttlMs))) {
+      await this.kv.expire(`vc:tries:${id}`, ttlMs);
+      if (deliver) await this.deliver({ scene, identifierType, identifier, code: live }, id, false);
+      return;
+    }
+    // An unknown account gets a value no code can match, so checking a code answers as it would for
+    // a registered one.
+    const code = deliver ? String(randomInt(0, 1_000_000)).padStart(6, '0') : unmatchable();
+    await this.kv.set(codeKey, code, ttlMs);
     await this.kv.delete(`vc:tries:${id}`);
+    if (deliver) await this.deliver({ scene, identifierType, identifier, code }, id, true);
+  }
+
+  private async deliver(
+    message: Omit<CodeMessage, 'expireSeconds'>,
+    id: string,
+    fresh: boolean,
+  ): Promise<void> {
     try {
-      await this.sender.send({ scene, identifierType, identifier, code, expireSeconds: CODE_TTL_SECONDS });
+      await this.sender.send({ ...message, expireSeconds: CODE_TTL_SECONDS });
     } catch (err) {
-      await this.kv.delete(`vc:code:${id}`);
+      // A new code nobody received is withdrawn; a code sent before stays valid.
+      if (fresh) await this.kv.delete(`vc:code:${id}`);
       await this.kv.delete(`vc:gap:${id}`);
       throw new UnavailableError('The verification code could not be delivered; try again later', {
         cause: err,
@@ -98,6 +121,14 @@ export class VerificationService {
     }
     await this.kv.delete(`vc:tries:${id}`);
   }
+}
+
+function isCode(value: string): boolean {
+  return /^\d{6}$/.test(value);
+}
+
+function unmatchable(): string {
+  return `-${randomBytes(16).toString('hex')}`;
 }
 
 function sameCode(a: string, b: string): boolean {
