@@ -364,6 +364,22 @@ export function defineObjectStorageContract(
         expect(Buffer.from(await res.arrayBuffer())).toEqual(body);
       });
 
+      it('never lets a stored HTML or SVG page run script where it is served', async () => {
+        for (const [name, type] of [
+          ['page.html', 'text/html'],
+          ['drawing.svg', 'image/svg+xml'],
+        ] as const) {
+          const k = key(name);
+          await storage.put(k, Buffer.from('<script>alert(1)</script>'), type);
+          const res = await fetch(await storage.presignGet(k, 60));
+          expect(res.status).toBe(200);
+          await res.arrayBuffer();
+          const sandboxed = /(^|;)\s*sandbox\b/.test(res.headers.get('content-security-policy') ?? '');
+          const download = /^attachment\b/i.test(res.headers.get('content-disposition') ?? '');
+          expect(sandboxed || download, name).toBe(true);
+        }
+      });
+
       it('answers 404 for a missing object', async () => {
         const res = await fetch(await storage.presignGet(key('missing.md'), 60));
         expect(res.status).toBe(404);

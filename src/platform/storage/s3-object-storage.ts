@@ -40,6 +40,9 @@ export interface S3ObjectStorageOptions {
   publicUrl?: string;
 }
 
+/** Keys whose type a browser may run script in when the URL is opened (HTML, SVG, XML). */
+const SCRIPTABLE = /\.(html?|xhtml|svg|xml)$/i;
+
 /** A failure the store answered with, as the SDK reports it. */
 interface ServiceError {
   name?: string;
@@ -218,7 +221,10 @@ export class S3ObjectStorage implements ObjectStorage {
   async presignGet(key: string, expiresInSeconds: number): Promise<string> {
     assertSafeKey(key);
     assertPresignExpiry(expiresInSeconds);
-    return getSignedUrl(this.client, new GetObjectCommand({ Bucket: this.bucket, Key: key }), {
+    // The store cannot send a sandboxing CSP, so a page that could run script in its origin is
+    // handed out as a download: opening the URL saves it, a client's fetch still reads the bytes.
+    const download = SCRIPTABLE.test(key) ? { ResponseContentDisposition: 'attachment' } : {};
+    return getSignedUrl(this.client, new GetObjectCommand({ Bucket: this.bucket, Key: key, ...download }), {
       expiresIn: expiresInSeconds,
     });
   }
