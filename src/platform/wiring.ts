@@ -225,6 +225,9 @@ async function createCluster(config: Config, log: Logger): Promise<Platform> {
 
     const codeSender = await codeSenders(config, log);
     closers.unshift(async () => codeSender.close());
+    if (config.metricsToken === undefined) {
+      log.warn('GET /metrics answers anyone who reaches this port; set ZG_METRICS_TOKEN');
+    }
     return {
       db,
       kv: createRedisKv(redis, config.redisPrefix),

@@ -6,6 +6,8 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Client, startServer, type ProfileName, type Server } from './harness.js';
 import { runCli } from '../fault/processes.js';
 
+const METRICS_OPEN = 'GET /metrics answers anyone who reaches this port; set ZG_METRICS_TOKEN';
+
 describe.each<ProfileName>(['embedded', 'cluster'])('operations (%s profile)', (profile) => {
   let server: Server;
   let client: Client;
@@ -34,6 +36,11 @@ describe.each<ProfileName>(['embedded', 'cluster'])('operations (%s profile)', (
       /zg_http_request_duration_seconds_count\{method="GET",route="\/healthz",status="200"\} \d+/,
     );
     expect(text).toContain('process_cpu_seconds_total');
+  });
+
+  it('warns at start-up when a cluster process serves its metrics to anyone', () => {
+    const warned = server.logLines().some((line) => line.msg === METRICS_OPEN);
+    expect(warned).toBe(profile === 'cluster');
   });
 
   it('serves the OpenAPI document and its UI', async () => {
