@@ -58,7 +58,7 @@ function parseIds(raw: string): string[] {
     ids.push(id);
   }
   if (ids.length === 0 || ids.length > MAX_IDS)
-    throw new BadRequestError(`query.ids must list 1 to ${MAX_IDS} ids`);
+    throw new BadRequestError(`querystring.ids must list 1 to ${MAX_IDS} ids`);
   for (const id of ids) if (!isEntityId(id)) throw new BadRequestError('query.ids must be positive integers');
   return ids;
 }

@@ -178,7 +178,7 @@ export class RelationService {
 
   async list(owner: number, kind: ListKind, position: ListPosition, limit: number): Promise<ListResult> {
     if (!Number.isSafeInteger(limit) || limit < 1 || limit > MAX_PAGE) {
-      throw new BadRequestError(`query.limit must be from 1 to ${MAX_PAGE}`);
+      throw new BadRequestError(`querystring.limit must be from 1 to ${MAX_PAGE}`);
     }
     if (!(await this.users.findById(owner))) throw new NotFoundError('No such user');
     const size = await this.listSize(owner, kind);
@@ -197,7 +197,7 @@ export class RelationService {
    * against the limit, as it did when they ran one after the other).
    */
   private async checkChange(me: number, toUserId: number, action: string): Promise<void> {
-    if (toUserId === me) throw new BadRequestError(`query.toUserId: you cannot ${action} yourself`);
+    if (toUserId === me) throw new BadRequestError(`querystring.toUserId: you cannot ${action} yourself`);
     const [limited, target] = await Promise.allSettled([
       enforceLimit(
         this.deps.limiter,
