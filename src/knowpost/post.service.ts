@@ -534,7 +534,7 @@ function notFound(): NotFoundError {
 }
 
 function notUploaded(): ConflictError {
-  return new ConflictError('No object was uploaded under objectKey; upload it first', 'OBJECT_NOT_UPLOADED');
+  return new ConflictError('No object is under objectKey (a confirmed upload is moved to the post’s body); upload it first', 'OBJECT_NOT_UPLOADED');
 }
 
 function invalidState(status: string): ConflictError {
