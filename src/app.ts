@@ -357,6 +357,7 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
   const objectsRemoved = postObjectsRemovedCounter(metrics.registry);
   const sweeper = new PostUploadSweeper(postRepo, platform.storage, {
     retentionMs: config.posts.uploadRetentionMs,
+    maxBytes: { content: config.posts.contentMaxBytes, image: config.posts.imageMaxBytes },
     onError: (err, postId) => log.warn({ err, post: postId }, 'could not check a post’s unused objects'),
     now,
   });

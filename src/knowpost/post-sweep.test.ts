@@ -54,13 +54,14 @@ describe(PostUploadSweeper.name, () => {
         if (prefix.startsWith('posts/2')) throw new Error('AccessDenied');
         return [...objects]
           .filter(([key]) => key.startsWith(`${prefix}/`))
-          .map(([key, lastModified]) => ({ key, lastModified }));
+          .map(([key, lastModified]) => ({ key, lastModified, size: 10 }));
       },
       delete: async (key: string) => void objects.delete(key),
     };
     const errors: string[] = [];
     const sut = new PostUploadSweeper(posts, storage, {
       retentionMs: HOUR,
+      maxBytes: { content: 10, image: 10 },
       now: () => NOW,
       onError: (_err, id) => errors.push(id),
     });
@@ -99,10 +100,10 @@ describe(PostUploadSweeper.name, () => {
         listPrefix: async (prefix) =>
           [...objects]
             .filter(([key]) => key.startsWith(`${prefix}/`))
-            .map(([key, lastModified]) => ({ key, lastModified })),
+            .map(([key, lastModified]) => ({ key, lastModified, size: 10 })),
         delete: async (key) => void objects.delete(key),
       },
-      { retentionMs: HOUR, now: () => NOW },
+      { retentionMs: HOUR, maxBytes: { content: 10, image: 10 }, now: () => NOW },
     );
     expect(await sut.runOnce()).toEqual({ posts: 2, objects: 0 });
     expect(objects.size).toBe(3);
@@ -110,5 +111,42 @@ describe(PostUploadSweeper.name, () => {
       ['1', NOW - 20 * 60_000 + HOUR],
       ['2', null],
     ]);
+  });
+
+  it('removes an upload too large to be confirmed or shown at once, whatever its age', async () => {
+    const young = NOW - 60_000;
+    const objects = new Map<string, [number, number]>([
+      ['posts/1/content.md', [young, 101]],
+      ['posts/1/content.txt', [young, 100]],
+      ['posts/1/images/20250101/00000001.png', [young, 201]],
+      ['posts/1/images/20250101/00000002.png', [young, 200]],
+      // what the post uses, and confirmed bodies, are judged elsewhere
+      ['posts/1/images/20250101/00000003.png', [young, 999]],
+      [`posts/1/body/${'a'.repeat(64)}.md`, [young, 999]],
+    ]);
+    const finished: (number | null)[] = [];
+    const sut = new PostUploadSweeper(
+      {
+        objectsCheckDue: async () => [{ id: '1', due: 1 }],
+        finishObjectsCheck: async (_id, _due, next) => void finished.push(next),
+        find: async (id) => post(id, { imgUrls: ['posts/1/images/20250101/00000003.png'] }),
+      },
+      {
+        listPrefix: async (prefix) =>
+          [...objects]
+            .filter(([key]) => key.startsWith(`${prefix}/`))
+            .map(([key, [lastModified, size]]) => ({ key, lastModified, size })),
+        delete: async (key) => void objects.delete(key),
+      },
+      { retentionMs: HOUR, maxBytes: { content: 100, image: 200 }, now: () => NOW },
+    );
+    expect(await sut.runOnce()).toEqual({ posts: 1, objects: 2 });
+    expect([...objects.keys()]).toEqual([
+      'posts/1/content.txt',
+      'posts/1/images/20250101/00000002.png',
+      'posts/1/images/20250101/00000003.png',
+      `posts/1/body/${'a'.repeat(64)}.md`,
+    ]);
+    expect(finished).toEqual([young + HOUR]);
   });
 });

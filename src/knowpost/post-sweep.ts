@@ -6,6 +6,11 @@ import type { PostRepository } from './post.repository.js';
 export interface PostUploadSweepOptions extends PostObjectsTaskOptions {
   /** How old an upload or image copy the post does not use must be before it goes. */
   retentionMs: number;
+  /**
+   * The largest body and image uploads accepted. A larger upload can never be confirmed or shown
+   * (an S3 presigned PUT cannot cap its size), so it goes at the first check, whatever its age.
+   */
+  maxBytes: { content: number; image: number };
   /** When a post whose check failed is tried again; default 10 minutes. */
   retryMs?: number;
 }
@@ -18,7 +23,8 @@ export interface PostUploadSweepOptions extends PostObjectsTaskOptions {
  * retention, and when a patch or confirm leaves objects behind.
  *
  * A check lists the post's objects, reads the post and deletes each unused one older than the
- * retention; a younger one sets the next check to when it is old enough. Uploads go first; copies
+ * retention, and each upload larger than its kind may be at once; a younger one sets the next check
+ * to when it is old enough. Uploads go first; copies
  * are listed again afterwards, so a copy made from an upload just before that upload was deleted is
  * seen as new. Confirmed bodies (`posts/{id}/body/`) are left alone: their names come from their
  * bytes, so confirming a body again rewrites an old name, and confirm deletes the body it replaces.
@@ -58,7 +64,9 @@ export class PostUploadSweeper {
   }
 
   private async sweep(id: string, now: number): Promise<{ deleted: number; next: number | null }> {
-    const { retentionMs } = this.options;
+    const { retentionMs, maxBytes } = this.options;
+    const oversize = (key: string, size: number) =>
+      size > (isContentKey(id, key) ? maxBytes.content : isImageKey(id, key) ? maxBytes.image : Infinity);
     let deleted = 0;
     let next: number | null = null;
     const passes: [string, (postId: string, key: string) => boolean][] = [
@@ -73,7 +81,7 @@ export class PostUploadSweeper {
       const used = new Set([post.contentKey, ...post.imgUrls]);
       for (const object of listed) {
         if (!sweeps(id, object.key) || used.has(object.key)) continue;
-        if (object.lastModified <= now - retentionMs) {
+        if (object.lastModified <= now - retentionMs || oversize(object.key, object.size)) {
           await this.storage.delete(object.key);
           deleted += 1;
         } else {

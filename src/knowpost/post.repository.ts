@@ -222,6 +222,18 @@ export class PostRepository {
       .execute();
   }
 
+  /**
+   * Moves the post's objects check to `at`, earlier or later: for a time no other check need wait
+   * past (see `PostService.presign`).
+   */
+  async moveObjectsCheck(id: string, at: number): Promise<void> {
+    await this.db.kysely
+      .updateTable('knowposts')
+      .set({ objects_check_at: at })
+      .where('id', '=', id)
+      .execute();
+  }
+
   /** Posts whose objects check is due at `now`, earliest first, with when each was due. */
   async objectsCheckDue(now: number, limit: number): Promise<{ id: string; due: number }[]> {
     const rows = await this.db.kysely

@@ -226,10 +226,10 @@ export function presignRoutes(deps: PostRouteDeps) {
             'content/confirm expects. Bodies: .md .markdown .txt .html .json (text/markdown, text/plain, ' +
             'text/html, application/json); images: .jpg .jpeg .png .webp .gif (image/jpeg, image/png, ' +
             'image/webp, image/gif); ext may omit its dot (png is .png) and must match contentType. A ' +
-            'deleted post is 409 INVALID_STATE. At most 60 presigns per user ' +
-            'per minute (429 past that). An upload that is neither confirmed nor named in a patch is ' +
-            'removed once it is older than ZG_UPLOAD_RETENTION_HOURS (24 by default), checked after the ' +
-            'URL expires.',
+            'deleted post is 409 INVALID_STATE. At most 60 presigns per user per minute and 500 per ' +
+            'day (429 past that). Just after the URL expires, an upload larger than the limit of its ' +
+            'kind is removed; one that is neither confirmed nor named in a patch is removed once it is ' +
+            'older than ZG_UPLOAD_RETENTION_HOURS (24 by default).',
           body: PresignBody,
           response: { 200: PresignResponse, ...errorResponses(400, 401, 403, 404, 409, 429) },
         },

@@ -15,7 +15,7 @@ import { storedImageKey } from './post-keys.js';
 import { PostObjectPurger } from './post-purge.js';
 import { PostUploadSweeper } from './post-sweep.js';
 import { PostRepository } from './post.repository.js';
-import { PostService, type PostLimits } from './post.service.js';
+import { PostService, UPLOAD_CHECK_GRACE_MS, type PostLimits } from './post.service.js';
 
 const backends = freshDatabases({ migrated: true });
 
@@ -66,7 +66,10 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
   const serviceOptions = (limits: Partial<PostLimits> = {}) => ({
     posts: new PostRepository(backend.db),
     storage,
-    limiter: createSqliteRateLimiter(limiterDb, { prefix: `t${randomBytes(4).toString('hex')}:` }),
+    limiter: createSqliteRateLimiter(limiterDb, {
+      prefix: `t${randomBytes(4).toString('hex')}:`,
+      now: () => now,
+    }),
     outbox: new OutboxWriter(() => now),
     ids,
     limits: {
@@ -211,12 +214,18 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     ).toBe('409 INVALID_STATE');
   });
 
-  it('rate-limits presigning per user', async () => {
-    const sut = newService({ presignPerMinute: 2 });
+  it('rate-limits presigning per user, per minute and per day', async () => {
+    const sut = newService({ presignPerMinute: 2, presignPerDay: 3 });
     const id = await sut.createDraft(AUTHOR);
     const presign = () =>
       outcome(sut.presign(AUTHOR, { scene: 'knowpost_image', postId: id, contentType: 'image/png' }));
     expect([await presign(), await presign(), await presign()]).toEqual(['ok', 'ok', '429 RATE_LIMITED']);
+    now += 60_000;
+    expect([await presign(), await presign()]).toEqual(['ok', '429 RATE_LIMITED']);
+    now += 60_000;
+    expect(await presign()).toBe('429 RATE_LIMITED');
+    now += 86_400_000;
+    expect(await presign()).toBe('ok');
   });
 
   it('confirms a body only when key, size, etag and sha256 all match the stored object', async () => {
@@ -703,9 +712,13 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     now = Date.now();
     const start = now;
     const hour = 3_600_000;
-    const sut = newService({ uploadRetentionMs: hour });
+    const sut = newService();
     const repo = new PostRepository(backend.db);
-    const sweeper = new PostUploadSweeper(repo, storage, { retentionMs: hour, now: () => now });
+    const sweeper = new PostUploadSweeper(repo, storage, {
+      retentionMs: hour,
+      maxBytes: { content: 64 * 1024, image: 16 * 1024 },
+      now: () => now,
+    });
     const id = await publishedPost(sut);
     const uploaded = async (
       scene: 'knowpost_content' | 'knowpost_image',
@@ -731,20 +744,34 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     await storage.put(stray, Buffer.from('x'), 'image/png');
     const body = (await row(id)).content_key!;
 
-    // Due once the last upload URL has expired and then the retention has passed.
-    const due = start + 600_000 + hour;
+    // Too large to be confirmed: an S3 upload URL cannot refuse it, the first check removes it.
+    const oversize = `posts/${id}/content.md`;
+    await storage.put(oversize, Buffer.alloc(64 * 1024 + 1), 'text/markdown');
+
+    // Checked just after the last upload URL has expired: the oversize upload goes, the rest stays
+    // until it is older than the retention.
+    const due = start + 600_000 + UPLOAD_CHECK_GRACE_MS;
     expect((await row(id)).objects_check_at).toBe(due);
     now = due - 1;
     await sweeper.runOnce();
-    for (const key of [unconfirmed, unused, stray]) expect(await exists(key)).toBe(true);
+    expect(await exists(oversize)).toBe(true);
     now = due;
+    await sweeper.runOnce();
+    expect(await exists(oversize)).toBe(false);
+    for (const key of [unconfirmed, unused, stray]) expect(await exists(key)).toBe(true);
+    // Looked at again when the oldest is old enough (written since `start`, by this machine's clock).
+    const retained = (await row(id)).objects_check_at!;
+    expect(retained).toBeGreaterThan(start + hour - 2000);
+    expect(retained).toBeLessThanOrEqual(Date.now() + hour + 1);
+    now = retained + 60_000;
     // A young upload (its URL handed out since) is kept and looked at again when it is old enough.
     const young = await uploaded('knowpost_image', 'image/png', 'young');
     // Written now by the sweeper's clock (ahead of the file system's here), in fractional seconds.
     const written = now + 0.25;
     utimesSync(join(root, young), written / 1000, written / 1000);
-    expect((await row(id)).objects_check_at).toBe(due + 600_000 + hour);
-    await repo.finishObjectsCheck(id, due + 600_000 + hour, due);
+    const scheduled = now + 600_000 + UPLOAD_CHECK_GRACE_MS;
+    expect((await row(id)).objects_check_at).toBe(scheduled);
+    await repo.finishObjectsCheck(id, scheduled, now);
     const round = await sweeper.runOnce();
     // Posts other tests left in the same database may be due too.
     expect(round.objects).toBeGreaterThanOrEqual(3);

@@ -33,21 +33,24 @@ import {
 import type { PostFields, PostRecord, PostRepository } from './post.repository.js';
 import type { ConfirmBody, PresignBody, PresignResponse, Visible } from './post.schema.js';
 
+/** How long after an upload URL expires the post's objects are checked. */
+export const UPLOAD_CHECK_GRACE_MS = 60_000;
+
+/** Longer than any patch of a post's images takes: its copies exist by then. */
+const PATCH_SETTLE_MS = 5 * 60_000;
+
 export interface PostLimits {
   contentMaxBytes: number;
   imageMaxBytes: number;
   presignExpiresSeconds: number;
   /** Presigned uploads per user per minute. */
   presignPerMinute?: number;
+  /** Presigned uploads per user per day: bounds what one account can leave in storage unused. */
+  presignPerDay?: number;
   /** New drafts per user per hour. */
   draftsPerHour?: number;
   /** Drafts a user may hold at once (published and deleted posts do not count). */
   maxOpenDrafts?: number;
-  /**
-   * How old an upload never confirmed or referred to, or an image copy the post no longer shows,
-   * must be before `PostUploadSweeper` removes it; default 24 h.
-   */
-  uploadRetentionMs?: number;
 }
 
 export interface PostServiceOptions {
@@ -104,9 +107,9 @@ export class PostService {
     this.ids = options.ids;
     this.limits = {
       presignPerMinute: 60,
+      presignPerDay: 500,
       draftsPerHour: 60,
       maxOpenDrafts: 100,
-      uploadRetentionMs: 24 * 3_600_000,
       ...options.limits,
     };
     this.listeners = options.onChange ?? [];
@@ -144,16 +147,30 @@ export class PostService {
       60_000,
       'upload requests',
     );
+    await enforceLimit(
+      this.limiter,
+      `post-presign-day:${userId}`,
+      this.limits.presignPerDay,
+      86_400_000,
+      'upload requests today',
+    );
     const post = await this.owned(userId, request.postId, true);
     if (post.status === 'deleted') throw new ConflictError('The post is deleted', 'INVALID_STATE');
     const target = uploadTarget(request.scene, post.id, request.contentType, request.ext, this.now());
     if (target.key === post.contentKey) await this.moveLegacyBody(post, target.key);
     const maxBytes =
       request.scene === 'knowpost_content' ? this.limits.contentMaxBytes : this.limits.imageMaxBytes;
-    // Whatever is uploaded through the URL and then never confirmed or referred to goes once it is
-    // older than the retention: the post's objects are checked after the URL's last possible use.
+    // The post's objects are checked just after the URL's last possible use (a minute's grace for
+    // the store's clock): an upload too large to be accepted goes then, and whatever else is never
+    // confirmed or referred to goes once it is older than the retention. The check is moved there
+    // even when one is due later: every URL handed out before expires sooner (one expiry for all,
+    // unless it was lowered since), a patch asks for no more than a few minutes, and a later check
+    // only waits for objects to age, which this one will ask for again.
     const expiresMs = this.limits.presignExpiresSeconds * 1000;
-    await this.posts.scheduleObjectsCheck(post.id, this.now() + expiresMs + this.limits.uploadRetentionMs);
+    await this.posts.moveObjectsCheck(
+      post.id,
+      this.now() + Math.max(expiresMs + UPLOAD_CHECK_GRACE_MS, PATCH_SETTLE_MS),
+    );
     const signed = await this.storage.presignPut(target.key, {
       contentType: target.contentType,
       maxBytes,
@@ -330,9 +347,10 @@ export class PostService {
       if (!(await this.write(post, fields))) throw notFound();
     } else {
       // A patch racing this one may copy images this one drops without knowing them: the post's
-      // objects are checked once those copies are older than the retention. Asked before anything
-      // changes, so a failure here changes nothing.
-      await this.posts.scheduleObjectsCheck(post.id, this.now() + this.limits.uploadRetentionMs);
+      // objects are checked once every such patch has ended, and that check waits for the copies
+      // to be older than the retention. Asked before anything changes, so a failure here changes
+      // nothing.
+      await this.posts.scheduleObjectsCheck(post.id, this.now() + PATCH_SETTLE_MS);
       for (let attempt = 1; ; attempt++) {
         stored = { ...fields, imgUrls: await this.storedImages(post, requested) };
         if (await this.write(post, stored, post.imgUrlsJson)) break;
@@ -534,7 +552,10 @@ function notFound(): NotFoundError {
 }
 
 function notUploaded(): ConflictError {
-  return new ConflictError('No object is under objectKey (a confirmed upload is moved to the post’s body); upload it first', 'OBJECT_NOT_UPLOADED');
+  return new ConflictError(
+    'No object is under objectKey (a confirmed upload is moved to the post’s body); upload it first',
+    'OBJECT_NOT_UPLOADED',
+  );
 }
 
 function invalidState(status: string): ConflictError {

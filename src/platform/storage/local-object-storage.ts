@@ -205,7 +205,9 @@ export class LocalObjectStorage implements ObjectStorage {
       (await this.objectNames(prefix)).map(async (name) => {
         try {
           const info = await stat(join(dir, name));
-          return [{ key: `${prefix}/${name.split(sep).join('/')}`, lastModified: info.mtimeMs }];
+          return [
+            { key: `${prefix}/${name.split(sep).join('/')}`, lastModified: info.mtimeMs, size: info.size },
+          ];
         } catch (err) {
           // Deleted since the directory was read, or its sidecar is written and its bytes not yet.
           if ((err as NodeJS.ErrnoException).code === 'ENOENT') return [];

@@ -80,14 +80,15 @@ export function defineObjectStorageContract(
         expect(await storage.deletePrefix(`${base}/nothing`)).toBe(0);
       });
 
-      it('lists every object under a prefix with when it was written, and nothing beside it', async () => {
+      it('lists every object under a prefix with when it was written and its size, and nothing beside it', async () => {
         const base = key('x').replace(/\/x$/, '');
         const before = Date.now();
         const inside = [`${base}/content.md`, `${base}/body/abc.md`, `${base}/images/20250101/00000000.png`];
-        for (const k of inside) await storage.put(k, randomBytes(10), 'text/plain');
+        for (const [i, k] of inside.entries()) await storage.put(k, randomBytes(10 + i), 'text/plain');
         await storage.put(`${base}0/content.md`, randomBytes(10), 'text/plain');
         const listed = await storage.listPrefix(base);
         expect(listed.map((o) => o.key).sort()).toEqual([...inside].sort());
+        expect(listed.map((o) => o.size).sort()).toEqual([10, 11, 12]);
         // Stores keep whole seconds at least; the clocks are this machine's.
         for (const o of listed) {
           expect(o.lastModified).toBeGreaterThan(before - 2000);

@@ -35,6 +35,8 @@ export interface ListedObject {
   key: string;
   /** When its bytes were last written (a PUT or a copy to it), in ms since the epoch. */
   lastModified: number;
+  /** Its length in bytes. */
+  size: number;
 }
 
 export interface PresignPutOptions {

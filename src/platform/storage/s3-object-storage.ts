@@ -199,7 +199,9 @@ export class S3ObjectStorage implements ObjectStorage {
         }),
       );
       yield (page.Contents ?? []).flatMap((o) =>
-        o.Key !== undefined ? [{ key: o.Key, lastModified: o.LastModified?.getTime() ?? 0 }] : [],
+        o.Key !== undefined
+          ? [{ key: o.Key, lastModified: o.LastModified?.getTime() ?? 0, size: o.Size ?? 0 }]
+          : [],
       );
       token = page.IsTruncated ? page.NextContinuationToken : undefined;
     } while (token !== undefined);
