@@ -11,7 +11,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { Redis } from 'ioredis';
 import { Registry } from 'prom-client';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
-import { services, testKafkaLog, uniqueName } from '../../test/rig/resources.js';
+import { deleteByPrefix, services, testKafkaLog, uniqueName } from '../../test/rig/resources.js';
 import { migrate, openSqlite, type Db } from '../platform/db/database.js';
 import type { EventLog } from '../platform/eventlog/eventlog.js';
 import { KafkaEventLog } from '../platform/eventlog/kafka-eventlog.js';
@@ -202,12 +202,7 @@ async function openRig(profile: Profile): Promise<Rig> {
       await log.deleteTopics([COUNTER_TOPIC]).catch(() => undefined);
       await log.close();
       for (const r of extraRedis) r.disconnect();
-      let cursor = '0';
-      do {
-        const [next, keys] = await main.scan(cursor, 'MATCH', `${keyPrefix}*`, 'COUNT', 1000);
-        if (keys.length > 0) await main.del(...keys);
-        cursor = next;
-      } while (cursor !== '0');
+      await deleteByPrefix(main, keyPrefix);
       await main.quit();
     });
     separateStore = () => {

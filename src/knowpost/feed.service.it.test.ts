@@ -10,7 +10,13 @@ import { Redis } from 'ioredis';
 import type { KyselyPlugin, PluginTransformQueryArgs, PluginTransformResultArgs } from 'kysely';
 import { Registry } from 'prom-client';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { createMysqlDatabase, services, testKafkaLog, uniqueName } from '../../test/rig/resources.js';
+import {
+  createMysqlDatabase,
+  deleteByPrefix,
+  services,
+  testKafkaLog,
+  uniqueName,
+} from '../../test/rig/resources.js';
 import { CounterMetrics } from '../counter/counter.metrics.js';
 import { CounterService } from '../counter/counter.service.js';
 import type { EntityRef } from '../counter/model.js';
@@ -138,12 +144,7 @@ async function openBackend(profile: Profile): Promise<Backend> {
       await events.deleteGroups([POST_CACHE_GROUP]).catch(() => undefined);
       await events.deleteTopics([POST_TOPIC]).catch(() => undefined);
       await events.close();
-      let cursor = '0';
-      do {
-        const [next, keys] = await redis.scan(cursor, 'MATCH', `${keyPrefix}*`, 'COUNT', 1000);
-        if (keys.length > 0) await redis.del(...keys);
-        cursor = next;
-      } while (cursor !== '0');
+      await deleteByPrefix(redis, keyPrefix);
       await redis.quit();
       await db.close();
       await database.drop();

@@ -4,7 +4,7 @@ import { join } from 'node:path';
 import { Redis } from 'ioredis';
 import { Registry } from 'prom-client';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
-import { services, testKafkaLog, uniqueName } from '../../test/rig/resources.js';
+import { deleteByPrefix, services, testKafkaLog, uniqueName } from '../../test/rig/resources.js';
 import type { EntityRef } from '../counter/model.js';
 import type { CounterStore } from '../counter/store/counter-store.js';
 import { RedisCounterStore } from '../counter/store/redis-counter-store.js';
@@ -44,12 +44,7 @@ async function openRig(
       await events.deleteGroups([VIEW_GROUP]).catch(() => undefined);
       await events.deleteTopics([VIEW_TOPIC]).catch(() => undefined);
       await events.close();
-      let cursor = '0';
-      do {
-        const [next, keys] = await redis.scan(cursor, 'MATCH', `${keyPrefix}*`, 'COUNT', 1000);
-        if (keys.length > 0) await redis.del(...keys);
-        cursor = next;
-      } while (cursor !== '0');
+      await deleteByPrefix(redis, keyPrefix);
       await redis.quit();
     },
   };

@@ -10,7 +10,13 @@ import { join } from 'node:path';
 import { Redis } from 'ioredis';
 import { Registry } from 'prom-client';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
-import { createMysqlDatabase, services, uniqueName } from '../../test/rig/resources.js';
+import {
+  createMysqlDatabase,
+  deleteByPrefix,
+  services,
+  uniqueName,
+  userRow,
+} from '../../test/rig/resources.js';
 import type { CounterEvent, FactMetric } from '../counter/model.js';
 import type { CounterStore } from '../counter/store/counter-store.js';
 import { RedisCounterStore } from '../counter/store/redis-counter-store.js';
@@ -91,12 +97,7 @@ async function openRig(dialect: Dialect): Promise<Rig> {
       return { applied, marks };
     };
     close = async () => {
-      let cursor = '0';
-      do {
-        const [next, keys] = await redis.scan(cursor, 'MATCH', `${prefix}*`, 'COUNT', 1000);
-        if (keys.length > 0) await redis.del(...keys);
-        cursor = next;
-      } while (cursor !== '0');
+      await deleteByPrefix(redis, prefix);
       await redis.quit();
       await mysql.close();
       await database.drop();
@@ -156,26 +157,7 @@ describe.each<Dialect>(['sqlite', 'mariadb'])('likes received on %s', (dialect) 
 
   const newUser = async () => {
     const id = nextUser++;
-    const now = Date.now();
-    await rig.db.kysely
-      .insertInto('users')
-      .values({
-        id,
-        phone: null,
-        email: `${uniqueName('u')}@example.test`,
-        password_hash: null,
-        nickname: 'author',
-        avatar: 'a',
-        bio: null,
-        zg_id: uniqueName('z').slice(-32),
-        gender: 'UNKNOWN',
-        birthday: null,
-        school: null,
-        tags_json: '[]',
-        created_at: now,
-        updated_at: now,
-      })
-      .execute();
+    await rig.db.kysely.insertInto('users').values(userRow({ id })).execute();
     return id;
   };
   const newPost = async (authorId: number) => {

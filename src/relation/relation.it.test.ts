@@ -13,7 +13,13 @@ import { Redis } from 'ioredis';
 import pino from 'pino';
 import { Registry } from 'prom-client';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
-import { createMysqlDatabase, services, uniqueName } from '../../test/rig/resources.js';
+import {
+  createMysqlDatabase,
+  deleteByPrefix,
+  services,
+  uniqueName,
+  userRow,
+} from '../../test/rig/resources.js';
 import { LocalInvalidationBus } from '../platform/cache/local-invalidation-bus.js';
 import { migrate, openMysql, openSqlite, type Db } from '../platform/db/database.js';
 import { AppError } from '../platform/errors/errors.js';
@@ -99,12 +105,7 @@ async function openRig(dialect: Dialect): Promise<Rig> {
     outboxStore = new MysqlOutboxStore(db);
     const mysql = db;
     closers.push(async () => {
-      let cursor = '0';
-      do {
-        const [next, keys] = await redis.scan(cursor, 'MATCH', `${prefix}*`, 'COUNT', 1000);
-        if (keys.length > 0) await redis.del(...keys);
-        cursor = next;
-      } while (cursor !== '0');
+      await deleteByPrefix(redis, prefix);
       await redis.quit();
       await mysql.close();
       await database.drop();
@@ -153,22 +154,11 @@ async function openRig(dialect: Dialect): Promise<Rig> {
   const relay = new OutboxRelay({ store: outboxStore, events: recorder, batchSize: 500 });
   let nextPhone = 0;
   async function newUser(): Promise<number> {
-    const now = Date.now();
-    const user = await users.insert({
-      phone: `1${String(Date.now() % 1e6).padStart(6, '0')}${String(nextPhone++).padStart(4, '0')}`,
-      email: `${uniqueName('u')}@example.test`,
-      password_hash: null,
-      nickname: 'someone',
-      avatar: 'https://example.test/a.png',
-      bio: null,
-      zg_id: uniqueName('z').slice(-32),
-      gender: 'UNKNOWN',
-      birthday: null,
-      school: null,
-      tags_json: '[]',
-      created_at: now,
-      updated_at: now,
-    });
+    const user = await users.insert(
+      userRow({
+        phone: `1${String(Date.now() % 1e6).padStart(6, '0')}${String(nextPhone++).padStart(4, '0')}`,
+      }),
+    );
     return user.id;
   }
   return {

@@ -12,7 +12,14 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { Redis } from 'ioredis';
 import { Registry } from 'prom-client';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
-import { createMysqlDatabase, services, testKafkaLog, uniqueName } from '../../test/rig/resources.js';
+import {
+  createMysqlDatabase,
+  deleteByPrefix,
+  services,
+  testKafkaLog,
+  uniqueName,
+  userRow,
+} from '../../test/rig/resources.js';
 import { postEvent, POST_TOPIC, type PostTransition } from '../knowpost/post-events.js';
 import { migrate, openMysql, openSqlite, type Db } from '../platform/db/database.js';
 import type { DeliveredRecord, EventLog } from '../platform/eventlog/eventlog.js';
@@ -79,12 +86,7 @@ async function openRig(profile: Profile): Promise<Rig> {
       await kafka.deleteGroups([USER_COUNTER_GROUP]).catch(() => undefined);
       await kafka.deleteTopics([POST_TOPIC]).catch(() => undefined);
       await kafka.close();
-      let cursor = '0';
-      do {
-        const [next, keys] = await redis.scan(cursor, 'MATCH', `${prefix}*`, 'COUNT', 1000);
-        if (keys.length > 0) await redis.del(...keys);
-        cursor = next;
-      } while (cursor !== '0');
+      await deleteByPrefix(redis, prefix);
       await redis.quit();
       await mysql.close();
       await database.drop();
@@ -169,25 +171,7 @@ describe.each<Profile>(['embedded', 'cluster'])('user counters (%s profile)', (p
   });
 
   async function newUser(): Promise<number> {
-    const now = Date.now();
-    const result = await rig.db.kysely
-      .insertInto('users')
-      .values({
-        phone: null,
-        email: null,
-        password_hash: null,
-        nickname: 'u',
-        avatar: 'a',
-        bio: null,
-        zg_id: uniqueName('zg').slice(-32),
-        gender: 'UNKNOWN',
-        birthday: null,
-        school: null,
-        tags_json: '[]',
-        created_at: now,
-        updated_at: now,
-      })
-      .executeTakeFirstOrThrow();
+    const result = await rig.db.kysely.insertInto('users').values(userRow()).executeTakeFirstOrThrow();
     return Number(result.insertId);
   }
 

@@ -1,6 +1,11 @@
 import { randomBytes } from 'node:crypto';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import type { Redis } from 'ioredis';
 import { inject } from 'vitest';
 import { migrate, openMysql, openSqlite, type Db } from '../../src/platform/db/database.js';
+import type { UsersTable } from '../../src/platform/db/schema.js';
 import { KafkaEventLog } from '../../src/platform/eventlog/kafka-eventlog.js';
 
 /**
@@ -141,4 +146,52 @@ export function freshDatabases(options: { migrated: boolean }): [string, () => P
       },
     ],
   ];
+}
+
+/** A migrated SQLite database in a file of its own; `dispose` closes it and removes the file. */
+export async function openTempSqlite(): Promise<{ db: Db; dispose: () => Promise<void> }> {
+  const dir = mkdtempSync(join(tmpdir(), 'zg-t-'));
+  const db = openSqlite(join(dir, 'test.db'));
+  await migrate(db);
+  return {
+    db,
+    dispose: async () => {
+      await db.close();
+      rmSync(dir, { recursive: true, force: true });
+    },
+  };
+}
+
+/** Deletes every Redis key that starts with `prefix` (taken literally, not as a pattern). */
+export async function deleteByPrefix(redis: Redis, prefix: string): Promise<void> {
+  const pattern = `${prefix.replace(/[*?[\]\\]/g, '\\$&')}*`;
+  let cursor = '0';
+  do {
+    const [next, keys] = await redis.scan(cursor, 'MATCH', pattern, 'COUNT', 1_000);
+    if (keys.length > 0) await redis.del(...keys);
+    cursor = next;
+  } while (cursor !== '0');
+}
+
+type UserRowValues = Omit<UsersTable, 'id'> & { id?: number };
+
+/** A `users` row with a unique e-mail address and zg_id; `fields` replaces any of it. */
+export function userRow(fields: Partial<UserRowValues> = {}): UserRowValues {
+  const now = Date.now();
+  return {
+    phone: null,
+    email: `${uniqueName('u')}@example.test`,
+    password_hash: null,
+    nickname: 'someone',
+    avatar: 'https://example.test/a.png',
+    bio: null,
+    zg_id: uniqueName('z').slice(-32),
+    gender: 'UNKNOWN',
+    birthday: null,
+    school: null,
+    tags_json: '[]',
+    created_at: now,
+    updated_at: now,
+    ...fields,
+  };
 }

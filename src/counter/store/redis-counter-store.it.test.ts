@@ -1,7 +1,7 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import { Redis } from 'ioredis';
 import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
-import { services, uniqueName } from '../../../test/rig/resources.js';
+import { deleteByPrefix, services, uniqueName } from '../../../test/rig/resources.js';
 import { entityKey, type CounterEvent, type EntityRef } from '../model.js';
 import { encodeSnapshot } from '../snapshot.js';
 import { defineCounterStoreContract } from './counter-store.contract.js';
@@ -14,16 +14,6 @@ import {
   SNAPSHOTS_SCRIPT_GROUPS,
   type RedisCounterStoreOptions,
 } from './redis-counter-store.js';
-
-async function deleteByPrefix(redis: Redis, prefix: string): Promise<void> {
-  const pattern = `${prefix.replace(/[*?[\]\\]/g, '\\$&')}*`;
-  let cursor = '0';
-  do {
-    const [next, keys] = await redis.scan(cursor, 'MATCH', pattern, 'COUNT', 1_000);
-    if (keys.length > 0) await redis.del(...keys);
-    cursor = next;
-  } while (cursor !== '0');
-}
 
 function redisFixture(options: Omit<RedisCounterStoreOptions, 'prefix'>) {
   return async () => {

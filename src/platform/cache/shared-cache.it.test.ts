@@ -1,6 +1,6 @@
 import { Redis } from 'ioredis';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
-import { services, uniqueName } from '../../../test/rig/resources.js';
+import { deleteByPrefix, services, uniqueName } from '../../../test/rig/resources.js';
 import { createNoSharedCache, createRedisSharedCache } from './create.js';
 import { defineSharedCacheContract } from './shared-cache.contract.js';
 
@@ -14,11 +14,6 @@ async function keysByPrefix(redis: Redis, prefix: string): Promise<string[]> {
     cursor = next;
   } while (cursor !== '0');
   return found;
-}
-
-async function deleteByPrefix(redis: Redis, prefix: string): Promise<void> {
-  const keys = await keysByPrefix(redis, prefix);
-  if (keys.length > 0) await redis.del(...keys);
 }
 
 defineSharedCacheContract('none (embedded)', async () => ({

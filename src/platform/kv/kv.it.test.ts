@@ -1,35 +1,9 @@
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { Redis } from 'ioredis';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
-import { services, uniqueName } from '../../../test/rig/resources.js';
-import { migrate, openSqlite, type Db } from '../db/database.js';
+import { deleteByPrefix, openTempSqlite, services, uniqueName } from '../../../test/rig/resources.js';
+import type { Db } from '../db/database.js';
 import { createRedisKv, createSqliteKv } from './create.js';
 import { defineKeyValueStoreContract } from './kv.contract.js';
-
-async function openTempSqlite(): Promise<{ db: Db; dispose: () => Promise<void> }> {
-  const dir = mkdtempSync(join(tmpdir(), 'zg-kv-'));
-  const db = openSqlite(join(dir, 'kv.db'));
-  await migrate(db);
-  return {
-    db,
-    dispose: async () => {
-      await db.close();
-      rmSync(dir, { recursive: true, force: true });
-    },
-  };
-}
-
-async function deleteByPrefix(redis: Redis, prefix: string): Promise<void> {
-  const pattern = `${prefix.replace(/[*?[\]\\]/g, '\\$&')}*`;
-  let cursor = '0';
-  do {
-    const [next, keys] = await redis.scan(cursor, 'MATCH', pattern, 'COUNT', 1_000);
-    if (keys.length > 0) await redis.del(...keys);
-    cursor = next;
-  } while (cursor !== '0');
-}
 
 defineKeyValueStoreContract('sqlite (advanced clock)', async () => {
   const { db, dispose } = await openTempSqlite();

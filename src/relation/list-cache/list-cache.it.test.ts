@@ -1,19 +1,9 @@
 import { Redis } from 'ioredis';
 import { describe, expect, it } from 'vitest';
-import { services, uniqueName } from '../../../test/rig/resources.js';
+import { deleteByPrefix, services, uniqueName } from '../../../test/rig/resources.js';
 import { defineListCacheContract } from './list-cache.contract.js';
 import { MemoryListCache } from './memory-list-cache.js';
 import { DEFAULT_MARK_TTL_MS, RedisListCache } from './redis-list-cache.js';
-
-async function deleteByPrefix(redis: Redis, prefix: string): Promise<void> {
-  const pattern = `${prefix.replace(/[*?[\]\\]/g, '\\$&')}*`;
-  let cursor = '0';
-  do {
-    const [next, keys] = await redis.scan(cursor, 'MATCH', pattern, 'COUNT', 1_000);
-    if (keys.length > 0) await redis.del(...keys);
-    cursor = next;
-  } while (cursor !== '0');
-}
 
 defineListCacheContract('memory', async () => {
   let now = Date.parse('2030-01-01T00:00:00Z');

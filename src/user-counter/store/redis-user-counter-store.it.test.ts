@@ -2,20 +2,10 @@ import { createServer, Socket, type Server } from 'node:net';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { Redis } from 'ioredis';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
-import { services, uniqueName } from '../../../test/rig/resources.js';
+import { deleteByPrefix, services, uniqueName } from '../../../test/rig/resources.js';
 import { ZERO_USER_COUNTS, type UserCounterDelta } from '../model.js';
 import { RedisUserCounterStore, type RedisUserCounterStoreOptions } from './redis-user-counter-store.js';
 import { defineUserCounterStoreContract } from './user-counter-store.contract.js';
-
-async function deleteByPrefix(redis: Redis, prefix: string): Promise<void> {
-  const pattern = `${prefix.replace(/[*?[\]\\]/g, '\\$&')}*`;
-  let cursor = '0';
-  do {
-    const [next, keys] = await redis.scan(cursor, 'MATCH', pattern, 'COUNT', 1_000);
-    if (keys.length > 0) await redis.del(...keys);
-    cursor = next;
-  } while (cursor !== '0');
-}
 
 function redisFixture(base: Omit<RedisUserCounterStoreOptions, 'prefix'>) {
   return async (options: { retentionMs?: number } = {}) => {
