@@ -123,6 +123,10 @@ describe.each<ProfileName>(['embedded', 'cluster'])('bad input (%s profile)', (p
     }
     const form = await send(ROUTES[2]!, 'identifierType=EMAIL', 'application/x-www-form-urlencoded');
     expect([form.status, form.body.code]).toEqual([415, 'UNSUPPORTED_MEDIA_TYPE']);
+    // JSON sent as plain text is named for what it is, not judged as a string
+    const text = await send(ROUTES[2]!, JSON.stringify(ROUTES[2]!.valid), 'text/plain; charset=utf-8');
+    expect([text.status, text.body.code]).toEqual([415, 'UNSUPPORTED_MEDIA_TYPE']);
+    expect(text.body.message).toContain('Content-Type: application/json');
   });
 
   it('answers bodies of the wrong type, wrong field types and missing fields with a 4xx', async () => {

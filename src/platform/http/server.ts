@@ -104,7 +104,7 @@ function plainDecimalNumbers(schema: unknown, validate: TextValidator): TextVali
  * A request without a body has none, whatever its Content-Type says: clients commonly send
  * `Content-Type: application/json` (or a form type) on every call, also on those that take no body
  * (create a draft, publish, follow). A route that needs a body still refuses a missing one through
- * its schema; a non-empty form body is still 415.
+ * its schema; a non-empty form or plain-text body is 415.
  */
 function acceptEmptyBodies(app: FastifyInstance): void {
   const json = app.getDefaultJsonParser('error', 'error');
@@ -113,16 +113,18 @@ function acceptEmptyBodies(app: FastifyInstance): void {
     if (body === '') done(null, undefined);
     else void json(request, body as string, done);
   });
-  app.addContentTypeParser(
-    'application/x-www-form-urlencoded',
-    { parseAs: 'string' },
-    (_request, body, done) => {
+  const refuse =
+    (what: string) =>
+    (_request: unknown, body: string | Buffer, done: (err: Error | null, body?: unknown) => void) => {
       if (body === '') return done(null, undefined);
-      const error = new Error('Form bodies are not accepted; send JSON') as Error & { statusCode: number };
-      error.statusCode = 415;
-      done(error, undefined);
-    },
-  );
+      const error = new Error(
+        `${what} bodies are not accepted; send JSON with Content-Type: application/json`,
+      );
+      done(Object.assign(error, { statusCode: 415 }), undefined);
+    };
+  app.addContentTypeParser('application/x-www-form-urlencoded', { parseAs: 'string' }, refuse('Form'));
+  app.removeContentTypeParser('text/plain');
+  app.addContentTypeParser('text/plain', { parseAs: 'string' }, refuse('Plain-text'));
 }
 
 /** Fastify with the plumbing every route relies on; features register their routes on it. */
