@@ -58,47 +58,22 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 LOG4J_CONFIG="$HERE/kafka/log4j2.properties"
 POM="$HERE/kafka/pom.xml"
 
-say() { printf 'kafka-broker: %s\n' "$*"; }
-fail() {
-  printf '\nkafka-broker: ERROR: %s\n\n' "$*" >&2
-  exit 1
-}
-
-# Sizes of the log files when this start launched the broker: only what it wrote since then is shown.
-declare -A LOG_MARK=()
-mark_logs() {
-  local f
-  for f in "$LOG_DIR/broker.out" "$LOG_DIR/server.log"; do
-    LOG_MARK[$f]="$(stat -c %s "$f" 2>/dev/null || echo 0)"
-  done
-}
-
-show_log_tail() {
-  local f mark text errors
-  for f in "$LOG_DIR/broker.out" "$LOG_DIR/server.log"; do
-    [[ -s "$f" ]] || continue
-    mark="${LOG_MARK[$f]:-0}"
-    ((mark <= $(stat -c %s "$f"))) || mark=0 # rolled over since
-    text="$(tail -c "+$((mark + 1))" "$f")"
-    [[ -n "${text//[[:space:]]/}" ]] || continue
-    errors="$(grep -E '^\[[^]]*\] (ERROR|FATAL) ' <<<"$text" | tail -n 10 || true)"
-    if [[ -n "$errors" && ${#LOG_MARK[@]} -gt 0 ]]; then
-      printf '\n----- errors in %s -----\n%s\n' "$f" "$errors" >&2
-    fi
-    printf '\n----- last lines of %s -----\n' "$f" >&2
-    tail -n "${1:-40}" <<<"$text" >&2
-  done
-  printf -- '-----\n' >&2
-}
-
-# True when something accepts TCP connections on 127.0.0.1:$1.
-port_open() {
-  timeout 3 bash -c "exec 3<>/dev/tcp/$HOST/$1" 2>/dev/null
-}
+SERVICE=kafka-broker
+WHAT="the Kafka broker"
+VERSION_LABEL="Kafka $KAFKA_VERSION"
+ENDPOINT="$HOST:$PORT"
+LOG_FILES=("$LOG_DIR/broker.out" "$LOG_DIR/server.log")
+LOG_ERROR_RE='^\[[^]]*\] (ERROR|FATAL) '
+PID_MARK="kafka.Kafka $CONFIG"
+CDS_NAME=broker
+PORT_SETTING=ZG_KAFKA_PORT
+JAVA_ID_FILES=()
+# shellcheck source=lib/java-service.sh
+source "$HERE/lib/java-service.sh"
 
 # True when a Kafka broker on the client port answers a Metadata request (v4: all topics, no auto-creation)
 # and lists at least one live broker, i.e. it has caught up with the metadata log and is unfenced.
-serves_metadata() {
+serves() {
   local bytes
   # size=23 | api_key=3 | api_version=4 | correlation_id=1 | client_id="zg-probe" | topics=null | auto_create=false
   bytes=$(timeout 4 bash -c '
@@ -110,47 +85,6 @@ serves_metadata() {
   set -- $bytes
   (($# == 16)) || return 1
   (((${13} << 24 | ${14} << 16 | ${15} << 8 | ${16}) >= 1))
-}
-
-# True while process $1 exists and is not a zombie (a broker started by this very shell is its child).
-alive() {
-  local stat
-  stat="$(cat "/proc/$1/stat" 2>/dev/null)" || return 1
-  stat="${stat##*) }"
-  [[ "${stat:0:1}" != Z ]]
-}
-
-# Prints the pid of our broker when its process is alive; removes a stale pid file.
-our_pid() {
-  [[ -f "$PID_FILE" ]] || return 1
-  local pid
-  pid="$(cat "$PID_FILE" 2>/dev/null || true)"
-  if [[ "$pid" =~ ^[0-9]+$ ]] && [[ -r "/proc/$pid/cmdline" ]] &&
-    tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "kafka.Kafka $CONFIG"; then
-    echo "$pid"
-    return 0
-  fi
-  rm -f "$PID_FILE"
-  return 1
-}
-
-JAVA=
-JAVA_ID=
-find_java() {
-  JAVA="${JAVA_HOME:+$JAVA_HOME/bin/}java"
-  command -v "$JAVA" >/dev/null 2>&1 || fail "java not found (install a JDK 17+ or set JAVA_HOME)"
-  local out v
-  out="$("$JAVA" -version 2>&1)"
-  v="$(sed -n 's/.*version "\([0-9]*\).*/\1/p' <<<"$out" | head -n 1)"
-  [[ -n "$v" && "$v" -ge 17 ]] || fail "Kafka $KAFKA_VERSION needs Java 17 or newer; $JAVA is version '${v:-unknown}'"
-  # Identifies the JDK build, its own class-data archive and the Kafka version (see cds_opts).
-  local bin
-  bin="$(readlink -f "$(command -v "$JAVA")")"
-  JAVA_ID="$(
-    printf '%s\n%s\n%s\n' "$bin" "$out" "$KAFKA_VERSION"
-    stat -c '%s %Y' "$(dirname "$bin")"/../lib/server/classes*.jsa 2>/dev/null || true
-  )"
-  JAVA_ID="$(cksum <<<"$JAVA_ID" | cut -d' ' -f1)"
 }
 
 ensure_libs() {
@@ -237,34 +171,6 @@ jvm_opts() {
   fi
 }
 
-# Class-data sharing: the first broker run of a JDK + Kafka pair dumps the classes it loaded into an
-# archive when it stops gracefully; later starts map it and come up about a second faster. A missing,
-# stale or foreign archive only costs that second (the JVM then runs without it).
-cds_opts() {
-  local jsa="$RUN_DIR/broker-$JAVA_ID.jsa"
-  rm -f "$RUN_DIR/cds-pending"
-  if [[ -f "$jsa" ]]; then
-    echo "-XX:SharedArchiveFile=$jsa" -Xlog:cds*=error
-  else
-    rm -f "$RUN_DIR"/broker-*.jsa "$RUN_DIR"/broker-*.jsa.new
-    echo "$jsa" >"$RUN_DIR/cds-pending"
-    echo "-XX:ArchiveClassesAtExit=$jsa.new" -Xlog:cds*=error
-  fi
-}
-
-# After a graceful exit, keeps the archive the broker dumped; after a kill, drops what it left.
-cds_finish() {
-  [[ -f "$RUN_DIR/cds-pending" ]] || return 0
-  local jsa
-  jsa="$(cat "$RUN_DIR/cds-pending")"
-  rm -f "$RUN_DIR/cds-pending"
-  if [[ "$1" == graceful && -s "$jsa.new" ]]; then
-    mv -f "$jsa.new" "$jsa"
-  else
-    rm -f "$jsa.new"
-  fi
-}
-
 format_storage() {
   [[ -f "$DATA_DIR/meta.properties" ]] && return 0
   local cluster_id
@@ -276,129 +182,14 @@ format_storage() {
     fail "kafka-storage format failed (output above)"
   fi
 }
-
-# Waits for $1 to serve metadata; on timeout or death prints the log tail, stops it and fails.
-wait_ready() {
-  local pid="$1" started="$SECONDS"
-  while ((SECONDS - started < START_TIMEOUT)); do
-    if ! alive "$pid"; then
-      rm -f "$PID_FILE"
-      show_log_tail 60
-      fail "the Kafka broker (pid $pid) exited during startup; logs in $LOG_DIR" \
-        "(a damaged data directory is wiped by: bash $0 reset)"
-    fi
-    if serves_metadata; then
-      return 0
-    fi
-    sleep 0.2
-  done
-  show_log_tail 60
-  kill_broker "$pid"
-  fail "the Kafka broker did not serve metadata on $HOST:$PORT within ${START_TIMEOUT}s; stopped it (logs in $LOG_DIR)"
-}
-
-kill_broker() {
-  local pid="$1" started="$SECONDS" how=graceful
-  kill -TERM "$pid" 2>/dev/null || true
-  while alive "$pid"; do
-    if ((SECONDS - started >= STOP_TIMEOUT)); then
-      say "broker (pid $pid) still running after ${STOP_TIMEOUT}s; sending SIGKILL"
-      kill -KILL "$pid" 2>/dev/null || true
-      how=killed
-      while alive "$pid"; do sleep 0.1; done
-      break
-    fi
-    sleep 0.1
-  done
-  rm -f "$PID_FILE"
-  cds_finish "$how"
-}
-
-# Serialises start/stop/restart on one run directory (held until the script exits).
-LOCKED=
-lock() {
-  [[ -z "$LOCKED" ]] || return 0
-  mkdir -p "$RUN_DIR"
-  exec 9>"$RUN_DIR/.lock"
-  flock -w $((START_TIMEOUT + STOP_TIMEOUT + 600)) 9 || fail "could not lock $RUN_DIR/.lock"
-  LOCKED=1
-}
-
 cmd_start() {
-  lock
-  local pid
-  if pid="$(our_pid)"; then
-    wait_ready "$pid"
-    say "already running (pid $pid)"
-    echo "$HOST:$PORT"
-    return 0
-  fi
-  if port_open "$PORT" || port_open "$CONTROLLER_PORT"; then
-    fail "port $PORT or $CONTROLLER_PORT on $HOST is taken by another process (not our broker in $RUN_DIR); stop it or set ZG_KAFKA_PORT"
-  fi
+  start_unless_running "$PORT" "$CONTROLLER_PORT" && return 0
   find_java
   ensure_libs
   write_config
   jvm_opts
   format_storage
-  local t0="$SECONDS"
-  mark_logs
-  printf '\n===== %s starting Kafka %s =====\n' "$(date -Is)" "$KAFKA_VERSION" >>"$LOG_DIR/broker.out"
-  # setsid: the broker outlives the shell (and the test runner) that started it; it gets no terminal
-  # output and not the lock descriptor.
-  local cds
-  read -r -a cds <<<"$(cds_opts)"
-  (exec setsid "$JAVA" "${JVM_OPTS[@]}" "${cds[@]}" -cp "$LIBS/*" kafka.Kafka "$CONFIG" </dev/null >>"$LOG_DIR/broker.out" 2>&1 9>&-) &
-  pid=$!
-  echo "$pid" >"$PID_FILE"
-  wait_ready "$pid"
-  say "Kafka $KAFKA_VERSION ready in $((SECONDS - t0))s (pid $pid, data $DATA_DIR, logs $LOG_DIR)"
-  echo "$HOST:$PORT"
+  launch "$LOG_DIR/broker.out" "${JVM_OPTS[@]}" -cp "$LIBS/*" kafka.Kafka "$CONFIG"
 }
 
-cmd_stop() {
-  lock
-  local pid
-  if ! pid="$(our_pid)"; then
-    say "not running"
-    return 0
-  fi
-  kill_broker "$pid"
-  say "stopped (pid $pid)"
-}
-
-cmd_status() {
-  local pid
-  if ! pid="$(our_pid)"; then
-    say "not running"
-    return 3
-  fi
-  if serves_metadata; then
-    say "running (pid $pid) on $HOST:$PORT, Kafka $KAFKA_VERSION, data $DATA_DIR"
-    return 0
-  fi
-  say "process $pid is alive but does not serve metadata on $HOST:$PORT"
-  return 1
-}
-
-cmd_reset() {
-  cmd_stop
-  rm -rf "$DATA_DIR"
-  say "deleted $DATA_DIR"
-}
-
-case "${1:-}" in
-start) cmd_start ;;
-stop) cmd_stop ;;
-restart)
-  cmd_stop
-  cmd_start
-  ;;
-status) cmd_status ;;
-reset) cmd_reset ;;
-log) show_log_tail "${2:-80}" 2>&1 ;;
-*)
-  echo "usage: $0 start|stop|restart|status|reset|log [lines]" >&2
-  exit 2
-  ;;
-esac
+java_service_main "$@"

@@ -59,47 +59,23 @@ START_TIMEOUT="${ZG_S3MOCK_START_TIMEOUT:-90}"
 STOP_TIMEOUT="${ZG_S3MOCK_STOP_TIMEOUT:-30}"
 MAIN_CLASS=com.adobe.testing.s3mock.S3MockApplication
 
-say() { printf 's3-server: %s\n' "$*"; }
-fail() {
-  printf '\ns3-server: ERROR: %s\n\n' "$*" >&2
-  exit 1
-}
-
-# Sizes of the log files when this start launched the server: only what it wrote since then is shown.
-declare -A LOG_MARK=()
-mark_logs() {
-  local f
-  for f in "$LOG_DIR/s3mock.out" "$LOG_DIR/s3mock.log"; do
-    LOG_MARK[$f]="$(stat -c %s "$f" 2>/dev/null || echo 0)"
-  done
-}
-
-show_log_tail() {
-  local f mark text errors
-  for f in "$LOG_DIR/s3mock.out" "$LOG_DIR/s3mock.log"; do
-    [[ -s "$f" ]] || continue
-    mark="${LOG_MARK[$f]:-0}"
-    ((mark <= $(stat -c %s "$f"))) || mark=0 # rolled over since
-    text="$(tail -c "+$((mark + 1))" "$f")"
-    [[ -n "${text//[[:space:]]/}" ]] || continue
-    errors="$(grep -E '^[0-9TZ:.+-]+ +(ERROR|FATAL) ' <<<"$text" | tail -n 10 || true)"
-    if [[ -n "$errors" && ${#LOG_MARK[@]} -gt 0 ]]; then
-      printf '\n----- errors in %s -----\n%s\n' "$f" "$errors" >&2
-    fi
-    printf '\n----- last lines of %s -----\n' "$f" >&2
-    tail -n "${1:-40}" <<<"$text" >&2
-  done
-  printf -- '-----\n' >&2
-}
-
-# True when something accepts TCP connections on 127.0.0.1:$1.
-port_open() {
-  timeout 3 bash -c "exec 3<>/dev/tcp/$HOST/$1" 2>/dev/null
-}
+SERVICE=s3-server
+WHAT=S3Mock
+VERSION_LABEL="S3Mock $S3MOCK_VERSION"
+ENDPOINT="http://$HOST:$PORT"
+LOG_FILES=("$LOG_DIR/s3mock.out" "$LOG_DIR/s3mock.log")
+LOG_ERROR_RE='^[0-9TZ:.+-]+ +(ERROR|FATAL) '
+PID_MARK="$MAIN_CLASS --zg.run-dir=$RUN_DIR "
+CDS_NAME=s3mock
+PORT_SETTING=ZG_S3MOCK_PORT
+JAVA_ID_FILES=("$LOOPBACK_JAR")
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=lib/java-service.sh
+source "$HERE/lib/java-service.sh"
 
 # True when the port answers an S3 ListBuckets (GET /) with 200 and the S3 XML body: a server that
 # merely accepts connections (Tomcat is up before the application is) does not count.
-serves_s3() {
+serves() {
   local response
   response="$(timeout 4 bash -c '
     exec 3<>"/dev/tcp/$0/$1" || exit 1
@@ -107,49 +83,6 @@ serves_s3() {
     head -c 4096 <&3
   ' "$HOST" "$PORT" 2>/dev/null)" || return 1
   [[ "$response" == "HTTP/1.1 200"* && "$response" == *ListAllMyBucketsResult* ]]
-}
-
-# True while process $1 exists and is not a zombie (a server started by this very shell is its child).
-alive() {
-  local stat
-  stat="$(cat "/proc/$1/stat" 2>/dev/null)" || return 1
-  stat="${stat##*) }"
-  [[ "${stat:0:1}" != Z ]]
-}
-
-# Prints the pid of our server when its process is alive; removes a stale pid file.
-our_pid() {
-  [[ -f "$PID_FILE" ]] || return 1
-  local pid
-  pid="$(cat "$PID_FILE" 2>/dev/null || true)"
-  if [[ "$pid" =~ ^[0-9]+$ ]] && [[ -r "/proc/$pid/cmdline" ]] &&
-    tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "$MAIN_CLASS --zg.run-dir=$RUN_DIR "; then
-    echo "$pid"
-    return 0
-  fi
-  rm -f "$PID_FILE"
-  return 1
-}
-
-JAVA=
-JAVAC=
-JAVA_ID=
-find_java() {
-  JAVA="${JAVA_HOME:+$JAVA_HOME/bin/}java"
-  JAVAC="${JAVA_HOME:+$JAVA_HOME/bin/}javac"
-  command -v "$JAVA" >/dev/null 2>&1 || fail "java not found (install a JDK 17+ or set JAVA_HOME)"
-  local out v
-  out="$("$JAVA" -version 2>&1)"
-  v="$(sed -n 's/.*version "\([0-9]*\).*/\1/p' <<<"$out" | head -n 1)"
-  [[ -n "$v" && "$v" -ge 17 ]] || fail "S3Mock $S3MOCK_VERSION needs Java 17 or newer; $JAVA is version '${v:-unknown}'"
-  # Identifies the JDK build, its own class-data archive and the S3Mock version (see cds_opts).
-  local bin
-  bin="$(readlink -f "$(command -v "$JAVA")")"
-  JAVA_ID="$(
-    printf '%s\n%s\n%s\n' "$bin" "$out" "$S3MOCK_VERSION"
-    stat -c '%s %Y' "$(dirname "$bin")"/../lib/server/classes*.jsa "$LOOPBACK_JAR" 2>/dev/null || true
-  )"
-  JAVA_ID="$(cksum <<<"$JAVA_ID" | cut -d' ' -f1)"
 }
 
 # Binds the connectors S3Mock adds itself (its plain-HTTP one) to the main connector's address, which
@@ -240,34 +173,6 @@ jvm_opts() {
   fi
 }
 
-# Class-data sharing: the first run of a JDK + S3Mock pair dumps the classes it loaded into an archive
-# when it stops gracefully; later starts map it. A missing, stale or foreign archive only costs that
-# time (the JVM then runs without it).
-cds_opts() {
-  local jsa="$RUN_DIR/s3mock-$JAVA_ID.jsa"
-  rm -f "$RUN_DIR/cds-pending"
-  if [[ -f "$jsa" ]]; then
-    echo "-XX:SharedArchiveFile=$jsa" -Xlog:cds*=error
-  else
-    rm -f "$RUN_DIR"/s3mock-*.jsa "$RUN_DIR"/s3mock-*.jsa.new
-    echo "$jsa" >"$RUN_DIR/cds-pending"
-    echo "-XX:ArchiveClassesAtExit=$jsa.new" -Xlog:cds*=error
-  fi
-}
-
-# After a graceful exit, keeps the archive the server dumped; after a kill, drops what it left.
-cds_finish() {
-  [[ -f "$RUN_DIR/cds-pending" ]] || return 0
-  local jsa
-  jsa="$(cat "$RUN_DIR/cds-pending")"
-  rm -f "$RUN_DIR/cds-pending"
-  if [[ "$1" == graceful && -s "$jsa.new" ]]; then
-    mv -f "$jsa.new" "$jsa"
-  else
-    rm -f "$jsa.new"
-  fi
-}
-
 APP_ARGS=()
 app_args() {
   # --zg.run-dir is ignored by S3Mock; it marks the process as ours (see our_pid).
@@ -286,132 +191,15 @@ app_args() {
   )
   [[ -z "$BUCKETS" ]] || APP_ARGS+=("--com.adobe.testing.s3mock.store.initial-buckets=$BUCKETS")
 }
-
-# Waits for $1 to answer S3 requests; on timeout or death prints the log tail, stops it and fails.
-wait_ready() {
-  local pid="$1" started="$SECONDS"
-  while ((SECONDS - started < START_TIMEOUT)); do
-    if ! alive "$pid"; then
-      rm -f "$PID_FILE"
-      cds_finish killed
-      show_log_tail 60
-      fail "S3Mock (pid $pid) exited during startup; logs in $LOG_DIR" \
-        "(a damaged data directory is wiped by: bash $0 reset)"
-    fi
-    if serves_s3; then
-      return 0
-    fi
-    sleep 0.2
-  done
-  show_log_tail 60
-  kill_server "$pid"
-  fail "S3Mock did not answer on http://$HOST:$PORT within ${START_TIMEOUT}s; stopped it (logs in $LOG_DIR)"
-}
-
-kill_server() {
-  local pid="$1" started="$SECONDS" how=graceful
-  kill -TERM "$pid" 2>/dev/null || true
-  while alive "$pid"; do
-    if ((SECONDS - started >= STOP_TIMEOUT)); then
-      say "S3Mock (pid $pid) still running after ${STOP_TIMEOUT}s; sending SIGKILL"
-      kill -KILL "$pid" 2>/dev/null || true
-      how=killed
-      while alive "$pid"; do sleep 0.1; done
-      break
-    fi
-    sleep 0.1
-  done
-  rm -f "$PID_FILE"
-  cds_finish "$how"
-}
-
-# Serialises start/stop/restart on one run directory (held until the script exits).
-LOCKED=
-lock() {
-  [[ -z "$LOCKED" ]] || return 0
-  mkdir -p "$RUN_DIR"
-  exec 9>"$RUN_DIR/.lock"
-  flock -w $((START_TIMEOUT + STOP_TIMEOUT + 600)) 9 || fail "could not lock $RUN_DIR/.lock"
-  LOCKED=1
-}
-
 cmd_start() {
-  lock
-  local pid
-  if pid="$(our_pid)"; then
-    wait_ready "$pid"
-    say "already running (pid $pid)"
-    echo "http://$HOST:$PORT"
-    return 0
-  fi
-  if port_open "$PORT"; then
-    fail "port $PORT on $HOST is taken by another process (not our S3Mock in $RUN_DIR); stop it or set ZG_S3MOCK_PORT"
-  fi
+  start_unless_running "$PORT" && return 0
   find_java
   ensure_dist
   find_java # the archive id covers the freshly compiled customizer
   mkdir -p "$DATA_DIR" "$LOG_DIR"
   jvm_opts
   app_args
-  local t0="$SECONDS"
-  mark_logs
-  printf '\n===== %s starting S3Mock %s =====\n' "$(date -Is)" "$S3MOCK_VERSION" >>"$LOG_DIR/s3mock.out"
-  # setsid: the server outlives the shell (and the test runner) that started it; it gets no terminal
-  # output and not the lock descriptor.
-  local cds
-  read -r -a cds <<<"$(cds_opts)"
-  (exec setsid "$JAVA" "${JVM_OPTS[@]}" "${cds[@]}" -cp "$APP_JAR:$LOOPBACK_JAR" "$MAIN_CLASS" "${APP_ARGS[@]}" \
-    </dev/null >>"$LOG_DIR/s3mock.out" 2>&1 9>&-) &
-  pid=$!
-  echo "$pid" >"$PID_FILE"
-  wait_ready "$pid"
-  say "S3Mock $S3MOCK_VERSION ready in $((SECONDS - t0))s (pid $pid, data $DATA_DIR, logs $LOG_DIR)"
-  echo "http://$HOST:$PORT"
+  launch "$LOG_DIR/s3mock.out" "${JVM_OPTS[@]}" -cp "$APP_JAR:$LOOPBACK_JAR" "$MAIN_CLASS" "${APP_ARGS[@]}"
 }
 
-cmd_stop() {
-  lock
-  local pid
-  if ! pid="$(our_pid)"; then
-    say "not running"
-    return 0
-  fi
-  kill_server "$pid"
-  say "stopped (pid $pid)"
-}
-
-cmd_status() {
-  local pid
-  if ! pid="$(our_pid)"; then
-    say "not running"
-    return 3
-  fi
-  if serves_s3; then
-    say "running (pid $pid) on http://$HOST:$PORT, S3Mock $S3MOCK_VERSION, data $DATA_DIR"
-    return 0
-  fi
-  say "process $pid is alive but does not answer on http://$HOST:$PORT"
-  return 1
-}
-
-cmd_reset() {
-  cmd_stop
-  rm -rf "$DATA_DIR"
-  say "deleted $DATA_DIR"
-}
-
-case "${1:-}" in
-start) cmd_start ;;
-stop) cmd_stop ;;
-restart)
-  cmd_stop
-  cmd_start
-  ;;
-status) cmd_status ;;
-reset) cmd_reset ;;
-log) show_log_tail "${2:-80}" 2>&1 ;;
-*)
-  echo "usage: $0 start|stop|restart|status|reset|log [lines]" >&2
-  exit 2
-  ;;
-esac
+java_service_main "$@"
