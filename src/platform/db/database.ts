@@ -5,6 +5,7 @@ import { Kysely } from 'kysely';
 import { Migrator, type MigrationProvider } from 'kysely/migration';
 import { createNodeSqliteDialect } from './node-sqlite-dialect.js';
 import { migrationsFor } from './migrations/index.js';
+import { MysqlExactIdsPlugin } from './mysql-exact-ids.js';
 import type { Database } from './schema.js';
 import { UniqueViolationError } from '../errors/errors.js';
 
@@ -39,7 +40,10 @@ export async function openMysql(url: string, poolSize = 10): Promise<Db> {
     charset: 'utf8mb4',
     timezone: 'Z',
   });
-  const kysely = new Kysely<Database>({ dialect: new MysqlDialect({ pool }) });
+  const kysely = new Kysely<Database>({
+    dialect: new MysqlDialect({ pool }),
+    plugins: [new MysqlExactIdsPlugin()],
+  });
   return { kysely, dialect: 'mysql', close: () => kysely.destroy() };
 }
 
