@@ -48,7 +48,9 @@ export function authRoutes(deps: AuthRouteDeps) {
           description:
             'Phone codes go to the SMS webhook (ZG_SMS_WEBHOOK_URL); without one they are logged where ' +
             'ZG_SMS_LOG_CODES allows (the embedded default), else refused with 503 SMS_UNAVAILABLE for ' +
-            'every scene and number alike. 503 UNAVAILABLE: the code could not be delivered.',
+            'every scene and number alike. 503 UNAVAILABLE: the code could not be delivered. A code ' +
+            'still valid is sent again rather than replaced, with five more minutes to live. One send ' +
+            'per 60 s and 10 a day per scene and identifier (429).',
           body: SendCodeBody,
           response: { 200: SendCodeResponse, ...errorResponses(400, 409, 429, 503) },
         },
@@ -77,7 +79,16 @@ export function authRoutes(deps: AuthRouteDeps) {
     app.post(
       '/api/v1/auth/login',
       {
-        schema: { tags, body: LoginBody, response: { 200: AuthResponse, ...errorResponses(400, 401, 429) } },
+        schema: {
+          tags,
+          description:
+            'Exactly one of password and code. Password sign-ins are limited per account and client ' +
+            '(ZG_AUTH_LOGIN_LIMIT per 15 minutes, 10 by default; a success starts the count again) and ' +
+            'per account from all clients together (ten times that), besides ZG_AUTH_IP_LIMIT per ' +
+            'client: 429 past any. A code allows 5 tries.',
+          body: LoginBody,
+          response: { 200: AuthResponse, ...errorResponses(400, 401, 429) },
+        },
       },
       async (request) => {
         const { identifierType, identifier, password, code } = request.body;
