@@ -145,6 +145,17 @@ describe(VerificationService.name, () => {
     expect(await errorCode(sut.verify('LOGIN', 'a@b.cd', first))).toBe('VERIFICATION_TOO_MANY_ATTEMPTS');
   });
 
+  it('sends a new code instead of one whose tries are used up', async () => {
+    await sut.send('LOGIN', 'EMAIL', 'a@b.cd', true);
+    const first = sender.last();
+    const wrong = first === '000000' ? '000001' : '000000';
+    for (let i = 0; i < 5; i++)
+      expect(await errorCode(sut.verify('LOGIN', 'a@b.cd', wrong))).toBe('VERIFICATION_MISMATCH');
+    now += 61_000;
+    await sut.send('LOGIN', 'EMAIL', 'a@b.cd', true);
+    expect(await errorCode(sut.verify('LOGIN', 'a@b.cd', sender.last()))).toBe('ok');
+  });
+
   it('sends a new code once the old one is used, and keeps a sent code when a resend fails', async () => {
     await sut.send('LOGIN', 'EMAIL', 'a@b.cd', true);
     const first = sender.last();

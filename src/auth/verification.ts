@@ -67,9 +67,15 @@ export class VerificationService {
     const codeKey = `vc:code:${id}`;
     const ttlMs = CODE_TTL_SECONDS * 1000;
     // A live code is sent again rather than replaced: asking for a code on someone else's identifier
-    // must not void the one already in their inbox. Its tries go on counting.
-    const live = await this.kv.get(codeKey);
-    if (live !== null && (!deliver || isCode(live)) && (await this.kv.expire(codeKey, ttlMs))) {
+    // must not void the one already in their inbox. Its tries go on counting, so one with none left
+    // is replaced instead.
+    const [live = null, tries = null] = await this.kv.mget([codeKey, `vc:tries:${id}`]);
+    if (
+      live !== null &&
+      (!deliver || isCode(live)) &&
+      Number(tries ?? 0) < MAX_ATTEMPTS &&
+      (await this.kv.expire(codeKey, ttlMs))
+    ) {
       await this.kv.expire(`vc:tries:${id}`, ttlMs);
       if (deliver) await this.deliver({ scene, identifierType, identifier, code: live }, id, false);
       return;
