@@ -189,7 +189,7 @@ cmd_start() {
   write_config
   jvm_opts
   format_storage
-  launch "$LOG_DIR/broker.out" "${JVM_OPTS[@]}" -cp "$LIBS/*" kafka.Kafka "$CONFIG"
+  launch "$LOG_DIR/broker.out" JVM_OPTS -cp "$LIBS/*" kafka.Kafka "$CONFIG"
 }
 
 java_service_main "$@"

@@ -199,7 +199,7 @@ cmd_start() {
   mkdir -p "$DATA_DIR" "$LOG_DIR"
   jvm_opts
   app_args
-  launch "$LOG_DIR/s3mock.out" "${JVM_OPTS[@]}" -cp "$APP_JAR:$LOOPBACK_JAR" "$MAIN_CLASS" "${APP_ARGS[@]}"
+  launch "$LOG_DIR/s3mock.out" JVM_OPTS -cp "$APP_JAR:$LOOPBACK_JAR" "$MAIN_CLASS" "${APP_ARGS[@]}"
 }
 
 java_service_main "$@"

@@ -192,16 +192,18 @@ start_unless_running() {
   return 1
 }
 
-# Runs `java` with the class-data options in its own session (it outlives the shell and the test
-# runner that started it, with no terminal output and not the lock descriptor), output appended to
-# $1, then waits until it answers and prints the endpoint. The remaining arguments go to java.
+# Runs `java` in its own session (it outlives the shell and the test runner that started it, with
+# no terminal output and not the lock descriptor), output appended to $1, then waits until it
+# answers and prints the endpoint. $2 is an array name: the JVM options, which the class-data
+# options follow; the remaining arguments (class path, main class, its arguments) come last.
 launch() {
   local out="$1" t0="$SECONDS" cds pid
-  shift
+  local -n opts="$2"
+  shift 2
   mark_logs
   printf '\n===== %s starting %s =====\n' "$(date -Is)" "$VERSION_LABEL" >>"$out"
   read -r -a cds <<<"$(cds_opts)"
-  (exec setsid "$JAVA" "${cds[@]}" "$@" </dev/null >>"$out" 2>&1 9>&-) &
+  (exec setsid "$JAVA" "${opts[@]}" "${cds[@]}" "$@" </dev/null >>"$out" 2>&1 9>&-) &
   pid=$!
   echo "$pid" >"$PID_FILE"
   wait_ready "$pid"
