@@ -796,6 +796,24 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     expect((await row(id)).objects_check_at).toBe(now + 5);
   });
 
+  it('asks for a check of the post’s objects after a slow patch has made its copies', async () => {
+    const sut = newService();
+    const id = await publishedPost(sut);
+    const image = (await uploadObject(sut, id, 'knowpost_image', 'image/png', 'slow')).objectKey;
+    class Slow extends LocalObjectStorage {
+      override async copy(from: string, to: string, ifEtag: string) {
+        now += 3_600_000; // the copy takes an hour
+        return super.copy(from, to, ifEtag);
+      }
+    }
+    const slow = new PostService({
+      ...serviceOptions(),
+      storage: new Slow(root, 'http://files.invalid/files'),
+    });
+    await slow.update(AUTHOR, id, { imgUrls: [image] });
+    expect((await row(id)).objects_check_at).toBe(now + 5 * 60_000);
+  });
+
   it('judges an edit of images again when another overlapped it, so every image shown exists', async () => {
     const sut = newService();
     const id = await publishedPost(sut);

@@ -36,7 +36,7 @@ import type { ConfirmBody, PresignBody, PresignResponse, Visible } from './post.
 /** How long after an upload URL expires the post's objects are checked. */
 export const UPLOAD_CHECK_GRACE_MS = 60_000;
 
-/** Longer than any patch of a post's images takes: its copies exist by then. */
+/** How long after a patch of a post's images starts, and again after it made its copies, the post's objects are checked. */
 const PATCH_SETTLE_MS = 5 * 60_000;
 
 export interface PostLimits {
@@ -347,18 +347,24 @@ export class PostService {
       if (!(await this.write(post, fields))) throw notFound();
     } else {
       // A patch racing this one may copy images this one drops without knowing them: the post's
-      // objects are checked once every such patch has ended, and that check waits for the copies
-      // to be older than the retention. Asked before anything changes, so a failure here changes
-      // nothing.
+      // objects are checked after every such patch has made its copies, and that check waits for
+      // them to be older than the retention. Asked before anything changes (so a failure here
+      // changes nothing) and again once this patch's copies are made, however long they took.
       await this.posts.scheduleObjectsCheck(post.id, this.now() + PATCH_SETTLE_MS);
-      for (let attempt = 1; ; attempt++) {
-        stored = { ...fields, imgUrls: await this.storedImages(post, requested) };
-        if (await this.write(post, stored, post.imgUrlsJson)) break;
-        // Deleted (404 from `owned`), or another edit changed the images since they were read.
-        post = await this.owned(userId, postId);
-        if (attempt === 3) {
-          throw new ConflictError('The post changed while it was being edited; try again', 'POST_CHANGED');
+      try {
+        for (let attempt = 1; ; attempt++) {
+          stored = { ...fields, imgUrls: await this.storedImages(post, requested) };
+          if (await this.write(post, stored, post.imgUrlsJson)) break;
+          // Deleted (404 from `owned`), or another edit changed the images since they were read.
+          post = await this.owned(userId, postId);
+          if (attempt === 3) {
+            throw new ConflictError('The post changed while it was being edited; try again', 'POST_CHANGED');
+          }
         }
+      } finally {
+        await this.posts.scheduleObjectsCheck(post.id, this.now() + PATCH_SETTLE_MS).catch((err: unknown) => {
+          this.log?.warn({ err, post: post.id }, 'could not schedule a check of a post’s objects');
+        });
       }
     }
     const kinds: PostChangeKind[] = [];
