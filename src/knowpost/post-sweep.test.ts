@@ -16,6 +16,7 @@ function post(id: string, fields: Partial<PostRecord> = {}): PostRecord {
     contentSha256: null,
     imgUrls: [],
     imgUrlsJson: '[]',
+    uploadsOpenUntil: null,
     ...fields,
   };
 }
@@ -148,5 +149,34 @@ describe(PostUploadSweeper.name, () => {
       `posts/1/body/${'a'.repeat(64)}.md`,
     ]);
     expect(finished).toEqual([young + HOUR]);
+  });
+
+  it('leaves a check due while an upload URL may still deliver an object, and none after', async () => {
+    const finished: [string, number | null][] = [];
+    const sut = new PostUploadSweeper(
+      {
+        objectsCheckDue: async () => [
+          { id: '1', due: 1 },
+          { id: '2', due: 1 },
+          { id: '3', due: 1 },
+        ],
+        finishObjectsCheck: async (id, _due, next) => void finished.push([id, next]),
+        find: async (id) =>
+          post(id, { uploadsOpenUntil: id === '1' ? NOW + HOUR : id === '2' ? NOW : NOW + 2 * HOUR }),
+      },
+      {
+        // post 3 holds a young upload that is due before its uploads close
+        listPrefix: async (prefix) =>
+          prefix === 'posts/3' ? [{ key: 'posts/3/content.md', lastModified: NOW - 60_000, size: 1 }] : [],
+        delete: async () => undefined,
+      },
+      { retentionMs: HOUR, maxBytes: { content: 10, image: 10 }, now: () => NOW },
+    );
+    await sut.runOnce();
+    expect(finished).toEqual([
+      ['1', NOW + HOUR],
+      ['2', null],
+      ['3', NOW - 60_000 + HOUR],
+    ]);
   });
 });

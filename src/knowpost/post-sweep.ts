@@ -19,8 +19,9 @@ export interface PostUploadSweepOptions extends PostObjectsTaskOptions {
  * Removes what a live post keeps in storage and does not use: body and image uploads that were
  * never confirmed or referred to in a patch, and image copies the post no longer shows (patches
  * delete those themselves; this catches a delete that failed and patches that raced). Posts ask for
- * a check (`objects_check_at`) when they hand out an upload URL, after its expiry plus the
- * retention, and when a patch or confirm leaves objects behind.
+ * a check (`objects_check_at`) a minute after an upload URL they hand out expires, and when a patch
+ * or confirm leaves objects behind. Until `uploads_open_until` (a URL's expiry plus the retention:
+ * a PUT that started in time may finish late) a check always leaves another one due.
  *
  * A check lists the post's objects, reads the post and deletes each unused one older than the
  * retention, and each upload larger than its kind may be at once; a younger one sets the next check
@@ -78,6 +79,9 @@ export class PostUploadSweeper {
       // Read after the listing: anything referred to before the listing is seen as used.
       const post = await this.posts.find(id);
       if (!post || post.status === 'deleted') return { deleted, next: null };
+      if (post.uploadsOpenUntil !== null && post.uploadsOpenUntil > now) {
+        next = Math.min(next ?? Infinity, post.uploadsOpenUntil);
+      }
       const used = new Set([post.contentKey, ...post.imgUrls]);
       for (const object of listed) {
         if (!sweeps(id, object.key) || used.has(object.key)) continue;

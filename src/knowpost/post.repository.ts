@@ -16,6 +16,8 @@ export interface PostRecord {
   imgUrls: string[];
   /** `imgUrls` as stored, for `update`'s check that no other edit changed them meanwhile. */
   imgUrlsJson: string;
+  /** Until when an upload URL of the post may still deliver an object; null when none was handed out. */
+  uploadsOpenUntil: number | null;
 }
 
 export interface PostFields {
@@ -96,6 +98,7 @@ export class PostRepository {
         'content_etag',
         'content_sha256',
         'img_urls_json',
+        'uploads_open_until',
       ])
       .where('id', '=', id)
       .executeTakeFirst();
@@ -110,6 +113,7 @@ export class PostRepository {
       contentSha256: row.content_sha256,
       imgUrls: parseList(row.img_urls_json),
       imgUrlsJson: row.img_urls_json,
+      uploadsOpenUntil: row.uploads_open_until === null ? null : Number(row.uploads_open_until),
     };
   }
 
@@ -223,13 +227,17 @@ export class PostRepository {
   }
 
   /**
-   * Moves the post's objects check to `at`, earlier or later: for a time no other check need wait
-   * past (see `PostService.presign`).
+   * An upload URL is handed out: moves the post's objects check to `checkAt`, earlier or later (see
+   * `PostService.presign`), and records that uploads may arrive until `openUntil`, so that checks
+   * go on until then (`PostUploadSweeper`).
    */
-  async moveObjectsCheck(id: string, at: number): Promise<void> {
+  async openUploads(id: string, checkAt: number, openUntil: number): Promise<void> {
     await this.db.kysely
       .updateTable('knowposts')
-      .set({ objects_check_at: at })
+      .set({
+        objects_check_at: checkAt,
+        uploads_open_until: sql<number>`CASE WHEN uploads_open_until IS NULL OR uploads_open_until < ${openUntil} THEN ${openUntil} ELSE uploads_open_until END`,
+      })
       .where('id', '=', id)
       .execute();
   }

@@ -712,7 +712,7 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     now = Date.now();
     const start = now;
     const hour = 3_600_000;
-    const sut = newService();
+    const sut = newService({ uploadRetentionMs: hour });
     const repo = new PostRepository(backend.db);
     const sweeper = new PostUploadSweeper(repo, storage, {
       retentionMs: hour,
@@ -765,6 +765,7 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     expect(retained).toBeLessThanOrEqual(Date.now() + hour + 1);
     now = retained + 60_000;
     // A young upload (its URL handed out since) is kept and looked at again when it is old enough.
+    const presigned = now;
     const young = await uploaded('knowpost_image', 'image/png', 'young');
     // Written now by the sweeper's clock (ahead of the file system's here), in fractional seconds.
     const written = now + 0.25;
@@ -785,6 +786,17 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     await sweeper.runOnce();
     expect(await exists(young)).toBe(false);
     expect(await exists(body)).toBe(true);
+    // A PUT that started before its URL expired may still land: one more check, when it would be
+    // older than the retention, and then none.
+    const closing = presigned + 600_000 + hour;
+    expect((await row(id)).uploads_open_until).toBe(closing);
+    expect((await row(id)).objects_check_at).toBe(closing);
+    const late = `posts/${id}/images/20250601/1a7e1a7e.png`;
+    await storage.put(late, Buffer.from('late'), 'image/png');
+    utimesSync(join(root, late), (closing - hour) / 1000, (closing - hour) / 1000);
+    now = closing;
+    await sweeper.runOnce();
+    expect(await exists(late)).toBe(false);
     expect((await row(id)).objects_check_at).toBeNull();
 
     // A check moved while one ran stands.

@@ -51,6 +51,11 @@ export interface PostLimits {
   draftsPerHour?: number;
   /** Drafts a user may hold at once (published and deleted posts do not count). */
   maxOpenDrafts?: number;
+  /**
+   * How old an upload never confirmed or referred to must be before `PostUploadSweeper` removes
+   * it, and how long after its URL expired an upload may still arrive; default 24 h.
+   */
+  uploadRetentionMs?: number;
 }
 
 export interface PostServiceOptions {
@@ -108,6 +113,7 @@ export class PostService {
     this.limits = {
       presignPerMinute: 60,
       presignPerDay: 500,
+      uploadRetentionMs: 24 * 3_600_000,
       draftsPerHour: 60,
       maxOpenDrafts: 100,
       ...options.limits,
@@ -160,16 +166,19 @@ export class PostService {
     if (target.key === post.contentKey) await this.moveLegacyBody(post, target.key);
     const maxBytes =
       request.scene === 'knowpost_content' ? this.limits.contentMaxBytes : this.limits.imageMaxBytes;
-    // The post's objects are checked just after the URL's last possible use (a minute's grace for
-    // the store's clock): an upload too large to be accepted goes then, and whatever else is never
-    // confirmed or referred to goes once it is older than the retention. The check is moved there
-    // even when one is due later: every URL handed out before expires sooner (one expiry for all,
-    // unless it was lowered since), a patch asks for no more than a few minutes, and a later check
-    // only waits for objects to age, which this one will ask for again.
+    // The post's objects are checked a minute after the URL expires (grace for the store's clock):
+    // an upload too large to be accepted goes then, and whatever else is never confirmed or referred
+    // to goes once it is older than the retention. The check is moved there even when one is due
+    // later, since a later one only waits for objects to age, which this one asks for again. A PUT
+    // that started before the expiry may still be running, and a URL handed out under a longer
+    // expiry may still be valid: checks go on until the expiry plus the retention
+    // (`uploads_open_until`, which only grows), as they did before there was an early check.
+    const now = this.now();
     const expiresMs = this.limits.presignExpiresSeconds * 1000;
-    await this.posts.moveObjectsCheck(
+    await this.posts.openUploads(
       post.id,
-      this.now() + Math.max(expiresMs + UPLOAD_CHECK_GRACE_MS, PATCH_SETTLE_MS),
+      now + Math.max(expiresMs + UPLOAD_CHECK_GRACE_MS, PATCH_SETTLE_MS),
+      now + expiresMs + this.limits.uploadRetentionMs,
     );
     const signed = await this.storage.presignPut(target.key, {
       contentType: target.contentType,

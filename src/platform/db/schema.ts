@@ -124,6 +124,11 @@ export interface KnowpostsTable {
    * copies it no longer refers to (`PostUploadSweeper`); null when nothing is due.
    */
   objects_check_at: number | null;
+  /**
+   * Until when an upload URL handed out for the post may still deliver an object (its expiry plus
+   * the upload retention, for a PUT that started in time and ran long); null when none was.
+   */
+  uploads_open_until: number | null;
 }
 
 /** Embedded user counters (the cluster profile keeps these in Redis); see sqlite-user-counter-store.ts. */

@@ -138,6 +138,9 @@ const sqlite: Record<string, Step> = {
        WHERE EXISTS (SELECT 1 FROM users o WHERE lower(o.zg_id) = lower(users.zg_id) AND o.id < users.id)`,
     `CREATE UNIQUE INDEX users_zg_id_nocase ON users (zg_id COLLATE NOCASE)`,
   ),
+  // Until when an upload URL of the post may still deliver an object: a check of its objects before
+  // then is followed by another one then.
+  '0012_knowpost_uploads_open': exec(`ALTER TABLE knowposts ADD COLUMN uploads_open_until INTEGER`),
 };
 
 const mysql: Record<string, Step> = {
@@ -222,6 +225,7 @@ const mysql: Record<string, Step> = {
     // The unique key compares in the column's collation.
     `ALTER TABLE users MODIFY zg_id VARCHAR(32) CHARACTER SET utf8mb4 COLLATE utf8mb4_general_ci NOT NULL`,
   ),
+  '0012_knowpost_uploads_open': exec(`ALTER TABLE knowposts ADD COLUMN uploads_open_until BIGINT NULL`),
 };
 
 export function migrationsFor(dialect: Dialect): Record<string, Migration> {
