@@ -133,6 +133,7 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
     sessions,
     authenticator,
     platform.limiter,
+    platform.kv,
     config.authLimits,
     `${config.publicUrl}${DEFAULT_AVATAR_PATH}`,
     now,

@@ -84,8 +84,9 @@ export function authRoutes(deps: AuthRouteDeps) {
           description:
             'Exactly one of password and code. Password sign-ins are limited per account and client ' +
             '(ZG_AUTH_LOGIN_LIMIT per 15 minutes, 10 by default; a success starts the count again) and ' +
-            'per account from all clients together (ten times that), besides ZG_AUTH_IP_LIMIT per ' +
-            'client: 429 past any. A code allows 5 tries.',
+            'per account from all clients together (ten times that; not for a client the account signed ' +
+            'in from in the last 30 days), besides ZG_AUTH_IP_LIMIT per client: 429 past any. A code ' +
+            'allows 5 tries.',
           body: LoginBody,
           response: { 200: AuthResponse, ...errorResponses(400, 401, 429) },
         },

@@ -6,6 +6,7 @@ import {
   RateLimitedError,
   UniqueViolationError,
 } from '../platform/errors/errors.js';
+import type { KeyValueStore } from '../platform/kv/kv.js';
 import type { RateLimiter } from '../platform/ratelimit/ratelimit.js';
 import type { UserRow, UsersRepository } from '../profile/users.repository.js';
 import type { Authenticator } from './authenticator.js';
@@ -46,6 +47,8 @@ export interface AuthLimits {
 
 /** How many times the per-address password limit one identifier takes from all addresses together. */
 export const ACCOUNT_LOGIN_CEILING = 10;
+/** How long a client an identifier signed in from stays exempt from that identifier's ceiling. */
+const KNOWN_CLIENT_MS = 30 * 86_400_000;
 
 export class AuthError extends AppError {}
 
@@ -73,6 +76,8 @@ export class AuthService {
     private readonly sessions: SessionStore,
     private readonly authenticator: Authenticator,
     private readonly limiter: RateLimiter,
+    /** Remembers the clients each identifier signed in from (`login:known:*`). */
+    private readonly kv: KeyValueStore,
     private readonly limits: AuthLimits,
     private readonly defaultAvatar: string,
     private readonly now: () => number = Date.now,
@@ -119,6 +124,7 @@ export class AuthService {
     }
     const passwordHash = input.password === undefined ? null : await this.hasher.hash(input.password);
     const user = await this.createUser(input.identifierType, identifier, passwordHash);
+    await this.rememberClient(identifier, ctx);
     await this.record({ userId: user.id, identifier, channel: 'REGISTER', success: true, reason: null }, ctx);
     return { user, token: await this.issue(user.id) };
   }
@@ -135,9 +141,11 @@ export class AuthService {
     const limit = this.limits.passwordPerIdentifier;
     // Per account *and* address, so one address cannot lock a person out of their own account; the
     // account as a whole has a higher ceiling that bounds guessing spread over many addresses. An
-    // attempt refused for its address does not count against the account.
+    // attempt refused for its address does not count against the account, and a client the account
+    // signed in from before is not held by the ceiling: many addresses guessing cannot lock the
+    // owner out of the places they use.
     let decision = await this.limiter.hit(pairKey, limit, this.limits.windowMs);
-    if (decision.allowed) {
+    if (decision.allowed && !(await this.knownClient(identifier, ctx))) {
       decision = await this.limiter.hit(
         `login:id:${identifier}`,
         limit * ACCOUNT_LOGIN_CEILING,
@@ -174,6 +182,7 @@ export class AuthService {
       throw invalidCredentials();
     }
     await this.limiter.reset(pairKey);
+    await this.rememberClient(identifier, ctx);
     await this.record({ userId: user.id, identifier, channel: 'PASSWORD', success: true, reason: null }, ctx);
     return { user, token: await this.issue(user.id) };
   }
@@ -198,6 +207,7 @@ export class AuthService {
       );
       throw invalidCredentials();
     }
+    await this.rememberClient(identifier, ctx);
     await this.record({ userId: user.id, identifier, channel: 'CODE', success: true, reason: null }, ctx);
     return { user, token: await this.issue(user.id) };
   }
@@ -301,6 +311,18 @@ export class AuthService {
         throw new ConflictError('This identifier is already registered', 'IDENTIFIER_EXISTS');
       }
     }
+  }
+
+  private knownKey(identifier: string, ip: string): string {
+    return `login:known:${identifier}:${rateLimitSubject(ip)}`;
+  }
+
+  private async knownClient(identifier: string, ctx: RequestContext): Promise<boolean> {
+    return ctx.ip !== null && (await this.kv.get(this.knownKey(identifier, ctx.ip))) !== null;
+  }
+
+  private async rememberClient(identifier: string, ctx: RequestContext): Promise<void> {
+    if (ctx.ip) await this.kv.set(this.knownKey(identifier, ctx.ip), '1', KNOWN_CLIENT_MS);
   }
 
   private async limitIp(action: string, ctx: RequestContext): Promise<void> {

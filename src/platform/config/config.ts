@@ -218,7 +218,7 @@ export const CONFIG_VARS = {
   },
   ZG_AUTH_LOGIN_LIMIT: {
     description:
-      'password sign-in attempts per identifier (phone number or e-mail address, registered or not) and client per 15 minutes, and ten times as many per identifier from all clients together; a successful sign-in starts the count of that client again',
+      'password sign-in attempts per identifier (phone number or e-mail address, registered or not) and client per 15 minutes, and ten times as many per identifier from all clients together, a client the identifier signed in from in the last 30 days excepted; a successful sign-in starts the count of that client again',
     default: '10',
   },
   ZG_AUTH_IP_LIMIT: {
