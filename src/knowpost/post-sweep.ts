@@ -25,11 +25,11 @@ export interface PostUploadSweepOptions extends PostObjectsTaskOptions {
  *
  * A check lists the post's objects, reads the post and deletes each unused one older than the
  * retention, and each upload larger than its kind may be at once; a younger one sets the next check
- * to when it is old enough. Uploads go first; copies
- * are listed again afterwards, so a copy made from an upload just before that upload was deleted is
- * seen as new. Confirmed bodies (`posts/{id}/body/`) are left alone: their names come from their
- * bytes, so confirming a body again rewrites an old name, and confirm deletes the body it replaces.
- * Deleted posts are the purge's (`PostObjectPurger`). Several workers may run it at once.
+ * to when it is old enough. Uploads go first; copies are listed again afterwards, so a copy made
+ * from an upload just before that upload was deleted is seen as new. Confirmed bodies
+ * (`posts/{id}/body/`) are left alone: their names come from their bytes, so confirming a body again
+ * rewrites an old name, and confirm deletes the body it replaces. Deleted posts are the purge's
+ * (`PostObjectPurger`). Several workers may run it at once.
  */
 export class PostUploadSweeper {
   private readonly batch: number;
