@@ -1,9 +1,6 @@
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { createMysqlDatabase } from '../../test/rig/resources.js';
-import { migrate, openMysql, openSqlite, type Db } from '../platform/db/database.js';
+import { createMysqlDatabase, openTempSqlite } from '../../test/rig/resources.js';
+import { migrate, openMysql, type Db } from '../platform/db/database.js';
 import type { Insertable } from 'kysely';
 import type { KnowpostsTable } from '../platform/db/schema.js';
 import { PostReadRepository } from './post-read.repository.js';
@@ -11,18 +8,7 @@ import { PostReadRepository } from './post-read.repository.js';
 type Dialect = 'sqlite' | 'mysql';
 
 async function openDb(dialect: Dialect): Promise<{ db: Db; dispose: () => Promise<void> }> {
-  if (dialect === 'sqlite') {
-    const dir = mkdtempSync(join(tmpdir(), 'zg-post-read-'));
-    const db = openSqlite(join(dir, 'zhiguang.db'));
-    await migrate(db);
-    return {
-      db,
-      dispose: async () => {
-        await db.close();
-        rmSync(dir, { recursive: true, force: true });
-      },
-    };
-  }
+  if (dialect === 'sqlite') return openTempSqlite();
   const database = await createMysqlDatabase();
   const db = await openMysql(database.url, 2);
   await migrate(db);

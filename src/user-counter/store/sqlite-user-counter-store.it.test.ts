@@ -1,24 +1,9 @@
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
-import { migrate, openSqlite, type Db } from '../../platform/db/database.js';
+import { openTempSqlite } from '../../../test/rig/resources.js';
+import type { Db } from '../../platform/db/database.js';
 import { ZERO_USER_COUNTS } from '../model.js';
 import { SqliteUserCounterStore } from './sqlite-user-counter-store.js';
 import { defineUserCounterStoreContract } from './user-counter-store.contract.js';
-
-async function openTempSqlite(): Promise<{ db: Db; dispose: () => Promise<void> }> {
-  const dir = mkdtempSync(join(tmpdir(), 'zg-ucs-'));
-  const db = openSqlite(join(dir, 'users.db'));
-  await migrate(db);
-  return {
-    db,
-    dispose: async () => {
-      await db.close();
-      rmSync(dir, { recursive: true, force: true });
-    },
-  };
-}
 
 defineUserCounterStoreContract('sqlite', async (options = {}) => {
   const { db, dispose } = await openTempSqlite();
