@@ -311,7 +311,7 @@ export const CONFIG_VARS = {
   ZG_PRESIGN_EXPIRES_SECONDS: { description: 'how long a presigned upload URL stays valid', default: '600' },
   ZG_UPLOAD_RETENTION_HOURS: {
     description:
-      'hours after which a post upload never confirmed or used in a patch, or an image copy a post no longer shows, is removed from storage (checked after the last upload URL of the post expires)',
+      'hours after which a post upload never confirmed or used in a patch, or an image copy a post no longer shows, is removed from storage (an upload larger than its limit goes a minute after its URL expires); also how long after its URL expired an upload is still looked for',
     default: '24',
   },
   ZG_POST_CACHE_MS: {
