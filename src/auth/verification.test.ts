@@ -128,6 +128,25 @@ describe(VerificationService.name, () => {
     expect(await errorCode(sut.verify('LOGIN', 'nobody@b.cd', wrong))).toBe('VERIFICATION_NOT_FOUND');
   });
 
+  it('fails sends to unknown accounts while deliveries fail, as it fails them to real ones', async () => {
+    sender.failNext = true;
+    expect(await errorCode(sut.send('LOGIN', 'EMAIL', 'real@b.cd', true))).toBe('UNAVAILABLE');
+    expect(await errorCode(sut.send('LOGIN', 'EMAIL', 'ghost@b.cd', false))).toBe('UNAVAILABLE');
+    // and, like a real one, may ask again at once
+    now += 29_000;
+    expect(await errorCode(sut.send('LOGIN', 'EMAIL', 'ghost@b.cd', false))).toBe('UNAVAILABLE');
+    // other kinds of identifier are not held by a failing mail server
+    expect(await errorCode(sut.send('LOGIN', 'PHONE', '13800138000', false))).toBe('ok');
+    now += 1_001;
+    expect(await errorCode(sut.send('LOGIN', 'EMAIL', 'ghost@b.cd', false))).toBe('ok');
+    // a delivery that works ends it at once
+    sender.failNext = true;
+    now += 61_000;
+    expect(await errorCode(sut.send('LOGIN', 'EMAIL', 'real@b.cd', true))).toBe('UNAVAILABLE');
+    expect(await errorCode(sut.send('LOGIN', 'EMAIL', 'real@b.cd', true))).toBe('ok');
+    expect(await errorCode(sut.send('LOGIN', 'EMAIL', 'ghost2@b.cd', false))).toBe('ok');
+  });
+
   it('sends a live code again instead of voiding it, and keeps counting its tries', async () => {
     await sut.send('LOGIN', 'EMAIL', 'a@b.cd', true);
     const first = sender.last();

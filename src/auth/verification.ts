@@ -8,6 +8,8 @@ const SEND_INTERVAL_MS = 60_000;
 const DAILY_LIMIT = 10;
 const MAX_ATTEMPTS = 5;
 const DAY_MS = 86_400_000;
+/** How long after a failed delivery a send to an unknown account fails too, as a real one would. */
+const OUTAGE_MS = 30_000;
 
 export class VerificationError extends AppError {
   constructor(code: 'VERIFICATION_NOT_FOUND' | 'VERIFICATION_MISMATCH', message: string) {
@@ -22,6 +24,9 @@ export class VerificationError extends AppError {
  * the send interval is claimed, so a refused send does not start an interval either.
  */
 export class VerificationService {
+  /** When a delivery last failed here, per identifier type; cleared by the next one that works. */
+  private readonly failedAt = new Map<IdentifierType, number>();
+
   constructor(
     private readonly kv: KeyValueStore,
     private readonly sender: CodeSender,
@@ -63,6 +68,12 @@ export class VerificationService {
       );
     }
     await this.kv.incr(dailyKey, 1, DAY_MS + 3_600_000);
+    // While deliveries fail, a send to an unknown account fails as one to a real account does, so an
+    // outage of the mail server or SMS webhook does not tell who is registered.
+    if (!deliver && this.now() - (this.failedAt.get(identifierType) ?? -Infinity) < OUTAGE_MS) {
+      await this.kv.delete(`vc:gap:${id}`);
+      throw undelivered();
+    }
 
     const codeKey = `vc:code:${id}`;
     const ttlMs = CODE_TTL_SECONDS * 1000;
@@ -95,13 +106,13 @@ export class VerificationService {
   ): Promise<void> {
     try {
       await this.sender.send({ ...message, expireSeconds: CODE_TTL_SECONDS });
+      this.failedAt.delete(message.identifierType);
     } catch (err) {
+      this.failedAt.set(message.identifierType, this.now());
       // A new code nobody received is withdrawn; a code sent before stays valid.
       if (fresh) await this.kv.delete(`vc:code:${id}`);
       await this.kv.delete(`vc:gap:${id}`);
-      throw new UnavailableError('The verification code could not be delivered; try again later', {
-        cause: err,
-      });
+      throw undelivered(err);
     }
   }
 
@@ -127,6 +138,13 @@ export class VerificationService {
     }
     await this.kv.delete(`vc:tries:${id}`);
   }
+}
+
+function undelivered(cause?: unknown): UnavailableError {
+  return new UnavailableError(
+    'The verification code could not be delivered; try again later',
+    cause === undefined ? undefined : { cause },
+  );
 }
 
 function isCode(value: string): boolean {
