@@ -2,6 +2,12 @@ import { sql, type Kysely, type Transaction, type Updateable } from 'kysely';
 import { translateDbError, type Db } from '../platform/db/database.js';
 import type { Database, KnowpostsTable } from '../platform/db/schema.js';
 
+/** The later of a nullable time column and `at`, for an UPDATE that may only move it forward. */
+function laterOf(column: 'objects_check_at' | 'uploads_open_until', at: number) {
+  const current = sql.ref(column);
+  return sql<number>`CASE WHEN ${current} IS NULL OR ${current} < ${at} THEN ${at} ELSE ${current} END`;
+}
+
 export type PostStatus = 'draft' | 'published' | 'deleted';
 
 /** The columns the write side needs, with ids and numbers normalised across dialects. */
@@ -220,7 +226,7 @@ export class PostRepository {
     await this.db.kysely
       .updateTable('knowposts')
       .set({
-        objects_check_at: sql<number>`CASE WHEN objects_check_at IS NULL OR objects_check_at < ${at} THEN ${at} ELSE objects_check_at END`,
+        objects_check_at: laterOf('objects_check_at', at),
       })
       .where('id', '=', id)
       .execute();
@@ -236,7 +242,7 @@ export class PostRepository {
       .updateTable('knowposts')
       .set({
         objects_check_at: checkAt,
-        uploads_open_until: sql<number>`CASE WHEN uploads_open_until IS NULL OR uploads_open_until < ${openUntil} THEN ${openUntil} ELSE uploads_open_until END`,
+        uploads_open_until: laterOf('uploads_open_until', openUntil),
       })
       .where('id', '=', id)
       .execute();

@@ -260,10 +260,15 @@ export class PostService {
       });
     }
     if (failed) {
-      await this.posts.scheduleObjectsCheck(postId, this.now()).catch((err: unknown) => {
-        this.log?.warn({ err, post: postId }, 'could not schedule a check of a post’s objects');
-      });
+      await this.askForObjectsCheck(postId, this.now());
     }
+  }
+
+  /** Asks for a check of the post's objects by `at`; a failure is logged, not thrown. */
+  private async askForObjectsCheck(postId: string, at: number): Promise<void> {
+    await this.posts.scheduleObjectsCheck(postId, at).catch((err: unknown) => {
+      this.log?.warn({ err, post: postId }, 'could not schedule a check of a post’s objects');
+    });
   }
 
   /**
@@ -371,9 +376,7 @@ export class PostService {
           }
         }
       } finally {
-        await this.posts.scheduleObjectsCheck(post.id, this.now() + PATCH_SETTLE_MS).catch((err: unknown) => {
-          this.log?.warn({ err, post: post.id }, 'could not schedule a check of a post’s objects');
-        });
+        await this.askForObjectsCheck(post.id, this.now() + PATCH_SETTLE_MS);
       }
     }
     const kinds: PostChangeKind[] = [];
