@@ -73,6 +73,9 @@ export function profileRoutes(deps: ProfileRouteDeps) {
         onRequest: deps.guards.optional,
         schema: {
           tags,
+          description:
+            "A user's profile. The caller's own carries phone and email (null when not set); " +
+            "anyone else's, the public profile, leaves both out.",
           params: UserIdParams,
           response: { 200: ProfileResponse, ...errorResponses(400, 401, 404) },
         },

@@ -27,8 +27,9 @@ export const ProfileResponse = Type.Object({
   gender: Type.String(),
   birthday: Nullable(Type.String()),
   school: Nullable(Type.String()),
-  phone: Nullable(Type.String()),
-  email: Nullable(Type.String()),
+  /** Only in the caller's own profile (null when not set); left out of everyone else's. */
+  phone: Type.Optional(Nullable(Type.String())),
+  email: Type.Optional(Nullable(Type.String())),
   tagJson: Type.String(),
 });
 

@@ -17,9 +17,12 @@ export function toAuthUser(user: UserRow) {
   };
 }
 
-/** `ProfileResponse`; phone and e-mail only when `own` (the caller's own profile). */
+/**
+ * `ProfileResponse`; phone and e-mail only when `own` (the caller's own profile). Anyone else's is
+ * the public profile, which leaves both keys out, as the relation lists do.
+ */
 export function toProfile(user: UserRow, own: boolean) {
-  return {
+  const profile = {
     id: user.id,
     nickname: user.nickname,
     avatar: user.avatar,
@@ -28,8 +31,7 @@ export function toProfile(user: UserRow, own: boolean) {
     gender: user.gender,
     birthday: user.birthday,
     school: user.school,
-    phone: own ? user.phone : null,
-    email: own ? user.email : null,
     tagJson: user.tags_json,
   };
+  return own ? { ...profile, phone: user.phone, email: user.email } : profile;
 }

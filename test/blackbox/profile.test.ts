@@ -55,13 +55,17 @@ describe.each<ProfileName>(['embedded', 'cluster'])('profiles (%s profile)', (pr
       id: alice.userId,
       nickname: 'Alice',
       zgId,
-      phone: null,
-      email: null,
     });
+    // The public profile leaves the private fields out, as the relation lists do.
+    expect(publicView.body).not.toHaveProperty('phone');
+    expect(publicView.body).not.toHaveProperty('email');
     const anonymous = await client.call('GET', `/api/v1/profile/${alice.userId}`);
-    expect(anonymous.body).toMatchObject({ nickname: 'Alice', phone: null, email: null });
+    expect(anonymous.body).toMatchObject({ nickname: 'Alice' });
+    expect(anonymous.body).not.toHaveProperty('phone');
+    expect(anonymous.body).not.toHaveProperty('email');
     const own = await client.call('GET', `/api/v1/profile/${alice.userId}`, { token: alice.accessToken });
     expect(own.body.email).toBe(alice.identifier);
+    expect(own.body).toHaveProperty('phone', null);
     expect((await client.call('GET', '/api/v1/auth/me', { token: alice.accessToken })).body.zhId).toBe(zgId);
 
     const taken = await client.call('PATCH', '/api/v1/profile', { token: bob.accessToken, body: { zgId } });
