@@ -28,7 +28,8 @@ export const RegisterBody = Type.Object({
   identifier: Identifier,
   code: Code,
   password: Type.Optional(Password),
-  agreeTerms: Type.Boolean(),
+  // Must be true; left out or false, the answer is TERMS_NOT_ACCEPTED rather than a schema error.
+  agreeTerms: Type.Optional(Type.Boolean({ description: 'Must be true: the terms are accepted' })),
 });
 
 /** Password or code: exactly one of the two is required. */

@@ -108,7 +108,7 @@ export class AuthService {
       identifier: string;
       code: string;
       password?: string | undefined;
-      agreeTerms: boolean;
+      agreeTerms?: boolean | undefined;
     },
     ctx: RequestContext,
   ) {

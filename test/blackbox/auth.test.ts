@@ -155,6 +155,12 @@ describe.each<ProfileName>(['embedded', 'cluster'])('accounts (%s profile)', (pr
       400,
       'TERMS_NOT_ACCEPTED',
     );
+    // Left out is not accepted either, and says so in the same words.
+    expectError(
+      await post('register', { identifierType: 'EMAIL', identifier: fresh, code }),
+      400,
+      'TERMS_NOT_ACCEPTED',
+    );
     expectError(
       await post('register', {
         identifierType: 'EMAIL',
