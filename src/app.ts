@@ -95,7 +95,7 @@ const version = (
 export async function buildApp(config: Config, options: BuildOptions = {}): Promise<App> {
   const log = options.logger ?? createLogger(config.logLevel);
   const now = options.now ?? Date.now;
-  const platform = await createPlatform(config, log);
+  const platform = await createPlatform(config, log, { serves: true });
   const metrics = new Metrics();
   let draining = false;
 
@@ -106,6 +106,7 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
     trustProxy: config.trustProxy,
     uploadLimitBytes: config.avatarMaxBytes,
     version,
+    docs: config.role !== 'worker',
   });
 
   const users = new UsersRepository(platform.db);

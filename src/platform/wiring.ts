@@ -60,8 +60,19 @@ export interface Platform {
   close(): Promise<void>;
 }
 
-export async function createPlatform(config: Config, log: Logger): Promise<Platform> {
-  return config.profile === 'embedded' ? createEmbedded(config, log) : createCluster(config, log);
+export interface PlatformOptions {
+  /** Whether the process serves HTTP (a server, not an admin command): start-up warnings of what it serves. */
+  serves?: boolean;
+}
+
+export async function createPlatform(
+  config: Config,
+  log: Logger,
+  options: PlatformOptions = {},
+): Promise<Platform> {
+  return config.profile === 'embedded'
+    ? createEmbedded(config, log)
+    : createCluster(config, log, options.serves ?? false);
 }
 
 function localStorage(config: Config): ObjectStorage {
@@ -89,10 +100,11 @@ async function s3Storage(config: Config, log: Logger) {
   return storage;
 }
 
-async function codeSenders(config: Config, log: Logger): Promise<RoutingCodeSender> {
+/** `warn`: say at start-up which codes go to the log (a cluster process that serves requests). */
+async function codeSenders(config: Config, log: Logger, warn: boolean): Promise<RoutingCodeSender> {
   const { smtp, sms } = config;
   const logged = [...(smtp.url ? [] : ['e-mail']), ...(!sms.webhookUrl && sms.log ? ['phone'] : [])];
-  if (config.profile === 'cluster' && logged.length > 0) {
+  if (warn && logged.length > 0) {
     log.warn(
       { codes: logged },
       'verification codes are written to the log: whoever reads it can sign in as those users',
@@ -115,7 +127,7 @@ async function createEmbedded(config: Config, log: Logger): Promise<Platform> {
     await migrate(db);
     const events = new SqliteEventLog(db);
     closers.unshift(() => events.close());
-    const codeSender = await codeSenders(config, log);
+    const codeSender = await codeSenders(config, log, false);
     closers.unshift(async () => codeSender.close());
     const invalidation = createLocalInvalidationBus();
     closers.unshift(() => invalidation.close());
@@ -184,7 +196,7 @@ export async function checkCounterGroups(redis: Redis, prefix: string, groups: n
   }
 }
 
-async function createCluster(config: Config, log: Logger): Promise<Platform> {
+async function createCluster(config: Config, log: Logger, serves: boolean): Promise<Platform> {
   const closers: (() => Promise<void>)[] = [];
   try {
     const db = await openMysql(required(config.mysqlUrl, 'ZG_MYSQL_URL'));
@@ -223,9 +235,9 @@ async function createCluster(config: Config, log: Logger): Promise<Platform> {
     const { RedisUserCounterStore } = await import('../user-counter/store/redis-user-counter-store.js');
     const { RedisListCache } = await import('../relation/list-cache/redis-list-cache.js');
 
-    const codeSender = await codeSenders(config, log);
+    const codeSender = await codeSenders(config, log, serves);
     closers.unshift(async () => codeSender.close());
-    if (config.metricsToken === undefined) {
+    if (serves && config.metricsToken === undefined) {
       log.warn('GET /metrics answers anyone who reaches this port; set ZG_METRICS_TOKEN');
     }
     return {

@@ -10,6 +10,7 @@ import { openMysql, type Db } from '../../src/platform/db/database.js';
 import { services } from '../rig/resources.js';
 import {
   clusterDeployment,
+  runCli,
   signUpByPhone,
   startNode,
   type Deployment,
@@ -75,6 +76,29 @@ describe('outbox relay woken across processes (cluster profile: an API and a wor
     expect(res.status).toBe(200);
     return res.body as Record<string, number>;
   };
+
+  it('serves the OpenAPI document from the API process only, and warns of open metrics only where it serves them', async () => {
+    const status = async (node: NodeProcess, path: string) => (await fetch(`${node.baseUrl}${path}`)).status;
+    for (const path of ['/healthz', '/readyz', '/metrics']) {
+      expect({ path, status: await status(worker!, path) }).toEqual({ path, status: 200 });
+    }
+    for (const path of ['/openapi.json', '/docs/', '/api/v1/knowposts/feed']) {
+      expect({ path, status: await status(worker!, path) }).toEqual({ path, status: 404 });
+      expect({ path, status: await status(api!, path) }).toEqual({ path, status: 200 });
+    }
+    // Serving processes warn that /metrics is open and codes are logged; an admin command serves
+    // nothing and does not.
+    const warnings = [
+      'GET /metrics answers anyone who reaches this port; set ZG_METRICS_TOKEN',
+      'verification codes are written to the log: whoever reads it can sign in as those users',
+    ];
+    const verify = await runCli(deployment!.env, ['counters', 'verify']);
+    expect(verify.code).toBe(0);
+    for (const warning of warnings) {
+      expect(worker!.lines.some((line) => line.msg === warning)).toBe(true);
+      expect(verify.stdout).not.toContain(warning);
+    }
+  });
 
   it('publishes every follow and unfollow of the API process within seconds, though the relay polls once a minute', async () => {
     const client = new Client(api!.baseUrl);

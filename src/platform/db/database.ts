@@ -53,7 +53,11 @@ export async function migrate(db: Db): Promise<void> {
   const { error, results } = await migrator.migrateToLatest();
   const failed = results?.find((r) => r.status === 'Error');
   if (error || failed) {
-    const reason = error instanceof Error ? `: ${error.message}` : '';
+    let reason = error instanceof Error ? `: ${error.message}` : '';
+    // ER_BAD_DB_ERROR: migrations make tables, not the database.
+    if ((error as { errno?: unknown } | undefined)?.errno === 1049) {
+      reason += ' (create it first: CREATE DATABASE <name> CHARACTER SET utf8mb4)';
+    }
     throw new Error(
       failed ? `migration ${failed.migrationName} failed${reason}` : `migrations could not run${reason}`,
       { cause: error },

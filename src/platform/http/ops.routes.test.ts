@@ -19,6 +19,7 @@ describe('readiness', () => {
       bodyLimitBytes: 1024,
       uploadLimitBytes: 1024,
       version: 'test',
+      docs: false,
     });
     await app.register(
       opsRoutes(new Metrics(), { database: async () => true, kafka: async () => kafkaUp }, () => draining),

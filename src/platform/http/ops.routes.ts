@@ -6,7 +6,7 @@ import type { Metrics } from '../metrics/metrics.js';
 
 export type ReadinessCheck = () => Promise<boolean>;
 
-/** Liveness, readiness, metrics and the OpenAPI document. */
+/** Liveness, readiness and metrics, served by every role. */
 export function opsRoutes(
   metrics: Metrics,
   checks: Record<string, ReadinessCheck>,
@@ -56,7 +56,5 @@ export function opsRoutes(
       void reply.header('content-type', metrics.registry.contentType);
       return metrics.registry.metrics();
     });
-
-    app.get('/openapi.json', { schema: { hide: true } }, async () => app.swagger());
   };
 }

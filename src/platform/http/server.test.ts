@@ -13,6 +13,7 @@ describe('the HTTP server while it closes', () => {
       bodyLimitBytes: 1024,
       uploadLimitBytes: 1024,
       version: 'test',
+      docs: false,
     });
     let release!: () => void;
     const held = new Promise<void>((resolve) => (release = resolve));

@@ -26,6 +26,8 @@ export interface HttpServerOptions {
   /** Which proxies may name the client in X-Forwarded-For; `false` takes the socket's peer. */
   trustProxy?: boolean | number | string;
   version: string;
+  /** Serve the OpenAPI document and its UI (`/openapi.json`, `/docs`): processes that serve the API. */
+  docs: boolean;
 }
 
 const REQUEST_ID = /^[A-Za-z0-9._-]{1,64}$/;
@@ -210,6 +212,7 @@ export async function createHttpServer(options: HttpServerOptions): Promise<Fast
     exposedHeaders: ['X-Next-Cursor', 'X-Request-Id'],
   });
   await app.register(multipart, { limits: { fileSize: options.uploadLimitBytes, files: 1, fields: 10 } });
+  if (!options.docs) return app;
   await app.register(swagger, {
     openapi: {
       openapi: '3.0.3',
@@ -224,5 +227,6 @@ export async function createHttpServer(options: HttpServerOptions): Promise<Fast
     },
   });
   await app.register(swaggerUi, { routePrefix: '/docs' });
+  app.get('/openapi.json', { schema: { hide: true } }, async () => app.swagger());
   return app;
 }

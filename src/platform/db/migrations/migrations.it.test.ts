@@ -1,8 +1,8 @@
 import { Migrator } from 'kysely/migration';
 import { afterEach, describe, expect, it } from 'vitest';
-import { freshDatabases } from '../../../../test/rig/resources.js';
+import { freshDatabases, services } from '../../../../test/rig/resources.js';
 import { UniqueViolationError } from '../../errors/errors.js';
-import { migrate, translateDbError, type Db } from '../database.js';
+import { migrate, openMysql, translateDbError, type Db } from '../database.js';
 import { migrationsFor } from './index.js';
 
 const backends = freshDatabases({ migrated: false });
@@ -115,3 +115,16 @@ function violation(err: unknown): string {
   }
   return 'other';
 }
+
+describe('migrations on MySQL without the database', () => {
+  it('say that the database must be created first', async () => {
+    const url = new URL(services.mysqlRootUrl());
+    url.pathname = `/zg_missing_${process.pid}_${Date.now()}`;
+    const db = await openMysql(url.toString(), 1);
+    try {
+      await expect(migrate(db)).rejects.toThrow(/Unknown database .*create it first: CREATE DATABASE/);
+    } finally {
+      await db.close();
+    }
+  });
+});
