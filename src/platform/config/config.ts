@@ -306,7 +306,10 @@ export const CONFIG_VARS = {
     description: `worker id of this process in generated ids, 0 to ${MAX_WORKER_ID}; distinct for every process of a deployment`,
     default: '0',
   },
-  ZG_POST_CONTENT_MAX_BYTES: { description: 'largest post body upload accepted', default: '5242880' },
+  ZG_POST_CONTENT_MAX_BYTES: {
+    description: 'largest post body upload accepted; description/suggest takes JSON bodies up to twice this',
+    default: '5242880',
+  },
   ZG_POST_IMAGE_MAX_BYTES: { description: 'largest post image upload accepted', default: '10485760' },
   ZG_PRESIGN_EXPIRES_SECONDS: { description: 'how long a presigned upload URL stays valid', default: '600' },
   ZG_UPLOAD_RETENTION_HOURS: {
@@ -340,7 +343,10 @@ export const CONFIG_VARS = {
     description: 'longest a view waits in the buffer before it is published',
     default: '200',
   },
-  ZG_BODY_LIMIT_BYTES: { description: 'largest JSON body accepted', default: '1048576' },
+  ZG_BODY_LIMIT_BYTES: {
+    description: 'largest JSON body accepted (description/suggest takes at least room for a post body)',
+    default: '1048576',
+  },
   ZG_METRICS_TOKEN: {
     description:
       'when set, GET /metrics answers only requests with "Authorization: Bearer <token>" (401 otherwise); unset, anyone who reaches the port may read it',

@@ -8,6 +8,13 @@ describe('.env.example', () => {
 
   it('lists exactly the variables the config module reads, each with its description', () => {
     expect([...listed].sort()).toEqual(Object.keys(CONFIG_VARS).sort());
-    for (const spec of Object.values(CONFIG_VARS)) expect(text).toContain(`# ${spec.description}`);
+    // The whole description line, right above the variable with its default (or commented out).
+    for (const [name, spec] of Object.entries<{ description: string; default?: string }>(CONFIG_VARS)) {
+      const line = spec.default === undefined ? `# ${name}=` : `${name}=${spec.default}`;
+      expect({ name, found: text.includes(`\n# ${spec.description}\n${line}\n`) }).toEqual({
+        name,
+        found: true,
+      });
+    }
   });
 });
