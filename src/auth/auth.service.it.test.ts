@@ -293,7 +293,10 @@ describe('phone codes without an SMS gateway', () => {
     for (const scene of ['REGISTER', 'LOGIN', 'RESET_PASSWORD']) {
       const res = await send(scene, 'PHONE', '13800138000');
       expect(res.statusCode).toBe(503);
-      expect(res.json()).toMatchObject({ code: 'SMS_UNAVAILABLE' });
+      expect(res.json()).toMatchObject({
+        code: 'UNAVAILABLE',
+        message: 'Codes cannot be sent to phone numbers here; use an e-mail address or a password',
+      });
     }
     expect((await send('REGISTER', 'EMAIL', 'mail@example.test')).statusCode).toBe(200);
   });

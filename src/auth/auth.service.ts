@@ -4,6 +4,7 @@ import {
   BadRequestError,
   ConflictError,
   RateLimitedError,
+  UnavailableError,
   UniqueViolationError,
 } from '../platform/errors/errors.js';
 import type { KeyValueStore } from '../platform/kv/kv.js';
@@ -87,10 +88,8 @@ export class AuthService {
     const identifier = normalizeIdentifier(type, rawIdentifier);
     // Before anything about the account: the same answer whether it exists or not.
     if (!this.verification.delivers(type)) {
-      throw new AppError(
-        'SMS_UNAVAILABLE',
+      throw new UnavailableError(
         'Codes cannot be sent to phone numbers here; use an e-mail address or a password',
-        503,
       );
     }
     await this.limitIp('send', ctx);

@@ -214,7 +214,7 @@ export const CONFIG_VARS = {
   },
   ZG_SMS_LOG_CODES: {
     description:
-      'without ZG_SMS_WEBHOOK_URL, write phone codes to the log (true) or refuse to send them (false, 503 SMS_UNAVAILABLE); default true on embedded, false on cluster: anyone who reads the log could sign in as any phone user',
+      'without ZG_SMS_WEBHOOK_URL, write phone codes to the log (true) or refuse to send them (false, 503 UNAVAILABLE); default true on embedded, false on cluster: anyone who reads the log could sign in as any phone user',
   },
   ZG_AUTH_LOGIN_LIMIT: {
     description:
