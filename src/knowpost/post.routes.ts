@@ -13,9 +13,7 @@ import {
   PostPatchBody,
   PresignBody,
   PresignResponse,
-  TOP_FIELDS,
   TopBody,
-  VISIBILITY_FIELDS,
   VisibilityBody,
 } from './post.schema.js';
 import type { PostService } from './post.service.js';
@@ -26,15 +24,21 @@ export interface PostRouteDeps {
 }
 
 /**
- * The server strips unknown body fields by default; on these routes a misspelt field would be a
- * silently ignored edit, so it is a 400 instead.
+ * The body of a metadata edit, before validation. The server strips unknown body fields by default;
+ * here every field is optional, so a misspelt one would be a silently ignored edit: a 400 instead.
+ * A field sent as null is left as it is, as the original service took it (clients that serialise
+ * every field of their patch object send nulls), except `tagId`, where null clears the tag.
  */
-export function rejectUnknownFields(fields: readonly string[]): preValidationAsyncHookHandler {
+function patchFields(fields: readonly string[]): preValidationAsyncHookHandler {
   return async (request) => {
     const body: unknown = request.body;
     if (body === null || typeof body !== 'object' || Array.isArray(body)) return;
-    const unknown = Object.keys(body).find((key) => !fields.includes(key));
-    if (unknown !== undefined) throw new BadRequestError(`body.${unknown} is not allowed`);
+    const record = body as Record<string, unknown>;
+    const unknown = Object.keys(record).find((key) => !fields.includes(key));
+    if (unknown !== undefined) throw new BadRequestError(`body.${unknown} is not a field of a post edit`);
+    for (const [key, value] of Object.entries(record)) {
+      if (value === null && key !== 'tagId') delete record[key];
+    }
   };
 }
 
@@ -68,7 +72,6 @@ export function postRoutes(deps: PostRouteDeps) {
     app.post(
       `${base}/:id/content/confirm`,
       {
-        preValidation: rejectUnknownFields(Object.keys(ConfirmBody.properties)),
         onRequest: deps.guards.required,
         schema: {
           tags,
@@ -95,13 +98,15 @@ export function postRoutes(deps: PostRouteDeps) {
     app.patch(
       `${base}/:id`,
       {
-        preValidation: rejectUnknownFields(POST_PATCH_FIELDS),
+        preValidation: patchFields(POST_PATCH_FIELDS),
         onRequest: deps.guards.required,
         schema: {
           tags,
           security,
           summary: 'Edit metadata',
           description:
+            'A field sent as null is left as it is, except tagId, where null clears the tag; a field ' +
+            'that is not one of these is a 400 (a misspelt edit is not ignored). ' +
             '`imgUrls` entries are image keys of this post (from presign, under posts/{id}/images/) or ' +
             "absolute http(s) URLs. A URL of this post's own objects stands for its key: the upload URL " +
             'with or without its query, or an image URL from a detail answer (signed, possibly expired). ' +
@@ -148,7 +153,6 @@ export function postRoutes(deps: PostRouteDeps) {
     app.patch(
       `${base}/:id/top`,
       {
-        preValidation: rejectUnknownFields(TOP_FIELDS),
         onRequest: deps.guards.required,
         schema: {
           tags,
@@ -168,7 +172,6 @@ export function postRoutes(deps: PostRouteDeps) {
     app.patch(
       `${base}/:id/visibility`,
       {
-        preValidation: rejectUnknownFields(VISIBILITY_FIELDS),
         onRequest: deps.guards.required,
         schema: {
           tags,
@@ -215,7 +218,6 @@ export function presignRoutes(deps: PostRouteDeps) {
     app.post(
       '/api/v1/storage/presign',
       {
-        preValidation: rejectUnknownFields(Object.keys(PresignBody.properties)),
         onRequest: deps.guards.required,
         schema: {
           tags: ['storage'],

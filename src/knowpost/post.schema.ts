@@ -25,15 +25,12 @@ export const DraftResponse = Type.Object({ id: Type.String() });
 export const UploadScene = Type.Union([Type.Literal('knowpost_content'), Type.Literal('knowpost_image')]);
 export type UploadScene = Static<typeof UploadScene>;
 
-export const PresignBody = Type.Object(
-  {
-    scene: UploadScene,
-    postId: PostId,
-    contentType: Type.String({ minLength: 3, maxLength: 128 }),
-    ext: Type.Optional(Type.String({ minLength: 2, maxLength: 16 })),
-  },
-  { additionalProperties: false },
-);
+export const PresignBody = Type.Object({
+  scene: UploadScene,
+  postId: PostId,
+  contentType: Type.String({ minLength: 3, maxLength: 128 }),
+  ext: Type.Optional(Type.String({ minLength: 2, maxLength: 16 })),
+});
 export type PresignBody = Static<typeof PresignBody>;
 
 export const PresignResponse = Type.Object({
@@ -44,15 +41,12 @@ export const PresignResponse = Type.Object({
 });
 export type PresignResponse = Static<typeof PresignResponse>;
 
-export const ConfirmBody = Type.Object(
-  {
-    objectKey: Type.String({ minLength: 1, maxLength: 512 }),
-    etag: Type.String({ minLength: 1, maxLength: 130 }),
-    size: Type.Integer({ minimum: 0, maximum: Number.MAX_SAFE_INTEGER }),
-    sha256: Type.String({ pattern: '^[0-9a-fA-F]{64}$' }),
-  },
-  { additionalProperties: false },
-);
+export const ConfirmBody = Type.Object({
+  objectKey: Type.String({ minLength: 1, maxLength: 512 }),
+  etag: Type.String({ minLength: 1, maxLength: 130 }),
+  size: Type.Integer({ minimum: 0, maximum: Number.MAX_SAFE_INTEGER }),
+  sha256: Type.String({ pattern: '^[0-9a-fA-F]{64}$' }),
+});
 export type ConfirmBody = Static<typeof ConfirmBody>;
 
 /**
@@ -87,8 +81,6 @@ export const PostPatchBody = Type.Object(
 export type PostPatchBody = Static<typeof PostPatchBody>;
 export const POST_PATCH_FIELDS = Object.keys(PostPatchBody.properties);
 
-export const TopBody = Type.Object({ isTop: Type.Boolean() }, { additionalProperties: false });
-export const TOP_FIELDS = Object.keys(TopBody.properties);
+export const TopBody = Type.Object({ isTop: Type.Boolean() });
 
-export const VisibilityBody = Type.Object({ visible: Visible }, { additionalProperties: false });
-export const VISIBILITY_FIELDS = Object.keys(VisibilityBody.properties);
+export const VisibilityBody = Type.Object({ visible: Visible });
