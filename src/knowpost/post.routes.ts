@@ -4,7 +4,7 @@ import { Type } from 'typebox';
 import type { AuthGuards } from '../auth/auth.guard.js';
 import { principalOf } from '../auth/auth.guard.js';
 import { BadRequestError } from '../platform/errors/errors.js';
-import { errorResponses } from '../platform/http/schemas.js';
+import { dropNullFields, errorResponses } from '../platform/http/schemas.js';
 import {
   ConfirmBody,
   DraftResponse,
@@ -26,19 +26,15 @@ export interface PostRouteDeps {
 /**
  * The body of a metadata edit, before validation. The server strips unknown body fields by default;
  * here every field is optional, so a misspelt one would be a silently ignored edit: a 400 instead.
- * A field sent as null is left as it is, as the original service took it (clients that serialise
- * every field of their patch object send nulls), except `tagId`, where null clears the tag.
+ * A field sent as null is left as it is, except `tagId`, where null clears the tag.
  */
 function patchFields(fields: readonly string[]): preValidationAsyncHookHandler {
   return async (request) => {
     const body: unknown = request.body;
     if (body === null || typeof body !== 'object' || Array.isArray(body)) return;
-    const record = body as Record<string, unknown>;
-    const unknown = Object.keys(record).find((key) => !fields.includes(key));
+    const unknown = Object.keys(body).find((key) => !fields.includes(key));
     if (unknown !== undefined) throw new BadRequestError(`body.${unknown} is not a field of a post edit`);
-    for (const [key, value] of Object.entries(record)) {
-      if (value === null && key !== 'tagId') delete record[key];
-    }
+    dropNullFields(request, ['tagId']);
   };
 }
 

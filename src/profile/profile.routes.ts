@@ -1,7 +1,7 @@
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import { AppError, BadRequestError, PayloadTooLargeError } from '../platform/errors/errors.js';
-import { errorResponses } from '../platform/http/schemas.js';
+import { dropNullFields, errorResponses } from '../platform/http/schemas.js';
 import type { AuthGuards } from '../auth/auth.guard.js';
 import { principalOf } from '../auth/auth.guard.js';
 import { ProfilePatchBody, ProfileResponse, UserIdParams } from './profile.schema.js';
@@ -24,12 +24,14 @@ export function profileRoutes(deps: ProfileRouteDeps) {
       '/api/v1/profile',
       {
         onRequest: deps.guards.required,
+        preValidation: async (request) => dropNullFields(request),
         schema: {
           tags,
           security,
           description:
-            'Changes the fields given. At least one profile field is needed (400 otherwise; unknown fields ' +
-            'are dropped and do not count). A zgId another user holds, in any case, is 409 ZGID_EXISTS.',
+            'Changes the fields given; a field sent as null is left as it is. At least one profile field ' +
+            'is needed (400 otherwise; unknown and null fields are dropped and do not count). A zgId ' +
+            'another user holds, in any case, is 409 ZGID_EXISTS.',
           body: ProfilePatchBody,
           response: { 200: ProfileResponse, ...errorResponses(400, 401, 409) },
         },

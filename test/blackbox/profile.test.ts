@@ -107,6 +107,7 @@ describe.each<ProfileName>(['embedded', 'cluster'])('profiles (%s profile)', (pr
       { nickname: 'two\nlines' },
       { school: 'bell\u0007' },
       { bio: 'escape \u001b[31mred' },
+      { nickname: null, bio: null },
     ];
     for (const body of bad) {
       const res = await client.call('PATCH', '/api/v1/profile', { token: user.accessToken, body });
@@ -129,6 +130,12 @@ describe.each<ProfileName>(['embedded', 'cluster'])('profiles (%s profile)', (pr
     const bio = 'first line\n\tsecond line\r\n';
     const edited = await client.call('PATCH', '/api/v1/profile', { token: user.accessToken, body: { bio } });
     expect([edited.status, edited.body.bio]).toEqual([200, bio]);
+    // A field sent as null is left as it is.
+    const nulls = await client.call('PATCH', '/api/v1/profile', {
+      token: user.accessToken,
+      body: { nickname: 'Renamed', bio: null, school: null, gender: null, birthday: null, zgId: null },
+    });
+    expect([nulls.status, nulls.body.nickname, nulls.body.bio]).toEqual([200, 'Renamed', bio]);
   });
 
   it('uploads an avatar and serves it back', async () => {

@@ -1,5 +1,5 @@
 import { Type, type TSchema, type TStringOptions } from 'typebox';
-import type { FastifyReply } from 'fastify';
+import type { FastifyReply, FastifyRequest } from 'fastify';
 
 export const ErrorSchema = Type.Object({
   code: Type.String(),
@@ -47,4 +47,19 @@ export function errorResponses(...statuses: number[]): Record<number, typeof Err
  */
 export function sendJsonBytes(reply: FastifyReply, bytes: Buffer): FastifyReply {
   return reply.type('application/json; charset=utf-8').send(bytes);
+}
+
+/**
+ * For edits where every field is optional: drops the body's fields sent as null (all but `keep`,
+ * where null means something) before validation, so null leaves a field as it is. The original
+ * service took edits so, and clients that serialise every field of their edit object send nulls.
+ * Run it as (or in) a `preValidation` hook.
+ */
+export function dropNullFields(request: FastifyRequest, keep: readonly string[] = []): void {
+  const body: unknown = request.body;
+  if (body === null || typeof body !== 'object' || Array.isArray(body)) return;
+  const record = body as Record<string, unknown>;
+  for (const [key, value] of Object.entries(record)) {
+    if (value === null && !keep.includes(key)) delete record[key];
+  }
 }
