@@ -86,7 +86,8 @@ export function authRoutes(deps: AuthRouteDeps) {
             '(ZG_AUTH_LOGIN_LIMIT per 15 minutes, 10 by default; a success starts the count again) and ' +
             'per account from all clients together (ten times that; not for a client the account signed ' +
             'in from in the last 30 days), besides ZG_AUTH_IP_LIMIT per client: 429 past any. A code ' +
-            'allows 5 tries.',
+            'allows 5 tries. An unknown account answers as a wrong password (401 INVALID_CREDENTIALS) ' +
+            'or code (400 VERIFICATION_MISMATCH) would: IDENTIFIER_NOT_FOUND is never sent.',
           body: LoginBody,
           response: { 200: AuthResponse, ...errorResponses(400, 401, 429) },
         },
