@@ -24,7 +24,7 @@ import type {
   ToggleResult,
   ViewIncrement,
 } from './counter-store.js';
-import { runExclusive } from '../../platform/db/sqlite-exclusive.js';
+import { prepareTransactionStatements, runExclusive } from '../../platform/db/sqlite-exclusive.js';
 
 export interface SqliteCounterStoreOptions {
   /** Event log topic the toggles append to. */
@@ -513,9 +513,7 @@ type Statements = ReturnType<typeof prepareStatements>;
 function prepareStatements(raw: DatabaseSync) {
   const p = (text: string): StatementSync => raw.prepare(text);
   return {
-    begin: p('BEGIN IMMEDIATE'),
-    beginRead: p('BEGIN'),
-    commit: p('COMMIT'),
+    ...prepareTransactionStatements(raw),
     savepoint: p('SAVEPOINT counter_toggle'),
     release: p('RELEASE counter_toggle'),
     rollbackTo: p('ROLLBACK TO counter_toggle'),

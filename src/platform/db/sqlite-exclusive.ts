@@ -9,6 +9,14 @@ export interface TransactionStatements {
   commit: StatementSync;
 }
 
+export function prepareTransactionStatements(raw: DatabaseSync): TransactionStatements {
+  return {
+    begin: raw.prepare('BEGIN IMMEDIATE'),
+    beginRead: raw.prepare('BEGIN'),
+    commit: raw.prepare('COMMIT'),
+  };
+}
+
 /**
  * Runs the synchronous `work` in one transaction while holding Kysely's connection lock: no Kysely
  * query or transaction can interleave, and since `work` is synchronous neither can anything else.

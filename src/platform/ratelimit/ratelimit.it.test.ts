@@ -107,4 +107,23 @@ describe('SqliteRateLimiter storage', () => {
     await rl.reset('login');
     expect(await kv.get('login')).toBe('value');
   });
+
+  it('decides hits made together one after the other, on the count each one left', async () => {
+    const rl = createSqliteRateLimiter(db);
+    const decisions = await Promise.all(Array.from({ length: 40 }, () => rl.hit('together', 10, 60_000)));
+    expect(decisions.slice(0, 10).map((d) => [d.allowed, d.remaining])).toEqual(
+      Array.from({ length: 10 }, (_, i) => [true, 9 - i]),
+    );
+    expect(decisions.slice(10).every((d) => !d.allowed && d.remaining === 0)).toBe(true);
+  });
+
+  it('fails every hit waiting for a commit that cannot be made, and takes hits again afterwards', async () => {
+    const rl = createSqliteRateLimiter(db);
+    await rl.hit('k', 5, 60_000);
+    db.raw!.exec("CREATE TRIGGER refuse BEFORE UPDATE ON kv BEGIN SELECT RAISE(ABORT, 'refused'); END");
+    const failed = await Promise.allSettled([rl.hit('k', 5, 60_000), rl.hit('k', 5, 60_000)]);
+    expect(failed.map((r) => r.status)).toEqual(['rejected', 'rejected']);
+    db.raw!.exec('DROP TRIGGER refuse');
+    expect(await rl.hit('k', 5, 60_000)).toEqual({ allowed: true, remaining: 3, retryAfterMs: 0 });
+  });
 });

@@ -15,7 +15,7 @@ import {
   type WriteOptions,
   type WriteResult,
 } from './user-counter-store.js';
-import { runExclusive } from '../../platform/db/sqlite-exclusive.js';
+import { prepareTransactionStatements, runExclusive } from '../../platform/db/sqlite-exclusive.js';
 
 export interface SqliteUserCounterStoreOptions {
   /** How long a (user, event) pair stays recorded as applied. */
@@ -180,9 +180,7 @@ type Statements = ReturnType<typeof prepareStatements>;
 function prepareStatements(raw: DatabaseSync) {
   const p = (text: string): StatementSync => raw.prepare(text);
   return {
-    begin: p('BEGIN IMMEDIATE'),
-    beginRead: p('BEGIN'),
-    commit: p('COMMIT'),
+    ...prepareTransactionStatements(raw),
     row: p('SELECT data, version FROM user_counters WHERE user_id = CAST(? AS INTEGER)'),
     // One statement says whether the pair is new: the insert changes a row exactly then.
     record: p(
