@@ -167,16 +167,59 @@ async function createEmbedded(config: Config, log: Logger): Promise<Platform> {
   }
 }
 
-/** The cluster profile's Redis client settings: auto-pipelined but for `SEND_AT_ONCE`. */
-export async function clusterRedisOptions(): Promise<
-  Pick<RedisOptions, 'maxRetriesPerRequest' | 'enableAutoPipelining' | 'autoPipeliningIgnoredCommands'>
+/**
+ * The cluster profile's Redis client settings: auto-pipelined but for `SEND_AT_ONCE`. A command
+ * fails after `commandTimeoutMs`, time spent queued for a lost connection included, so while Redis
+ * is unreachable a request answers 503 within about that time instead of waiting through the
+ * client's reconnection attempts (a toggle whose answer is lost so is still published: its event
+ * waits in Redis with the unpublished ones).
+ */
+export async function clusterRedisOptions(
+  commandTimeoutMs = 1_000,
+): Promise<
+  Pick<
+    RedisOptions,
+    'maxRetriesPerRequest' | 'enableAutoPipelining' | 'autoPipeliningIgnoredCommands' | 'commandTimeout'
+  >
 > {
   const { SEND_AT_ONCE } = await import('../counter/store/redis-counter-store.js');
   return {
     maxRetriesPerRequest: 2,
+    commandTimeout: commandTimeoutMs,
     enableAutoPipelining: true,
     autoPipeliningIgnoredCommands: [...SEND_AT_ONCE],
   };
+}
+
+/**
+ * Fails fast while a Redis connection is lost: once it was ready and closes, commands are refused at
+ * once (answered as an outage, 503) rather than queued until it is back or they time out, so a
+ * request that runs several commands one after another does not wait out each one's timeout; from
+ * its next `ready` they are sent again. Before the first `ready` they wait, as start-up needs. Also
+ * logs the loss once (the client reports every failed reconnection attempt) and the return; without
+ * a listener the client prints each attempt to stderr.
+ */
+export function watchRedisConnection(redis: Redis, log: Logger, name: string): void {
+  let ready = false;
+  let down = false;
+  redis.on('ready', () => {
+    ready = true;
+    redis.options.enableOfflineQueue = true;
+    if (!down) return;
+    down = false;
+    log.info({ connection: name }, 'Redis connection back');
+  });
+  redis.on('close', () => {
+    if (ready) redis.options.enableOfflineQueue = false;
+  });
+  redis.on('error', (err: Error) => {
+    if (down) return;
+    down = true;
+    log.warn(
+      { err, connection: name },
+      'Redis connection lost; requests that need it answer 503 until it is back',
+    );
+  });
 }
 
 /**
@@ -204,7 +247,11 @@ async function createCluster(config: Config, log: Logger, serves: boolean): Prom
     await migrate(db);
 
     const { Redis } = await import('ioredis');
-    const redis = new Redis(required(config.redisUrl, 'ZG_REDIS_URL'), await clusterRedisOptions());
+    const redis = new Redis(
+      required(config.redisUrl, 'ZG_REDIS_URL'),
+      await clusterRedisOptions(config.redisCommandTimeoutMs),
+    );
+    watchRedisConnection(redis, log, 'commands');
     closers.unshift(async () => void (await redis.quit().catch(() => redis.disconnect())));
     await checkCounterGroups(redis, config.redisPrefix, config.counters.groups);
     // A subscribed connection can run no other command, so the bus gets one of its own (and closes it).

@@ -25,6 +25,8 @@ export interface Config {
   redisUrl: string | undefined;
   /** Prefix for every Redis key this deployment writes (several deployments may share a Redis). */
   redisPrefix: string;
+  /** Longest a Redis command may take, a wait for the connection included. */
+  redisCommandTimeoutMs: number;
   kafkaBrokers: string[];
   /** Prefix for every Kafka topic and consumer group this deployment uses. */
   kafkaPrefix: string;
@@ -163,6 +165,11 @@ export const CONFIG_VARS = {
   ZG_REDIS_PREFIX: {
     description: 'prefix of every Redis key; without "{" or "}" (the keys carry hash tags of their own)',
     default: 'zg:',
+  },
+  ZG_REDIS_COMMAND_TIMEOUT_MS: {
+    description:
+      'cluster: how long a Redis command may take, waiting for a connection included, before its request answers 503',
+    default: '1000',
   },
   ZG_KAFKA_BROKERS: { description: 'cluster: comma-separated host:port list of Kafka bootstrap brokers' },
   ZG_KAFKA_PREFIX: { description: 'prefix of every Kafka topic and consumer group', default: 'zg.' },
@@ -551,6 +558,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: { ro
     mysqlUrl,
     redisUrl,
     redisPrefix: redisPrefix(),
+    redisCommandTimeoutMs: int('ZG_REDIS_COMMAND_TIMEOUT_MS', 50, 600_000),
     kafkaBrokers,
     kafkaPrefix: raw('ZG_KAFKA_PREFIX') ?? 'zg.',
     kafkaPartitions: int('ZG_KAFKA_PARTITIONS', 1, 1024),

@@ -35,8 +35,12 @@ const NAMES = new Set([
   'ServiceUnavailable',
 ]);
 
-/** ioredis on a closed connection, and Redis replies that mean "not now". */
-const MESSAGE = /^(?:Connection is closed\.|LOADING |TRYAGAIN |CLUSTERDOWN |MASTERDOWN |BUSY )/;
+/**
+ * ioredis on a closed connection, a command past its timeout or refused while the connection is
+ * lost, and Redis replies that mean "not now".
+ */
+const MESSAGE =
+  /^(?:Connection is closed\.|Command timed out|Stream isn't writeable|LOADING |TRYAGAIN |CLUSTERDOWN |MASTERDOWN |BUSY )/;
 
 interface Described {
   name?: unknown;

@@ -1,0 +1,44 @@
+import { describe, expect, it } from 'vitest';
+import { isDependencyOutage } from './outage.js';
+
+describe('isDependencyOutage', () => {
+  it('knows the errors of an unreachable or overloaded service', () => {
+    const outages: unknown[] = [
+      Object.assign(new Error('connect ECONNREFUSED 127.0.0.1:6379'), { code: 'ECONNREFUSED' }),
+      Object.assign(new Error('lost'), { code: 'PROTOCOL_CONNECTION_LOST' }),
+      Object.assign(new Error('Reached the max retries per request limit'), {
+        name: 'MaxRetriesPerRequestError',
+      }),
+      new Error('Connection is closed.'),
+      // ioredis: a command past its timeout, and one refused while the connection is lost.
+      new Error('Command timed out'),
+      new Error("Stream isn't writeable and enableOfflineQueue options is false"),
+      new Error('LOADING Redis is loading the dataset in memory'),
+      Object.assign(new Error('Service Unavailable'), { $metadata: { httpStatusCode: 503 } }),
+      new Error('wrapped', { cause: new Error('Command timed out') }),
+      new AggregateError([new Error('x'), Object.assign(new Error('y'), { code: 'ETIMEDOUT' })]),
+    ];
+    for (const err of outages)
+      expect({ err: String(err), outage: isDependencyOutage(err) }).toEqual({
+        err: String(err),
+        outage: true,
+      });
+  });
+
+  it('does not take bugs or refusals for outages', () => {
+    const others: unknown[] = [
+      new TypeError("Cannot read properties of undefined (reading 'x')"),
+      new Error('ERR wrong number of arguments'),
+      new Error('NOSCRIPT No matching script'),
+      Object.assign(new Error('Duplicate entry'), { code: 'ER_DUP_ENTRY' }),
+      Object.assign(new Error('Forbidden'), { $metadata: { httpStatusCode: 403 } }),
+      'Command timed out',
+      null,
+    ];
+    for (const err of others)
+      expect({ err: String(err), outage: isDependencyOutage(err) }).toEqual({
+        err: String(err),
+        outage: false,
+      });
+  });
+});

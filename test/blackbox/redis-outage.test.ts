@@ -1,0 +1,146 @@
+/**
+ * A cluster server whose Redis goes away and comes back (empty, as after a restart without
+ * persistence): requests that need Redis answer 503 `UNAVAILABLE` within about the command timeout
+ * instead of waiting for Redis to return, readiness says so, and the server serves again once Redis
+ * is back, without a restart. The Redis here is a throwaway `redis-server` of the test's own.
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import { createServer, type AddressInfo } from 'node:net';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { Redis } from 'ioredis';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { Client, eventually, signUp, startServer, type Server, type SignedUp } from './harness.js';
+
+const COMMAND_TIMEOUT_MS = 500;
+
+function freePort(): Promise<number> {
+  return new Promise((ok, fail) => {
+    const probe = createServer();
+    probe.once('error', fail);
+    probe.listen(0, '127.0.0.1', () => {
+      const { port } = probe.address() as AddressInfo;
+      probe.close(() => ok(port));
+    });
+  });
+}
+
+/** Starts `redis-server` on `port`, without persistence, and waits for PING. */
+async function startRedis(port: number): Promise<ChildProcess> {
+  const child = spawn(
+    'redis-server',
+    ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no'],
+    {
+      stdio: 'ignore',
+    },
+  );
+  const probe = new Redis({
+    port,
+    host: '127.0.0.1',
+    lazyConnect: true,
+    maxRetriesPerRequest: 0,
+    retryStrategy: () => null,
+  });
+  probe.on('error', () => {});
+  try {
+    for (let i = 0; ; i++) {
+      try {
+        await probe.connect();
+        await probe.ping();
+        return child;
+      } catch (err) {
+        if (i >= 100) throw err;
+        await sleep(50);
+      }
+    }
+  } finally {
+    probe.disconnect();
+  }
+}
+
+async function stopRedis(child: ChildProcess | undefined): Promise<void> {
+  if (!child || child.exitCode !== null || child.signalCode !== null) return;
+  const exited = new Promise((ok) => child.once('exit', ok));
+  child.kill('SIGKILL');
+  await exited;
+}
+
+describe('a cluster server while its Redis is down', () => {
+  let port: number;
+  let redis: ChildProcess | undefined;
+  let server: Server;
+  let client: Client;
+  let user: SignedUp;
+  const postId = String(BigInt(Date.now()) * 1_000_000n + 7n);
+
+  beforeAll(async () => {
+    port = await freePort();
+    redis = await startRedis(port);
+    server = await startServer('cluster', {
+      ZG_REDIS_URL: `redis://127.0.0.1:${port}`,
+      ZG_REDIS_COMMAND_TIMEOUT_MS: String(COMMAND_TIMEOUT_MS),
+      ZG_ENTITY_CACHE_MS: '0',
+    });
+    client = new Client(server.baseUrl);
+    user = await signUp(server, client);
+    await server.insertPost({ id: postId, authorId: user.userId });
+  }, 120_000);
+
+  afterAll(async () => {
+    await server?.stop();
+    await stopRedis(redis);
+  });
+
+  const like = (token: string) =>
+    client.call('POST', '/api/v1/action/like', { token, body: { entityType: 'knowpost', entityId: postId } });
+
+  it('answers 503 UNAVAILABLE at once rather than waiting, and serves again once Redis is back', async () => {
+    expect((await like(user.accessToken)).body).toEqual({ changed: true, liked: true });
+
+    await stopRedis(redis);
+    const probes: [string, () => ReturnType<Client['call']>][] = [
+      ['like', () => like(user.accessToken)],
+      ['counts', () => client.call('GET', `/api/v1/counter/knowpost/${postId}`)],
+      ['me', () => client.call('GET', '/api/v1/auth/me', { token: user.accessToken })],
+      ['feed', () => client.call('GET', '/api/v1/knowposts/feed')],
+    ];
+    for (let round = 0; round < 2; round++) {
+      // The second round once the client has tried to reconnect a few times.
+      if (round === 1) await sleep(1_500);
+      for (const [name, probe] of probes) {
+        const started = Date.now();
+        const res = await probe();
+        const ms = Date.now() - started;
+        expect({ name, status: res.status, code: res.body?.code }).toEqual({
+          name,
+          status: 503,
+          code: 'UNAVAILABLE',
+        });
+        // A few commands in a row at most, each given up after the timeout.
+        expect({ name, fast: ms < 4 * COMMAND_TIMEOUT_MS + 1_000 }).toEqual({ name, fast: true });
+      }
+    }
+    expect((await client.call('GET', '/readyz')).status).toBe(503);
+
+    // Back, empty: sessions went with it, so the user signs up anew; the server needs no restart.
+    redis = await startRedis(port);
+    expect(
+      await eventually(
+        async () => (await client.call('GET', '/readyz')).status,
+        (status) => status === 200,
+        20_000,
+      ),
+    ).toBe(200);
+    const again = await signUp(server, client);
+    expect((await like(again.accessToken)).body).toEqual({ changed: true, liked: true });
+    expect((await client.call('GET', `/api/v1/counter/knowpost/${postId}`)).status).toBe(200);
+
+    // The loss and the return are told once each, not once per reconnection attempt.
+    const told = server.logLines().map((line) => line.msg);
+    expect(
+      told.filter(
+        (msg) => msg === 'Redis connection lost; requests that need it answer 503 until it is back',
+      ),
+    ).toHaveLength(1);
+    expect(told.filter((msg) => msg === 'Redis connection back')).toHaveLength(1);
+  }, 120_000);
+});
