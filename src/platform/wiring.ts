@@ -223,6 +223,34 @@ export function watchRedisConnection(redis: Redis, log: Logger, name: string): v
 }
 
 /**
+ * Tells when Redis comes back from a lost connection without its data (restarted without
+ * persistence, or failed over to an empty replica): the mark `checkCounterGroups` left is gone. The
+ * facts behind likes and favourites and the sessions went with it; nothing here can bring them back,
+ * so the process says so at error level, with what to run, and sets the mark again (once per loss).
+ */
+export function watchRedisDataLoss(redis: Redis, prefix: string, groups: number, log: Logger): void {
+  const key = `${prefix}meta:counter-groups`;
+  let lost = false;
+  redis.on('close', () => void (lost = true));
+  redis.on('ready', () => {
+    if (!lost) return;
+    lost = false;
+    redis
+      .set(key, String(groups), 'NX')
+      .then((set) => {
+        if (set !== 'OK') return;
+        log.error(
+          { prefix },
+          'Redis came back without its data: likes and favourites read as zero and users must sign in ' +
+            'again; stop API and worker processes and run `zhiguang counters replay --yes` to rebuild ' +
+            'the counts from counter-events',
+        );
+      })
+      .catch((err: unknown) => log.warn({ err }, 'could not check Redis for lost data after a reconnection'));
+  });
+}
+
+/**
  * Counter keys are spread over `ZG_COUNTER_GROUPS` hash-tag groups, so the same entity lives under
  * another key with another value, where its counts read as zeros. The first process of a deployment
  * records the value under `{prefix}meta:counter-groups`; a process started with another refuses to.
@@ -254,6 +282,7 @@ async function createCluster(config: Config, log: Logger, serves: boolean): Prom
     watchRedisConnection(redis, log, 'commands');
     closers.unshift(async () => void (await redis.quit().catch(() => redis.disconnect())));
     await checkCounterGroups(redis, config.redisPrefix, config.counters.groups);
+    watchRedisDataLoss(redis, config.redisPrefix, config.counters.groups, log);
     // A subscribed connection can run no other command, so the bus gets one of its own (and closes it).
     const invalidation = await createRedisInvalidationBus({
       publisher: redis,
