@@ -169,10 +169,10 @@ async function createEmbedded(config: Config, log: Logger): Promise<Platform> {
 
 /**
  * The cluster profile's Redis client settings: auto-pipelined but for `SEND_AT_ONCE`. A command
- * fails after `commandTimeoutMs`, time spent queued for a lost connection included, so while Redis
- * is unreachable a request answers 503 within about that time instead of waiting through the
- * client's reconnection attempts (a toggle whose answer is lost so is still published: its event
- * waits in Redis with the unpublished ones).
+ * fails after `commandTimeoutMs` (0: no limit), time spent queued for a lost connection included,
+ * so while Redis cannot be reached a request answers 503 within about that time instead of waiting
+ * through the client's reconnection attempts (a toggle whose answer is lost so is still published:
+ * its event waits in Redis with the unpublished ones). The timer costs about 2 µs of CPU a command.
  */
 export async function clusterRedisOptions(
   commandTimeoutMs = 1_000,
@@ -185,7 +185,7 @@ export async function clusterRedisOptions(
   const { SEND_AT_ONCE } = await import('../counter/store/redis-counter-store.js');
   return {
     maxRetriesPerRequest: 2,
-    commandTimeout: commandTimeoutMs,
+    ...(commandTimeoutMs > 0 ? { commandTimeout: commandTimeoutMs } : {}),
     enableAutoPipelining: true,
     autoPipeliningIgnoredCommands: [...SEND_AT_ONCE],
   };

@@ -25,7 +25,7 @@ export interface Config {
   redisUrl: string | undefined;
   /** Prefix for every Redis key this deployment writes (several deployments may share a Redis). */
   redisPrefix: string;
-  /** Longest a Redis command may take, a wait for the connection included. */
+  /** Longest a Redis command may take, a wait for the connection included; 0: no limit. */
   redisCommandTimeoutMs: number;
   kafkaBrokers: string[];
   /** Prefix for every Kafka topic and consumer group this deployment uses. */
@@ -168,7 +168,7 @@ export const CONFIG_VARS = {
   },
   ZG_REDIS_COMMAND_TIMEOUT_MS: {
     description:
-      'cluster: how long a Redis command may take, waiting for a connection included, before its request answers 503',
+      'cluster: how long a Redis command may take, waiting for a connection included, before its request answers 503; 0 sets no limit (a timer per command costs about 2 µs of CPU)',
     default: '1000',
   },
   ZG_KAFKA_BROKERS: { description: 'cluster: comma-separated host:port list of Kafka bootstrap brokers' },
@@ -558,7 +558,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: { ro
     mysqlUrl,
     redisUrl,
     redisPrefix: redisPrefix(),
-    redisCommandTimeoutMs: int('ZG_REDIS_COMMAND_TIMEOUT_MS', 50, 600_000),
+    redisCommandTimeoutMs: int('ZG_REDIS_COMMAND_TIMEOUT_MS', 0, 600_000),
     kafkaBrokers,
     kafkaPrefix: raw('ZG_KAFKA_PREFIX') ?? 'zg.',
     kafkaPartitions: int('ZG_KAFKA_PARTITIONS', 1, 1024),
