@@ -1,8 +1,9 @@
 import { Redis } from 'ioredis';
 import { afterEach, describe, expect, it } from 'vitest';
-import { services, uniqueName } from '../../test/rig/resources.js';
+import { pino } from 'pino';
+import { openTempSqlite, services, uniqueName, userRow } from '../../test/rig/resources.js';
 import { RedisCounterStore } from '../counter/store/redis-counter-store.js';
-import { checkCounterGroups, clusterRedisOptions } from './wiring.js';
+import { checkCounterGroups, clusterRedisOptions, reportEmptyRedis } from './wiring.js';
 
 describe('the cluster profile’s Redis client', () => {
   let redis: Redis | undefined;
@@ -30,8 +31,8 @@ describe('the counter groups of a deployment', () => {
     const redis = new Redis(services.redisUrl());
     const prefix = `${uniqueName('groups')}:`;
     try {
-      await checkCounterGroups(redis, prefix, 4096);
-      await checkCounterGroups(redis, prefix, 4096);
+      expect(await checkCounterGroups(redis, prefix, 4096)).toBe(true);
+      expect(await checkCounterGroups(redis, prefix, 4096)).toBe(false);
       await expect(checkCounterGroups(redis, prefix, 1024)).rejects.toThrow(
         /ZG_COUNTER_GROUPS is 1024, but .* laid out in 4096 groups/,
       );
@@ -39,6 +40,26 @@ describe('the counter groups of a deployment', () => {
     } finally {
       await redis.del(`${prefix}meta:counter-groups`);
       await redis.quit();
+    }
+  });
+});
+
+describe('a Redis without the data of a deployment that has users', () => {
+  it('is reported at error level, and a new deployment is not', async () => {
+    const messages: { level: number; msg: string }[] = [];
+    const log = pino({ level: 'info' }, { write: (line: string) => void messages.push(JSON.parse(line)) });
+    const { db, dispose } = await openTempSqlite();
+    try {
+      await reportEmptyRedis(db, 'zg:', log);
+      expect(messages).toEqual([]);
+      await db.kysely.insertInto('users').values(userRow()).execute();
+      await reportEmptyRedis(db, 'zg:', log);
+      expect(messages.map((m) => [m.level, m.msg.split(':')[0]])).toEqual([
+        [50, 'Redis holds no data of this deployment'],
+      ]);
+      expect(messages[0]!.msg).toContain('counters replay --yes');
+    } finally {
+      await dispose();
     }
   });
 });

@@ -175,7 +175,7 @@ async function createEmbedded(config: Config, log: Logger): Promise<Platform> {
  * its event waits in Redis with the unpublished ones). The timer costs about 2 µs of CPU a command.
  */
 export async function clusterRedisOptions(
-  commandTimeoutMs = 1_000,
+  commandTimeoutMs = 2_000,
 ): Promise<
   Pick<
     RedisOptions,
@@ -192,12 +192,14 @@ export async function clusterRedisOptions(
 }
 
 /**
- * Fails fast while a Redis connection is lost: once it was ready and closes, commands are refused at
- * once (answered as an outage, 503) rather than queued until it is back or they time out, so a
- * request that runs several commands one after another does not wait out each one's timeout; from
- * its next `ready` they are sent again. Before the first `ready` they wait, as start-up needs. Also
- * logs the loss once (the client reports every failed reconnection attempt) and the return; without
- * a listener the client prints each attempt to stderr.
+ * Fails fast while Redis cannot be reached: once a connection that was ready has failed an attempt
+ * to reconnect, commands are refused at once (answered as an outage, 503) rather than queued until
+ * it is back or they time out, so a request that runs several commands one after another does not
+ * wait out each one's timeout; from its next `ready` they are sent again. A connection closed and
+ * reopened at the first attempt (an idle timeout, a killed client, a proxy's reset) queues its
+ * commands meanwhile, and before the first `ready` they wait, as start-up needs. Also logs the loss
+ * once (the client reports every failed attempt) and the return; without a listener the client
+ * prints each attempt to stderr.
  */
 export function watchRedisConnection(redis: Redis, log: Logger, name: string): void {
   let ready = false;
@@ -209,10 +211,10 @@ export function watchRedisConnection(redis: Redis, log: Logger, name: string): v
     down = false;
     log.info({ connection: name }, 'Redis connection back');
   });
-  redis.on('close', () => {
-    if (ready) redis.options.enableOfflineQueue = false;
-  });
   redis.on('error', (err: Error) => {
+    // An error of the ready connection itself (a reset) comes before its close: not yet a loss.
+    if (redis.status === 'ready') return;
+    if (ready) redis.options.enableOfflineQueue = false;
     if (down) return;
     down = true;
     log.warn(
@@ -222,11 +224,17 @@ export function watchRedisConnection(redis: Redis, log: Logger, name: string): v
   });
 }
 
+const REDIS_DATA_LOST =
+  'Redis holds no data of this deployment: likes and favourites read as zero and users must sign in ' +
+  'again; if it lost its data, stop API and worker processes and run `zhiguang counters replay --yes` ' +
+  'to rebuild the counts from counter-events';
+
 /**
  * Tells when Redis comes back from a lost connection without its data (restarted without
  * persistence, or failed over to an empty replica): the mark `checkCounterGroups` left is gone. The
  * facts behind likes and favourites and the sessions went with it; nothing here can bring them back,
- * so the process says so at error level, with what to run, and sets the mark again (once per loss).
+ * so the process says so at error level, with what to run, and sets the mark again. The first
+ * process to set it says so, once per loss (see also `reportEmptyRedis`).
  */
 export function watchRedisDataLoss(redis: Redis, prefix: string, groups: number, log: Logger): void {
   const key = `${prefix}meta:counter-groups`;
@@ -238,26 +246,31 @@ export function watchRedisDataLoss(redis: Redis, prefix: string, groups: number,
     redis
       .set(key, String(groups), 'NX')
       .then((set) => {
-        if (set !== 'OK') return;
-        log.error(
-          { prefix },
-          'Redis came back without its data: likes and favourites read as zero and users must sign in ' +
-            'again; stop API and worker processes and run `zhiguang counters replay --yes` to rebuild ' +
-            'the counts from counter-events',
-        );
+        if (set === 'OK') log.error({ prefix }, REDIS_DATA_LOST);
       })
       .catch((err: unknown) => log.warn({ err }, 'could not check Redis for lost data after a reconnection'));
   });
 }
 
 /**
+ * A process that finds no mark in Redis at start (`checkCounterGroups` set it) while the database
+ * already has users is one that started after Redis lost its data, before any connected process
+ * noticed: it says so, as `watchRedisDataLoss` would have.
+ */
+export async function reportEmptyRedis(db: Db, prefix: string, log: Logger): Promise<void> {
+  const user = await db.kysely.selectFrom('users').select('id').limit(1).executeTakeFirst();
+  if (user) log.error({ prefix }, REDIS_DATA_LOST);
+}
+
+/**
  * Counter keys are spread over `ZG_COUNTER_GROUPS` hash-tag groups, so the same entity lives under
  * another key with another value, where its counts read as zeros. The first process of a deployment
  * records the value under `{prefix}meta:counter-groups`; a process started with another refuses to.
+ * Resolves to whether this call recorded it (Redis held no mark yet).
  */
-export async function checkCounterGroups(redis: Redis, prefix: string, groups: number): Promise<void> {
+export async function checkCounterGroups(redis: Redis, prefix: string, groups: number): Promise<boolean> {
   const key = `${prefix}meta:counter-groups`;
-  await redis.set(key, String(groups), 'NX');
+  const created = (await redis.set(key, String(groups), 'NX')) === 'OK';
   const recorded = Number(await redis.get(key));
   if (recorded !== groups) {
     throw new Error(
@@ -265,6 +278,7 @@ export async function checkCounterGroups(redis: Redis, prefix: string, groups: n
         `${recorded} groups: set it back to ${recorded} (the value is fixed for the life of a deployment)`,
     );
   }
+  return created;
 }
 
 async function createCluster(config: Config, log: Logger, serves: boolean): Promise<Platform> {
@@ -281,12 +295,20 @@ async function createCluster(config: Config, log: Logger, serves: boolean): Prom
     );
     watchRedisConnection(redis, log, 'commands');
     closers.unshift(async () => void (await redis.quit().catch(() => redis.disconnect())));
-    await checkCounterGroups(redis, config.redisPrefix, config.counters.groups);
+    if (await checkCounterGroups(redis, config.redisPrefix, config.counters.groups)) {
+      await reportEmptyRedis(db, config.redisPrefix, log);
+    }
     watchRedisDataLoss(redis, config.redisPrefix, config.counters.groups, log);
     // A subscribed connection can run no other command, so the bus gets one of its own (and closes it).
     const invalidation = await createRedisInvalidationBus({
       publisher: redis,
-      subscriber: redis.duplicate({ enableAutoPipelining: false }),
+      // Not the command client's timeout or fail-fast state: the client re-sends SUBSCRIBE itself
+      // after a reconnection, and a timeout of that (no caller to catch it) would end the process.
+      subscriber: redis.duplicate({
+        enableAutoPipelining: false,
+        enableOfflineQueue: true,
+        commandTimeout: undefined,
+      }),
       prefix: config.redisPrefix,
       onError: (err) =>
         log.warn({ err }, 'cache invalidation bus trouble; caches expire on their own meanwhile'),

@@ -169,7 +169,7 @@ export const CONFIG_VARS = {
   ZG_REDIS_COMMAND_TIMEOUT_MS: {
     description:
       'cluster: how long a Redis command may take, waiting for a connection included, before its request answers 503; 0 sets no limit (a timer per command costs about 2 µs of CPU)',
-    default: '1000',
+    default: '2000',
   },
   ZG_KAFKA_BROKERS: { description: 'cluster: comma-separated host:port list of Kafka bootstrap brokers' },
   ZG_KAFKA_PREFIX: { description: 'prefix of every Kafka topic and consumer group', default: 'zg.' },
