@@ -133,7 +133,8 @@ async function main(argv: string[]): Promise<number> {
 
   const config = loadConfig(process.env);
   const log = createLogger(config.logLevel === 'info' ? 'warn' : config.logLevel);
-  const platform = await createPlatform(config, log);
+  // The replay refills Redis, so it sets the deployment's mark there if it finds none.
+  const platform = await createPlatform(config, log, { markRedis: command === 'replay' });
   const metrics = new CounterMetrics(new Registry());
   const progress = (message: string) => process.stderr.write(`\r${message}\u001b[K`);
   const started = Date.now();

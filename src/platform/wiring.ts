@@ -63,6 +63,12 @@ export interface Platform {
 export interface PlatformOptions {
   /** Whether the process serves HTTP (a server, not an admin command): start-up warnings of what it serves. */
   serves?: boolean;
+  /**
+   * Cluster: whether a missing mark of the deployment in Redis is set (see `checkCounterGroups`);
+   * by default only servers set it. An admin command that finds none reports the lost data and
+   * leaves the mark for the servers to find missing too, except the replay, which refills Redis.
+   */
+  markRedis?: boolean;
 }
 
 export async function createPlatform(
@@ -72,7 +78,7 @@ export async function createPlatform(
 ): Promise<Platform> {
   return config.profile === 'embedded'
     ? createEmbedded(config, log)
-    : createCluster(config, log, options.serves ?? false);
+    : createCluster(config, log, options.serves ?? false, options.markRedis ?? options.serves ?? false);
 }
 
 function localStorage(config: Config): ObjectStorage {
@@ -179,13 +185,19 @@ export async function clusterRedisOptions(
 ): Promise<
   Pick<
     RedisOptions,
-    'maxRetriesPerRequest' | 'enableAutoPipelining' | 'autoPipeliningIgnoredCommands' | 'commandTimeout'
+    | 'maxRetriesPerRequest'
+    | 'enableAutoPipelining'
+    | 'autoPipeliningIgnoredCommands'
+    | 'commandTimeout'
+    | 'connectTimeout'
   >
 > {
   const { SEND_AT_ONCE } = await import('../counter/store/redis-counter-store.js');
   return {
     maxRetriesPerRequest: 2,
-    ...(commandTimeoutMs > 0 ? { commandTimeout: commandTimeoutMs } : {}),
+    // A connection attempt to a host that does not answer fails within the same time, so fail-fast
+    // (which waits for a failed attempt) is not held up by the client's default of 10 s.
+    ...(commandTimeoutMs > 0 ? { commandTimeout: commandTimeoutMs, connectTimeout: commandTimeoutMs } : {}),
     enableAutoPipelining: true,
     autoPipeliningIgnoredCommands: [...SEND_AT_ONCE],
   };
@@ -248,14 +260,18 @@ export function watchRedisDataLoss(redis: Redis, prefix: string, groups: number,
       .then((set) => {
         if (set === 'OK') log.error({ prefix }, REDIS_DATA_LOST);
       })
-      .catch((err: unknown) => log.warn({ err }, 'could not check Redis for lost data after a reconnection'));
+      .catch((err: unknown) => {
+        // Checked again at the next reconnection.
+        lost = true;
+        log.warn({ err }, 'could not check Redis for lost data after a reconnection');
+      });
   });
 }
 
 /**
- * A process that finds no mark in Redis at start (`checkCounterGroups` set it) while the database
- * already has users is one that started after Redis lost its data, before any connected process
- * noticed: it says so, as `watchRedisDataLoss` would have.
+ * A process that finds no mark in Redis at start while the database already has users is one that
+ * started after Redis lost its data, before any connected process noticed: it says so, as
+ * `watchRedisDataLoss` would have.
  */
 export async function reportEmptyRedis(db: Db, prefix: string, log: Logger): Promise<void> {
   const user = await db.kysely.selectFrom('users').select('id').limit(1).executeTakeFirst();
@@ -266,11 +282,18 @@ export async function reportEmptyRedis(db: Db, prefix: string, log: Logger): Pro
  * Counter keys are spread over `ZG_COUNTER_GROUPS` hash-tag groups, so the same entity lives under
  * another key with another value, where its counts read as zeros. The first process of a deployment
  * records the value under `{prefix}meta:counter-groups`; a process started with another refuses to.
- * Resolves to whether this call recorded it (Redis held no mark yet).
+ * The mark also tells that Redis holds the deployment's data. Resolves to `created` when this call
+ * set it, `missing` when there was none and `create` is false, `found` otherwise.
  */
-export async function checkCounterGroups(redis: Redis, prefix: string, groups: number): Promise<boolean> {
+export async function checkCounterGroups(
+  redis: Redis,
+  prefix: string,
+  groups: number,
+  create = true,
+): Promise<'created' | 'found' | 'missing'> {
   const key = `${prefix}meta:counter-groups`;
-  const created = (await redis.set(key, String(groups), 'NX')) === 'OK';
+  if (!create && (await redis.exists(key)) === 0) return 'missing';
+  const created = create && (await redis.set(key, String(groups), 'NX')) === 'OK';
   const recorded = Number(await redis.get(key));
   if (recorded !== groups) {
     throw new Error(
@@ -278,10 +301,15 @@ export async function checkCounterGroups(redis: Redis, prefix: string, groups: n
         `${recorded} groups: set it back to ${recorded} (the value is fixed for the life of a deployment)`,
     );
   }
-  return created;
+  return created ? 'created' : 'found';
 }
 
-async function createCluster(config: Config, log: Logger, serves: boolean): Promise<Platform> {
+async function createCluster(
+  config: Config,
+  log: Logger,
+  serves: boolean,
+  markRedis: boolean,
+): Promise<Platform> {
   const closers: (() => Promise<void>)[] = [];
   try {
     const db = await openMysql(required(config.mysqlUrl, 'ZG_MYSQL_URL'));
@@ -295,19 +323,28 @@ async function createCluster(config: Config, log: Logger, serves: boolean): Prom
     );
     watchRedisConnection(redis, log, 'commands');
     closers.unshift(async () => void (await redis.quit().catch(() => redis.disconnect())));
-    if (await checkCounterGroups(redis, config.redisPrefix, config.counters.groups)) {
-      await reportEmptyRedis(db, config.redisPrefix, log);
+    const mark = await checkCounterGroups(redis, config.redisPrefix, config.counters.groups, markRedis);
+    if (mark !== 'found') {
+      try {
+        await reportEmptyRedis(db, config.redisPrefix, log);
+      } catch (err) {
+        // Unreported, the mark must not stay: the next process to start reports it instead.
+        if (mark === 'created') await redis.del(`${config.redisPrefix}meta:counter-groups`);
+        throw err;
+      }
     }
     watchRedisDataLoss(redis, config.redisPrefix, config.counters.groups, log);
     // A subscribed connection can run no other command, so the bus gets one of its own (and closes it).
     const invalidation = await createRedisInvalidationBus({
       publisher: redis,
-      // Not the command client's timeout or fail-fast state: the client re-sends SUBSCRIBE itself
-      // after a reconnection, and a timeout of that (no caller to catch it) would end the process.
+      // Not the command client's limits or fail-fast state: the client re-sends SUBSCRIBE itself
+      // after a reconnection, and a failure of that (a timeout, too many retries; no caller to catch
+      // it) would end the process or leave the connection subscribed to nothing.
       subscriber: redis.duplicate({
         enableAutoPipelining: false,
         enableOfflineQueue: true,
         commandTimeout: undefined,
+        maxRetriesPerRequest: null,
       }),
       prefix: config.redisPrefix,
       onError: (err) =>
