@@ -49,7 +49,7 @@ export interface Server {
 const ROOT = resolve(import.meta.dirname, '../..');
 
 /** A port nothing listens on right now (the caller binds it soon after). */
-function freePort(): Promise<number> {
+export function freePort(): Promise<number> {
   return new Promise((ok, fail) => {
     const probe = createServer();
     probe.once('error', fail);

@@ -5,24 +5,12 @@
  * is back, without a restart. The Redis here is a throwaway `redis-server` of the test's own.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
-import { createServer, type AddressInfo } from 'node:net';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { Client, eventually, signUp, startServer, type Server, type SignedUp } from './harness.js';
+import { Client, eventually, freePort, signUp, startServer, type Server, type SignedUp } from './harness.js';
 
 const COMMAND_TIMEOUT_MS = 500;
-
-function freePort(): Promise<number> {
-  return new Promise((ok, fail) => {
-    const probe = createServer();
-    probe.once('error', fail);
-    probe.listen(0, '127.0.0.1', () => {
-      const { port } = probe.address() as AddressInfo;
-      probe.close(() => ok(port));
-    });
-  });
-}
 
 /** Starts `redis-server` on `port`, without persistence, and waits for PING. */
 async function startRedis(port: number): Promise<ChildProcess> {
