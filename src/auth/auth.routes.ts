@@ -112,9 +112,10 @@ export function authRoutes(deps: AuthRouteDeps) {
           tags,
           description:
             'Rotates the refresh token: the one given is spent, and presenting it again ends the session ' +
-            '(every token of this sign-in), except within ZG_REFRESH_REUSE_GRACE_MS (10 s) of its rotation, ' +
-            'where it is only refused (401 REFRESH_TOKEN_INVALID): two tabs refreshing at once keep the ' +
-            "winner's tokens.",
+            '(every token of this sign-in), except within ZG_REFRESH_REUSE_GRACE_MS (10 s) of its rotation: ' +
+            'then the client it was rotated for (same address and user agent) gets the same answer again ' +
+            '(its answer was lost, or two tabs refreshed at once), and any other caller is refused ' +
+            '(401 REFRESH_TOKEN_INVALID) while the session goes on.',
           body: RefreshBody,
           response: { 200: TokenResponse, ...errorResponses(400, 401) },
         },

@@ -1,4 +1,5 @@
 import { randomBytes } from 'node:crypto';
+import { setTimeout as sleep } from 'node:timers/promises';
 import {
   AppError,
   BadRequestError,
@@ -14,10 +15,11 @@ import type { Authenticator } from './authenticator.js';
 import type { IdentifierType, Scene } from './code-sender/code-sender.js';
 import { rateLimitSubject } from './client-address.js';
 import { normalizeIdentifier } from './identifiers.js';
+import { openAnswer, sealAnswer } from './kept-answers.js';
 import type { LoginAttempt, LoginAuditRepository } from './login-audit.repository.js';
 import { meetsPasswordPolicy, type PasswordHasher } from './passwords.js';
 import type { SessionStore } from './sessions.js';
-import type { TokenSigner } from './tokens.js';
+import type { TokenClaims, TokenSigner } from './tokens.js';
 import { CODE_TTL_SECONDS, type VerificationService } from './verification.js';
 
 export interface RequestContext {
@@ -50,6 +52,11 @@ export interface AuthLimits {
 export const ACCOUNT_LOGIN_CEILING = 10;
 /** How long a client an identifier signed in from stays exempt from that identifier's ceiling. */
 const KNOWN_CLIENT_MS = 30 * 86_400_000;
+/**
+ * How long, and how often, a graced refresh looks for the answer of the rotation it lost to, which
+ * may still be signing its tokens.
+ */
+const KEPT_ANSWER_WAIT = { tries: 40, everyMs: 25 };
 
 export class AuthError extends AppError {}
 
@@ -215,21 +222,48 @@ export class AuthService {
     const claims = await this.signer.verify(refreshToken, 'refresh');
     if (!claims) throw refreshInvalid();
     const outcome = await this.sessions.takeRefresh(claims.sid, claims.jti, claims.userId, claims.ver);
-    if (outcome !== 'ok') {
-      if (outcome === 'reused') this.authenticator.forgetSession(claims.sid);
-      await this.record(
-        {
-          userId: claims.userId,
-          identifier: `user:${claims.userId}`,
-          channel: 'REFRESH',
-          success: false,
-          reason: outcome === 'reused' ? 'REFRESH_TOKEN_REUSED' : 'REFRESH_TOKEN_INVALID',
-        },
-        ctx,
-      );
-      throw refreshInvalid();
+    if (outcome === 'ok') {
+      const pair = await this.issueInSession(claims.userId, claims.sid, claims.ver);
+      await this.sessions.keepAnswer(claims.jti, sealAnswer(JSON.stringify(pair), refreshToken, ctx));
+      return pair;
     }
-    return this.issueInSession(claims.userId, claims.sid, claims.ver);
+    const again = outcome === 'graced' ? await this.answerAgain(refreshToken, claims, ctx) : null;
+    if (again) return again;
+    if (outcome === 'reused') this.authenticator.forgetSession(claims.sid);
+    await this.record(
+      {
+        userId: claims.userId,
+        identifier: `user:${claims.userId}`,
+        channel: 'REFRESH',
+        success: false,
+        reason: outcome === 'reused' ? 'REFRESH_TOKEN_REUSED' : 'REFRESH_TOKEN_INVALID',
+      },
+      ctx,
+    );
+    throw refreshInvalid();
+  }
+
+  /**
+   * The answer a rotation of this refresh token gave, for a caller who presents it again within the
+   * grace from the same client (the answer was lost on its way, or two tabs refreshed at once), while
+   * the session lives; null for any other caller.
+   */
+  private async answerAgain(
+    refreshToken: string,
+    claims: TokenClaims,
+    client: RequestContext,
+  ): Promise<TokenPair | null> {
+    for (let tries = 1; ; tries++) {
+      const sealed = await this.sessions.keptAnswer(claims.jti);
+      if (sealed !== null) {
+        const answer = openAnswer(sealed, refreshToken, client);
+        if (answer === null) return null;
+        if (!(await this.sessions.isActive(claims.sid, claims.userId, claims.ver))) return null;
+        return JSON.parse(answer) as TokenPair;
+      }
+      if (tries >= KEPT_ANSWER_WAIT.tries) return null;
+      await sleep(KEPT_ANSWER_WAIT.everyMs);
+    }
   }
 
   async logout(refreshToken: string): Promise<void> {

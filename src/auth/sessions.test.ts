@@ -56,9 +56,10 @@ describe(SessionStore.name, () => {
     await graced.allowRefresh(sid, 'rt-0');
     expect(await graced.takeRefresh(sid, 'rt-0', 1, ver)).toBe('ok');
     await graced.allowRefresh(sid, 'rt-1');
-    // The other tab, a moment later: refused, and the winner's session goes on.
+    // The other tab, a moment later: graced (it may be given the winner's answer), and the
+    // winner's session goes on.
     now += 9_999;
-    expect(await graced.takeRefresh(sid, 'rt-0', 1, ver)).toBe('invalid');
+    expect(await graced.takeRefresh(sid, 'rt-0', 1, ver)).toBe('graced');
     expect(await graced.isActive(sid, 1, ver)).toBe(true);
     expect(await graced.takeRefresh(sid, 'rt-1', 1, ver)).toBe('ok');
     await graced.allowRefresh(sid, 'rt-2');
@@ -67,6 +68,25 @@ describe(SessionStore.name, () => {
     expect(await graced.takeRefresh(sid, 'rt-0', 1, ver)).toBe('reused');
     expect(await graced.isActive(sid, 1, ver)).toBe(false);
     expect(await graced.takeRefresh(sid, 'rt-2', 1, ver)).toBe('invalid');
+  });
+
+  it('takes a token being rotated as graced, and keeps an answer for the grace only', async () => {
+    const graced = new SessionStore(createSqliteKv(db, { now: () => now }), 7 * DAY, 10_000, () => now);
+    const { sid, ver } = await graced.open(1);
+    await graced.allowRefresh(sid, 'rt-0');
+    // Taken by a rotation that has not marked it rotated yet.
+    await createSqliteKv(db, { now: () => now }).getDel('auth:rt:rt-0');
+    expect(await graced.takeRefresh(sid, 'rt-0', 1, ver)).toBe('graced');
+    expect(await sessions.takeRefresh(sid, 'rt-0', 1, ver)).toBe('invalid');
+
+    await graced.keepAnswer('rt-0', 'sealed');
+    now += 9_999;
+    expect(await graced.keptAnswer('rt-0')).toBe('sealed');
+    now += 1;
+    expect(await graced.keptAnswer('rt-0')).toBeNull();
+    // Without a grace nothing is kept.
+    await sessions.keepAnswer('rt-1', 'sealed');
+    expect(await sessions.keptAnswer('rt-1')).toBeNull();
   });
 
   it('ends the session at once on reuse without a grace, and for records that carry no time', async () => {

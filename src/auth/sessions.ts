@@ -11,8 +11,10 @@ import type { KeyValueStore } from '../platform/kv/kv.js';
  * - `auth:rtu:{jti}`  → `{sid} {rotatedAtMs}` for refresh tokens already rotated away; presenting
  *   one again is token theft or a replay, and ends the whole family, unless it comes within
  *   `reuseGraceMs` of the rotation: then it is the loser of two refreshes sent at once (two tabs of
- *   one browser sharing the tokens, a retry), answered 'invalid' while the winner's tokens stay
- *   good. A thief gains nothing from that window either: the token is refused all the same.
+ *   one browser sharing the tokens) or a retry after a lost answer ('graced'), and the winner's
+ *   tokens stay good.
+ * - `auth:rta:{jti}`  → the answer the rotation of `jti` gave, kept for `reuseGraceMs` so that a
+ *   graced caller can be given it again. What is kept is opaque here (the service seals it).
  * - `auth:uv:{uid}`   → the user's session version. Tokens carry the version they were issued
  *   under; a password reset bumps it, ending every session of the user without scanning keys.
  */
@@ -41,22 +43,25 @@ export class SessionStore {
   }
 
   /**
-   * Takes a refresh token for rotation. 'ok' for exactly one caller per token; 'reused' when the
-   * token was rotated longer than `reuseGraceMs` ago (the family is then ended); 'invalid' otherwise.
+   * Takes a refresh token for rotation. 'ok' for exactly one caller per token; 'graced' when it was
+   * rotated less than `reuseGraceMs` ago or is being rotated (the family goes on); 'reused' when it
+   * was rotated longer ago (the family is then ended); 'invalid' otherwise. Only genuine tokens may
+   * be given: the caller checks the signature.
    */
   async takeRefresh(
     sid: string,
     jti: string,
     userId: number,
     ver: number,
-  ): Promise<'ok' | 'reused' | 'invalid'> {
+  ): Promise<'ok' | 'graced' | 'reused' | 'invalid'> {
     const taken = await this.kv.getDel(`auth:rt:${jti}`);
     if (taken === null) {
       const rotated = await this.kv.get(`auth:rtu:${jti}`);
-      if (rotated === null) return 'invalid';
+      // A genuine token that is neither current nor rotated is being rotated right now.
+      if (rotated === null) return this.reuseGraceMs > 0 ? 'graced' : 'invalid';
       // Records written without a time (older releases) count as rotated long ago.
       const at = Number(rotated.split(' ')[1] ?? -Infinity);
-      if (this.now() - at < this.reuseGraceMs) return 'invalid';
+      if (this.now() - at < this.reuseGraceMs) return 'graced';
       await this.end(sid);
       return 'reused';
     }
@@ -68,6 +73,16 @@ export class SessionStore {
     // A session in use lives as long as the refresh token it is about to get; `expire` never
     // brings back a session ended meanwhile.
     return (await this.kv.expire(`auth:fam:${sid}`, this.refreshTtlMs)) ? 'ok' : 'invalid';
+  }
+
+  /** Keeps what the rotation of `jti` answered for the grace (nothing without one). */
+  async keepAnswer(jti: string, answer: string): Promise<void> {
+    if (this.reuseGraceMs > 0) await this.kv.set(`auth:rta:${jti}`, answer, this.reuseGraceMs);
+  }
+
+  /** What the rotation of `jti` answered, while kept. */
+  async keptAnswer(jti: string): Promise<string | null> {
+    return this.kv.get(`auth:rta:${jti}`);
   }
 
   async isActive(sid: string, userId: number, ver: number): Promise<boolean> {

@@ -190,7 +190,7 @@ export const CONFIG_VARS = {
   },
   ZG_REFRESH_REUSE_GRACE_MS: {
     description:
-      'a refresh token presented again within this time of its rotation is refused without ending its session (two tabs refreshing at once); later, reuse ends the session; 0 to 60000',
+      'a refresh token presented again within this time of its rotation gets the same answer again when it comes from the same client (address and user agent: a lost answer, two tabs refreshing at once) and is refused without ending its session otherwise; later, reuse ends the session; 0 to 60000',
     default: '10000',
   },
   ZG_SESSION_CHECK_CACHE_MS: {
