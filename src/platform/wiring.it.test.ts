@@ -1,9 +1,23 @@
+import { EventEmitter } from 'node:events';
 import { Redis } from 'ioredis';
 import { afterEach, describe, expect, it } from 'vitest';
 import { pino } from 'pino';
 import { openTempSqlite, services, uniqueName, userRow } from '../../test/rig/resources.js';
 import { RedisCounterStore } from '../counter/store/redis-counter-store.js';
-import { checkCounterGroups, clusterRedisOptions, reportEmptyRedis } from './wiring.js';
+import {
+  checkCounterGroups,
+  checkRedisAtStart,
+  clusterRedisOptions,
+  reportEmptyRedis,
+  SUBSCRIBER_OPTIONS,
+  watchRedisDataLoss,
+} from './wiring.js';
+
+function capturingLog() {
+  const messages: { level: number; msg: string }[] = [];
+  const log = pino({ level: 'info' }, { write: (line: string) => void messages.push(JSON.parse(line)) });
+  return { log, messages };
+}
 
 describe('the cluster profile’s Redis client', () => {
   let redis: Redis | undefined;
@@ -23,6 +37,35 @@ describe('the cluster profile’s Redis client', () => {
     expect(redis.autoPipelineQueueSize).toBe(1);
     expect(await flags).toEqual([{ like: false, fav: false }]);
     expect(await snapshots).toEqual([null]);
+  });
+
+  it('bounds commands and connection attempts by the command timeout, or neither when it is 0', async () => {
+    expect(await clusterRedisOptions(300)).toMatchObject({ commandTimeout: 300, connectTimeout: 300 });
+    const unbounded = await clusterRedisOptions(0);
+    expect(unbounded).not.toHaveProperty('commandTimeout');
+    expect(unbounded).not.toHaveProperty('connectTimeout');
+  });
+
+  it('gives the invalidation subscriber neither the command limits nor the fail-fast state', async () => {
+    const commands = new Redis(services.redisUrl(), {
+      ...(await clusterRedisOptions(300)),
+      lazyConnect: true,
+    });
+    // As fail-fast leaves it while Redis is away.
+    commands.options.enableOfflineQueue = false;
+    const subscriber = commands.duplicate(SUBSCRIBER_OPTIONS);
+    try {
+      expect(subscriber.options).toMatchObject({
+        enableOfflineQueue: true,
+        maxRetriesPerRequest: null,
+        enableAutoPipelining: false,
+      });
+      expect(subscriber.options.commandTimeout).toBeUndefined();
+      expect(commands.options).toMatchObject({ commandTimeout: 300, maxRetriesPerRequest: 2 });
+    } finally {
+      subscriber.disconnect();
+      commands.disconnect();
+    }
   });
 });
 
@@ -53,8 +96,7 @@ describe('the counter groups of a deployment', () => {
 
 describe('a Redis without the data of a deployment that has users', () => {
   it('is reported at error level, and a new deployment is not', async () => {
-    const messages: { level: number; msg: string }[] = [];
-    const log = pino({ level: 'info' }, { write: (line: string) => void messages.push(JSON.parse(line)) });
+    const { log, messages } = capturingLog();
     const { db, dispose } = await openTempSqlite();
     try {
       await reportEmptyRedis(db, 'zg:', log);
@@ -68,5 +110,82 @@ describe('a Redis without the data of a deployment that has users', () => {
     } finally {
       await dispose();
     }
+  });
+});
+
+describe('the start-up check of Redis', () => {
+  it('takes back a mark it set when the report cannot be made, so the next process reports', async () => {
+    const redis = new Redis(services.redisUrl());
+    const prefix = `${uniqueName('startcheck')}:`;
+    const { log, messages } = capturingLog();
+    const { db, dispose } = await openTempSqlite();
+    try {
+      await db.kysely.insertInto('users').values(userRow()).execute();
+      await db.close();
+      await expect(checkRedisAtStart(redis, db, prefix, 64, true, log)).rejects.toThrow();
+      expect(await redis.exists(`${prefix}meta:counter-groups`)).toBe(0);
+      expect(messages).toEqual([]);
+    } finally {
+      await redis.del(`${prefix}meta:counter-groups`);
+      await redis.quit();
+      await dispose().catch(() => undefined);
+    }
+  });
+
+  it('reports once, by the process that set the mark', async () => {
+    const redis = new Redis(services.redisUrl());
+    const prefix = `${uniqueName('startcheck')}:`;
+    const { log, messages } = capturingLog();
+    const { db, dispose } = await openTempSqlite();
+    try {
+      await db.kysely.insertInto('users').values(userRow()).execute();
+      await checkRedisAtStart(redis, db, prefix, 64, true, log);
+      await checkRedisAtStart(redis, db, prefix, 64, true, log);
+      expect(messages.map((m) => m.level)).toEqual([50]);
+      expect(await redis.get(`${prefix}meta:counter-groups`)).toBe('64');
+    } finally {
+      await redis.del(`${prefix}meta:counter-groups`);
+      await redis.quit();
+      await dispose();
+    }
+  });
+});
+
+describe('the data-loss watch of a Redis connection', () => {
+  /** A connection that emits what it is told to and answers `SET … NX` as `answers` says. */
+  function fakeConnection(answers: (() => Promise<string | null>)[]) {
+    const connection = Object.assign(new EventEmitter(), {
+      sets: 0,
+      set: () => answers[connection.sets++]!(),
+    });
+    return connection;
+  }
+  const settle = () => new Promise((resolve) => setTimeout(resolve, 10));
+
+  it('checks again at the next reconnection when a check failed', async () => {
+    const connection = fakeConnection([
+      () => Promise.reject(new Error('Connection is closed.')),
+      () => Promise.resolve('OK'),
+      () => Promise.resolve(null),
+    ]);
+    const { log, messages } = capturingLog();
+    watchRedisDataLoss(connection as unknown as Redis, 'zg:', 64, log);
+    connection.emit('ready');
+    expect(connection.sets).toBe(0);
+    connection.emit('close');
+    connection.emit('ready');
+    await settle();
+    expect(messages.map((m) => m.level)).toEqual([40]);
+    // No close in between: the failed check is made again all the same, and finds the data gone.
+    connection.emit('ready');
+    await settle();
+    expect(connection.sets).toBe(2);
+    expect(messages.map((m) => m.level)).toEqual([40, 50]);
+    // Found again after a later reconnection: nothing to say.
+    connection.emit('close');
+    connection.emit('ready');
+    await settle();
+    expect(connection.sets).toBe(3);
+    expect(messages).toHaveLength(2);
   });
 });

@@ -304,6 +304,42 @@ export async function checkCounterGroups(
   return created ? 'created' : 'found';
 }
 
+/**
+ * Checks the counter groups' mark at start (`checkCounterGroups`) and, when there was none, whether
+ * the deployment already has users (`reportEmptyRedis`). A mark this process set stays only once
+ * that is answered: otherwise the next process to start would find it and report nothing.
+ */
+export async function checkRedisAtStart(
+  redis: Redis,
+  db: Db,
+  prefix: string,
+  groups: number,
+  markRedis: boolean,
+  log: Logger,
+): Promise<void> {
+  const mark = await checkCounterGroups(redis, prefix, groups, markRedis);
+  if (mark === 'found') return;
+  try {
+    await reportEmptyRedis(db, prefix, log);
+  } catch (err) {
+    if (mark === 'created') await redis.del(`${prefix}meta:counter-groups`);
+    throw err;
+  }
+}
+
+/**
+ * The invalidation bus's subscriber, a `duplicate` of the command client, without its limits or its
+ * fail-fast state: the client re-sends SUBSCRIBE itself after a reconnection, and a failure of that
+ * (a timeout, too many retries; no caller to catch it) would end the process or leave the
+ * connection subscribed to nothing.
+ */
+export const SUBSCRIBER_OPTIONS = {
+  enableAutoPipelining: false,
+  enableOfflineQueue: true,
+  commandTimeout: undefined,
+  maxRetriesPerRequest: null,
+} as const satisfies RedisOptions;
+
 async function createCluster(
   config: Config,
   log: Logger,
@@ -323,29 +359,12 @@ async function createCluster(
     );
     watchRedisConnection(redis, log, 'commands');
     closers.unshift(async () => void (await redis.quit().catch(() => redis.disconnect())));
-    const mark = await checkCounterGroups(redis, config.redisPrefix, config.counters.groups, markRedis);
-    if (mark !== 'found') {
-      try {
-        await reportEmptyRedis(db, config.redisPrefix, log);
-      } catch (err) {
-        // Unreported, the mark must not stay: the next process to start reports it instead.
-        if (mark === 'created') await redis.del(`${config.redisPrefix}meta:counter-groups`);
-        throw err;
-      }
-    }
+    await checkRedisAtStart(redis, db, config.redisPrefix, config.counters.groups, markRedis, log);
     watchRedisDataLoss(redis, config.redisPrefix, config.counters.groups, log);
     // A subscribed connection can run no other command, so the bus gets one of its own (and closes it).
     const invalidation = await createRedisInvalidationBus({
       publisher: redis,
-      // Not the command client's limits or fail-fast state: the client re-sends SUBSCRIBE itself
-      // after a reconnection, and a failure of that (a timeout, too many retries; no caller to catch
-      // it) would end the process or leave the connection subscribed to nothing.
-      subscriber: redis.duplicate({
-        enableAutoPipelining: false,
-        enableOfflineQueue: true,
-        commandTimeout: undefined,
-        maxRetriesPerRequest: null,
-      }),
+      subscriber: redis.duplicate(SUBSCRIBER_OPTIONS),
       prefix: config.redisPrefix,
       onError: (err) =>
         log.warn({ err }, 'cache invalidation bus trouble; caches expire on their own meanwhile'),
