@@ -1,13 +1,18 @@
 import { EventEmitter } from 'node:events';
+import { chmodSync, mkdirSync, mkdtempSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { Redis } from 'ioredis';
 import { afterEach, describe, expect, it } from 'vitest';
 import { pino } from 'pino';
 import { openTempSqlite, services, uniqueName, userRow } from '../../test/rig/resources.js';
 import { RedisCounterStore } from '../counter/store/redis-counter-store.js';
+import { migrate, openSqlite } from './db/database.js';
 import {
   checkCounterGroups,
   checkRedisAtStart,
   clusterRedisOptions,
+  keepDataPrivate,
   reportEmptyRedis,
   SUBSCRIBER_OPTIONS,
   watchRedisDataLoss,
@@ -187,5 +192,47 @@ describe('the data-loss watch of a Redis connection', () => {
     await settle();
     expect(connection.sets).toBe(3);
     expect(messages).toHaveLength(2);
+  });
+});
+
+describe('the embedded data directory', () => {
+  it('is kept from other local users, also when it was made by someone else first', async () => {
+    const parent = mkdtempSync(join(tmpdir(), 'zg-private-'));
+    const mode = (path: string) => statSync(path).mode & 0o777;
+    try {
+      const fresh = join(parent, 'fresh');
+      keepDataPrivate(fresh);
+      expect([mode(fresh), mode(join(fresh, 'objects')), mode(join(fresh, 'zhiguang.db'))]).toEqual([
+        0o700, 0o700, 0o600,
+      ]);
+
+      const older = join(parent, 'older');
+      mkdirSync(join(older, 'objects'), { recursive: true, mode: 0o755 });
+      chmodSync(join(older, 'objects'), 0o755);
+      writeFileSync(join(older, 'zhiguang.db'), '', { mode: 0o644 });
+      writeFileSync(join(older, 'zhiguang.db-wal'), '', { mode: 0o644 });
+      chmodSync(join(older, 'zhiguang.db'), 0o644);
+      chmodSync(join(older, 'zhiguang.db-wal'), 0o644);
+      keepDataPrivate(older);
+      expect([
+        mode(join(older, 'objects')),
+        mode(join(older, 'keys')),
+        mode(join(older, 'zhiguang.db')),
+        mode(join(older, 'zhiguang.db-wal')),
+      ]).toEqual([0o700, 0o700, 0o600, 0o600]);
+
+      // SQLite's own files follow the database's mode.
+      const db = openSqlite(join(fresh, 'zhiguang.db'));
+      try {
+        await migrate(db);
+        expect([mode(join(fresh, 'zhiguang.db-wal')), mode(join(fresh, 'zhiguang.db-shm'))]).toEqual([
+          0o600, 0o600,
+        ]);
+      } finally {
+        await db.close();
+      }
+    } finally {
+      rmSync(parent, { recursive: true, force: true });
+    }
   });
 });

@@ -1,3 +1,4 @@
+import { chmodSync, existsSync, mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import type { Logger } from 'pino';
 import type { Config } from './config/config.js';
@@ -126,7 +127,27 @@ async function codeSenders(config: Config, log: Logger, warn: boolean): Promise<
   });
 }
 
+/**
+ * Keeps the embedded profile's data from other local users: the database holds password hashes,
+ * sessions and codes, `objects/` posts that are not public, `keys/` the signing keys. A data
+ * directory this creates is 0700; in one that exists, the database files are made 0600 and
+ * `objects/` and `keys/` 0700 (SQLite gives its -wal and -shm files the database's mode).
+ */
+export function keepDataPrivate(dataDir: string): void {
+  mkdirSync(dataDir, { recursive: true, mode: 0o700 });
+  for (const dir of ['objects', 'keys']) {
+    mkdirSync(join(dataDir, dir), { recursive: true, mode: 0o700 });
+    chmodSync(join(dataDir, dir), 0o700);
+  }
+  const database = join(dataDir, 'zhiguang.db');
+  writeFileSync(database, '', { flag: 'a', mode: 0o600 });
+  for (const file of [database, `${database}-wal`, `${database}-shm`]) {
+    if (existsSync(file)) chmodSync(file, 0o600);
+  }
+}
+
 async function createEmbedded(config: Config, log: Logger): Promise<Platform> {
+  keepDataPrivate(config.dataDir);
   const db = openSqlite(join(config.dataDir, 'zhiguang.db'));
   const closers: (() => Promise<void>)[] = [() => db.close()];
   try {
