@@ -30,10 +30,22 @@ describe('readiness', () => {
       expect(await poll()).toBe(200);
       kafkaUp = false;
       for (let i = 0; i < 5; i++) expect(await poll()).toBe(503);
+      const down = await app.inject({ method: 'GET', url: '/readyz' });
+      expect(down.json()).toEqual({
+        code: 'UNAVAILABLE',
+        message: 'Not ready: kafka unreachable',
+        requestId: expect.any(String),
+        status: 'unavailable',
+        checks: { database: 'ok', kafka: 'down' },
+      });
       kafkaUp = true;
       expect(await poll()).toBe(200);
       draining = true;
       for (let i = 0; i < 3; i++) expect(await poll()).toBe(503);
+      expect((await app.inject({ method: 'GET', url: '/readyz' })).json()).toMatchObject({
+        code: 'UNAVAILABLE',
+        status: 'draining',
+      });
     } finally {
       await app.close();
     }

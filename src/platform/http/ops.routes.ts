@@ -45,7 +45,16 @@ export function opsRoutes(
         const level = status === 'unavailable' ? 'warn' : 'info';
         request.log[level]({ status, checks: states }, 'readiness changed');
       }
-      return reply.status(ready ? 200 : 503).send({ status, checks: states });
+      if (ready) return reply.send({ status, checks: states });
+      // The contract's error shape, with the states for whoever operates the service.
+      const down = entries.filter(([, state]) => state !== 'ok').map(([name]) => name);
+      return reply.status(503).send({
+        code: 'UNAVAILABLE',
+        message: isDraining() ? 'Stopping: draining requests' : `Not ready: ${down.join(', ')} unreachable`,
+        requestId: request.id,
+        status,
+        checks: states,
+      });
     });
 
     app.get('/metrics', { schema: { tags, hide: true } }, async (request, reply) => {
