@@ -4,10 +4,10 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Redis } from 'ioredis';
 import { afterEach, describe, expect, it } from 'vitest';
-import { pino } from 'pino';
+import { pino, type Logger } from 'pino';
 import { openTempSqlite, services, uniqueName, userRow } from '../../test/rig/resources.js';
 import { RedisCounterStore } from '../counter/store/redis-counter-store.js';
-import { migrate, openSqlite } from './db/database.js';
+import { migrate, openSqlite, type Db } from './db/database.js';
 import {
   checkCounterGroups,
   checkRedisAtStart,
@@ -119,40 +119,45 @@ describe('a Redis without the data of a deployment that has users', () => {
 });
 
 describe('the start-up check of Redis', () => {
-  it('takes back a mark it set when the report cannot be made, so the next process reports', async () => {
+  /** Runs `body` with a Redis client, a fresh prefix and a database that has a user. */
+  async function withDeployment(
+    body: (d: {
+      redis: Redis;
+      prefix: string;
+      db: Db;
+      log: Logger;
+      messages: { level: number }[];
+    }) => Promise<void>,
+  ): Promise<void> {
     const redis = new Redis(services.redisUrl());
     const prefix = `${uniqueName('startcheck')}:`;
-    const { log, messages } = capturingLog();
     const { db, dispose } = await openTempSqlite();
     try {
       await db.kysely.insertInto('users').values(userRow()).execute();
-      await db.close();
-      await expect(checkRedisAtStart(redis, db, prefix, 64, true, log)).rejects.toThrow();
-      expect(await redis.exists(`${prefix}meta:counter-groups`)).toBe(0);
-      expect(messages).toEqual([]);
+      await body({ redis, prefix, db, ...capturingLog() });
     } finally {
       await redis.del(`${prefix}meta:counter-groups`);
       await redis.quit();
       await dispose().catch(() => undefined);
     }
+  }
+
+  it('takes back a mark it set when the report cannot be made, so the next process reports', async () => {
+    await withDeployment(async ({ redis, prefix, db, log, messages }) => {
+      await db.close();
+      await expect(checkRedisAtStart(redis, db, prefix, 64, true, log)).rejects.toThrow();
+      expect(await redis.exists(`${prefix}meta:counter-groups`)).toBe(0);
+      expect(messages).toEqual([]);
+    });
   });
 
   it('reports once, by the process that set the mark', async () => {
-    const redis = new Redis(services.redisUrl());
-    const prefix = `${uniqueName('startcheck')}:`;
-    const { log, messages } = capturingLog();
-    const { db, dispose } = await openTempSqlite();
-    try {
-      await db.kysely.insertInto('users').values(userRow()).execute();
+    await withDeployment(async ({ redis, prefix, db, log, messages }) => {
       await checkRedisAtStart(redis, db, prefix, 64, true, log);
       await checkRedisAtStart(redis, db, prefix, 64, true, log);
       expect(messages.map((m) => m.level)).toEqual([50]);
       expect(await redis.get(`${prefix}meta:counter-groups`)).toBe('64');
-    } finally {
-      await redis.del(`${prefix}meta:counter-groups`);
-      await redis.quit();
-      await dispose();
-    }
+    });
   });
 });
 
