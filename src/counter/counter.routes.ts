@@ -115,7 +115,7 @@ export function counterRoutes(deps: { counters: CounterService; guards: AuthGuar
           tags,
           security,
           querystring: StatusQuery,
-          response: { 200: StatusResponse, ...errorResponses(400, 401, 404) },
+          response: { 200: StatusResponse, ...errorResponses(400, 401) },
         },
       },
       async (request) => {
@@ -165,7 +165,7 @@ export function counterRoutes(deps: { counters: CounterService; guards: AuthGuar
           tags,
           params: TypeParams,
           querystring: BatchQuery,
-          response: { 200: BatchCountsResponse, ...errorResponses(400, 401, 404) },
+          response: { 200: BatchCountsResponse, ...errorResponses(400, 401) },
         },
       },
       async (request) => {

@@ -225,7 +225,8 @@ export function presignRoutes(deps: PostRouteDeps) {
             'text/html, application/json); images: .jpg .jpeg .png .webp .gif (image/jpeg, image/png, ' +
             'image/webp, image/gif); ext may omit its dot (png is .png) and must match contentType. A ' +
             'deleted post is 409 INVALID_STATE. At most 60 presigns per user per minute and 500 per ' +
-            'day (429 past that). Just after the URL expires, an upload larger than the limit of its ' +
+            'day (429 past that). A minute after the URL expires (and no sooner than five minutes after ' +
+            'the presign), an upload larger than the limit of its ' +
             'kind is removed; one that is neither confirmed nor named in a patch is removed once it is ' +
             'older than ZG_UPLOAD_RETENTION_HOURS (24 by default).',
           body: PresignBody,

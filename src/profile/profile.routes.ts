@@ -33,7 +33,7 @@ export function profileRoutes(deps: ProfileRouteDeps) {
             'is needed (400 otherwise; unknown and null fields are dropped and do not count). A zgId ' +
             'another user holds, in any case, is 409 ZGID_EXISTS.',
           body: ProfilePatchBody,
-          response: { 200: ProfileResponse, ...errorResponses(400, 401, 409) },
+          response: { 200: ProfileResponse, ...errorResponses(400, 401, 404, 409) },
         },
       },
       async (request) =>
@@ -51,7 +51,7 @@ export function profileRoutes(deps: ProfileRouteDeps) {
           description:
             'multipart/form-data with one field `file`: a PNG, JPEG, GIF or WebP image of at most ' +
             "ZG_AVATAR_MAX_BYTES (5 MiB by default; 413 over that), judged by its bytes: the part's " +
-            'Content-Type must be some image/* type or application/octet-stream. ' +
+            'Content-Type must be some image/* type, application/octet-stream, binary/octet-stream or none. ' +
             'Up to 20 uploads per user per hour (429 past that); the avatar replaced is deleted.',
           response: { 200: ProfileResponse, ...errorResponses(400, 401, 413, 429) },
         },
