@@ -4,14 +4,19 @@ import type { OutboxMessage } from '../platform/outbox/outbox.js';
  * What the post module tells the rest of the system.
  *
  * 1. `PostEvent`s travel through the transactional outbox to the `post-events` topic, keyed by the
- *    author, so the author's `posts` count in the user snapshot moves exactly once per transition:
- *    the outbox row is written in the transaction that changes the post's status, and consumers
- *    deduplicate by `eventId`. A transition happens at most once per post (a draft publishes once; a
- *    deleted post stays deleted), so `eventId` is derived from the post and the transition.
- *    A visibility change of a post that is not a draft writes a `changed` event the same way: it
- *    moves no count, but the `post-cache` consumer drops the post from the shared caches when it
- *    arrives, so a post made private leaves every cache even if the request's own invalidation
- *    failed (see `PostCacheConsumer`). Its `eventId` is unique per change, not per post.
+ *    author, so the author's `posts` count in the user snapshot (their public posts: published and
+ *    `public`) moves exactly once per transition: the outbox row is written in the transaction that
+ *    changes the post, and consumers deduplicate by `eventId`. `published` is a post becoming one of
+ *    the author's public posts (published while public, or a published post made public),
+ *    `unpublished` one ceasing to be (deleted, or made anything but public). A post may do so
+ *    again and again, so the post counts its entries (`public_epoch`) and `eventId` is derived from
+ *    the post, the transition and that number: a count rebuilt from the database can name every
+ *    event it includes (`PostCountPart`).
+ *    Every other change of who may see a post that is not a draft (publishing or deleting a post
+ *    that is not public, a visibility change within the non-public ones) writes a `changed` event
+ *    the same way: it moves no count, but the `post-cache` consumer drops the post from the shared
+ *    caches when it arrives, so a post made private leaves every cache even if the request's own
+ *    invalidation failed (see `PostCacheConsumer`). Its `eventId` is unique per change, not per post.
  * 2. `PostChange`s are announced in process after a change commits, so caches (detail, feeds, the
  *    counter module's entity directory) drop what they hold for the post, in every process.
  */
@@ -28,8 +33,20 @@ export interface PostEvent {
   ts: number;
 }
 
-export function postEvent(type: PostTransition, postId: string, authorId: number, ts: number): PostEvent {
-  return { eventId: `knowpost:${postId}:${type}`, type, postId, authorId, ts };
+/**
+ * The `epoch`-th entry into (`published`) or exit from (`unpublished`) the author's public posts.
+ * The first epoch's ids carry no number: they are the ids of the events written before posts could
+ * leave and enter again, when publishing and deleting were the only transitions.
+ */
+export function postEvent(
+  type: PostTransition,
+  postId: string,
+  authorId: number,
+  ts: number,
+  epoch: number,
+): PostEvent {
+  const eventId = `knowpost:${postId}:${type}${epoch === 1 ? '' : `:${epoch}`}`;
+  return { eventId, type, postId, authorId, ts };
 }
 
 /** A visibility change; `changeId` makes the event id unique (the outbox row's own id is not known yet). */

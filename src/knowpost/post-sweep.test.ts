@@ -17,6 +17,7 @@ function post(id: string, fields: Partial<PostRecord> = {}): PostRecord {
     imgUrls: [],
     imgUrlsJson: '[]',
     uploadsOpenUntil: null,
+    publicEpoch: 0,
     ...fields,
   };
 }

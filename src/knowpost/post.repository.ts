@@ -24,7 +24,15 @@ export interface PostRecord {
   imgUrlsJson: string;
   /** Until when an upload URL of the post may still deliver an object; null when none was handed out. */
   uploadsOpenUntil: number | null;
+  /** How many times it became one of its author's public posts (`public_epoch`). */
+  publicEpoch: number;
 }
+
+/**
+ * An edit that moves the post into its author's public posts (`enter`: a published post that is not
+ * public, made public) or out of them (`leave`: a published public post made anything else).
+ */
+export type PublicCrossing = 'enter' | 'leave';
 
 export interface PostFields {
   title?: string;
@@ -105,6 +113,7 @@ export class PostRepository {
         'content_sha256',
         'img_urls_json',
         'uploads_open_until',
+        'public_epoch',
       ])
       .where('id', '=', id)
       .executeTakeFirst();
@@ -120,12 +129,14 @@ export class PostRepository {
       imgUrls: parseList(row.img_urls_json),
       imgUrlsJson: row.img_urls_json,
       uploadsOpenUntil: row.uploads_open_until === null ? null : Number(row.uploads_open_until),
+      publicEpoch: Number(row.public_epoch),
     };
   }
 
   /**
    * Applies `fields` to the author's post unless it is deleted, and only while its images are still
-   * `imagesWere` (as `imgUrlsJson` read them) when that is given; false when no such row.
+   * `imagesWere` (as `imgUrlsJson` read them) when that is given; false when no such row. With
+   * `crossing`, only when the edit makes that crossing, which then also counts an entry.
    */
   async update(
     id: string,
@@ -134,6 +145,7 @@ export class PostRepository {
     now: number,
     imagesWere?: string,
     db: Executor = this.db.kysely,
+    crossing?: PublicCrossing,
   ): Promise<boolean> {
     const set: Updateable<KnowpostsTable> = { updated_at: now };
     if (fields.title !== undefined) set.title = fields.title;
@@ -150,6 +162,11 @@ export class PostRepository {
       .where('author_id', '=', authorId)
       .where('status', '!=', 'deleted');
     if (imagesWere !== undefined) update = update.where('img_urls_json', '=', imagesWere);
+    if (crossing !== undefined)
+      update = update
+        .where('status', '=', 'published')
+        .where('visible', crossing === 'enter' ? '!=' : '=', 'public');
+    if (crossing === 'enter') update = update.set({ public_epoch: sql<number>`public_epoch + 1` });
     const result = await update.executeTakeFirst();
     return result.numUpdatedRows > 0n;
   }
@@ -171,11 +188,19 @@ export class PostRepository {
     return result.numUpdatedRows > 0n;
   }
 
-  /** draft → published, only with confirmed content; false when the row was not such a draft. */
+  /**
+   * draft → published, only with confirmed content; false when the row was not such a draft. A
+   * public post thereby enters its author's public posts, which counts an entry.
+   */
   async publish(trx: Transaction<Database>, id: string, authorId: number, now: number): Promise<boolean> {
     const result = await trx
       .updateTable('knowposts')
-      .set({ status: 'published', publish_time: now, updated_at: now })
+      .set({
+        status: 'published',
+        publish_time: now,
+        updated_at: now,
+        public_epoch: sql<number>`CASE WHEN visible = 'public' THEN public_epoch + 1 ELSE public_epoch END`,
+      })
       .where('id', '=', id)
       .where('author_id', '=', authorId)
       .where('status', '=', 'draft')
@@ -273,21 +298,26 @@ export class PostRepository {
       .execute();
   }
 
-  /** `from` → deleted; false when the row is no longer in state `from`. */
+  /**
+   * `from` → deleted; false when the row is no longer in state `from`, or with `publicOnly` when it is
+   * not public (a published public post so leaves its author's public posts).
+   */
   async softDelete(
     trx: Transaction<Database>,
     id: string,
     authorId: number,
     from: Exclude<PostStatus, 'deleted'>,
     now: number,
+    publicOnly = false,
   ): Promise<boolean> {
-    const result = await trx
+    let update = trx
       .updateTable('knowposts')
       .set({ status: 'deleted', updated_at: now })
       .where('id', '=', id)
       .where('author_id', '=', authorId)
-      .where('status', '=', from)
-      .executeTakeFirst();
+      .where('status', '=', from);
+    if (publicOnly) update = update.where('visible', '=', 'public');
+    const result = await update.executeTakeFirst();
     return result.numUpdatedRows > 0n;
   }
 }

@@ -647,7 +647,7 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     expect(await outcome(sut.update(AUTHOR, id, { imgUrls: [body] }))).toBe('400 BAD_REQUEST');
   });
 
-  it('writes a changed outbox row with every visibility change, and none for other edits', async () => {
+  it('writes an outbox row with every visibility change, numbered entries and exits of the public posts, and none for other edits', async () => {
     const sut = newService();
     const id = await publishedPost(sut);
     const before = (await outboxFor(id)).length;
@@ -656,30 +656,55 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
 
     now += 1_000;
     await sut.setVisibility(AUTHOR, id, 'private');
+    await sut.setVisibility(AUTHOR, id, 'followers');
     await sut.update(AUTHOR, id, { title: 'And back', visible: 'public' });
-    const changed = (await outboxFor(id)).slice(before);
-    expect(changed.map((r) => [r.key, r.event?.type, r.event?.authorId, r.event?.ts])).toEqual([
+    await sut.setVisibility(AUTHOR, id, 'public');
+    const written = (await outboxFor(id)).slice(before);
+    expect(written.map((r) => [r.key, r.event?.type, r.event?.authorId, r.event?.ts])).toEqual([
+      [String(AUTHOR), 'unpublished', AUTHOR, now],
       [String(AUTHOR), 'changed', AUTHOR, now],
+      [String(AUTHOR), 'published', AUTHOR, now],
       [String(AUTHOR), 'changed', AUTHOR, now],
     ]);
-    expect(new Set(changed.map((r) => r.event?.eventId)).size).toBe(2);
+    expect(written.map((r) => r.event?.eventId).slice(0, 3)).toEqual([
+      `knowpost:${id}:unpublished`,
+      expect.stringMatching(new RegExp(`^knowpost:${id}:changed:`)),
+      `knowpost:${id}:published:2`,
+    ]);
+    expect(new Set(written.map((r) => r.event?.eventId)).size).toBe(4);
+    expect((await row(id)).public_epoch).toBe(2);
     // Changes to a published post are announced as such (the caches drop it).
-    expect(changes.filter((c) => c.kind === 'visibility').map((c) => c.draft)).toEqual([false, false]);
+    expect(changes.filter((c) => c.kind === 'visibility').map((c) => c.draft)).toEqual([
+      false,
+      false,
+      false,
+      false,
+    ]);
 
     // Nor for a draft (no cache holds one).
     const draft = await sut.createDraft(AUTHOR);
     await sut.setVisibility(AUTHOR, draft, 'private');
     expect(await outboxFor(draft)).toEqual([]);
 
-    // A change that does not happen writes nothing.
+    // A change that does not happen writes nothing; deleting the public post is its second exit.
     expect(await outcome(sut.setVisibility(OTHER, id, 'private'))).toBe('403 FORBIDDEN');
     await sut.delete(AUTHOR, id);
     expect(await outcome(sut.setVisibility(AUTHOR, id, 'private'))).toBe('404 NOT_FOUND');
-    expect((await outboxFor(id)).slice(before).map((r) => r.event?.type)).toEqual([
-      'changed',
-      'changed',
-      'unpublished',
+    expect((await outboxFor(id)).slice(before + 4).map((r) => r.event?.eventId)).toEqual([
+      `knowpost:${id}:unpublished:2`,
     ]);
+  });
+
+  it('counts no entry for a post published or deleted while not public', async () => {
+    const sut = newService();
+    const id = await sut.createDraft(AUTHOR);
+    await sut.setVisibility(AUTHOR, id, 'private');
+    const before = (await outboxFor(id)).length;
+    await sut.confirmContent(AUTHOR, id, await upload(sut, id));
+    await sut.publish(AUTHOR, id);
+    await sut.delete(AUTHOR, id);
+    expect((await outboxFor(id)).slice(before).map((r) => r.event?.type)).toEqual(['changed', 'changed']);
+    expect((await row(id)).public_epoch).toBe(0);
   });
 
   it('refuses and deletes an oversized image', async () => {

@@ -404,12 +404,27 @@ export class PostService {
     if (fields.visible === undefined)
       return this.posts.update(post.id, post.authorId, fields, now, imagesWere);
     // Who may see the post changes: the caches must hear of it even if this process fails to tell
-    // them, so the change is also an event, written with it. Not for a draft (read after the update,
-    // which holds the row): no cache holds one, and its publish writes an event of its own.
+    // them, so the change is also an event, written with it; one that moves the post into or out of
+    // its author's public posts is the event that moves their count. Not for a draft (read after
+    // the update, which holds the row): no cache holds one, and its publish writes an event of its
+    // own. The crossing is tried first as an UPDATE of its own, so whether it happened is decided
+    // by the row as the update found it.
+    const crossing = fields.visible === 'public' ? 'enter' : 'leave';
     return this.posts.transaction(async (trx) => {
-      if (!(await this.posts.update(post.id, post.authorId, fields, now, imagesWere, trx))) return false;
-      if ((await this.posts.find(post.id, trx))?.status === 'draft') return true;
-      const event = postChangedEvent(post.id, post.authorId, now, this.ids.next());
+      const crossed = await this.posts.update(post.id, post.authorId, fields, now, imagesWere, trx, crossing);
+      if (!crossed && !(await this.posts.update(post.id, post.authorId, fields, now, imagesWere, trx)))
+        return false;
+      const current = await this.posts.find(post.id, trx);
+      if (!current || current.status === 'draft') return true;
+      const event = crossed
+        ? postEvent(
+            crossing === 'enter' ? 'published' : 'unpublished',
+            post.id,
+            post.authorId,
+            now,
+            current.publicEpoch,
+          )
+        : postChangedEvent(post.id, post.authorId, now, this.ids.next());
       await this.outbox.append(trx, postEventMessage(event));
       return true;
     });
@@ -432,7 +447,13 @@ export class PostService {
     const now = this.now();
     const published = await this.posts.transaction(async (trx) => {
       if (!(await this.posts.publish(trx, post.id, userId, now))) return false;
-      await this.outbox.append(trx, postEventMessage(postEvent('published', post.id, userId, now)));
+      // Read after the update, which holds the row: counted when it was public then.
+      const current = await this.posts.find(post.id, trx);
+      const event =
+        current?.visible === 'public'
+          ? postEvent('published', post.id, userId, now, current.publicEpoch)
+          : postChangedEvent(post.id, userId, now, this.ids.next());
+      await this.outbox.append(trx, postEventMessage(event));
       return true;
     });
     if (!published) {
@@ -444,8 +465,9 @@ export class PostService {
   }
 
   /**
-   * Soft delete; leaving `published` appends `unpublished` in the same transaction. Deleting the
-   * author's already deleted post succeeds and changes nothing, so a retried request gets its 204.
+   * Soft delete; a published public post leaving its author's public posts appends `unpublished` in
+   * the same transaction (another published post a `changed` event). Deleting the author's already
+   * deleted post succeeds and changes nothing, so a retried request gets its 204.
    */
   async delete(userId: number, postId: string): Promise<void> {
     for (let attempt = 0; attempt < 3; attempt++) {
@@ -454,9 +476,15 @@ export class PostService {
       const from = post.status;
       const now = this.now();
       const deleted = await this.posts.transaction(async (trx) => {
-        if (!(await this.posts.softDelete(trx, post.id, userId, from, now))) return false;
-        if (from === 'published')
-          await this.outbox.append(trx, postEventMessage(postEvent('unpublished', post.id, userId, now)));
+        const left =
+          from === 'published' && (await this.posts.softDelete(trx, post.id, userId, from, now, true));
+        if (!left && !(await this.posts.softDelete(trx, post.id, userId, from, now))) return false;
+        if (from !== 'published') return true;
+        const epoch = (await this.posts.find(post.id, trx))?.publicEpoch ?? 0;
+        const event = left
+          ? postEvent('unpublished', post.id, userId, now, epoch)
+          : postChangedEvent(post.id, userId, now, this.ids.next());
+        await this.outbox.append(trx, postEventMessage(event));
         return true;
       });
       if (deleted) {

@@ -9,15 +9,15 @@ import { UserCounterMetrics } from './user-counter.metrics.js';
 describe('post-events as user counter deltas', () => {
   it('moves the author’s posts on transitions only', () => {
     const value = (event: object) => JSON.stringify(event);
-    expect(postEventsFeed.toDeltas(value(postEvent('published', '42', 7, 1)))).toEqual([
+    expect(postEventsFeed.toDeltas(value(postEvent('published', '42', 7, 1, 1)))).toEqual([
       { eventId: 'knowpost:42:published', userId: 7, field: 'posts', delta: 1 },
     ]);
-    expect(postEventsFeed.toDeltas(value(postEvent('unpublished', '42', 7, 2)))).toEqual([
+    expect(postEventsFeed.toDeltas(value(postEvent('unpublished', '42', 7, 2, 1)))).toEqual([
       { eventId: 'knowpost:42:unpublished', userId: 7, field: 'posts', delta: -1 },
     ]);
     expect(postEventsFeed.toDeltas(value(postChangedEvent('42', 7, 3, '99')))).toEqual([]);
     expect(
-      postEventsFeed.toDeltas(value({ ...postEvent('published', '42', 7, 1), type: 'edited' })),
+      postEventsFeed.toDeltas(value({ ...postEvent('published', '42', 7, 1, 1), type: 'edited' })),
     ).toBeNull();
     expect(postEventsFeed.toDeltas('not json')).toBeNull();
   });
@@ -49,7 +49,7 @@ describe(UserCounterConsumer.name, () => {
       },
     );
     await sut.start();
-    const batch = oneRecord(POST_TOPIC, JSON.stringify(postEvent('published', '42', 7, 9_000)), 9_000);
+    const batch = oneRecord(POST_TOPIC, JSON.stringify(postEvent('published', '42', 7, 9_000, 1)), 9_000);
     const lag = () => metricOf(registry, 'zg_user_counter_consumer_lag_ms');
     await expect(log.deliver(batch)).rejects.toThrow('redis unavailable');
     expect(await lag()).toBe(1_000);

@@ -22,8 +22,8 @@ export interface UserCounterFeed {
 }
 
 /**
- * `post-events`: a published post adds one to its author's `posts`, an unpublished one takes it
- * back; a `changed` one (visibility) moves nothing.
+ * `post-events`: a post entering its author's public posts (`published`) adds one to their
+ * `posts`, one leaving them (`unpublished`) takes it back; a `changed` one moves nothing.
  */
 export const postEventsFeed: UserCounterFeed = {
   topic: POST_TOPIC,

@@ -2,16 +2,22 @@ import type { Db } from '../platform/db/database.js';
 import { postEvent } from '../knowpost/post-events.js';
 import type { UnappliedEvent, UserCountPart } from './source.js';
 
-/** Recent transitions listed at most; a user publishing more within the window is beyond any rebuild race. */
+/** Posts changed since the window listed at most; a user changing more within it is beyond any rebuild race. */
 const RECENT_MAX = 10_000;
+/**
+ * The entries and exits listed per post, the latest ones. A post that entered and left its author's
+ * public posts more often than this within the events' transit time could see an old event counted
+ * twice, which the reconciler then heals.
+ */
+const EPOCHS_MAX = 50;
 
 /**
- * `posts`: the user's published posts. Every transition's event id follows from the post and the
- * transition (`post-events.ts`), so the events a count includes follow from the posts' states: a
- * post that reached `published` (published now, or deleted after publishing) counted its
- * `published` event, and a published post that was deleted counted its `unpublished` event. Those of
- * transitions made since `since` (the publish time; for a deletion, the post's last update) are
- * listed as possibly unapplied.
+ * `posts`: the user's public posts (published and `public`), the ones everybody may read. Every
+ * entry into and exit from them has an event id that follows from the post and the number of its
+ * entries (`public_epoch`, see `post-events.ts`), so the events a count includes follow from the
+ * posts' rows: a post that entered `n` times counted its entries 1…n, and the exits 1…n, or 1…n−1
+ * while it is public now. Those of posts changed since `since` (their last update: every crossing
+ * is one) are listed as possibly unapplied; listing one that was applied long ago does no harm.
  */
 export class PostCountPart implements UserCountPart {
   readonly fields = ['posts'] as const;
@@ -26,37 +32,33 @@ export class PostCountPart implements UserCountPart {
         .select((eb) => eb.fn.countAll<number | string>().as('n'))
         .where('author_id', '=', userId)
         .where('status', '=', 'published')
+        .where('visible', '=', 'public')
         .executeTakeFirst();
       const recent = await trx
         .selectFrom('knowposts')
-        .select(['id', 'status', 'publish_time', 'updated_at'])
+        .select(['id', 'status', 'visible', 'public_epoch'])
         .where('author_id', '=', userId)
-        .where('publish_time', 'is not', null)
-        .where((eb) =>
-          eb.or([
-            eb('publish_time', '>=', since),
-            eb.and([eb('status', '=', 'deleted'), eb('updated_at', '>=', since)]),
-          ]),
-        )
+        .where('public_epoch', '>', 0)
+        .where('updated_at', '>=', since)
         .limit(RECENT_MAX)
         .execute();
       const unapplied: UnappliedEvent[] = [];
       for (const post of recent) {
         const id = String(post.id);
-        if (Number(post.publish_time) >= since) {
+        const epochs = Number(post.public_epoch);
+        const publicNow = post.status === 'published' && post.visible === 'public';
+        for (let epoch = Math.max(1, epochs - EPOCHS_MAX + 1); epoch <= epochs; epoch++) {
           unapplied.push({
-            eventId: postEvent('published', id, userId, 0).eventId,
+            eventId: postEvent('published', id, userId, 0, epoch).eventId,
             field: 'posts',
             delta: 1,
           });
-        }
-        // A deleted post is never changed again, so its last update is its deletion.
-        if (post.status === 'deleted' && Number(post.updated_at) >= since) {
-          unapplied.push({
-            eventId: postEvent('unpublished', id, userId, 0).eventId,
-            field: 'posts',
-            delta: -1,
-          });
+          if (epoch < epochs || !publicNow)
+            unapplied.push({
+              eventId: postEvent('unpublished', id, userId, 0, epoch).eventId,
+              field: 'posts',
+              delta: -1,
+            });
         }
       }
       return { counts: { posts: Number(row?.n ?? 0) }, unapplied };

@@ -16,7 +16,9 @@ export function userCounterRoutes(deps: { counters: UserCounterService; guards: 
         schema: {
           tags: ['relations'],
           security: [{ bearerAuth: [] }],
-          description: "A user's counts; likedPosts and favedPosts are the likes and favourites received",
+          description:
+            "A user's counts; posts are their public posts (published and public: what anyone may read), " +
+            'likedPosts and favedPosts the likes and favourites received',
           querystring: UserCounterQuery,
           response: { 200: UserCounterResponse, ...errorResponses(400, 401, 404) },
         },

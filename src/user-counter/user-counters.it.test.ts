@@ -201,6 +201,7 @@ describe.each<Profile>(['embedded', 'cluster'])('user counters (%s profile)', (p
           content_size: null,
           content_sha256: null,
           publish_time: now,
+          public_epoch: 1,
         })
         .execute();
     } else {
@@ -218,7 +219,7 @@ describe.each<Profile>(['embedded', 'cluster'])('user counters (%s profile)', (p
       POST_TOPIC,
       list.map((e) => ({
         key: String(e.authorId),
-        value: JSON.stringify(postEvent(e.type, e.postId, e.authorId, Date.now())),
+        value: JSON.stringify(postEvent(e.type, e.postId, e.authorId, Date.now(), 1)),
       })),
     );
   }
@@ -248,7 +249,7 @@ describe.each<Profile>(['embedded', 'cluster'])('user counters (%s profile)', (p
         await rig.events.publish(POST_TOPIC, [
           { key: String(author), value: 'not json' },
           { key: String(author), value: JSON.stringify({ eventId: 'x', type: 'published', postId: '1' }) },
-          { key: String(author), value: JSON.stringify(postEvent('published', '5', 0, 0)) },
+          { key: String(author), value: JSON.stringify(postEvent('published', '5', 0, 0, 1)) },
         ]);
       }
     }
@@ -347,7 +348,14 @@ describe.each<Profile>(['embedded', 'cluster'])('user counters (%s profile)', (p
           injected = true;
           await transition('published', author, late, { publish: false });
           await rig.store.apply(
-            [{ eventId: postEvent('published', late, author, 0).eventId, userId, field: 'posts', delta: 1 }],
+            [
+              {
+                eventId: postEvent('published', late, author, 0, 1).eventId,
+                userId,
+                field: 'posts',
+                delta: 1,
+              },
+            ],
             now,
           );
         }
@@ -360,42 +368,65 @@ describe.each<Profile>(['embedded', 'cluster'])('user counters (%s profile)', (p
     expect(await metricValue(rig.registry, 'zg_user_counter_rebuild_conflicts_total')).toBe(1);
   });
 
-  it('lists as possibly unapplied just the post transitions of the retention window', async () => {
+  it('counts public posts and lists as possibly unapplied the entries and exits of posts changed in the window', async () => {
     const author = await newUser();
     const now = Date.now();
     const old = now - DEFAULT_RETENTION_MS - 60_000;
-    const rows: [string, string, number | null, number][] = [
-      ['published long ago', 'published', old, old],
-      ['published and deleted long ago', 'deleted', old, old],
-      ['published long ago, deleted now', 'deleted', old, now],
-      ['published long ago, edited now', 'published', old, now],
-      ['published now', 'published', now, now],
-      ['a draft deleted now', 'deleted', null, now],
-      ['a draft', 'draft', null, now],
+    // status, visible, publish time, last update, entries into the author's public posts
+    const rows: [string, string, string, number | null, number, number][] = [
+      ['published long ago', 'published', 'public', old, old, 1],
+      ['published and deleted long ago', 'deleted', 'public', old, old, 1],
+      ['published long ago, deleted now', 'deleted', 'public', old, now, 1],
+      ['published long ago, edited now', 'published', 'public', old, now, 1],
+      ['published now', 'published', 'public', now, now, 1],
+      ['public for the third time now', 'published', 'public', old, now, 3],
+      ['made private now, after two entries', 'published', 'private', old, now, 2],
+      ['published private now, never public', 'published', 'private', now, now, 0],
+      ['a draft deleted now', 'deleted', 'public', null, now, 0],
+      ['a draft', 'draft', 'public', null, now, 0],
     ];
     const ids = rows.map(() => newPostId());
     await rig.db.kysely
       .insertInto('knowposts')
       .values(
-        rows.map(([, status, publishTime, updatedAt], i) => ({
+        rows.map(([, status, visible, publishTime, updatedAt, epochs], i) => ({
           id: ids[i]!,
           author_id: author,
           status,
-          visible: 'public',
+          visible,
           created_at: old,
           updated_at: updatedAt,
           publish_time: publishTime,
+          public_epoch: epochs,
         })),
       )
       .execute();
     const truth = await rig.source.compute(author, now);
-    expect(truth?.counts).toEqual(posts(3));
+    expect(truth?.counts).toEqual(posts(4));
+    const event = (type: PostTransition, row: number, epoch: number) => [
+      postEvent(type, ids[row]!, author, 0, epoch).eventId,
+      type === 'published' ? 1 : -1,
+    ];
     expect(truth?.unapplied.map((e) => [e.eventId, e.delta]).sort()).toEqual(
       [
-        [postEvent('unpublished', ids[2]!, author, 0).eventId, -1],
-        [postEvent('published', ids[4]!, author, 0).eventId, 1],
+        event('published', 2, 1),
+        event('unpublished', 2, 1),
+        event('published', 3, 1),
+        event('published', 4, 1),
+        event('published', 5, 1),
+        event('unpublished', 5, 1),
+        event('published', 5, 2),
+        event('unpublished', 5, 2),
+        event('published', 5, 3),
+        event('published', 6, 1),
+        event('unpublished', 6, 1),
+        event('published', 6, 2),
+        event('unpublished', 6, 2),
       ].sort(),
     );
+    // The first entry's id is the one publishing always had; later ones are numbered.
+    expect(event('published', 5, 1)[0]).toBe(`knowpost:${ids[5]}:published`);
+    expect(event('unpublished', 5, 2)[0]).toBe(`knowpost:${ids[5]}:unpublished:2`);
     expect(await rig.source.compute(author + 1_000_000, now)).toBeNull();
   });
 

@@ -116,6 +116,46 @@ describe.each<ProfileName>(['embedded', 'cluster'])('user counters (%s profile)'
     expect(after.body).toEqual({ ...zero, posts: 1 });
   });
 
+  it('counts public posts only: private ones never, and each visibility change once, also when rebuilt', async () => {
+    const user = await signUp(server, client);
+    const visibility = async (id: string, visible: string) =>
+      expect((await as(user, 'PATCH', `/api/v1/knowposts/${id}/visibility`, { visible })).status).toBe(204);
+    const settled = async (n: number) => {
+      const shown = await eventually(
+        () => counter(user.userId),
+        (r) => r.body.posts === n,
+      );
+      expect(shown.body).toEqual({ ...zero, posts: n });
+      // Nothing more arrives: every event was counted once.
+      await new Promise((r) => setTimeout(r, 1_000));
+      expect((await counter(user.userId)).body).toEqual({ ...zero, posts: n });
+      expect((await counter(user.userId, user.accessToken)).body.posts).toBe(n);
+    };
+
+    // Flipped before anyone read the count: the first read rebuilds it from the database while the
+    // flips' events are still on their way, and none of them may count again.
+    const flipped = await draftWithBody(user);
+    await visibility(flipped, 'private');
+    await publishDraft(client, user, flipped);
+    for (const visible of ['public', 'followers', 'public', 'private', 'public'])
+      await visibility(flipped, visible);
+    expect((await counter(user.userId)).body).toEqual({ ...zero, posts: 1 });
+    await settled(1);
+
+    const secret = await draftWithBody(user);
+    await visibility(secret, 'private');
+    await publishDraft(client, user, secret);
+    await settled(1);
+    await visibility(secret, 'public');
+    await settled(2);
+    await visibility(secret, 'unlisted');
+    await visibility(secret, 'private');
+    await settled(1);
+    expect((await as(user, 'DELETE', `/api/v1/knowposts/${secret}`)).status).toBe(204);
+    expect((await as(user, 'DELETE', `/api/v1/knowposts/${flipped}`)).status).toBe(204);
+    await settled(0);
+  });
+
   it("moves the author's likes and favourites received with every change on their posts, once", async () => {
     const user = await signUp(server, client);
     const fans = [await signUp(server, client), await signUp(server, client)];

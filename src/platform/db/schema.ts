@@ -129,6 +129,11 @@ export interface KnowpostsTable {
    * the upload retention, for a PUT that started in time and ran long); null when none was.
    */
   uploads_open_until: number | null;
+  /**
+   * How many times the post became one of its author's public posts (published and `public`): the
+   * author's `posts` count moves by events numbered with it (`post-events.ts`).
+   */
+  public_epoch: Generated<number>;
 }
 
 /** Embedded user counters (the cluster profile keeps these in Redis); see sqlite-user-counter-store.ts. */
