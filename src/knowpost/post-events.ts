@@ -10,8 +10,9 @@ import type { OutboxMessage } from '../platform/outbox/outbox.js';
  *    the author's public posts (published while public, or a published post made public),
  *    `unpublished` one ceasing to be (deleted, or made anything but public). A post may do so
  *    again and again, so the post counts its entries (`public_epoch`) and `eventId` is derived from
- *    the post, the transition and that number: a count rebuilt from the database can name every
- *    event it includes (`PostCountPart`).
+ *    the post, the transition and that number; the post also keeps its latest crossings with their
+ *    times (`public_crossings`), so a count rebuilt from the database can name the events of a
+ *    window that it includes (`PostCountPart`).
  *    Every other change of who may see a post that is not a draft (publishing or deleting a post
  *    that is not public, a visibility change within the non-public ones) writes a `changed` event
  *    the same way: it moves no count, but the `post-cache` consumer drops the post from the shared
@@ -35,8 +36,8 @@ export interface PostEvent {
 
 /**
  * The `epoch`-th entry into (`published`) or exit from (`unpublished`) the author's public posts.
- * The first epoch's ids carry no number: they are the ids of the events written before posts could
- * leave and enter again, when publishing and deleting were the only transitions.
+ * Their ids (`…:entered:n`, `…:left:n`) are never those of the events an earlier release wrote
+ * (`knowpost:{id}:published`, `…:unpublished`, when every published post counted).
  */
 export function postEvent(
   type: PostTransition,
@@ -45,8 +46,46 @@ export function postEvent(
   ts: number,
   epoch: number,
 ): PostEvent {
-  const eventId = `knowpost:${postId}:${type}${epoch === 1 ? '' : `:${epoch}`}`;
+  const eventId = `knowpost:${postId}:${type === 'published' ? 'entered' : 'left'}:${epoch}`;
   return { eventId, type, postId, authorId, ts };
+}
+
+/** One entry (+1) or exit (-1) of a post into or out of its author's public posts: [epoch, delta, time]. */
+export type PublicCrossing = [epoch: number, delta: 1 | -1, at: number];
+
+/** How many of its latest crossings a post keeps. */
+export const CROSSINGS_KEPT = 50;
+
+/** A post's kept crossings (`public_crossings`); none for anything unreadable. */
+export function parseCrossings(json: string): PublicCrossing[] {
+  try {
+    const value: unknown = JSON.parse(json);
+    if (!Array.isArray(value)) return [];
+    return value.filter(
+      (c): c is PublicCrossing =>
+        Array.isArray(c) &&
+        c.length === 3 &&
+        Number.isSafeInteger(c[0]) &&
+        (c[1] === 1 || c[1] === -1) &&
+        Number.isFinite(c[2]),
+    );
+  } catch {
+    return [];
+  }
+}
+
+/** The kept crossings with `crossing` added, the oldest beyond `CROSSINGS_KEPT` dropped. */
+export function withCrossing(json: string, crossing: PublicCrossing): string {
+  return JSON.stringify([...parseCrossings(json), crossing].slice(-CROSSINGS_KEPT));
+}
+
+/** The event of a kept crossing. */
+export function crossingEvent(
+  postId: string,
+  authorId: number,
+  [epoch, delta, at]: PublicCrossing,
+): PostEvent {
+  return postEvent(delta === 1 ? 'published' : 'unpublished', postId, authorId, at, epoch);
 }
 
 /** A visibility change; `changeId` makes the event id unique (the outbox row's own id is not known yet). */

@@ -18,6 +18,7 @@ function post(id: string, fields: Partial<PostRecord> = {}): PostRecord {
     imgUrlsJson: '[]',
     uploadsOpenUntil: null,
     publicEpoch: 0,
+    publicCrossingsJson: '[]',
     ...fields,
   };
 }

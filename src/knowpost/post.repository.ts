@@ -26,6 +26,8 @@ export interface PostRecord {
   uploadsOpenUntil: number | null;
   /** How many times it became one of its author's public posts (`public_epoch`). */
   publicEpoch: number;
+  /** Its latest crossings into and out of those, as stored (`public_crossings`). */
+  publicCrossingsJson: string;
 }
 
 /**
@@ -114,6 +116,7 @@ export class PostRepository {
         'img_urls_json',
         'uploads_open_until',
         'public_epoch',
+        'public_crossings',
       ])
       .where('id', '=', id)
       .executeTakeFirst();
@@ -130,6 +133,7 @@ export class PostRepository {
       imgUrlsJson: row.img_urls_json,
       uploadsOpenUntil: row.uploads_open_until === null ? null : Number(row.uploads_open_until),
       publicEpoch: Number(row.public_epoch),
+      publicCrossingsJson: row.public_crossings,
     };
   }
 
@@ -207,6 +211,15 @@ export class PostRepository {
       .where('content_key', 'is not', null)
       .executeTakeFirst();
     return result.numUpdatedRows > 0n;
+  }
+
+  /** Stores the post's kept crossings; in the transaction of the change that made the last one. */
+  async recordCrossings(trx: Transaction<Database>, id: string, crossingsJson: string): Promise<void> {
+    await trx
+      .updateTable('knowposts')
+      .set({ public_crossings: crossingsJson })
+      .where('id', '=', id)
+      .execute();
   }
 
   /** Points the post's body at `to` if it is still at `from`; false otherwise. */

@@ -10,7 +10,7 @@ import { parseSnowflake, SnowflakeGenerator } from '../platform/ids/snowflake.js
 import { OutboxWriter } from '../platform/outbox/outbox.js';
 import { createSqliteRateLimiter } from '../platform/ratelimit/create.js';
 import { LocalObjectStorage } from '../platform/storage/local-object-storage.js';
-import { parsePostEvent, POST_TOPIC, type PostChange } from './post-events.js';
+import { CROSSINGS_KEPT, parsePostEvent, POST_TOPIC, type PostChange } from './post-events.js';
 import { storedImageKey } from './post-keys.js';
 import { PostObjectPurger } from './post-purge.js';
 import { PostUploadSweeper } from './post-sweep.js';
@@ -431,7 +431,7 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
       {
         key: String(AUTHOR),
         event: {
-          eventId: `knowpost:${id}:published`,
+          eventId: `knowpost:${id}:entered:1`,
           type: 'published',
           postId: id,
           authorId: AUTHOR,
@@ -650,6 +650,7 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
   it('writes an outbox row with every visibility change, numbered entries and exits of the public posts, and none for other edits', async () => {
     const sut = newService();
     const id = await publishedPost(sut);
+    const publishedAt = now;
     const before = (await outboxFor(id)).length;
     await sut.update(AUTHOR, id, { title: 'Only a title', isTop: true });
     expect((await outboxFor(id)).length).toBe(before);
@@ -667,12 +668,20 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
       [String(AUTHOR), 'changed', AUTHOR, now],
     ]);
     expect(written.map((r) => r.event?.eventId).slice(0, 3)).toEqual([
-      `knowpost:${id}:unpublished`,
+      `knowpost:${id}:left:1`,
       expect.stringMatching(new RegExp(`^knowpost:${id}:changed:`)),
-      `knowpost:${id}:published:2`,
+      `knowpost:${id}:entered:2`,
     ]);
     expect(new Set(written.map((r) => r.event?.eventId)).size).toBe(4);
-    expect((await row(id)).public_epoch).toBe(2);
+    // The post keeps its crossings, with their times, for rebuilds of its author's count.
+    expect(await row(id)).toMatchObject({
+      public_epoch: 2,
+      public_crossings: JSON.stringify([
+        [1, 1, publishedAt],
+        [1, -1, now],
+        [2, 1, now],
+      ]),
+    });
     // Changes to a published post are announced as such (the caches drop it).
     expect(changes.filter((c) => c.kind === 'visibility').map((c) => c.draft)).toEqual([
       false,
@@ -691,7 +700,7 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     await sut.delete(AUTHOR, id);
     expect(await outcome(sut.setVisibility(AUTHOR, id, 'private'))).toBe('404 NOT_FOUND');
     expect((await outboxFor(id)).slice(before + 4).map((r) => r.event?.eventId)).toEqual([
-      `knowpost:${id}:unpublished:2`,
+      `knowpost:${id}:left:2`,
     ]);
   });
 
@@ -704,7 +713,21 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     await sut.publish(AUTHOR, id);
     await sut.delete(AUTHOR, id);
     expect((await outboxFor(id)).slice(before).map((r) => r.event?.type)).toEqual(['changed', 'changed']);
-    expect((await row(id)).public_epoch).toBe(0);
+    expect(await row(id)).toMatchObject({ public_epoch: 0, public_crossings: '[]' });
+  });
+
+  it('keeps the latest crossings only', async () => {
+    const sut = newService();
+    const id = await publishedPost(sut);
+    for (let i = 0; i < CROSSINGS_KEPT; i++) {
+      now += 1;
+      await sut.setVisibility(AUTHOR, id, i % 2 === 0 ? 'private' : 'public');
+    }
+    const kept = JSON.parse((await row(id)).public_crossings) as number[][];
+    expect(kept).toHaveLength(CROSSINGS_KEPT);
+    // The first entry made way; the last crossing is the latest entry.
+    expect(kept[0]).toEqual([1, -1, now - CROSSINGS_KEPT + 1]);
+    expect(kept.at(-1)).toEqual([CROSSINGS_KEPT / 2 + 1, 1, now]);
   });
 
   it('refuses and deletes an oversized image', async () => {

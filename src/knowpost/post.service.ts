@@ -12,10 +12,14 @@ import {
 import type { OutboxWriter } from '../platform/outbox/outbox.js';
 import { enforceLimit, type RateLimiter } from '../platform/ratelimit/ratelimit.js';
 import { normalizeEtag, type ObjectStorage, type StoredObject } from '../platform/storage/object-storage.js';
+import type { Transaction } from 'kysely';
+import type { Database } from '../platform/db/schema.js';
 import {
+  crossingEvent,
   postChangedEvent,
-  postEvent,
   postEventMessage,
+  withCrossing,
+  type PublicCrossing,
   type PostChange,
   type PostChangeKind,
   type PostChangeListener,
@@ -416,16 +420,8 @@ export class PostService {
         return false;
       const current = await this.posts.find(post.id, trx);
       if (!current || current.status === 'draft') return true;
-      const event = crossed
-        ? postEvent(
-            crossing === 'enter' ? 'published' : 'unpublished',
-            post.id,
-            post.authorId,
-            now,
-            current.publicEpoch,
-          )
-        : postChangedEvent(post.id, post.authorId, now, this.ids.next());
-      await this.outbox.append(trx, postEventMessage(event));
+      if (crossed) await this.crossed(trx, current, crossing === 'enter' ? 1 : -1, now);
+      else await this.changed(trx, current, now);
       return true;
     });
   }
@@ -448,12 +444,9 @@ export class PostService {
     const published = await this.posts.transaction(async (trx) => {
       if (!(await this.posts.publish(trx, post.id, userId, now))) return false;
       // Read after the update, which holds the row: counted when it was public then.
-      const current = await this.posts.find(post.id, trx);
-      const event =
-        current?.visible === 'public'
-          ? postEvent('published', post.id, userId, now, current.publicEpoch)
-          : postChangedEvent(post.id, userId, now, this.ids.next());
-      await this.outbox.append(trx, postEventMessage(event));
+      const current = (await this.posts.find(post.id, trx))!;
+      if (current.visible === 'public') await this.crossed(trx, current, 1, now);
+      else await this.changed(trx, current, now);
       return true;
     });
     if (!published) {
@@ -480,11 +473,9 @@ export class PostService {
           from === 'published' && (await this.posts.softDelete(trx, post.id, userId, from, now, true));
         if (!left && !(await this.posts.softDelete(trx, post.id, userId, from, now))) return false;
         if (from !== 'published') return true;
-        const epoch = (await this.posts.find(post.id, trx))?.publicEpoch ?? 0;
-        const event = left
-          ? postEvent('unpublished', post.id, userId, now, epoch)
-          : postChangedEvent(post.id, userId, now, this.ids.next());
-        await this.outbox.append(trx, postEventMessage(event));
+        const current = (await this.posts.find(post.id, trx))!;
+        if (left) await this.crossed(trx, current, -1, now);
+        else await this.changed(trx, current, now);
         return true;
       });
       if (deleted) {
@@ -494,6 +485,22 @@ export class PostService {
       // The post changed state in between (published or deleted meanwhile): judge it again.
     }
     throw new ConflictError('The post changed while it was being deleted; try again');
+  }
+
+  /**
+   * Writes the event of the post's entry into (+1) or exit from (-1) its author's public posts and
+   * keeps the crossing with the post, in the transaction of the change; `post` as read after it.
+   */
+  private async crossed(trx: Transaction<Database>, post: PostRecord, delta: 1 | -1, now: number) {
+    const crossing: PublicCrossing = [post.publicEpoch, delta, now];
+    await this.posts.recordCrossings(trx, post.id, withCrossing(post.publicCrossingsJson, crossing));
+    await this.outbox.append(trx, postEventMessage(crossingEvent(post.id, post.authorId, crossing)));
+  }
+
+  /** Writes the event of any other change of who may see the post, which moves no count. */
+  private async changed(trx: Transaction<Database>, post: PostRecord, now: number) {
+    const event = postChangedEvent(post.id, post.authorId, now, this.ids.next());
+    await this.outbox.append(trx, postEventMessage(event));
   }
 
   /**

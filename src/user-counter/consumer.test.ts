@@ -9,11 +9,16 @@ import { UserCounterMetrics } from './user-counter.metrics.js';
 describe('post-events as user counter deltas', () => {
   it('moves the author’s posts on transitions only', () => {
     const value = (event: object) => JSON.stringify(event);
-    expect(postEventsFeed.toDeltas(value(postEvent('published', '42', 7, 1, 1)))).toEqual([
-      { eventId: 'knowpost:42:published', userId: 7, field: 'posts', delta: 1 },
+    expect(postEventsFeed.toDeltas(value(postEvent('published', '42', 7, 1, 3)))).toEqual([
+      { eventId: 'knowpost:42:entered:3', userId: 7, field: 'posts', delta: 1 },
     ]);
-    expect(postEventsFeed.toDeltas(value(postEvent('unpublished', '42', 7, 2, 1)))).toEqual([
-      { eventId: 'knowpost:42:unpublished', userId: 7, field: 'posts', delta: -1 },
+    expect(postEventsFeed.toDeltas(value(postEvent('unpublished', '42', 7, 2, 3)))).toEqual([
+      { eventId: 'knowpost:42:left:3', userId: 7, field: 'posts', delta: -1 },
+    ]);
+    // Events an earlier release wrote, still on their way, count as they did.
+    const earlier = { eventId: 'knowpost:42:published', type: 'published', postId: '42', authorId: 7, ts: 1 };
+    expect(postEventsFeed.toDeltas(value(earlier))).toEqual([
+      { eventId: 'knowpost:42:published', userId: 7, field: 'posts', delta: 1 },
     ]);
     expect(postEventsFeed.toDeltas(value(postChangedEvent('42', 7, 3, '99')))).toEqual([]);
     expect(

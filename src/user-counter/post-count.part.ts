@@ -1,23 +1,18 @@
 import type { Db } from '../platform/db/database.js';
-import { postEvent } from '../knowpost/post-events.js';
+import { crossingEvent, parseCrossings } from '../knowpost/post-events.js';
 import type { UnappliedEvent, UserCountPart } from './source.js';
 
 /** Posts changed since the window listed at most; a user changing more within it is beyond any rebuild race. */
 const RECENT_MAX = 10_000;
-/**
- * The entries and exits listed per post, the latest ones. A post that entered and left its author's
- * public posts more often than this within the events' transit time could see an old event counted
- * twice, which the reconciler then heals.
- */
-const EPOCHS_MAX = 50;
 
 /**
- * `posts`: the user's public posts (published and `public`), the ones everybody may read. Every
- * entry into and exit from them has an event id that follows from the post and the number of its
- * entries (`public_epoch`, see `post-events.ts`), so the events a count includes follow from the
- * posts' rows: a post that entered `n` times counted its entries 1…n, and the exits 1…n, or 1…n−1
- * while it is public now. Those of posts changed since `since` (their last update: every crossing
- * is one) are listed as possibly unapplied; listing one that was applied long ago does no harm.
+ * `posts`: the user's public posts (published and `public`), the ones everybody may read. Each
+ * entry into and exit from them is an event whose id follows from the post and the number of the
+ * entry, and the post keeps its latest crossings with their times (`post-events.ts`), so the events
+ * of the window a count includes are read from the same rows: those of the posts changed since
+ * `since` (a crossing is a change), each crossing made since then. A post that crossed more often
+ * than it keeps within the window (`CROSSINGS_KEPT`) could see an older event counted twice, which
+ * the reconciler then heals.
  */
 export class PostCountPart implements UserCountPart {
   readonly fields = ['posts'] as const;
@@ -36,7 +31,7 @@ export class PostCountPart implements UserCountPart {
         .executeTakeFirst();
       const recent = await trx
         .selectFrom('knowposts')
-        .select(['id', 'status', 'visible', 'public_epoch'])
+        .select(['id', 'public_crossings'])
         .where('author_id', '=', userId)
         .where('public_epoch', '>', 0)
         .where('updated_at', '>=', since)
@@ -44,21 +39,10 @@ export class PostCountPart implements UserCountPart {
         .execute();
       const unapplied: UnappliedEvent[] = [];
       for (const post of recent) {
-        const id = String(post.id);
-        const epochs = Number(post.public_epoch);
-        const publicNow = post.status === 'published' && post.visible === 'public';
-        for (let epoch = Math.max(1, epochs - EPOCHS_MAX + 1); epoch <= epochs; epoch++) {
-          unapplied.push({
-            eventId: postEvent('published', id, userId, 0, epoch).eventId,
-            field: 'posts',
-            delta: 1,
-          });
-          if (epoch < epochs || !publicNow)
-            unapplied.push({
-              eventId: postEvent('unpublished', id, userId, 0, epoch).eventId,
-              field: 'posts',
-              delta: -1,
-            });
+        for (const crossing of parseCrossings(post.public_crossings)) {
+          if (crossing[2] < since) continue;
+          const event = crossingEvent(String(post.id), userId, crossing);
+          unapplied.push({ eventId: event.eventId, field: 'posts', delta: crossing[1] });
         }
       }
       return { counts: { posts: Number(row?.n ?? 0) }, unapplied };

@@ -134,6 +134,8 @@ export interface KnowpostsTable {
    * author's `posts` count moves by events numbered with it (`post-events.ts`).
    */
   public_epoch: Generated<number>;
+  /** The latest entries into and exits from those, with their times (`PublicCrossings`). */
+  public_crossings: Generated<string>;
 }
 
 /** Embedded user counters (the cluster profile keeps these in Redis); see sqlite-user-counter-store.ts. */

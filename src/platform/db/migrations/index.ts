@@ -141,10 +141,9 @@ const sqlite: Record<string, Step> = {
   // Until when an upload URL of the post may still deliver an object: a check of its objects before
   // then is followed by another one then.
   '0012_knowpost_uploads_open': exec(`ALTER TABLE knowposts ADD COLUMN uploads_open_until INTEGER`),
-  '0013_knowpost_public_epoch': exec(
+  '0013_knowpost_public_crossings': exec(
     `ALTER TABLE knowposts ADD COLUMN public_epoch INTEGER NOT NULL DEFAULT 0`,
-    // The post events written so far counted each post once, under the first epoch's event ids.
-    `UPDATE knowposts SET public_epoch = 1 WHERE publish_time IS NOT NULL AND visible = 'public'`,
+    `ALTER TABLE knowposts ADD COLUMN public_crossings TEXT NOT NULL DEFAULT '[]'`,
   ),
 };
 
@@ -231,9 +230,9 @@ const mysql: Record<string, Step> = {
     `ALTER TABLE users MODIFY zg_id VARCHAR(32) CHARACTER SET utf8mb4 COLLATE utf8mb4_general_ci NOT NULL`,
   ),
   '0012_knowpost_uploads_open': exec(`ALTER TABLE knowposts ADD COLUMN uploads_open_until BIGINT NULL`),
-  '0013_knowpost_public_epoch': exec(
-    `ALTER TABLE knowposts ADD COLUMN public_epoch INT NOT NULL DEFAULT 0`,
-    `UPDATE knowposts SET public_epoch = 1 WHERE publish_time IS NOT NULL AND visible = 'public'`,
+  '0013_knowpost_public_crossings': exec(
+    `ALTER TABLE knowposts ADD COLUMN public_epoch INT NOT NULL DEFAULT 0,
+       ADD COLUMN public_crossings TEXT NOT NULL DEFAULT '[]'`,
   ),
 };
 

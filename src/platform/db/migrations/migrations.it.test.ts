@@ -62,42 +62,6 @@ describe.each(backends)('migrations on %s', (_name, open) => {
     ]);
   });
 
-  it('0013 counts one entry into the public posts for each post published while public', async () => {
-    const db = await databaseAt('0012_knowpost_uploads_open');
-    const post = (id: string, status: string, visible: string, publishTime: number | null) => ({
-      id,
-      author_id: 1,
-      status,
-      visible,
-      created_at: 1,
-      updated_at: 1,
-      publish_time: publishTime,
-    });
-    await db.kysely
-      .insertInto('knowposts')
-      .values([
-        post('21', 'draft', 'public', null),
-        post('22', 'published', 'public', 5),
-        post('23', 'published', 'private', 5),
-        post('24', 'deleted', 'public', 5),
-        post('25', 'deleted', 'public', null),
-      ])
-      .execute();
-    await migrate(db);
-    const rows = await db.kysely
-      .selectFrom('knowposts')
-      .select(['id', 'public_epoch'])
-      .orderBy('id')
-      .execute();
-    expect(rows.map((r) => [String(r.id), Number(r.public_epoch)])).toEqual([
-      ['21', 0],
-      ['22', 1],
-      ['23', 0],
-      ['24', 1],
-      ['25', 0],
-    ]);
-  });
-
   it('0011 makes zgIds unique whatever their case, the oldest holder keeping theirs', async () => {
     const db = await databaseAt('0010_knowpost_sweep');
     const user = (id: number, zgId: string) => ({
