@@ -53,8 +53,17 @@ export function postEvent(
 /** One entry (+1) or exit (-1) of a post into or out of its author's public posts: [epoch, delta, time]. */
 export type PublicCrossing = [epoch: number, delta: 1 | -1, at: number];
 
-/** How many of its latest crossings a post keeps. */
-export const CROSSINGS_KEPT = 50;
+/**
+ * How long a post keeps a crossing: longer than the user counters remember an applied event (7
+ * days), so a rebuild can name every event of its window.
+ */
+export const CROSSINGS_KEPT_MS = 8 * 86_400_000;
+/**
+ * At most this many, the latest: a bound on the row, far beyond any author's use. A post that
+ * crossed more often within a week could see an older event counted twice, which the reconciler
+ * then heals.
+ */
+export const CROSSINGS_MAX = 1_000;
 
 /** A post's kept crossings (`public_crossings`); none for anything unreadable. */
 export function parseCrossings(json: string): PublicCrossing[] {
@@ -74,9 +83,10 @@ export function parseCrossings(json: string): PublicCrossing[] {
   }
 }
 
-/** The kept crossings with `crossing` added, the oldest beyond `CROSSINGS_KEPT` dropped. */
+/** The kept crossings with `crossing` added, and without those it outlived. */
 export function withCrossing(json: string, crossing: PublicCrossing): string {
-  return JSON.stringify([...parseCrossings(json), crossing].slice(-CROSSINGS_KEPT));
+  const kept = parseCrossings(json).filter(([, , at]) => at >= crossing[2] - CROSSINGS_KEPT_MS);
+  return JSON.stringify([...kept, crossing].slice(-CROSSINGS_MAX));
 }
 
 /** The event of a kept crossing. */

@@ -10,7 +10,7 @@ import { parseSnowflake, SnowflakeGenerator } from '../platform/ids/snowflake.js
 import { OutboxWriter } from '../platform/outbox/outbox.js';
 import { createSqliteRateLimiter } from '../platform/ratelimit/create.js';
 import { LocalObjectStorage } from '../platform/storage/local-object-storage.js';
-import { CROSSINGS_KEPT, parsePostEvent, POST_TOPIC, type PostChange } from './post-events.js';
+import { CROSSINGS_KEPT_MS, parsePostEvent, POST_TOPIC, type PostChange } from './post-events.js';
 import { storedImageKey } from './post-keys.js';
 import { PostObjectPurger } from './post-purge.js';
 import { PostUploadSweeper } from './post-sweep.js';
@@ -716,18 +716,23 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     expect(await row(id)).toMatchObject({ public_epoch: 0, public_crossings: '[]' });
   });
 
-  it('keeps the latest crossings only', async () => {
+  it('keeps the crossings of the last eight days', async () => {
     const sut = newService();
     const id = await publishedPost(sut);
-    for (let i = 0; i < CROSSINGS_KEPT; i++) {
-      now += 1;
-      await sut.setVisibility(AUTHOR, id, i % 2 === 0 ? 'private' : 'public');
-    }
-    const kept = JSON.parse((await row(id)).public_crossings) as number[][];
-    expect(kept).toHaveLength(CROSSINGS_KEPT);
-    // The first entry made way; the last crossing is the latest entry.
-    expect(kept[0]).toEqual([1, -1, now - CROSSINGS_KEPT + 1]);
-    expect(kept.at(-1)).toEqual([CROSSINGS_KEPT / 2 + 1, 1, now]);
+    now += 1;
+    await sut.setVisibility(AUTHOR, id, 'private');
+    now += CROSSINGS_KEPT_MS;
+    await sut.setVisibility(AUTHOR, id, 'public');
+    expect(JSON.parse((await row(id)).public_crossings)).toEqual([
+      [1, -1, now - CROSSINGS_KEPT_MS],
+      [2, 1, now],
+    ]);
+    now += 1;
+    await sut.setVisibility(AUTHOR, id, 'private');
+    expect(JSON.parse((await row(id)).public_crossings)).toEqual([
+      [2, 1, now - 1],
+      [2, -1, now],
+    ]);
   });
 
   it('refuses and deletes an oversized image', async () => {

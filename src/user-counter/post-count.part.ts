@@ -10,9 +10,9 @@ const RECENT_MAX = 10_000;
  * entry into and exit from them is an event whose id follows from the post and the number of the
  * entry, and the post keeps its latest crossings with their times (`post-events.ts`), so the events
  * of the window a count includes are read from the same rows: those of the posts changed since
- * `since` (a crossing is a change), each crossing made since then. A post that crossed more often
- * than it keeps within the window (`CROSSINGS_KEPT`) could see an older event counted twice, which
- * the reconciler then heals.
+ * `since` (a crossing is a change), each crossing made since then (see `CROSSINGS_KEPT_MS`). A post
+ * of the earlier release, which counted every published post, has none kept but may still leave
+ * (`left:0`).
  */
 export class PostCountPart implements UserCountPart {
   readonly fields = ['posts'] as const;
@@ -33,7 +33,7 @@ export class PostCountPart implements UserCountPart {
         .selectFrom('knowposts')
         .select(['id', 'public_crossings'])
         .where('author_id', '=', userId)
-        .where('public_epoch', '>', 0)
+        .where('public_crossings', '!=', '[]')
         .where('updated_at', '>=', since)
         .limit(RECENT_MAX)
         .execute();

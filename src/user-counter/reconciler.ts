@@ -1,4 +1,4 @@
-import { sameCounts, type UserCounts } from './model.js';
+import { sameCounts, type UserCounts, type UserField } from './model.js';
 import type { UserCountSource } from './source.js';
 import type { UserCounterStore } from './store/user-counter-store.js';
 import type { UserCounterMetrics } from './user-counter.metrics.js';
@@ -48,10 +48,14 @@ export class UserCounterReconciler {
         truth.unapplied.map((e) => e.eventId),
       );
       if (after.version !== before.version || !after.counts) continue;
+      // What the snapshot holds while the events not yet applied are on their way: their sum taken
+      // off, clamped once (an entry and its exit in transit cancel out).
       const expected: UserCounts = { ...truth.counts };
+      const pending = new Map<UserField, number>();
       truth.unapplied.forEach((e, i) => {
-        if (!after.applied[i]) expected[e.field] = Math.max(0, expected[e.field] - e.delta);
+        if (!after.applied[i]) pending.set(e.field, (pending.get(e.field) ?? 0) + e.delta);
       });
+      for (const [field, delta] of pending) expected[field] = Math.max(0, expected[field] - delta);
       if (sameCounts(after.counts, expected)) return 'ok';
       this.metrics.driftFound.inc();
       if (!fix || !(await this.service.rebuild(userId, 'overwrite', 'drift'))?.written) return 'drift';

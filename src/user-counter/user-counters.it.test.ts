@@ -342,6 +342,54 @@ describe.each<Profile>(['embedded', 'cluster'])('user counters (%s profile)', (p
     expect(await metricValue(rig.registry, 'zg_user_counter_deltas_total', { outcome: 'duplicate' })).toBe(5);
   });
 
+  it('checks and rebuilds while an entry and its exit are on their way, counting neither again', async () => {
+    const author = await newUser();
+    // The snapshot is read (zero) before the post is published and made private.
+    expect(await rig.service.counts(author)).toEqual(posts(0));
+    const id = newPostId();
+    const t = Date.now();
+    await rig.db.kysely
+      .insertInto('knowposts')
+      .values({
+        id,
+        author_id: author,
+        status: 'published',
+        visible: 'private',
+        created_at: t,
+        updated_at: t,
+        publish_time: t,
+        public_epoch: 1,
+        public_crossings: JSON.stringify([
+          [1, 1, t],
+          [1, -1, t],
+        ]),
+      })
+      .execute();
+    // Neither event has arrived: the snapshot is right, and the check must say so.
+    expect(await rig.reconciler.check(author, false)).toBe('ok');
+    expect(await metricValue(rig.registry, 'zg_user_counter_drift_found_total')).toBe(0);
+
+    // Rebuilt meanwhile, then the events arrive: both are skipped.
+    await rig.store.remove([author]);
+    expect(await rig.service.counts(author)).toEqual(posts(0));
+    await rig.events.publish(
+      POST_TOPIC,
+      (['published', 'unpublished'] as const).map((type) => ({
+        key: String(author),
+        value: JSON.stringify(postEvent(type, id, author, t, 1)),
+      })),
+    );
+    await rig.consumer().start();
+    await until(
+      async () =>
+        (await metricValue(rig.registry, 'zg_user_counter_deltas_total', { outcome: 'duplicate' })) === 2,
+      15_000,
+      'both events skipped',
+    );
+    expect(await rig.service.counts(author)).toEqual(posts(0));
+    expect(await rig.reconciler.check(author, false)).toBe('ok');
+  });
+
   it('never loses a delta applied while a rebuild reads the database', async () => {
     const author = await newUser();
     await transition('published', author, newPostId(), { publish: false });
@@ -406,8 +454,8 @@ describe.each<Profile>(['embedded', 'cluster'])('user counters (%s profile)', (p
         [enter(2, now - 9), exit(2, now)],
       ],
       ['a draft deleted now', 'deleted', 'public', now, 0, []],
-      // Published by an earlier release: nothing kept, nothing listed.
-      ['published long ago by an earlier release, deleted now', 'deleted', 'public', now, 0, []],
+      // Published public by the earlier release (no entry kept), deleted now: its exit is numbered 0.
+      ['published by the earlier release, deleted now', 'deleted', 'public', now, 0, [exit(0, now)]],
     ];
     const ids = rows.map(() => newPostId());
     await rig.db.kysely
@@ -440,6 +488,7 @@ describe.each<Profile>(['embedded', 'cluster'])('user counters (%s profile)', (p
         event('published', 5, 3),
         event('published', 7, 2),
         event('unpublished', 7, 2),
+        event('unpublished', 9, 0),
       ].sort(),
     );
     expect(event('published', 5, 3)[0]).toBe(`knowpost:${ids[5]}:entered:3`);
