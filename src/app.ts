@@ -1,3 +1,4 @@
+import { createHash } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import type { FastifyInstance } from 'fastify';
 import type { Logger } from 'pino';
@@ -137,6 +138,7 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
     platform.kv,
     config.authLimits,
     `${config.publicUrl}${DEFAULT_AVATAR_PATH}`,
+    createHash('sha256').update('zhiguang refresh answers\0').update(platform.signingKeyPem).digest(),
     now,
   );
   const profiles = new ProfileService(

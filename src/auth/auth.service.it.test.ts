@@ -88,6 +88,67 @@ describe(AuthService.name, () => {
     ]);
   });
 
+  it('gives a kept refresh answer again to its own client only, while the session lives, on the record', async () => {
+    const signUp = async (identifier: string) => {
+      await post(
+        '/api/v1/auth/send-code',
+        { scene: 'REGISTER', identifierType: 'EMAIL', identifier },
+        '10.0.9.1',
+      );
+      const code = codes.findLast((c) => c.identifier === identifier)?.code;
+      const res = await post(
+        '/api/v1/auth/register',
+        { identifierType: 'EMAIL', identifier, code, password: 'abc12345', agreeTerms: true },
+        '10.0.9.1',
+      );
+      return res.json<{ user: { id: number }; token: { refreshToken: string } }>();
+    };
+    const refresh = (refreshToken: string, ip: string) =>
+      post('/api/v1/auth/token/refresh', { refreshToken }, ip);
+
+    const first = await signUp('again@example.test');
+    const answer = await refresh(first.token.refreshToken, '10.0.9.1');
+    expect(answer.statusCode).toBe(200);
+    // Another address with the same user agent: refused.
+    expect((await refresh(first.token.refreshToken, '10.0.9.2')).statusCode).toBe(401);
+    const again = await refresh(first.token.refreshToken, '10.0.9.1');
+    expect(again.json()).toEqual(answer.json());
+    const audit = await new LoginAuditRepository(app.platform.db).forUser(first.user.id);
+    // Newest first.
+    expect(audit.filter((r) => r.channel === 'REFRESH').map((r) => [r.success, r.reason])).toEqual([
+      [1, 'REFRESH_ANSWER_REPEATED'],
+      [0, 'REFRESH_TOKEN_INVALID'],
+    ]);
+
+    // A password reset in between ends the session: the kept answer is not given out.
+    const identifier = 'again@example.test';
+    await post(
+      '/api/v1/auth/send-code',
+      { scene: 'RESET_PASSWORD', identifierType: 'EMAIL', identifier },
+      '10.0.9.1',
+    );
+    const code = codes.findLast((c) => c.identifier === identifier)?.code;
+    expect(
+      (
+        await post(
+          '/api/v1/auth/password/reset',
+          { identifierType: 'EMAIL', identifier, code, newPassword: 'xyz98765' },
+          '10.0.9.1',
+        )
+      ).statusCode,
+    ).toBe(204);
+    expect((await refresh(first.token.refreshToken, '10.0.9.1')).statusCode).toBe(401);
+
+    // A rotation refused (the session had ended) leaves nothing to wait for: refused at once.
+    const second = await signUp('refused@example.test');
+    const logout = await post('/api/v1/auth/logout', { refreshToken: second.token.refreshToken }, '10.0.9.1');
+    expect(logout.statusCode).toBe(204);
+    expect((await refresh(second.token.refreshToken, '10.0.9.1')).statusCode).toBe(401);
+    const started = performance.now();
+    expect((await refresh(second.token.refreshToken, '10.0.9.1')).statusCode).toBe(401);
+    expect(performance.now() - started).toBeLessThan(500);
+  });
+
   it('names the values a field may take when it takes none of them', async () => {
     const res = await post('/api/v1/auth/send-code', {
       scene: 'SIGNUP',

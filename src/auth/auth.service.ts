@@ -88,6 +88,8 @@ export class AuthService {
     private readonly kv: KeyValueStore,
     private readonly limits: AuthLimits,
     private readonly defaultAvatar: string,
+    /** The deployment's secret that kept refresh answers are sealed with (see `kept-answers.ts`). */
+    private readonly answerSecret: Uint8Array,
     private readonly now: () => number = Date.now,
   ) {}
 
@@ -224,7 +226,11 @@ export class AuthService {
     const outcome = await this.sessions.takeRefresh(claims.sid, claims.jti, claims.userId, claims.ver);
     if (outcome === 'ok') {
       const pair = await this.issueInSession(claims.userId, claims.sid, claims.ver);
-      await this.sessions.keepAnswer(claims.jti, sealAnswer(JSON.stringify(pair), refreshToken, ctx));
+      // The old token is spent and the new one allowed: failing now would leave the client without
+      // a session. Keeping the answer only spares a retry; its failure leaves that retry refused.
+      await this.sessions
+        .keepAnswer(claims.jti, sealAnswer(JSON.stringify(pair), this.answerSecret, refreshToken, ctx))
+        .catch(() => undefined);
       return pair;
     }
     const again = outcome === 'graced' ? await this.answerAgain(refreshToken, claims, ctx) : null;
@@ -256,9 +262,20 @@ export class AuthService {
     for (let tries = 1; ; tries++) {
       const sealed = await this.sessions.keptAnswer(claims.jti);
       if (sealed !== null) {
-        const answer = openAnswer(sealed, refreshToken, client);
+        const answer = openAnswer(sealed, this.answerSecret, refreshToken, client);
         if (answer === null) return null;
         if (!(await this.sessions.isActive(claims.sid, claims.userId, claims.ver))) return null;
+        // Tokens handed out once more: on the record, as any sign-in.
+        await this.record(
+          {
+            userId: claims.userId,
+            identifier: `user:${claims.userId}`,
+            channel: 'REFRESH',
+            success: true,
+            reason: 'REFRESH_ANSWER_REPEATED',
+          },
+          client,
+        );
         return JSON.parse(answer) as TokenPair;
       }
       if (tries >= KEPT_ANSWER_WAIT.tries) return null;

@@ -70,14 +70,21 @@ describe(SessionStore.name, () => {
     expect(await graced.takeRefresh(sid, 'rt-2', 1, ver)).toBe('invalid');
   });
 
-  it('takes a token being rotated as graced, and keeps an answer for the grace only', async () => {
-    const graced = new SessionStore(createSqliteKv(db, { now: () => now }), 7 * DAY, 10_000, () => now);
+  it('graces a rotation under way or done, not one refused or never made, and keeps an answer for the grace', async () => {
+    const kv = createSqliteKv(db, { now: () => now });
+    const graced = new SessionStore(kv, 7 * DAY, 10_000, () => now);
     const { sid, ver } = await graced.open(1);
     await graced.allowRefresh(sid, 'rt-0');
-    // Taken by a rotation that has not marked it rotated yet.
-    await createSqliteKv(db, { now: () => now }).getDel('auth:rt:rt-0');
+    expect(await graced.takeRefresh(sid, 'rt-0', 1, ver)).toBe('ok');
     expect(await graced.takeRefresh(sid, 'rt-0', 1, ver)).toBe('graced');
-    expect(await sessions.takeRefresh(sid, 'rt-0', 1, ver)).toBe('invalid');
+    // Neither current nor rotated (lost, or never allowed): refused at once.
+    expect(await graced.takeRefresh(sid, 'rt-x', 1, ver)).toBe('invalid');
+    // A rotation refused because the session ended: its token is refused at once, not graced.
+    await graced.allowRefresh(sid, 'rt-1');
+    await graced.end(sid);
+    expect(await graced.takeRefresh(sid, 'rt-1', 1, ver)).toBe('invalid');
+    expect(await graced.takeRefresh(sid, 'rt-1', 1, ver)).toBe('invalid');
+    expect(await kv.get('auth:rtu:rt-1')).toBe(`${sid} ${now} refused`);
 
     await graced.keepAnswer('rt-0', 'sealed');
     now += 9_999;
@@ -85,8 +92,8 @@ describe(SessionStore.name, () => {
     now += 1;
     expect(await graced.keptAnswer('rt-0')).toBeNull();
     // Without a grace nothing is kept.
-    await sessions.keepAnswer('rt-1', 'sealed');
-    expect(await sessions.keptAnswer('rt-1')).toBeNull();
+    await sessions.keepAnswer('rt-2', 'sealed');
+    expect(await sessions.keptAnswer('rt-2')).toBeNull();
   });
 
   it('ends the session at once on reuse without a grace, and for records that carry no time', async () => {

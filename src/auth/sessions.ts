@@ -8,7 +8,7 @@ import type { KeyValueStore } from '../platform/kv/kv.js';
  *   or from the last rotation; deleting it ends the session for access and refresh tokens alike.
  * - `auth:rt:{jti}`   → sid for the one refresh token of the family that may still be used.
  *   Rotation takes it with GETDEL, so of two concurrent refreshes exactly one wins.
- * - `auth:rtu:{jti}`  → `{sid} {rotatedAtMs}` for refresh tokens already rotated away; presenting
+ * - `auth:rtu:{jti}`  → `{sid} {rotatedAtMs}[ refused]` for refresh tokens rotated away; presenting
  *   one again is token theft or a replay, and ends the whole family, unless it comes within
  *   `reuseGraceMs` of the rotation: then it is the loser of two refreshes sent at once (two tabs of
  *   one browser sharing the tokens) or a retry after a lost answer ('graced'), and the winner's
@@ -18,6 +18,9 @@ import type { KeyValueStore } from '../platform/kv/kv.js';
  * - `auth:uv:{uid}`   → the user's session version. Tokens carry the version they were issued
  *   under; a password reset bumps it, ending every session of the user without scanning keys.
  */
+/** How `auth:rtu:{jti}` tells a rotation that was refused (the session had ended). */
+const REFUSED = 'refused';
+
 export class SessionStore {
   constructor(
     private readonly kv: KeyValueStore,
@@ -43,10 +46,10 @@ export class SessionStore {
   }
 
   /**
-   * Takes a refresh token for rotation. 'ok' for exactly one caller per token; 'graced' when it was
-   * rotated less than `reuseGraceMs` ago or is being rotated (the family goes on); 'reused' when it
-   * was rotated longer ago (the family is then ended); 'invalid' otherwise. Only genuine tokens may
-   * be given: the caller checks the signature.
+   * Takes a refresh token for rotation. 'ok' for exactly one caller per token; 'graced' when its
+   * rotation, under way or done, succeeded less than `reuseGraceMs` ago (the family goes on; its
+   * answer may be kept); 'reused' when it was rotated longer ago (the family is then ended);
+   * 'invalid' otherwise.
    */
   async takeRefresh(
     sid: string,
@@ -57,22 +60,30 @@ export class SessionStore {
     const taken = await this.kv.getDel(`auth:rt:${jti}`);
     if (taken === null) {
       const rotated = await this.kv.get(`auth:rtu:${jti}`);
-      // A genuine token that is neither current nor rotated is being rotated right now.
-      if (rotated === null) return this.reuseGraceMs > 0 ? 'graced' : 'invalid';
+      if (rotated === null) return 'invalid';
       // Records written without a time (older releases) count as rotated long ago.
-      const at = Number(rotated.split(' ')[1] ?? -Infinity);
-      if (this.now() - at < this.reuseGraceMs) return 'graced';
+      const [, at = -Infinity, outcome] = rotated.split(' ');
+      if (this.now() - Number(at) < this.reuseGraceMs) return outcome === REFUSED ? 'invalid' : 'graced';
       await this.end(sid);
       return 'reused';
     }
-    // Check the family before marking the token as rotated: a concurrent caller that then sees the
-    // marker and ends the family cannot turn this winner's answer into a failure half-way.
-    const active = taken === sid && (await this.isActive(sid, userId, ver));
-    await this.kv.set(`auth:rtu:${jti}`, `${sid} ${this.now()}`, this.refreshTtlMs);
-    if (!active) return 'invalid';
+    const rotatedAt = this.now();
+    const mark = (outcome = '') =>
+      this.kv.set(`auth:rtu:${jti}`, `${sid} ${rotatedAt}${outcome && ` ${outcome}`}`, this.refreshTtlMs);
+    // With a grace, the token is marked at once: a caller presenting it meanwhile (the other tab)
+    // then finds the rotation under way and waits for its answer. Without one, the family is checked
+    // first: such a caller ends the family, and must not turn this winner's answer into a failure
+    // half-way.
+    if (this.reuseGraceMs > 0) await mark();
     // A session in use lives as long as the refresh token it is about to get; `expire` never
     // brings back a session ended meanwhile.
-    return (await this.kv.expire(`auth:fam:${sid}`, this.refreshTtlMs)) ? 'ok' : 'invalid';
+    const active =
+      taken === sid &&
+      (await this.isActive(sid, userId, ver)) &&
+      (await this.kv.expire(`auth:fam:${sid}`, this.refreshTtlMs));
+    // Refused: nobody need wait for an answer that will not come.
+    if (!active || this.reuseGraceMs === 0) await mark(active ? '' : REFUSED);
+    return active ? 'ok' : 'invalid';
   }
 
   /** Keeps what the rotation of `jti` answered for the grace (nothing without one). */
