@@ -1,6 +1,9 @@
 import { randomUUID } from 'node:crypto';
 import type { KeyValueStore } from '../platform/kv/kv.js';
 
+/** How `auth:rtu:{jti}` tells a rotation that was refused (the session had ended). */
+const REFUSED = 'refused';
+
 /**
  * Login sessions ("families" of refresh tokens) kept in the shared key-value store:
  *
@@ -18,9 +21,6 @@ import type { KeyValueStore } from '../platform/kv/kv.js';
  * - `auth:uv:{uid}`   → the user's session version. Tokens carry the version they were issued
  *   under; a password reset bumps it, ending every session of the user without scanning keys.
  */
-/** How `auth:rtu:{jti}` tells a rotation that was refused (the session had ended). */
-const REFUSED = 'refused';
-
 export class SessionStore {
   constructor(
     private readonly kv: KeyValueStore,
