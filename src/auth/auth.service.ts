@@ -260,9 +260,11 @@ export class AuthService {
     client: RequestContext,
   ): Promise<TokenPair | null> {
     for (let tries = 1; ; tries++) {
-      const sealed = await this.sessions.keptAnswer(claims.jti);
-      if (sealed !== null) {
-        const answer = openAnswer(sealed, this.answerSecret, refreshToken, client);
+      const kept = await this.sessions.keptAnswer(claims.jti);
+      // The rotation this caller waits for was refused meanwhile.
+      if (kept === 'refused') return null;
+      if (kept !== null) {
+        const answer = openAnswer(kept.sealed, this.answerSecret, refreshToken, client);
         if (answer === null) return null;
         if (!(await this.sessions.isActive(claims.sid, claims.userId, claims.ver))) return null;
         // Tokens handed out once more: on the record, as any sign-in.

@@ -85,10 +85,11 @@ describe(SessionStore.name, () => {
     expect(await graced.takeRefresh(sid, 'rt-1', 1, ver)).toBe('invalid');
     expect(await graced.takeRefresh(sid, 'rt-1', 1, ver)).toBe('invalid');
     expect(await kv.get('auth:rtu:rt-1')).toBe(`${sid} ${now} refused`);
+    expect(await graced.keptAnswer('rt-1')).toBe('refused');
 
     await graced.keepAnswer('rt-0', 'sealed');
     now += 9_999;
-    expect(await graced.keptAnswer('rt-0')).toBe('sealed');
+    expect(await graced.keptAnswer('rt-0')).toEqual({ sealed: 'sealed' });
     now += 1;
     expect(await graced.keptAnswer('rt-0')).toBeNull();
     // Without a grace nothing is kept.

@@ -91,9 +91,14 @@ export class SessionStore {
     if (this.reuseGraceMs > 0) await this.kv.set(`auth:rta:${jti}`, answer, this.reuseGraceMs);
   }
 
-  /** What the rotation of `jti` answered, while kept. */
-  async keptAnswer(jti: string): Promise<string | null> {
-    return this.kv.get(`auth:rta:${jti}`);
+  /**
+   * What the rotation of `jti` answered, while kept; 'refused' when that rotation was refused (no
+   * answer will come); null otherwise.
+   */
+  async keptAnswer(jti: string): Promise<{ sealed: string } | 'refused' | null> {
+    const [sealed = null, rotated = null] = await this.kv.mget([`auth:rta:${jti}`, `auth:rtu:${jti}`]);
+    if (sealed !== null) return { sealed };
+    return rotated?.split(' ')[2] === REFUSED ? 'refused' : null;
   }
 
   async isActive(sid: string, userId: number, ver: number): Promise<boolean> {
