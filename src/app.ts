@@ -1,4 +1,4 @@
-import { createHash } from 'node:crypto';
+import { createHash, createPrivateKey } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import type { FastifyInstance } from 'fastify';
 import type { Logger } from 'pino';
@@ -61,7 +61,7 @@ import { VIEW_TOPIC, ViewAggregator, ViewMetrics, ViewRecorder } from './knowpos
 import { OutboxWriter } from './platform/outbox/outbox.js';
 import { SnowflakeGenerator } from './platform/ids/snowflake.js';
 import { PeriodicTask } from './platform/workers/periodic.js';
-import { createUserCounters } from './user-counter/user-counters.js';
+import { createUserCounters, forgetEarlierPostCounts } from './user-counter/user-counters.js';
 import { userCounterRoutes } from './user-counter/user-counter.routes.js';
 import { RelationRepository } from './relation/relation.repository.js';
 import { RelationMetrics } from './relation/relation.metrics.js';
@@ -138,7 +138,11 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
     platform.kv,
     config.authLimits,
     `${config.publicUrl}${DEFAULT_AVATAR_PATH}`,
-    createHash('sha256').update('zhiguang refresh answers\0').update(platform.signingKeyPem).digest(),
+    // From the key itself, not its text: processes given the same key written differently agree.
+    createHash('sha256')
+      .update('zhiguang refresh answers\0')
+      .update(createPrivateKey(platform.signingKeyPem).export({ type: 'pkcs8', format: 'der' }))
+      .digest(),
     now,
   );
   const profiles = new ProfileService(
@@ -282,6 +286,7 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
     parts: relationUserCountParts(platform.db, platform.counterStore),
     now,
   });
+  await forgetEarlierPostCounts(platform.kv, platform.userCounterStore, log);
   const relations = createRelations({
     repo: relationRepo,
     metrics: relationMetrics,

@@ -139,6 +139,15 @@ describe(AuthService.name, () => {
     ).toBe(204);
     expect((await refresh(first.token.refreshToken, '10.0.9.1')).statusCode).toBe(401);
 
+    // Once the answer's own refresh token was rotated in turn, it is not given out again: the
+    // caller would hold a spent token, whose next use ends the session.
+    const turned = await signUp('turn@example.test');
+    const once = await refresh(turned.token.refreshToken, '10.0.9.1');
+    expect((await refresh(turned.token.refreshToken, '10.0.9.1')).json()).toEqual(once.json());
+    const next = await refresh(once.json<{ refreshToken: string }>().refreshToken, '10.0.9.1');
+    expect(next.statusCode).toBe(200);
+    expect((await refresh(turned.token.refreshToken, '10.0.9.1')).statusCode).toBe(401);
+
     // A rotation refused (the session had ended) leaves nothing to wait for: refused at once.
     const second = await signUp('refused@example.test');
     const logout = await post('/api/v1/auth/logout', { refreshToken: second.token.refreshToken }, '10.0.9.1');

@@ -1,4 +1,5 @@
 import { randomBytes } from 'node:crypto';
+import { decodeJwt } from 'jose';
 import { setTimeout as sleep } from 'node:timers/promises';
 import {
   AppError,
@@ -267,6 +268,10 @@ export class AuthService {
         const answer = openAnswer(kept.sealed, this.answerSecret, refreshToken, client);
         if (answer === null) return null;
         if (!(await this.sessions.isActive(claims.sid, claims.userId, claims.ver))) return null;
+        const pair = JSON.parse(answer) as TokenPair;
+        // Only while its refresh token is still current: once the tab that got it first has rotated
+        // it in turn, this caller would hold a spent token, whose next use ends the session.
+        if (!(await this.sessions.isCurrent(decodeJwt(pair.refreshToken).jti ?? ''))) return null;
         // Tokens handed out once more: on the record, as any sign-in.
         await this.record(
           {
@@ -278,7 +283,7 @@ export class AuthService {
           },
           client,
         );
-        return JSON.parse(answer) as TokenPair;
+        return pair;
       }
       if (tries >= KEPT_ANSWER_WAIT.tries) return null;
       await sleep(KEPT_ANSWER_WAIT.everyMs);

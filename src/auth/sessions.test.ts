@@ -77,7 +77,10 @@ describe(SessionStore.name, () => {
     await graced.allowRefresh(sid, 'rt-0');
     expect(await graced.takeRefresh(sid, 'rt-0', 1, ver)).toBe('ok');
     expect(await graced.takeRefresh(sid, 'rt-0', 1, ver)).toBe('graced');
-    // Neither current nor rotated (lost, or never allowed): refused at once.
+    // Marked by a rotation still under way (in another process): graced, its answer awaited.
+    await kv.set('auth:rtu:rt-u', `${sid} ${now}`, DAY);
+    expect(await graced.takeRefresh(sid, 'rt-u', 1, ver)).toBe('graced');
+    // Neither current nor rotated (lost, or never allowed): refused after a few brief reads.
     expect(await graced.takeRefresh(sid, 'rt-x', 1, ver)).toBe('invalid');
     // A rotation refused because the session ended: its token is refused at once, not graced.
     await graced.allowRefresh(sid, 'rt-1');

@@ -1,8 +1,12 @@
 import { randomUUID } from 'node:crypto';
+import { setTimeout as sleep } from 'node:timers/promises';
 import type { KeyValueStore } from '../platform/kv/kv.js';
 
 /** How `auth:rtu:{jti}` tells a rotation that was refused (the session had ended). */
 const REFUSED = 'refused';
+/** How often, and how far apart, a missing rotation mark is read (see `rotationMark`). */
+const MARK_READS = 4;
+const MARK_READ_GAP_MS = 25;
 
 /**
  * Login sessions ("families" of refresh tokens) kept in the shared key-value store:
@@ -47,8 +51,8 @@ export class SessionStore {
 
   /**
    * Takes a refresh token for rotation. 'ok' for exactly one caller per token; 'graced' when its
-   * rotation, under way or done, succeeded less than `reuseGraceMs` ago (the family goes on; its
-   * answer may be kept); 'reused' when it was rotated longer ago (the family is then ended);
+   * rotation began less than `reuseGraceMs` ago and was not refused (the family goes on; its answer
+   * is or will be kept); 'reused' when it was rotated longer ago (the family is then ended);
    * 'invalid' otherwise.
    */
   async takeRefresh(
@@ -59,7 +63,7 @@ export class SessionStore {
   ): Promise<'ok' | 'graced' | 'reused' | 'invalid'> {
     const taken = await this.kv.getDel(`auth:rt:${jti}`);
     if (taken === null) {
-      const rotated = await this.kv.get(`auth:rtu:${jti}`);
+      const rotated = await this.rotationMark(jti);
       if (rotated === null) return 'invalid';
       // Records written without a time (older releases) count as rotated long ago.
       const [, at = -Infinity, outcome] = rotated.split(' ');
@@ -86,6 +90,19 @@ export class SessionStore {
     return active ? 'ok' : 'invalid';
   }
 
+  /**
+   * The mark of the rotation of `jti`. A rotation takes the token and marks it in two steps, and a
+   * caller in another process can come in between: with a grace, a missing mark is read again a few
+   * times, briefly.
+   */
+  private async rotationMark(jti: string): Promise<string | null> {
+    for (let tries = 1; ; tries++) {
+      const mark = await this.kv.get(`auth:rtu:${jti}`);
+      if (mark !== null || this.reuseGraceMs === 0 || tries >= MARK_READS) return mark;
+      await sleep(MARK_READ_GAP_MS);
+    }
+  }
+
   /** Keeps what the rotation of `jti` answered for the grace (nothing without one). */
   async keepAnswer(jti: string, answer: string): Promise<void> {
     if (this.reuseGraceMs > 0) await this.kv.set(`auth:rta:${jti}`, answer, this.reuseGraceMs);
@@ -99,6 +116,11 @@ export class SessionStore {
     const [sealed = null, rotated = null] = await this.kv.mget([`auth:rta:${jti}`, `auth:rtu:${jti}`]);
     if (sealed !== null) return { sealed };
     return rotated?.split(' ')[2] === REFUSED ? 'refused' : null;
+  }
+
+  /** Whether `jti` is its family's refresh token that may still be used. */
+  async isCurrent(jti: string): Promise<boolean> {
+    return (await this.kv.get(`auth:rt:${jti}`)) !== null;
   }
 
   async isActive(sid: string, userId: number, ver: number): Promise<boolean> {

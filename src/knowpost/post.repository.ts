@@ -34,7 +34,7 @@ export interface PostRecord {
  * An edit that moves the post into its author's public posts (`enter`: a published post that is not
  * public, made public) or out of them (`leave`: a published public post made anything else).
  */
-export type PublicCrossing = 'enter' | 'leave';
+export type CrossingDirection = 'enter' | 'leave';
 
 export interface PostFields {
   title?: string;
@@ -149,7 +149,7 @@ export class PostRepository {
     now: number,
     imagesWere?: string,
     db: Executor = this.db.kysely,
-    crossing?: PublicCrossing,
+    crossing?: CrossingDirection,
   ): Promise<boolean> {
     const set: Updateable<KnowpostsTable> = { updated_at: now };
     if (fields.title !== undefined) set.title = fields.title;

@@ -201,7 +201,7 @@ describe('the data-loss watch of a Redis connection', () => {
 });
 
 describe('the embedded data directory', () => {
-  it('is kept from other local users, also when it was made by someone else first', async () => {
+  it('is kept from other local users, also when it was left open by an earlier release', async () => {
     const parent = mkdtempSync(join(tmpdir(), 'zg-private-'));
     const mode = (path: string) => statSync(path).mode & 0o777;
     try {

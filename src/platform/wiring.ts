@@ -131,23 +131,38 @@ async function codeSenders(config: Config, log: Logger, warn: boolean): Promise<
  * Keeps the embedded profile's data from other local users: the database holds password hashes,
  * sessions and codes, `objects/` posts that are not public, `keys/` the signing keys. A data
  * directory this creates is 0700; in one that exists, the database files are made 0600 and
- * `objects/` and `keys/` 0700 (SQLite gives its -wal and -shm files the database's mode).
+ * `objects/` and `keys/` 0700 (SQLite gives its -wal and -shm files the database's mode). Resolves
+ * to what it could not change (not this process's to change: shared through a group, say).
  */
-export function keepDataPrivate(dataDir: string): void {
+export function keepDataPrivate(dataDir: string): string[] {
   mkdirSync(dataDir, { recursive: true, mode: 0o700 });
+  const left: string[] = [];
+  const tighten = (path: string, mode: number) => {
+    try {
+      chmodSync(path, mode);
+    } catch {
+      left.push(path);
+    }
+  };
   for (const dir of ['objects', 'keys']) {
     mkdirSync(join(dataDir, dir), { recursive: true, mode: 0o700 });
-    chmodSync(join(dataDir, dir), 0o700);
+    tighten(join(dataDir, dir), 0o700);
   }
   const database = join(dataDir, 'zhiguang.db');
   writeFileSync(database, '', { flag: 'a', mode: 0o600 });
   for (const file of [database, `${database}-wal`, `${database}-shm`]) {
-    if (existsSync(file)) chmodSync(file, 0o600);
+    if (existsSync(file)) tighten(file, 0o600);
   }
+  return left;
 }
 
 async function createEmbedded(config: Config, log: Logger): Promise<Platform> {
-  keepDataPrivate(config.dataDir);
+  const open = keepDataPrivate(config.dataDir);
+  if (open.length > 0)
+    log.warn(
+      { paths: open },
+      'could not make these data files private to this user; check their owner and mode',
+    );
   const db = openSqlite(join(config.dataDir, 'zhiguang.db'));
   const closers: (() => Promise<void>)[] = [() => db.close()];
   try {

@@ -2,6 +2,7 @@ import type { Logger } from 'pino';
 import type { Registry } from 'prom-client';
 import type { Db } from '../platform/db/database.js';
 import type { EventLog } from '../platform/eventlog/eventlog.js';
+import type { KeyValueStore } from '../platform/kv/kv.js';
 import { PeriodicTask } from '../platform/workers/periodic.js';
 import { postEventsFeed, UserCounterConsumer, type UserCounterFeed } from './consumer.js';
 import { PostCountPart } from './post-count.part.js';
@@ -38,6 +39,26 @@ export interface UserCounters {
   topics: string[];
   /** The `user-counters` consumer and the periodic reconciler (worker roles). */
   workers: Worker[];
+}
+
+/** Where a deployment records that its snapshots count public posts only. */
+export const PUBLIC_POSTS_MARK = 'meta:user-counts:public-posts';
+
+/**
+ * `posts` counted every published post before it counted public ones only: the snapshots of a
+ * deployment are forgotten once, at the first start of a release that knows, and rebuilt from the
+ * database as they are read. Two processes starting together may both forget them; that is harmless.
+ */
+export async function forgetEarlierPostCounts(
+  kv: KeyValueStore,
+  store: Pick<UserCounterStore, 'removeAll'>,
+  log: Logger,
+): Promise<boolean> {
+  if ((await kv.get(PUBLIC_POSTS_MARK)) !== null) return false;
+  await store.removeAll();
+  await kv.set(PUBLIC_POSTS_MARK, '1');
+  log.info('user counts written before posts counted public posts only were forgotten; reads rebuild them');
+  return true;
 }
 
 /** Wires the user counters: the truth (posts, plus the parts given), the service, the consumer and the reconciler. */

@@ -134,7 +134,7 @@ export interface KnowpostsTable {
    * author's `posts` count moves by events numbered with it (`post-events.ts`).
    */
   public_epoch: Generated<number>;
-  /** The latest entries into and exits from those, with their times (`PublicCrossings`). */
+  /** Its entries into and exits from those of the last days, with their times (`PublicCrossing`). */
   public_crossings: Generated<string>;
 }
 

@@ -35,8 +35,9 @@ export function opsRoutes(
           return [name, ok ? 'ok' : 'down'] as const;
         }),
       );
-      const ready = !isDraining() && entries.every(([, state]) => state === 'ok');
-      const status = ready ? 'ok' : isDraining() ? 'draining' : 'unavailable';
+      const draining = isDraining();
+      const ready = !draining && entries.every(([, state]) => state === 'ok');
+      const status = ready ? 'ok' : draining ? 'draining' : 'unavailable';
       const states = Object.fromEntries(entries);
       // Polled every few seconds: told once per change, not once per answer.
       const summary = `${status} ${JSON.stringify(states)}`;
@@ -50,7 +51,7 @@ export function opsRoutes(
       const down = entries.filter(([, state]) => state !== 'ok').map(([name]) => name);
       return reply.status(503).send({
         code: 'UNAVAILABLE',
-        message: isDraining() ? 'Stopping: draining requests' : `Not ready: ${down.join(', ')} unreachable`,
+        message: draining ? 'Stopping: draining requests' : `Not ready: ${down.join(', ')} unreachable`,
         requestId: request.id,
         status,
         checks: states,

@@ -280,6 +280,16 @@ export class RedisUserCounterStore implements UserCounterStore {
     await execPipeline(pipeline);
   }
 
+  async removeAll(): Promise<void> {
+    // A key per group, deleted in pipelines of a few hundred (one slot each, as Redis Cluster wants).
+    for (let first = 0; first < this.groups; first += 500) {
+      const pipeline = this.redis.pipeline();
+      for (let group = first; group < Math.min(first + 500, this.groups); group++)
+        pipeline.del(this.groupKey('s', group));
+      await execPipeline(pipeline);
+    }
+  }
+
   async writeRawSnapshot(userId: number, bytes: Buffer | null): Promise<void> {
     checkUserId(userId);
     const key = this.groupKey('s', this.groupOf(userId));

@@ -140,6 +140,10 @@ export class SqliteUserCounterStore implements UserCounterStore {
     }
   }
 
+  async removeAll(): Promise<void> {
+    await this.kysely.updateTable('user_counters').set({ data: null }).execute();
+  }
+
   async writeRawSnapshot(userId: number, bytes: Buffer | null): Promise<void> {
     checkUserId(userId);
     await this.exclusive(() => void this.s.upsertData.run(userId, bytes));

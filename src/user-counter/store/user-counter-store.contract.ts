@@ -63,6 +63,11 @@ export function defineUserCounterStoreContract(
         null,
         counts({ followings: 1, likesReceived: 9, favsReceived: 2 }),
       ]);
+      // All of them, versions kept.
+      const version = (await sut.inspect(70_001)).version;
+      await sut.removeAll();
+      expect(await sut.read([7, 70_001, 8])).toEqual([null, null, null]);
+      expect((await sut.inspect(70_001)).version).toBe(version);
     });
 
     it('rejects ids that are not positive integers', async () => {
