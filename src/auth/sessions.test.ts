@@ -80,6 +80,11 @@ describe(SessionStore.name, () => {
     // Marked by a rotation still under way (in another process): graced, its answer awaited.
     await kv.set('auth:rtu:rt-u', `${sid} ${now}`, DAY);
     expect(await graced.takeRefresh(sid, 'rt-u', 1, ver)).toBe('graced');
+    // A rotation in another process that took the token and has not marked it yet: the mark is
+    // read again, briefly, and found.
+    const between = graced.takeRefresh(sid, 'rt-y', 1, ver);
+    setTimeout(() => void kv.set('auth:rtu:rt-y', `${sid} ${now}`, DAY), 30);
+    expect(await between).toBe('graced');
     // Neither current nor rotated (lost, or never allowed): refused after a few brief reads.
     expect(await graced.takeRefresh(sid, 'rt-x', 1, ver)).toBe('invalid');
     // A rotation refused because the session ended: its token is refused at once, not graced.
