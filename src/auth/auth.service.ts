@@ -235,18 +235,14 @@ export class AuthService {
       return pair;
     }
     const again = outcome === 'graced' ? await this.answerAgain(refreshToken, claims, ctx) : null;
-    if (again) return again;
+    if (again) {
+      // Tokens handed out once more: on the record, as any sign-in.
+      await this.recordRefresh(claims.userId, true, 'REFRESH_ANSWER_REPEATED', ctx);
+      return again;
+    }
     if (outcome === 'reused') this.authenticator.forgetSession(claims.sid);
-    await this.record(
-      {
-        userId: claims.userId,
-        identifier: `user:${claims.userId}`,
-        channel: 'REFRESH',
-        success: false,
-        reason: outcome === 'reused' ? 'REFRESH_TOKEN_REUSED' : 'REFRESH_TOKEN_INVALID',
-      },
-      ctx,
-    );
+    const reason = outcome === 'reused' ? 'REFRESH_TOKEN_REUSED' : 'REFRESH_TOKEN_INVALID';
+    await this.recordRefresh(claims.userId, false, reason, ctx);
     throw refreshInvalid();
   }
 
@@ -271,19 +267,7 @@ export class AuthService {
         const pair = JSON.parse(answer) as TokenPair;
         // Only while its refresh token is still current: once the tab that got it first has rotated
         // it in turn, this caller would hold a spent token, whose next use ends the session.
-        if (!(await this.sessions.isCurrent(decodeJwt(pair.refreshToken).jti ?? ''))) return null;
-        // Tokens handed out once more: on the record, as any sign-in.
-        await this.record(
-          {
-            userId: claims.userId,
-            identifier: `user:${claims.userId}`,
-            channel: 'REFRESH',
-            success: true,
-            reason: 'REFRESH_ANSWER_REPEATED',
-          },
-          client,
-        );
-        return pair;
+        return (await this.sessions.isCurrent(decodeJwt(pair.refreshToken).jti ?? '')) ? pair : null;
       }
       if (tries >= KEPT_ANSWER_WAIT.tries) return null;
       await sleep(KEPT_ANSWER_WAIT.everyMs);
@@ -394,6 +378,10 @@ export class AuthService {
         'Too many requests from this address; try again later',
         decision.retryAfterMs / 1000,
       );
+  }
+
+  private recordRefresh(userId: number, success: boolean, reason: string, ctx: RequestContext) {
+    return this.record({ userId, identifier: `user:${userId}`, channel: 'REFRESH', success, reason }, ctx);
   }
 
   private record(attempt: Omit<LoginAttempt, 'ip' | 'userAgent'>, ctx: RequestContext): Promise<void> {

@@ -10,6 +10,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { Redis } from 'ioredis';
+import type { Insertable } from 'kysely';
 import { Registry } from 'prom-client';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import {
@@ -22,6 +23,7 @@ import {
 } from '../../test/rig/resources.js';
 import { postEvent, POST_TOPIC, withCrossing, type PostTransition } from '../knowpost/post-events.js';
 import { migrate, openMysql, openSqlite, type Db } from '../platform/db/database.js';
+import type { KnowpostsTable } from '../platform/db/schema.js';
 import type { DeliveredRecord, EventLog } from '../platform/eventlog/eventlog.js';
 import { SqliteEventLog } from '../platform/eventlog/sqlite-eventlog.js';
 import { postEventsFeed, USER_COUNTER_GROUP, UserCounterConsumer } from './consumer.js';
@@ -184,27 +186,14 @@ describe.each<Profile>(['embedded', 'cluster'])('user counters (%s profile)', (p
   ): Promise<void> {
     const now = Date.now();
     if (type === 'published') {
-      await rig.db.kysely
-        .insertInto('knowposts')
-        .values({
+      await insertPosts(authorId, [
+        {
           id: postId,
-          author_id: authorId,
-          status: 'published',
-          visible: 'public',
-          created_at: now,
-          updated_at: now,
-          title: null,
-          description: null,
-          tag_id: null,
           content_key: `posts/${postId}/content.md`,
-          content_etag: null,
-          content_size: null,
-          content_sha256: null,
-          publish_time: now,
           public_epoch: 1,
           public_crossings: JSON.stringify([[1, 1, now]]),
-        })
-        .execute();
+        },
+      ]);
     } else {
       // As a delete of a public post records it.
       const { public_crossings: kept } = await rig.db.kysely
@@ -219,6 +208,28 @@ describe.each<Profile>(['embedded', 'cluster'])('user counters (%s profile)', (p
         .execute();
     }
     if (options.publish !== false) await publishEvents([{ type, authorId, postId }]);
+  }
+
+  /** Inserts the author's posts, published and public now unless `posts` say otherwise. */
+  async function insertPosts(
+    authorId: number,
+    posts: (Partial<Insertable<KnowpostsTable>> & { id: string })[],
+  ): Promise<void> {
+    const now = Date.now();
+    await rig.db.kysely
+      .insertInto('knowposts')
+      .values(
+        posts.map((post) => ({
+          author_id: authorId,
+          status: 'published',
+          visible: 'public',
+          created_at: now,
+          updated_at: now,
+          publish_time: now,
+          ...post,
+        })),
+      )
+      .execute();
   }
 
   async function publishEvents(list: { type: PostTransition; authorId: number; postId: string }[]) {
@@ -348,23 +359,18 @@ describe.each<Profile>(['embedded', 'cluster'])('user counters (%s profile)', (p
     expect(await rig.service.counts(author)).toEqual(posts(0));
     const id = newPostId();
     const t = Date.now();
-    await rig.db.kysely
-      .insertInto('knowposts')
-      .values({
+    await insertPosts(author, [
+      {
         id,
-        author_id: author,
-        status: 'published',
         visible: 'private',
-        created_at: t,
         updated_at: t,
-        publish_time: t,
         public_epoch: 1,
         public_crossings: JSON.stringify([
           [1, 1, t],
           [1, -1, t],
         ]),
-      })
-      .execute();
+      },
+    ]);
     // Neither event has arrived: the snapshot is right, and the check must say so.
     expect(await rig.reconciler.check(author, false)).toBe('ok');
     expect(await metricValue(rig.registry, 'zg_user_counter_drift_found_total')).toBe(0);
@@ -458,22 +464,19 @@ describe.each<Profile>(['embedded', 'cluster'])('user counters (%s profile)', (p
       ['published by the earlier release, deleted now', 'deleted', 'public', now, 0, [exit(0, now)]],
     ];
     const ids = rows.map(() => newPostId());
-    await rig.db.kysely
-      .insertInto('knowposts')
-      .values(
-        rows.map(([, status, visible, updatedAt, epochs, crossings], i) => ({
-          id: ids[i]!,
-          author_id: author,
-          status,
-          visible,
-          created_at: old,
-          updated_at: updatedAt,
-          publish_time: status === 'draft' ? null : old,
-          public_epoch: epochs,
-          public_crossings: JSON.stringify(crossings),
-        })),
-      )
-      .execute();
+    await insertPosts(
+      author,
+      rows.map(([, status, visible, updatedAt, epochs, crossings], i) => ({
+        id: ids[i]!,
+        status,
+        visible,
+        created_at: old,
+        updated_at: updatedAt,
+        publish_time: status === 'draft' ? null : old,
+        public_epoch: epochs,
+        public_crossings: JSON.stringify(crossings),
+      })),
+    );
     const truth = await rig.source.compute(author, now);
     expect(truth?.counts).toEqual(posts(4));
     const event = (type: PostTransition, row: number, epoch: number) => [
