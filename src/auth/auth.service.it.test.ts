@@ -2,11 +2,12 @@ import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import pino from 'pino';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { buildApp, type App } from '../app.js';
 import { loadConfig } from '../platform/config/config.js';
 import { LoginAuditRepository } from './login-audit.repository.js';
 import { AuthService } from './auth.service.js';
+import { SessionStore } from './sessions.js';
 
 describe(AuthService.name, () => {
   let app: App;
@@ -156,6 +157,53 @@ describe(AuthService.name, () => {
     const started = performance.now();
     expect((await refresh(second.token.refreshToken, '10.0.9.1')).statusCode).toBe(401);
     expect(performance.now() - started).toBeLessThan(500);
+  });
+
+  it('answers a rotation whose answer could not be kept, and then refuses its retry without ending the session', async () => {
+    const identifier = 'unkept@example.test';
+    await post(
+      '/api/v1/auth/send-code',
+      { scene: 'REGISTER', identifierType: 'EMAIL', identifier },
+      '10.0.8.1',
+    );
+    const code = codes.findLast((c) => c.identifier === identifier)?.code;
+    const signedUp = (
+      await post(
+        '/api/v1/auth/register',
+        { identifierType: 'EMAIL', identifier, code, password: 'abc12345', agreeTerms: true },
+        '10.0.8.1',
+      )
+    ).json<{ token: { refreshToken: string } }>();
+    const keep = vi
+      .spyOn(SessionStore.prototype, 'keepAnswer')
+      .mockRejectedValueOnce(new Error('store down'));
+    try {
+      const rotated = await post(
+        '/api/v1/auth/token/refresh',
+        { refreshToken: signedUp.token.refreshToken },
+        '10.0.8.1',
+      );
+      expect(keep).toHaveBeenCalledTimes(1);
+      expect(rotated.statusCode).toBe(200);
+      const started = performance.now();
+      const retry = await post(
+        '/api/v1/auth/token/refresh',
+        { refreshToken: signedUp.token.refreshToken },
+        '10.0.8.1',
+      );
+      expect(retry.statusCode).toBe(401);
+      // The waiter gives up after its bounded wait for an answer that will not come.
+      expect(performance.now() - started).toBeLessThan(3_000);
+      // The session the rotation handed out lives on.
+      const next = await post(
+        '/api/v1/auth/token/refresh',
+        { refreshToken: rotated.json<{ refreshToken: string }>().refreshToken },
+        '10.0.8.1',
+      );
+      expect(next.statusCode).toBe(200);
+    } finally {
+      keep.mockRestore();
+    }
   });
 
   it('names the values a field may take when it takes none of them', async () => {
