@@ -3,7 +3,6 @@ import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import type { AuthGuards } from '../auth/auth.guard.js';
 import { principalOf } from '../auth/auth.guard.js';
 import { errorResponses, sendJsonBytes } from '../platform/http/schemas.js';
-import { BadRequestError } from '../platform/errors/errors.js';
 import { clampSize, FEED_DEPTH, FeedPageResponse, PageQuery } from './feed.schema.js';
 import type { FeedService } from './feed.service.js';
 import { feedResponseBytes, type FeedPage } from './read-answers.js';
@@ -27,7 +26,7 @@ export function feedRoutes(deps: { feeds: FeedService; guards: AuthGuards }) {
           description:
             'Published public posts, newest first; liked and faved are filled when a token is sent. ' +
             `Pages reach through the newest ${FEED_DEPTH} posts: the last page that does says hasMore ` +
-            'false, and a page starting beyond them is a 400.',
+            'false, and a page starting beyond them is empty.',
           querystring: PageQuery,
           response: { 200: FeedPageResponse, ...errorResponses(400, 401) },
         },
@@ -36,11 +35,9 @@ export function feedRoutes(deps: { feeds: FeedService; guards: AuthGuards }) {
         const page = request.query.page ?? 1;
         const size = clampSize(request.query.size);
         const { depth } = deps.feeds;
-        if ((page - 1) * size >= depth) {
-          throw new BadRequestError(
-            `The feed pages through its newest ${depth} posts: (page - 1) × size must stay below that`,
-          );
-        }
+        // Beyond its reach the feed answers as past its end: a client paging until an empty page
+        // stops there, as one reading hasMore stopped a page before.
+        if ((page - 1) * size >= depth) return { items: [], page, size, hasMore: false };
         const viewer = request.principal?.userId ?? null;
         return sendJsonBytes(
           reply,

@@ -179,9 +179,17 @@ describe.each<ProfileName>(['embedded', 'cluster'])('reading posts (%s profile)'
     expect(ok(await call('GET', '/api/v1/knowposts/feed?size=500'), 200).body.size).toBe(50);
     expect(ok(await call('GET', '/api/v1/knowposts/feed?size=0'), 200).body.size).toBe(1);
     // The feed pages through its newest 10,000 posts.
-    const beyond = ok(await call('GET', '/api/v1/knowposts/feed?page=200&size=50'), 200).body;
-    expect(beyond).toEqual({ items: [], page: 200, size: 50, hasMore: false });
-    for (const query of ['page=0', 'page=abc', 'size=1.5', 'page=-1', 'page=201&size=50', 'page=10001']) {
+    const last = ok(await call('GET', '/api/v1/knowposts/feed?page=200&size=50'), 200).body;
+    expect(last).toEqual({ items: [], page: 200, size: 50, hasMore: false });
+    // Beyond them a page is empty, as past the feed's end.
+    for (const query of ['page=201&size=50', 'page=10001']) {
+      const page = Number(/page=(\d+)/.exec(query)![1]);
+      const size = query.includes('size=50') ? 50 : 20;
+      const beyond = await call('GET', `/api/v1/knowposts/feed?${query}`);
+      expect(beyond.status, query).toBe(200);
+      expect(beyond.body, query).toEqual({ items: [], page, size, hasMore: false });
+    }
+    for (const query of ['page=0', 'page=abc', 'size=1.5', 'page=-1']) {
       const bad = await call('GET', `/api/v1/knowposts/feed?${query}`);
       expect(bad.status, query).toBe(400);
       expect(bad.body).toMatchObject({ code: 'BAD_REQUEST', requestId: expect.any(String) });
