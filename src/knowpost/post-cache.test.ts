@@ -83,6 +83,42 @@ describe(postCacheInvalidator.name, () => {
     expect(loads).toHaveLength(2);
   });
 
+  it('announces a change only once the shared tier has dropped it, and even when that failed', async () => {
+    const order: string[] = [];
+    let fail = false;
+    const slow = Object.assign(new NoSharedCache(), {
+      invalidate: async () => {
+        await new Promise((resolve) => setTimeout(resolve, 20));
+        order.push('shared dropped');
+        if (fail) throw new Error('redis down');
+      },
+    });
+    const { cache } = setup(slow);
+    const bus: InvalidationBus = {
+      publish: async () => {
+        order.push('announced');
+      },
+      subscribe: () => () => {},
+      onGap: () => () => {},
+      close: async () => {},
+    };
+    const errors: unknown[] = [];
+    const sut = postCacheInvalidator(cache, bus, (err) => errors.push(err));
+    await sut({ id: '1', authorId: 1, kind: 'updated', draft: false });
+    fail = true;
+    await sut({ id: '1', authorId: 1, kind: 'deleted', draft: false });
+    // Two keys each time (the post and the feed pages' guard).
+    expect(order).toEqual([
+      'shared dropped',
+      'shared dropped',
+      'announced',
+      'shared dropped',
+      'shared dropped',
+      'announced',
+    ]);
+    expect(errors).toHaveLength(1);
+  });
+
   it('reports a failing shared tier instead of throwing', async () => {
     const broken = Object.assign(new NoSharedCache(), {
       invalidate: async () => {

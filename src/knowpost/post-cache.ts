@@ -186,10 +186,12 @@ export class PostCache {
 
   /** The same in the shared tier, for every process (one round trip). */
   async invalidateShared(ids: readonly string[]): Promise<void> {
-    await Promise.all([
+    // Both settle before this does, even when one fails: a caller goes on to announce the change.
+    const [posts, pages] = await Promise.allSettled([
       this.posts.invalidateShared(ids.map(postKey)),
       this.pages.invalidateShared([FEED_GUARD]),
     ]);
+    for (const r of [posts, pages]) if (r.status === 'rejected') throw r.reason;
   }
 }
 
@@ -209,11 +211,10 @@ export function postCacheInvalidator(
     if (change.draft) return;
     // This process first and synchronously, so its next read cannot be served the old post.
     cache.invalidateLocal([change.id]);
-    const results = await Promise.allSettled([
-      cache.invalidateShared([change.id]),
-      bus.publish(POST_INVALIDATION_SCOPE, [change.id]),
-    ]);
-    for (const r of results) if (r.status === 'rejected') onError(r.reason);
+    // The shared tier before the announcement: a process that drops its copy on hearing it must not
+    // read the old post back from there. The announcement goes out even if the drop failed.
+    await cache.invalidateShared([change.id]).catch(onError);
+    await bus.publish(POST_INVALIDATION_SCOPE, [change.id]).catch(onError);
   };
 }
 
