@@ -126,8 +126,9 @@ export interface LikesReceivedConsumerDeps {
  * not — a seq was skipped because two API processes published one hot post's events in another
  * order — the skipped event will be at or below the mark when it comes, so it is dropped, and the
  * author's counts are rebuilt at once from the facts (the likes-received count part), which counts
- * it exactly. The rebuilds run before the batch raises the database marks, so a batch whose rebuild
- * failed, or whose worker died, is delivered again and finds the same gaps.
+ * it exactly. The rebuilds run before the batch's deltas and before it raises the database marks,
+ * so a batch whose rebuild failed, or whose worker died, is delivered again and either finds the
+ * same gaps or, with the late event now in it, none.
  */
 export class LikesReceivedConsumer {
   private subscription: Subscription | undefined;
@@ -206,12 +207,16 @@ export class LikesReceivedConsumer {
       }
       if (mark > (marks.get(postId) ?? 0)) raised.set(postId, mark);
     }
-    const result = await this.deps.store.apply(deltas, this.now());
-    // Rebuilds before the marks move: if one fails, the batch comes again and finds its gaps again.
+    // Rebuilds first. One that fails leaves the store as it was: the batch, delivered again, may
+    // bring the skipped event with it (no gap then), which deltas recorded already would mark as
+    // applied and lose. One that succeeds records the facts' seq of each of the author's posts, so
+    // the deltas below skip what it counted. And all before the marks move: a failed batch comes
+    // again and finds its gaps again.
     for (const author of gaps) {
       const rebuilt = await this.deps.onGap(author);
       if (rebuilt && !rebuilt.written) throw new Error(`likes received of user ${author} not rebuilt yet`);
     }
+    const result = await this.deps.store.apply(deltas, this.now());
     await repo.raiseMarks(raised);
 
     metrics.likesReceivedEvents.inc({ outcome: 'applied' }, result.applied);
