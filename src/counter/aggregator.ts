@@ -4,12 +4,15 @@ import {
   type Subscription,
 } from '../platform/eventlog/eventlog.js';
 import type { CounterMetrics } from './counter.metrics.js';
-import { COUNTER_TOPIC, type CounterEvent } from './model.js';
+import { COUNTER_TOPIC, FIELD_INDEX, type CounterEvent } from './model.js';
 import type { CounterStore } from './store/counter-store.js';
 
 export const COUNTER_GROUP = 'counter-agg';
 
-/** Reads one record's event; a record that is not a counter event is reported and skipped. */
+/**
+ * Reads one record's event; a record that is not a counter event is reported and skipped. The
+ * snapshot field (`idx`) is the metric's, whatever the record says.
+ */
 export function parseCounterEvent(value: string): CounterEvent | null {
   try {
     const e = JSON.parse(value) as Partial<CounterEvent>;
@@ -23,7 +26,8 @@ export function parseCounterEvent(value: string): CounterEvent | null {
       e.seq > 0 &&
       typeof e.userId === 'number'
     ) {
-      return e as CounterEvent;
+      // The field follows from the metric; a record naming another is not trusted with it.
+      return { ...(e as CounterEvent), idx: FIELD_INDEX[e.metric] };
     }
   } catch {
     // fall through
