@@ -52,9 +52,11 @@ interface Setup {
   lookups: number;
   allowed: boolean;
   known: Set<number>;
+  lists: MemoryListCache;
 }
 
-function setup(): Setup {
+/** `followerCount` is what the user counters say; at or above 100 the owner is a big account. */
+function setup(followerCount = 1_000): Setup {
   const s: Setup = {
     service: undefined as unknown as RelationService,
     bus: new LocalInvalidationBus(),
@@ -67,6 +69,7 @@ function setup(): Setup {
     lookups: 0,
     allowed: true,
     known: new Set([OWNER, 2, 3, 4]),
+    lists: new MemoryListCache({ ttlMs: 60_000, maxEntries: 10, maxLists: 10 }),
   };
   const repo = {
     async page(_owner: number, _kind: ListKind, _position: ListPosition, limit: number) {
@@ -76,6 +79,13 @@ function setup(): Setup {
       s.hold = undefined;
       if (hold) await hold;
       return { entries, more: s.followers.length > limit };
+    },
+    async head(_owner: number, _kind: ListKind, limit: number) {
+      const entries = s.followers.slice(0, limit);
+      const hold = s.hold;
+      s.hold = undefined;
+      if (hold) await hold;
+      return entries;
     },
     async follow(from: number, to: number, now: number): Promise<RelationEvent | null> {
       return { eventId: `e${now}`, type: 'follow', fromUserId: from, toUserId: to, ts: now };
@@ -101,10 +111,10 @@ function setup(): Setup {
     repo,
     users,
     limiter,
-    lists: new MemoryListCache({ ttlMs: 60_000, maxEntries: 10, maxLists: 10 }),
+    lists: s.lists,
     counts: {
       async countsMany(ids) {
-        return ids.map(() => ({ followers: 1_000, followings: 0 }) as never);
+        return ids.map(() => ({ followers: followerCount, followings: 0 }) as never);
       },
     },
     bus: s.bus,
@@ -244,6 +254,26 @@ describe('checks of a change', () => {
     const s = setup();
     s.bus.publish = () => new Promise<void>(() => {});
     expect(await s.service.follow(OWNER, 2)).toBe(true);
+    s.service.close();
+  });
+});
+
+describe('a followers list read through the list cache', () => {
+  it('shows a change made while the fill it joined was loading', async () => {
+    const s = setup(2);
+    const gate = deferred();
+    s.hold = gate.promise;
+    const first = ids(s);
+    // The fill has read the database; then a change commits and reaches the cache (as from another
+    // process), and a read of the changed list joins the fill still in flight.
+    await new Promise((resolve) => setImmediate(resolve));
+    s.followers.unshift({ userId: 4, createdAt: 3 });
+    await s.lists.apply([{ owner: OWNER, kind: 'followers', userId: 4, createdAt: 3 }]);
+    const joined = ids(s);
+    gate.resolve();
+    expect(await joined).toEqual([4, 3, 2]);
+    await first;
+    expect(await ids(s)).toEqual([4, 3, 2]);
     s.service.close();
   });
 });

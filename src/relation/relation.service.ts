@@ -102,7 +102,7 @@ export class RelationService {
   private readonly limits: RelationLimits;
   private readonly log: Logger;
   private readonly now: () => number;
-  private readonly fills = new SingleFlight<ListEntry[]>();
+  private readonly fills = new SingleFlight<{ entries: ListEntry[]; cached: boolean }>();
   private readonly firstPages: LruCache<FirstPage>;
   /**
    * Invalidation generation of each user whose first page is being loaded (entries exist only while
@@ -280,11 +280,12 @@ export class RelationService {
         return hit;
       }
       this.metrics.cacheReads.inc({ cache: 'list', result: 'miss' });
-      const loaded = await this.fills.do(listKey(list), async () => {
-        const filled = await this.lists.fill(list, () => this.repo.head(list.owner, list.kind, max + 1));
-        return filled.entries;
-      });
-      if (loaded && loaded.length <= max) return slicePage(loaded, position, limit);
+      const filled = await this.fills.do(listKey(list), () =>
+        this.lists.fill(list, () => this.repo.head(list.owner, list.kind, max + 1)),
+      );
+      // A fill not kept was too long, or a change came while it loaded, perhaps the caller's own on
+      // another process, which a request that joined the fill late must see: read the database.
+      if (filled?.cached) return slicePage(filled.entries, position, limit);
     } catch (err) {
       this.metrics.cacheReads.inc({ cache: 'list', result: 'error' });
       this.log.warn({ err }, 'list cache unavailable; reading the database');
