@@ -14,6 +14,9 @@ describe('isDependencyOutage', () => {
       new Error('Command timed out'),
       new Error("Stream isn't writeable and enableOfflineQueue options is false"),
       new Error('LOADING Redis is loading the dataset in memory'),
+      // A replica promoted away under us, and a Redis out of memory: not now, rather than a bug.
+      new Error("READONLY You can't write against a read only replica."),
+      new Error("OOM command not allowed when used memory > 'maxmemory'."),
       Object.assign(new Error('Service Unavailable'), { $metadata: { httpStatusCode: 503 } }),
       new Error('wrapped', { cause: new Error('Command timed out') }),
       new AggregateError([new Error('x'), Object.assign(new Error('y'), { code: 'ETIMEDOUT' })]),

@@ -37,10 +37,10 @@ const NAMES = new Set([
 
 /**
  * ioredis on a closed connection, a command past its timeout or refused while the connection is
- * lost, and Redis replies that mean "not now".
+ * lost, and Redis replies that mean "not now" (a failover under way, a Redis out of memory).
  */
 const MESSAGE =
-  /^(?:Connection is closed\.|Command timed out|Stream isn't writeable|LOADING |TRYAGAIN |CLUSTERDOWN |MASTERDOWN |BUSY )/;
+  /^(?:Connection is closed\.|Command timed out|Stream isn't writeable|LOADING |TRYAGAIN |CLUSTERDOWN |MASTERDOWN |BUSY |READONLY |OOM )/;
 
 interface Described {
   name?: unknown;

@@ -1,13 +1,52 @@
 import pino, { type Logger } from 'pino';
 
-/** Structured JSON logs; pretty-printed only when a person is watching a terminal. */
+/**
+ * Structured JSON logs; pretty-printed only when a person is watching a terminal and `pino-pretty`
+ * is installed (it is a development dependency: a production install without it logs JSON).
+ */
 export function createLogger(level: string, destination?: pino.DestinationStream): Logger {
-  const pretty = process.stdout.isTTY && destination === undefined;
+  const pretty = process.stdout.isTTY && destination === undefined && installed('pino-pretty');
   const options: pino.LoggerOptions = {
     level,
     base: { service: 'zhiguang' },
     redact: { paths: ['req.headers.authorization', 'password', 'newPassword', 'refreshToken'], remove: true },
+    serializers: { err: serializeError },
     ...(pretty ? { transport: { target: 'pino-pretty', options: { translateTime: 'SYS:HH:MM:ss.l' } } } : {}),
   };
   return destination ? pino(options, destination) : pino(options);
+}
+
+function installed(name: string): boolean {
+  try {
+    import.meta.resolve(name);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+/**
+ * pino's error serializer, without what a client library attached of the command that failed: a
+ * Redis error carries the command's arguments (`command.args`), which can be a verification code,
+ * an e-mail address or a session key. The command's name stays; so do causes, cleaned alike.
+ */
+export function serializeError(err: unknown): unknown {
+  const serialized = pino.stdSerializers.err(err as Error) as unknown;
+  return withoutArguments(serialized, 0);
+}
+
+function withoutArguments(value: unknown, depth: number): unknown {
+  if (value === null || typeof value !== 'object' || depth > 4) return value;
+  const record = value as Record<string, unknown>;
+  const command = record.command;
+  if (command !== null && typeof command === 'object' && 'args' in command) {
+    const { args: _args, ...rest } = command as Record<string, unknown>;
+    record.command = rest;
+  }
+  for (const key of ['cause', 'previousErrors', 'lastNodeError']) {
+    if (record[key] !== undefined) record[key] = withoutArguments(record[key], depth + 1);
+  }
+  if (Array.isArray(record.aggregateErrors))
+    record.aggregateErrors = record.aggregateErrors.map((e) => withoutArguments(e, depth + 1));
+  return record;
 }
