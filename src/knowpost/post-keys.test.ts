@@ -1,5 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import {
+  bodyCopyExtension,
   confirmedContentKey,
   isContentKey,
   isExternalImageUrl,
@@ -65,12 +66,24 @@ describe('key checks', () => {
     expect(isContentKey('42', 'posts/42/content.exe')).toBe(false);
     expect(isContentKey('42', 'posts/421/content.md')).toBe(false);
     const sha = 'ab'.repeat(32);
-    expect(confirmedContentKey('42', sha, '.md')).toBe(`posts/42/body/${sha}.md`);
-    expect(isContentKey('42', confirmedContentKey('42', sha, '.md'))).toBe(false);
-    expect(isReadableContentKey('42', confirmedContentKey('42', sha, '.md'))).toBe(true);
+    expect(confirmedContentKey('42', sha, '.md', '0123456789abcdef')).toBe(
+      `posts/42/body/${sha}-0123456789abcdef.md`,
+    );
+    // Every confirm names its own copy.
+    const copy = confirmedContentKey('42', sha, '.md');
+    expect(copy).toMatch(new RegExp(`^posts/42/body/${sha}-[0-9a-f]{16}\\.md$`));
+    expect(confirmedContentKey('42', sha, '.md')).not.toBe(copy);
+    expect(isContentKey('42', copy)).toBe(false);
+    expect(isReadableContentKey('42', copy)).toBe(true);
+    expect(bodyCopyExtension('42', copy)).toBe('.md');
+    // Copies made before names had a tag, and bodies confirmed before copies were made.
+    expect(bodyCopyExtension('42', `posts/42/body/${sha}.txt`)).toBe('.txt');
     expect(isReadableContentKey('42', 'posts/42/content.md')).toBe(true);
+    expect(bodyCopyExtension('42', 'posts/42/content.md')).toBeUndefined();
     for (const key of [
       `posts/421/body/${sha}.md`,
+      `posts/42/body/${sha}-0123.md`,
+      `posts/42/body/${sha}-0123456789ABCDEF.md`,
       `posts/42/body/${sha}.exe`,
       `posts/42/body/${sha.slice(1)}.md`,
       `posts/42/body/${sha.toUpperCase()}.md`,

@@ -6,8 +6,8 @@ import type { UploadScene } from './post.schema.js';
 /**
  * Where a post's files live in object storage and which files are allowed:
  *  - body:   uploaded to `posts/{postId}/content{ext}`, ext one of .md .markdown .txt .html .json;
- *            confirm copies what it checked to `posts/{postId}/body/{sha256}{ext}`, the key readers
- *            get, which no presigned URL can write (a body confirmed before that scheme keeps its
+ *            confirm copies what it checked to `posts/{postId}/body/{sha256}-{16 hex}{ext}`, the key
+ *            readers get, which no presigned URL can write (a body confirmed before that scheme keeps its
  *            upload key)
  *  - images: uploaded to `posts/{postId}/images/{yyyyMMdd}/{8 hex}{ext}`, ext one of .jpg .jpeg .png
  *            .webp .gif; a patch that refers to one copies it to `posts/{postId}/pictures/{32 hex}{ext}`,
@@ -90,9 +90,19 @@ export function contentExtension(postId: string, key: string): string | undefine
   return Object.keys(EXTENSIONS.knowpost_content).find((ext) => key === contentKey(postId, ext));
 }
 
-/** Where confirm keeps a body it checked: named by its SHA-256, out of reach of presigned URLs. */
-export function confirmedContentKey(postId: string, sha256: string, extension: string): string {
-  return `posts/${postId}/body/${sha256}${extension}`;
+/**
+ * Where confirm keeps a body it checked, out of reach of presigned URLs: named by its SHA-256 and a
+ * tag of its own, so no later confirm ever writes that name again. A confirm deletes the body it
+ * replaced; were names only the bytes', a second confirm of those bytes, overlapping, could write
+ * the name again just before the first one's delete, and the post would point at nothing.
+ */
+export function confirmedContentKey(
+  postId: string,
+  sha256: string,
+  extension: string,
+  tag: string = randomBytes(8).toString('hex'),
+): string {
+  return `posts/${postId}/body/${sha256}-${tag}${extension}`;
 }
 
 /** The scene's extensions as a regular expression alternation. */
@@ -101,12 +111,18 @@ const extensions = (scene: UploadScene): string =>
     .map((e) => e.replace('.', '\\.'))
     .join('|');
 
-const BODY_NAME = new RegExp(`^[0-9a-f]{64}(?:${extensions('knowpost_content')})$`);
+/** A body copy's name; copies made before names had a tag have none. */
+const BODY_NAME = new RegExp(`^[0-9a-f]{64}(?:-[0-9a-f]{16})?(${extensions('knowpost_content')})$`);
+
+/** The extension of a confirmed body copy of this post (`confirmedContentKey`), or undefined. */
+export function bodyCopyExtension(postId: string, key: string): string | undefined {
+  const prefix = `posts/${postId}/body/`;
+  return key.startsWith(prefix) ? BODY_NAME.exec(key.slice(prefix.length))?.[1] : undefined;
+}
 
 /** True for the keys a confirmed body of this post may be read from (either scheme). */
 export function isReadableContentKey(postId: string, key: string): boolean {
-  const prefix = `posts/${postId}/body/`;
-  return isContentKey(postId, key) || (key.startsWith(prefix) && BODY_NAME.test(key.slice(prefix.length)));
+  return isContentKey(postId, key) || bodyCopyExtension(postId, key) !== undefined;
 }
 
 const IMAGE_NAME = new RegExp(`^\\d{8}/[0-9a-f]{8}(?:${extensions('knowpost_image')})$`);

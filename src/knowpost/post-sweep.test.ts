@@ -24,9 +24,12 @@ function post(id: string, fields: Partial<PostRecord> = {}): PostRecord {
 }
 
 describe(PostUploadSweeper.name, () => {
-  it('keeps what the post refers to, bodies and unknown keys, and goes on past a post the store refuses, trying it again later', async () => {
+  it('keeps what the post refers to, young copies and unknown keys, and goes on past a post the store refuses, trying it again later', async () => {
     const legacyBody = 'posts/1/content.md';
     const legacyImage = 'posts/1/images/20250101/00000000.png';
+    // Post 3's body; post 1's was confirmed before copies were made.
+    const usedBody = `posts/3/body/${'d'.repeat(64)}-${'1'.repeat(16)}.md`;
+    const youngBody = `posts/3/body/${'e'.repeat(64)}-${'2'.repeat(16)}.md`;
     const old = NOW - HOUR;
     const objects = new Map<string, number>([
       [legacyBody, old],
@@ -34,9 +37,12 @@ describe(PostUploadSweeper.name, () => {
       ['posts/1/content.txt', old],
       ['posts/1/images/20250101/00000001.png', old],
       [`posts/1/body/${'a'.repeat(64)}.md`, old],
+      [`posts/1/body/${'c'.repeat(64)}-${'0'.repeat(16)}.md`, old],
+      [usedBody, old],
       [`posts/1/pictures/${'b'.repeat(32)}.png`, old],
       ['posts/1/notes/x.txt', old],
       ['posts/3/images/20250101/00000002.png', old],
+      [youngBody, NOW - 60_000],
     ]);
     const finished: [string, number, number | null][] = [];
     const posts = {
@@ -49,7 +55,11 @@ describe(PostUploadSweeper.name, () => {
       find: async (id: string) =>
         post(
           id,
-          id === '1' ? { contentKey: legacyBody, imgUrls: [legacyImage, 'https://x.invalid/a.png'] } : {},
+          id === '1'
+            ? { contentKey: legacyBody, imgUrls: [legacyImage, 'https://x.invalid/a.png'] }
+            : id === '3'
+              ? { contentKey: usedBody }
+              : {},
         ),
     };
     const storage = {
@@ -68,18 +78,19 @@ describe(PostUploadSweeper.name, () => {
       now: () => NOW,
       onError: (_err, id) => errors.push(id),
     });
-    expect(await sut.runOnce()).toEqual({ posts: 2, objects: 4 });
+    expect(await sut.runOnce()).toEqual({ posts: 2, objects: 6 });
     expect([...objects.keys()]).toEqual([
       legacyBody,
       legacyImage,
-      `posts/1/body/${'a'.repeat(64)}.md`,
+      usedBody,
       'posts/1/notes/x.txt',
+      youngBody,
     ]);
     expect(errors).toEqual(['2']);
     expect(finished).toEqual([
       ['1', 7, null],
       ['2', 7, NOW + 600_000],
-      ['3', 7, null],
+      ['3', 7, NOW - 60_000 + HOUR],
     ]);
   });
 
@@ -123,7 +134,7 @@ describe(PostUploadSweeper.name, () => {
       ['posts/1/content.txt', [young, 100]],
       ['posts/1/images/20250101/00000001.png', [young, 201]],
       ['posts/1/images/20250101/00000002.png', [young, 200]],
-      // what the post uses, and confirmed bodies, are judged elsewhere
+      // what the post uses is kept; a body copy is judged by its age alone
       ['posts/1/images/20250101/00000003.png', [young, 999]],
       [`posts/1/body/${'a'.repeat(64)}.md`, [young, 999]],
     ]);

@@ -1,5 +1,5 @@
 import type { ObjectStorage } from '../platform/storage/object-storage.js';
-import { isContentKey, isImageKey, isStoredImageKey } from './post-keys.js';
+import { bodyCopyExtension, isContentKey, isImageKey, isStoredImageKey } from './post-keys.js';
 import type { PostObjectsTaskOptions } from './post-purge.js';
 import type { PostRepository } from './post.repository.js';
 
@@ -17,8 +17,9 @@ export interface PostUploadSweepOptions extends PostObjectsTaskOptions {
 
 /**
  * Removes what a live post keeps in storage and does not use: body and image uploads that were
- * never confirmed or referred to in a patch, and image copies the post no longer shows (patches
- * delete those themselves; this catches a delete that failed and patches that raced). Posts ask for
+ * never confirmed or referred to in a patch, and body and image copies the post no longer shows
+ * (confirms and patches delete those themselves; this catches a delete that failed, and a copy
+ * whose request ended before the post took it). Posts ask for
  * a check (`objects_check_at`) a minute after an upload URL they hand out expires, and when a patch
  * or confirm leaves objects behind. Until `uploads_open_until` (a URL's expiry plus the retention:
  * a PUT that started in time may finish late) a check always leaves another one due.
@@ -26,9 +27,9 @@ export interface PostUploadSweepOptions extends PostObjectsTaskOptions {
  * A check lists the post's objects, reads the post and deletes each unused one older than the
  * retention, and each upload larger than its kind may be at once; a younger one sets the next check
  * to when it is old enough. Uploads go first; copies are listed again afterwards, so a copy made
- * from an upload just before that upload was deleted is seen as new. Confirmed bodies
- * (`posts/{id}/body/`) are left alone: their names come from their bytes, so confirming a body again
- * rewrites an old name, and confirm deletes the body it replaces. Deleted posts are the purge's
+ * from an upload just before that upload was deleted is seen as new. A copy is judged by its age
+ * like an upload: one that a confirm or patch in flight is about to store was made moments ago
+ * (a body copy's name is never written twice). Deleted posts are the purge's
  * (`PostObjectPurger`). Several workers may run it at once.
  */
 export class PostUploadSweeper {
@@ -73,6 +74,7 @@ export class PostUploadSweeper {
     const passes: [string, (postId: string, key: string) => boolean][] = [
       [`posts/${id}`, (postId, key) => isContentKey(postId, key) || isImageKey(postId, key)],
       [`posts/${id}/pictures`, isStoredImageKey],
+      [`posts/${id}/body`, (postId, key) => bodyCopyExtension(postId, key) !== undefined],
     ];
     for (const [prefix, sweeps] of passes) {
       const listed = await this.storage.listPrefix(prefix);

@@ -175,7 +175,17 @@ export class PostRepository {
     return result.numUpdatedRows > 0n;
   }
 
-  async setContent(id: string, authorId: number, content: ContentRecord, now: number): Promise<boolean> {
+  /**
+   * Sets the post's body, only while it is still `previous` (the key the caller read): false when
+   * the post is gone or its body changed meanwhile.
+   */
+  async setContent(
+    id: string,
+    authorId: number,
+    previous: string | null,
+    content: ContentRecord,
+    now: number,
+  ): Promise<boolean> {
     const result = await this.db.kysely
       .updateTable('knowposts')
       .set({
@@ -188,6 +198,7 @@ export class PostRepository {
       .where('id', '=', id)
       .where('author_id', '=', authorId)
       .where('status', '!=', 'deleted')
+      .where((eb) => (previous === null ? eb('content_key', 'is', null) : eb('content_key', '=', previous)))
       .executeTakeFirst();
     return result.numUpdatedRows > 0n;
   }

@@ -263,9 +263,9 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
       etag: good.etag.replaceAll('"', '').toUpperCase(),
       sha256: good.sha256.toUpperCase(),
     });
-    const confirmed = `posts/${id}/body/${good.sha256}.md`;
+    const confirmed = (await row(id)).content_key!;
+    expect(confirmed).toMatch(new RegExp(`^posts/${id}/body/${good.sha256}-[0-9a-f]{16}\\.md$`));
     expect(await row(id)).toMatchObject({
-      content_key: confirmed,
       content_etag: good.etag.replaceAll('"', ''),
       content_size: good.size,
       content_sha256: good.sha256,
@@ -328,7 +328,46 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     expect(await b).toBe('ok');
     expect(waited).toBe(true);
     expect(await storage.head(body.objectKey)).toBeNull();
-    expect((await row(id)).content_key).toBe(`posts/${id}/body/${body.sha256}.md`);
+    // One copy stays, the one the post shows.
+    const copies = (await storage.listPrefix(`posts/${id}/body`)).map((o) => o.key);
+    expect(copies).toEqual([(await row(id)).content_key]);
+    expect(copies[0]).toMatch(new RegExp(`/body/${body.sha256}-[0-9a-f]{16}\\.md$`));
+  });
+
+  it('keeps the body a confirm shows when an earlier confirm deletes the one it replaced (same bytes again)', async () => {
+    const sut = newService();
+    const id = await sut.createDraft(AUTHOR);
+    const textA = '# A';
+    await sut.confirmContent(AUTHOR, id, await upload(sut, id, textA));
+    // The first request replaces A with B and is held just before it deletes A's copy.
+    let reached!: () => void;
+    const atDelete = new Promise<void>((resolve) => (reached = resolve));
+    let release!: () => void;
+    const held = new Promise<void>((resolve) => (release = resolve));
+    const slow: typeof storage = Object.create(storage) as typeof storage;
+    slow.delete = async (key) => {
+      if (key.includes('/body/')) {
+        reached();
+        await held;
+      }
+      return storage.delete(key);
+    };
+    const first = outcome(
+      new PostService({ ...serviceOptions(), storage: slow }).confirmContent(
+        AUTHOR,
+        id,
+        await upload(sut, id, '# B'),
+      ),
+    );
+    await atDelete;
+    // Meanwhile another tab confirms A again, and its request completes.
+    await sut.confirmContent(AUTHOR, id, await upload(sut, id, textA));
+    release();
+    expect(await first).toBe('ok');
+    const shown = (await row(id)).content_key!;
+    const got = await storage.get(shown);
+    expect(got && Buffer.concat(await got.body.toArray()).toString('utf8')).toBe(textA);
+    expect((await storage.listPrefix(`posts/${id}/body`)).map((o) => o.key)).toEqual([shown]);
   });
 
   it('tells caches when the body of a published post changes', async () => {
@@ -363,8 +402,8 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
       contentType: 'text/markdown',
     });
     expect(presigned.objectKey).toBe(legacy);
-    const moved = `posts/${id}/body/${sha}.md`;
-    expect((await row(id)).content_key).toBe(moved);
+    const moved = (await row(id)).content_key!;
+    expect(moved).toMatch(new RegExp(`^posts/${id}/body/${sha}-[0-9a-f]{16}\\.md$`));
     expect(changes).toEqual([{ id, authorId: AUTHOR, kind: 'updated', draft: false }]);
     await storage.put(legacy, Buffer.from('replaced'), 'text/markdown');
     expect(Buffer.concat(await (await storage.get(moved))!.body.toArray())).toEqual(bytes);
@@ -382,7 +421,7 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     const body = await upload(sut, id);
     expect(await outcome(sut.confirmContent(AUTHOR, id, body))).toBe('409 OBJECT_CHANGED');
     expect((await row(id)).content_key).toBeNull();
-    expect(await storage.head(`posts/${id}/body/${body.sha256}.md`)).toBeNull();
+    expect(await storage.listPrefix(`posts/${id}/body`)).toEqual([]);
   });
 
   it('deletes an oversized body at confirm and answers 413', async () => {
@@ -401,15 +440,17 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     const bytes = Buffer.from('<p>hi</p>');
     const presigned = await uploadObject(sut, id, 'knowpost_content', 'text/html', bytes);
     const first = (await row(id)).content_key!;
-    expect(first).toMatch(/\/body\/[0-9a-f]{64}\.md$/);
+    expect(first).toMatch(/\/body\/[0-9a-f]{64}-[0-9a-f]{16}\.md$/);
     await sut.confirmContent(AUTHOR, id, {
       objectKey: presigned.objectKey,
       etag: presigned.etag,
       size: bytes.length,
       sha256: createHash('sha256').update(bytes).digest('hex'),
     });
-    expect((await row(id)).content_key).toBe(
-      `posts/${id}/body/${createHash('sha256').update(bytes).digest('hex')}.html`,
+    expect((await row(id)).content_key).toMatch(
+      new RegExp(
+        `^posts/${id}/body/${createHash('sha256').update(bytes).digest('hex')}-[0-9a-f]{16}\\.html$`,
+      ),
     );
     expect(await storage.head(first)).toBeNull();
     expect(await storage.head(presigned.objectKey)).toBeNull();

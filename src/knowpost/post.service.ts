@@ -25,6 +25,7 @@ import {
   type PostChangeListener,
 } from './post-events.js';
 import {
+  bodyCopyExtension,
   confirmedContentKey,
   contentExtension,
   isExternalImageUrl,
@@ -203,38 +204,59 @@ export class PostService {
    * 409 `OBJECT_NOT_UPLOADED` (upload first, then confirm); an oversized one is deleted and 413.
    *
    * Readers get a copy of exactly the bytes checked, made inside the store at
-   * `posts/{id}/body/{sha256}{ext}`, which no presigned URL can write: the upload URL stays usable
-   * until it expires, and a PUT through it after confirm changes nothing anyone reads. The upload
-   * itself is then deleted. Confirming the same body again succeeds (a retried request).
+   * `posts/{id}/body/{sha256}-{tag}{ext}`, which no presigned URL can write: the upload URL stays
+   * usable until it expires, and a PUT through it after confirm changes nothing anyone reads. The
+   * upload itself is then deleted. Confirming the same body again succeeds (a retried request).
+   *
+   * The body is set only over the one this request read; of overlapping confirms the last to store
+   * wins, and each deletes just the copy it replaced itself, whose name no confirm writes again.
    */
   async confirmContent(userId: number, postId: string, body: ConfirmBody): Promise<void> {
-    const post = await this.owned(userId, postId);
+    let post = await this.owned(userId, postId);
     const extension = contentExtension(post.id, body.objectKey);
     if (extension === undefined) {
       throw new BadRequestError(`objectKey must be posts/${post.id}/content with an allowed extension`);
     }
     const sha256 = body.sha256.toLowerCase();
-    const key = confirmedContentKey(post.id, sha256, extension);
-    const confirmed = async (contentKey: string | null) =>
-      contentKey === key && (await this.alreadyConfirmed(key, body));
-    if (!(await confirmed(post.contentKey))) {
+    // The post already shows a copy of this very upload (a retry, or an overlapping request).
+    const showsThis = async (p: PostRecord | null | undefined) =>
+      p != null &&
+      p.contentKey !== null &&
+      p.contentSha256 === sha256 &&
+      bodyCopyExtension(p.id, p.contentKey) === extension &&
+      (await this.alreadyConfirmed(p.contentKey, body));
+    const replaced: string[] = [];
+    if (!(await showsThis(post))) {
+      const key = confirmedContentKey(post.id, sha256, extension);
+      let copied = false;
       try {
         const copy = await this.copyChecked(body, sha256, key);
-        const stored = await this.posts.setContent(
-          post.id,
-          userId,
-          { key, etag: normalizeEtag(copy.etag), size: copy.size, sha256 },
-          this.now(),
-        );
-        if (!stored) throw notFound();
+        copied = true;
+        const content = { key, etag: normalizeEtag(copy.etag), size: copy.size, sha256 };
+        for (let tries = 1; ; tries++) {
+          if (await this.posts.setContent(post.id, userId, post.contentKey, content, this.now())) {
+            if (post.contentKey !== null) replaced.push(post.contentKey);
+            break;
+          }
+          const found = await this.posts.find(post.id);
+          if (!found || found.status === 'deleted' || found.authorId !== userId) throw notFound();
+          if (await showsThis(found)) {
+            replaced.push(key);
+            break;
+          }
+          if (tries >= 3) {
+            throw new ConflictError(
+              'The post’s body changed while this one was being confirmed; try again',
+              'POST_CHANGED',
+            );
+          }
+          post = found;
+        }
       } catch (err) {
+        if (copied) await this.discard(post.id, [key]);
         // A request for the same body that overlapped this one (a retry) may have confirmed it and
         // deleted the upload meanwhile: then this one succeeded too.
-        if (
-          !(err instanceof ConflictError) ||
-          !(await confirmed((await this.posts.find(post.id))?.contentKey ?? null))
-        )
-          throw err;
+        if (!(err instanceof ConflictError) || !(await showsThis(await this.posts.find(post.id)))) throw err;
       }
     }
     // Caches drop the old body's URL before the object goes.
@@ -244,11 +266,8 @@ export class PostService {
       kind: 'updated',
       draft: await this.stillDraft(post),
     });
-    // The upload, and a body this one replaces, are no longer read by anyone.
-    await this.discard(
-      post.id,
-      [body.objectKey, post.contentKey].filter((old): old is string => old !== null && old !== key),
-    );
+    // The upload, and a body this one replaced, are no longer read by anyone.
+    await this.discard(post.id, [body.objectKey, ...replaced]);
   }
 
   /**
