@@ -105,7 +105,8 @@ export function postRoutes(deps: PostRouteDeps) {
             'that is not one of these is a 400 (a misspelt edit is not ignored). ' +
             '`imgUrls` entries are image keys of this post (from presign, under posts/{id}/images/) or ' +
             "absolute http(s) URLs. A URL of this post's own objects stands for its key: the upload URL " +
-            'with or without its query, or an image URL from a detail answer (signed, possibly expired). ' +
+            'with or without its query, or an image URL from a detail answer (signed, possibly expired); ' +
+            "a URL of another post's objects is a 400. " +
             'An uploaded image must exist and be within the image size limit (413 ' +
             'and deleted otherwise); readers get a copy of it made at the patch (posts/{id}/pictures/), so ' +
             'a later PUT through the upload URL shows only once a patch names the key again. The upload ' +

@@ -655,7 +655,7 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     expect(await read(again[1]!)).toBe('other png');
   });
 
-  it("takes URLs of the post's own objects for their keys: upload URLs and signed image URLs sent back", async () => {
+  it("takes URLs of the post's own objects for their keys (upload URLs, signed image URLs sent back) and refuses other posts'", async () => {
     const sut = newService();
     const id = await sut.createDraft(AUTHOR);
     const presigned = await uploadObject(sut, id, 'knowpost_image', 'image/png', 'png');
@@ -674,13 +674,15 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     expect(await imagesOf(id)).toEqual([stored]);
     expect(await storage.head(stored)).not.toBeNull();
 
-    // Objects of another post are not this post's to show: such a URL stays an outside address.
+    // Objects of another post are not this post's to show: without a signature, or once it
+    // expired, such a URL shows nothing, so it is refused rather than kept as an outside address.
     const other = await sut.createDraft(AUTHOR);
     const foreign = (
       await sut.presign(AUTHOR, { scene: 'knowpost_image', postId: other, contentType: 'image/png' })
-    ).putUrl.split('?')[0]!;
-    await sut.update(AUTHOR, id, { imgUrls: [foreign] });
-    expect(await imagesOf(id)).toEqual([foreign]);
+    ).putUrl;
+    for (const url of [foreign, foreign.split('?')[0]!])
+      expect(await outcome(sut.update(AUTHOR, id, { imgUrls: [elsewhere, url] }))).toBe('400 BAD_REQUEST');
+    expect(await imagesOf(id)).toEqual([stored]);
     // A URL of this post's objects that is no image is refused like its key.
     const body = (
       await sut.presign(AUTHOR, { scene: 'knowpost_content', postId: id, contentType: 'text/markdown' })

@@ -378,7 +378,7 @@ export class PostService {
     if (Object.values(fields).every((v) => v === undefined))
       throw new BadRequestError('body must set at least one field');
     let post = await this.owned(userId, postId);
-    const requested = fields.imgUrls?.map((value) => this.ownImageKey(post.id, value));
+    const requested = fields.imgUrls?.map((value, index) => this.ownImageKey(post.id, value, index));
     let stored = fields;
     if (requested === undefined) {
       if (!(await this.write(post, fields))) throw notFound();
@@ -542,12 +542,18 @@ export class PostService {
    * The key a URL of this post's objects names, for clients that send back what they were given: an
    * upload URL without its query (what clients of the original service store) or a signed image URL
    * of a detail answer (an edit that keeps the images), which would otherwise be kept as an outside
-   * image and break once it expires. Any other value is returned as it is.
+   * image and break once it expires. A URL of another post's objects is refused: its signature
+   * expires too, and the post it belongs to may delete the object. Any other value is returned as it
+   * is.
    */
-  private ownImageKey(postId: string, value: string): string {
+  private ownImageKey(postId: string, value: string, index: number): string {
     if (!isExternalImageUrl(value)) return value;
     const key = this.storage.keyOf(value);
-    return key !== null && key.startsWith(`posts/${postId}/`) ? key : value;
+    if (key === null || !key.startsWith('posts/')) return value;
+    if (key.startsWith(`posts/${postId}/`)) return key;
+    throw new BadRequestError(
+      `imgUrls[${index}] is an address of another post's image; upload the image to this post`,
+    );
   }
 
   /**
