@@ -304,7 +304,17 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
     now,
   });
 
-  await http.register(opsRoutes(metrics, platform.readiness, () => draining, config.metricsToken));
+  // A process that serves the API rides out a Kafka outage (toggles wait in the counter store for
+  // the repair, views are retried, follows wait in the outbox): Kafka down leaves it in rotation.
+  await http.register(
+    opsRoutes(
+      metrics,
+      platform.readiness,
+      () => draining,
+      config.metricsToken,
+      new Set(config.role === 'worker' ? [] : ['kafka']),
+    ),
+  );
   if (config.role !== 'worker') {
     await http.register(authRoutes({ auth, users, guards, jwks: [signingKey.publicJwk] }));
     await http.register(profileRoutes({ profiles, guards, avatarMaxBytes: config.avatarMaxBytes }));
@@ -451,10 +461,18 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
     platform,
     log,
     async start() {
-      await platform.events.ensureTopics(
-        [...new Set([COUNTER_TOPIC, POST_TOPIC, VIEW_TOPIC, ...userCounters.topics, ...relations.topics])],
-        { keepForever: [COUNTER_TOPIC] },
-      );
+      const ensureTopics = () =>
+        platform.events.ensureTopics(
+          [...new Set([COUNTER_TOPIC, POST_TOPIC, VIEW_TOPIC, ...userCounters.topics, ...relations.topics])],
+          { keepForever: [COUNTER_TOPIC] },
+        );
+      if (config.role === 'api') {
+        // An API process rides out a Kafka outage, also one under way when it starts: what it
+        // publishes meanwhile waits for the workers' repair, and the workers make the topics.
+        await ensureTopics().catch((err: unknown) => {
+          log.warn({ err }, 'Kafka unreachable at start; serving without it until it is back');
+        });
+      } else await ensureTopics();
       const address = await http.listen({ host: config.host, port: config.port });
       for (const worker of workers) await worker.start();
       log.info({ address, profile: config.profile, role: config.role }, 'zhiguang started');

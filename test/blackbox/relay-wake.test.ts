@@ -140,4 +140,40 @@ describe('outbox relay woken across processes (cluster profile: an API and a wor
     await within(WITHIN_MS, async () => (await outboxRows()) === 0);
     await within(WITHIN_MS, async () => (await posts()) === before);
   });
+
+  it('keeps an API process that cannot reach Kafka in rotation, and its likes still count', async () => {
+    // Started while Kafka is unreachable (a port nothing listens on): it serves, degraded.
+    const cut = await startNode({ ...deployment!.env, ZG_KAFKA_BROKERS: '127.0.0.1:1' }, 'api');
+    try {
+      const ready = await fetch(`${cut.baseUrl}/readyz`);
+      expect(ready.status).toBe(200);
+      expect(await ready.json()).toMatchObject({
+        status: 'degraded',
+        checks: { kafka: 'down', redis: 'ok' },
+      });
+      const author = users[1]!;
+      const asSignedUp: SignedUp = {
+        identifier: '',
+        password: '',
+        userId: author.id,
+        accessToken: author.token,
+        refreshToken: '',
+      };
+      const { id } = await writePost(new Client(api!.baseUrl), asSignedUp);
+      const client = new Client(cut.baseUrl);
+      const liked = await client.call('POST', '/api/v1/action/like', {
+        token: users[2]!.token,
+        body: { entityType: 'knowpost', entityId: id },
+      });
+      expect(liked.status).toBe(200);
+      expect(liked.body).toEqual({ changed: true, liked: true });
+      // Its event waits in the counter store; the worker's repair counts it.
+      await within(30_000, async () => {
+        const res = await client.call('GET', `/api/v1/counter/knowpost/${id}?metrics=like`);
+        return (res.body as { counts: { like: number } }).counts.like === 1;
+      });
+    } finally {
+      await cut.stop();
+    }
+  }, 60_000);
 });

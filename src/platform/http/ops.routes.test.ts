@@ -59,4 +59,46 @@ describe('readiness', () => {
     expect(readiness[1]?.checks).toEqual({ database: 'ok', kafka: 'down' });
     expect(lines.filter((l) => l.msg === 'request failed')).toEqual([]);
   });
+
+  it('stays ready while an advisory dependency is down, saying it is degraded', async () => {
+    let kafkaUp = false;
+    let databaseUp = true;
+    const app = await createHttpServer({
+      logger: pino({ level: 'silent' }),
+      metrics: new Metrics(),
+      bodyLimitBytes: 1024,
+      uploadLimitBytes: 1024,
+      version: 'test',
+      docs: false,
+    });
+    await app.register(
+      opsRoutes(
+        new Metrics(),
+        { database: async () => databaseUp, kafka: async () => kafkaUp },
+        () => false,
+        undefined,
+        new Set(['kafka']),
+      ),
+    );
+    await app.ready();
+    const readyz = () => app.inject({ method: 'GET', url: '/readyz' });
+    try {
+      const degraded = await readyz();
+      expect(degraded.statusCode).toBe(200);
+      expect(degraded.json()).toEqual({ status: 'degraded', checks: { database: 'ok', kafka: 'down' } });
+      databaseUp = false;
+      const down = await readyz();
+      expect(down.statusCode).toBe(503);
+      expect(down.json()).toMatchObject({
+        message: 'Not ready: database unreachable',
+        status: 'unavailable',
+        checks: { database: 'down', kafka: 'down' },
+      });
+      databaseUp = true;
+      kafkaUp = true;
+      expect((await readyz()).json()).toEqual({ status: 'ok', checks: { database: 'ok', kafka: 'ok' } });
+    } finally {
+      await app.close();
+    }
+  });
 });

@@ -6,13 +6,18 @@ import type { Metrics } from '../metrics/metrics.js';
 
 export type ReadinessCheck = () => Promise<boolean>;
 
-/** Liveness, readiness and metrics, served by every role. */
+/**
+ * Liveness, readiness and metrics, served by every role. Readiness is every check but the advisory
+ * ones: those are reported, and one that is down makes the status `degraded`, still 200 (a
+ * dependency the process rides out, such as Kafka for the API).
+ */
 export function opsRoutes(
   metrics: Metrics,
   checks: Record<string, ReadinessCheck>,
   isDraining: () => boolean,
   /** When set, `/metrics` answers only `Authorization: Bearer <metricsToken>`. */
   metricsToken?: string,
+  advisory: ReadonlySet<string> = new Set(),
 ) {
   const digest = (text: string) => createHash('sha256').update(text).digest();
   const expected = metricsToken === undefined ? undefined : digest(`Bearer ${metricsToken}`);
@@ -36,22 +41,24 @@ export function opsRoutes(
         }),
       );
       const draining = isDraining();
-      const ready = !draining && entries.every(([, state]) => state === 'ok');
-      const status = ready ? 'ok' : draining ? 'draining' : 'unavailable';
+      const down = entries.filter(([, state]) => state !== 'ok').map(([name]) => name);
+      const ready = !draining && down.every((name) => advisory.has(name));
+      const status = !ready ? (draining ? 'draining' : 'unavailable') : down.length > 0 ? 'degraded' : 'ok';
       const states = Object.fromEntries(entries);
       // Polled every few seconds: told once per change, not once per answer.
       const summary = `${status} ${JSON.stringify(states)}`;
       if (summary !== lastReadiness) {
         lastReadiness = summary;
-        const level = status === 'unavailable' ? 'warn' : 'info';
+        const level = status === 'unavailable' || status === 'degraded' ? 'warn' : 'info';
         request.log[level]({ status, checks: states }, 'readiness changed');
       }
       if (ready) return reply.send({ status, checks: states });
       // The contract's error shape, with the states for whoever operates the service.
-      const down = entries.filter(([, state]) => state !== 'ok').map(([name]) => name);
       return reply.status(503).send({
         code: 'UNAVAILABLE',
-        message: draining ? 'Stopping: draining requests' : `Not ready: ${down.join(', ')} unreachable`,
+        message: draining
+          ? 'Stopping: draining requests'
+          : `Not ready: ${down.filter((name) => !advisory.has(name)).join(', ')} unreachable`,
         requestId: request.id,
         status,
         checks: states,
