@@ -128,6 +128,11 @@ describe(loadConfig.name, () => {
       'redis://secret@127.0.0.1:6379',
     );
     expect(() => loadConfig({ ZG_REDIS_URL_FILE: join(dir, 'missing') })).toThrow(/ZG_REDIS_URL_FILE/);
+    // An empty secret is refused, not taken as "no token".
+    writeFileSync(join(dir, 'token'), '\n');
+    expect(() => loadConfig({ ZG_METRICS_TOKEN_FILE: join(dir, 'token') })).toThrow(
+      /ZG_METRICS_TOKEN_FILE: .* is empty/,
+    );
   });
   it('requires the bucket settings on the cluster profile and bounds the node id', () => {
     const problems = (env: NodeJS.ProcessEnv): string => {

@@ -438,7 +438,11 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: { ro
     const fileVar = env[`${name}_FILE`];
     if (fileVar) {
       try {
-        return readFileSync(fileVar, 'utf8').trim();
+        const value = readFileSync(fileVar, 'utf8').trim();
+        // An empty secret file is a mistake, not a secret (an empty metrics token would open
+        // /metrics to `Authorization: Bearer `).
+        if (value === '') problems.push(`${name}_FILE: ${fileVar} is empty`);
+        return value === '' ? undefined : value;
       } catch (err) {
         problems.push(`${name}_FILE: cannot read ${fileVar} (${(err as Error).message})`);
         return undefined;
