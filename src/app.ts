@@ -487,8 +487,10 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
       outboxWake.close();
       // Side by side, and the publisher for a bounded time: what it leaves is in the store's records.
       await Promise.all([publisher.close(), views.close()]);
-      for (const worker of workers) await worker.stop();
+      // Side by side: each commits what it handled; one slow to leave its group holds up no other.
+      const stopped = await Promise.allSettled(workers.map((worker) => worker.stop()));
       await platform.close();
+      for (const result of stopped) if (result.status === 'rejected') throw result.reason;
     },
   };
 }

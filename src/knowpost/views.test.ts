@@ -139,6 +139,16 @@ describe(ViewRecorder.name, () => {
     expect(await metric(registry, 'zg_views_dropped_total')).toBe(1);
   });
 
+  it('closes within its budget when the log does not answer', async () => {
+    const { log, sut, errors } = setup({ flushMs: 60_000 });
+    log.publish = () => new Promise<void>(() => {});
+    sut.record('7');
+    const started = performance.now();
+    await sut.close(50);
+    expect(performance.now() - started).toBeLessThan(1_000);
+    expect(errors).toHaveLength(1);
+  });
+
   it('runs one publish at a time, however often it is asked to', async () => {
     const { log, sut } = setup({ maxItems: 1, flushMs: 60_000 });
     let inFlight = 0;

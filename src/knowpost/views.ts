@@ -162,12 +162,21 @@ export class ViewRecorder implements ViewSink {
     return this.chain;
   }
 
-  /** Publishes what is left; views recorded afterwards are dropped. */
-  async close(): Promise<void> {
+  /**
+   * Publishes what is left, waiting at most `maxWaitMs` (a shutdown has a budget, and a publish to
+   * an unreachable log takes up to its timeout); views recorded afterwards, or not published in
+   * time, are dropped (views may be approximate).
+   */
+  async close(maxWaitMs = 3_000): Promise<void> {
     this.closed = true;
-    await this.flush();
+    let timer: NodeJS.Timeout | undefined;
+    const deadline = new Promise<false>((resolve) => (timer = setTimeout(() => resolve(false), maxWaitMs)));
+    const published = await Promise.race([this.flush().then(() => true as const), deadline]);
+    clearTimeout(timer);
     if (this.timer) clearTimeout(this.timer);
     this.timer = undefined;
+    if (!published)
+      this.options.onError?.(new Error(`views not published within ${maxWaitMs} ms of closing`));
   }
 
   private add(postId: string, n: number): boolean {
