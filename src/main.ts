@@ -17,7 +17,23 @@ async function main(): Promise<void> {
     throw err;
   }
 
+  // A signal while the app is built (migrations run then, and MariaDB's DDL is not transactional)
+  // waits for the build to finish, then stops the process before it starts; a second one does not.
+  let early: string | undefined;
+  const onEarlySignal = (signal: string) => {
+    if (early !== undefined) process.exit(1);
+    early = signal;
+  };
+  process.on('SIGTERM', onEarlySignal);
+  process.on('SIGINT', onEarlySignal);
   const app = await buildApp(config);
+  process.off('SIGTERM', onEarlySignal);
+  process.off('SIGINT', onEarlySignal);
+  if (early !== undefined) {
+    app.log.info({ signal: early }, 'stopped before starting');
+    await app.close();
+    process.exit(0);
+  }
   let stopping = false;
   const shutdown = (signal: string) => {
     if (stopping) return;

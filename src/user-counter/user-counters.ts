@@ -57,7 +57,9 @@ export async function forgetEarlierPostCounts(
   if ((await kv.get(PUBLIC_POSTS_MARK)) !== null) return false;
   await store.removeAll();
   await kv.set(PUBLIC_POSTS_MARK, '1');
-  log.info('user counts written before posts counted public posts only were forgotten; reads rebuild them');
+  log.info(
+    'user counts: any snapshots from before posts counted public posts only were forgotten (once per deployment); reads rebuild them',
+  );
   return true;
 }
 
