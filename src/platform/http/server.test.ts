@@ -60,3 +60,35 @@ describe('the HTTP server while it closes', () => {
     });
   });
 });
+
+describe('requests through a proxy', () => {
+  const serve = async (trustProxy?: boolean | number) => {
+    const lines: { level: number; msg: string }[] = [];
+    const app = await createHttpServer({
+      logger: pino({ level: 'info' }, { write: (line: string) => void lines.push(JSON.parse(line)) }),
+      metrics: new Metrics(),
+      bodyLimitBytes: 1024,
+      uploadLimitBytes: 1024,
+      version: 'test',
+      docs: false,
+      ...(trustProxy === undefined ? {} : { trustProxy }),
+    });
+    app.get('/ip', async (request) => ({ ip: request.ip }));
+    await app.ready();
+    return { app, lines };
+  };
+  const forwarded = { 'x-forwarded-for': '198.51.100.7' };
+
+  it('warns once that a proxy is not trusted, and not when it is', async () => {
+    const untrusted = await serve();
+    for (let i = 0; i < 3; i++) await untrusted.app.inject({ method: 'GET', url: '/ip', headers: forwarded });
+    await untrusted.app.close();
+    expect(untrusted.lines.filter((l) => l.msg.includes('not trusted')).map((l) => l.level)).toEqual([40]);
+
+    const trusted = await serve(1);
+    const res = await trusted.app.inject({ method: 'GET', url: '/ip', headers: forwarded });
+    await trusted.app.close();
+    expect(res.json()).toEqual({ ip: '198.51.100.7' });
+    expect(trusted.lines.filter((l) => l.msg.includes('not trusted'))).toEqual([]);
+  });
+});

@@ -182,8 +182,18 @@ export async function createHttpServer(options: HttpServerOptions): Promise<Fast
   app.addHook('onSend', async (_request, reply) => {
     if (closing) void reply.header('connection', 'close');
   });
+  // Behind a proxy that is not trusted every client has the proxy's address, and the limits per
+  // address become limits for the whole site: said once, when the first forwarded request comes.
+  let untrustedForwardSeen = trust !== false;
   app.addHook('onRequest', async (request, reply) => {
     void reply.header('x-request-id', request.id);
+    if (!untrustedForwardSeen && request.headers['x-forwarded-for'] !== undefined) {
+      untrustedForwardSeen = true;
+      request.log.warn(
+        'a request came through a proxy (X-Forwarded-For) that is not trusted: every client it forwards ' +
+          'shares its address, and so the limits per address; set ZG_TRUST_PROXY if it is yours',
+      );
+    }
     if (closing) {
       return reply.code(503).header('connection', 'close').send({
         code: 'UNAVAILABLE',
