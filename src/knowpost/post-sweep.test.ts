@@ -70,6 +70,7 @@ describe(PostUploadSweeper.name, () => {
           .map(([key, lastModified]) => ({ key, lastModified, size: 10 }));
       },
       delete: async (key: string) => void objects.delete(key),
+      deletePrefix: async () => 0,
     };
     const errors: string[] = [];
     const sut = new PostUploadSweeper(posts, storage, {
@@ -94,11 +95,12 @@ describe(PostUploadSweeper.name, () => {
     ]);
   });
 
-  it('leaves deleted posts to the purge and checks again when the youngest unused object is old enough', async () => {
+  it('checks again when the youngest unused object is old enough, and removes what reached a deleted post after its purge', async () => {
     const objects = new Map<string, number>([
       ['posts/1/content.txt', NOW - 10 * 60_000],
       ['posts/1/images/20250101/00000001.png', NOW - 20 * 60_000],
       ['posts/2/content.txt', NOW - 2 * HOUR],
+      ['posts/3/images/20250101/00000001.png', NOW - 60_000],
     ]);
     const finished: [string, number | null][] = [];
     const sut = new PostUploadSweeper(
@@ -106,9 +108,19 @@ describe(PostUploadSweeper.name, () => {
         objectsCheckDue: async () => [
           { id: '1', due: 1 },
           { id: '2', due: 1 },
+          { id: '3', due: 1 },
         ],
         finishObjectsCheck: async (id, _due, next) => void finished.push([id, next]),
-        find: async (id) => post(id, id === '2' ? { status: 'deleted' } : {}),
+        // Post 3 was deleted while one of its upload URLs may still deliver.
+        find: async (id) =>
+          post(
+            id,
+            id === '2'
+              ? { status: 'deleted' }
+              : id === '3'
+                ? { status: 'deleted', uploadsOpenUntil: NOW + HOUR }
+                : {},
+          ),
       },
       {
         listPrefix: async (prefix) =>
@@ -116,14 +128,20 @@ describe(PostUploadSweeper.name, () => {
             .filter(([key]) => key.startsWith(`${prefix}/`))
             .map(([key, lastModified]) => ({ key, lastModified, size: 10 })),
         delete: async (key) => void objects.delete(key),
+        deletePrefix: async (prefix) => {
+          const keys = [...objects.keys()].filter((key) => key.startsWith(`${prefix}/`));
+          for (const key of keys) objects.delete(key);
+          return keys.length;
+        },
       },
       { retentionMs: HOUR, maxBytes: { content: 10, image: 10 }, now: () => NOW },
     );
-    expect(await sut.runOnce()).toEqual({ posts: 2, objects: 0 });
-    expect(objects.size).toBe(3);
+    expect(await sut.runOnce()).toEqual({ posts: 3, objects: 2 });
+    expect([...objects.keys()]).toEqual(['posts/1/content.txt', 'posts/1/images/20250101/00000001.png']);
     expect(finished).toEqual([
       ['1', NOW - 20 * 60_000 + HOUR],
       ['2', null],
+      ['3', NOW + HOUR],
     ]);
   });
 
@@ -151,6 +169,7 @@ describe(PostUploadSweeper.name, () => {
             .filter(([key]) => key.startsWith(`${prefix}/`))
             .map(([key, [lastModified, size]]) => ({ key, lastModified, size })),
         delete: async (key) => void objects.delete(key),
+        deletePrefix: async () => 0,
       },
       { retentionMs: HOUR, maxBytes: { content: 100, image: 200 }, now: () => NOW },
     );
@@ -182,6 +201,7 @@ describe(PostUploadSweeper.name, () => {
         listPrefix: async (prefix) =>
           prefix === 'posts/3' ? [{ key: 'posts/3/content.md', lastModified: NOW - 60_000, size: 1 }] : [],
         delete: async () => undefined,
+        deletePrefix: async () => 0,
       },
       { retentionMs: HOUR, maxBytes: { content: 10, image: 10 }, now: () => NOW },
     );

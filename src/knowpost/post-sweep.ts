@@ -29,8 +29,9 @@ export interface PostUploadSweepOptions extends PostObjectsTaskOptions {
  * to when it is old enough. Uploads go first; copies are listed again afterwards, so a copy made
  * from an upload just before that upload was deleted is seen as new. A copy is judged by its age
  * like an upload: one that a confirm or patch in flight is about to store was made moments ago
- * (a body copy's name is never written twice). Deleted posts are the purge's
- * (`PostObjectPurger`). Several workers may run it at once.
+ * (a body copy's name is never written twice). Deleted posts are the purge's (`PostObjectPurger`),
+ * which leaves a check due when uploads may still arrive after it: that check removes everything
+ * under the post again. Several workers may run it at once.
  */
 export class PostUploadSweeper {
   private readonly batch: number;
@@ -38,7 +39,7 @@ export class PostUploadSweeper {
 
   constructor(
     private readonly posts: Pick<PostRepository, 'objectsCheckDue' | 'finishObjectsCheck' | 'find'>,
-    private readonly storage: Pick<ObjectStorage, 'listPrefix' | 'delete'>,
+    private readonly storage: Pick<ObjectStorage, 'listPrefix' | 'delete' | 'deletePrefix'>,
     private readonly options: PostUploadSweepOptions,
   ) {
     this.batch = options.batch ?? 100;
@@ -65,6 +66,19 @@ export class PostUploadSweeper {
     return { posts, objects };
   }
 
+  /**
+   * A deleted post has a check due only when the purge left one for uploads that may still arrive:
+   * whatever came since goes, and another check is left while uploads may still come.
+   */
+  private async sweepDeleted(
+    id: string,
+    uploadsOpenUntil: number | null,
+    now: number,
+  ): Promise<{ deleted: number; next: number | null }> {
+    const deleted = await this.storage.deletePrefix(`posts/${id}`);
+    return { deleted, next: uploadsOpenUntil !== null && uploadsOpenUntil > now ? uploadsOpenUntil : null };
+  }
+
   private async sweep(id: string, now: number): Promise<{ deleted: number; next: number | null }> {
     const { retentionMs, maxBytes } = this.options;
     const oversize = (key: string, size: number) =>
@@ -80,7 +94,8 @@ export class PostUploadSweeper {
       const listed = await this.storage.listPrefix(prefix);
       // Read after the listing: anything referred to before the listing is seen as used.
       const post = await this.posts.find(id);
-      if (!post || post.status === 'deleted') return { deleted, next: null };
+      if (!post) return { deleted, next: null };
+      if (post.status === 'deleted') return this.sweepDeleted(id, post.uploadsOpenUntil, now);
       if (post.uploadsOpenUntil !== null && post.uploadsOpenUntil > now) {
         next = Math.min(next ?? Infinity, post.uploadsOpenUntil);
       }

@@ -258,10 +258,19 @@ export class PostRepository {
     return rows.map((r) => String(r.id));
   }
 
+  /**
+   * Marks a deleted post's objects removed. While an upload URL handed out before the deletion may
+   * still deliver an object (`uploads_open_until`: a PUT that started in time may finish late), a
+   * check of the post's objects is left due then, which removes what came late.
+   */
   async markPurged(id: string, now: number): Promise<void> {
+    const open = sql.ref('uploads_open_until');
     await this.db.kysely
       .updateTable('knowposts')
-      .set({ objects_purged_at: now })
+      .set({
+        objects_purged_at: now,
+        objects_check_at: sql<number | null>`CASE WHEN ${open} > ${now} THEN ${open} ELSE NULL END`,
+      })
       .where('id', '=', id)
       .where('status', '=', 'deleted')
       .execute();

@@ -548,6 +548,23 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     expect((await row(gone)).objects_purged_at).toBe(now);
     expect((await row(live)).objects_purged_at).toBeNull();
     expect(await purger.runOnce()).toEqual({ posts: 0, objects: 0 });
+
+    // A PUT that started in time may finish after the purge: the purge left a check due for when
+    // no upload can arrive any more, which removes it.
+    const openUntil = Number((await row(gone)).uploads_open_until);
+    expect(openUntil).toBeGreaterThan(now);
+    expect(Number((await row(gone)).objects_check_at)).toBe(openUntil);
+    const later = `posts/${gone}/images/20250601/1a7e0000.png`;
+    await storage.put(later, Buffer.from('later'), 'image/png');
+    const sweeper = new PostUploadSweeper(repo, storage, {
+      retentionMs: 3_600_000,
+      maxBytes: { content: 64 * 1024, image: 16 * 1024 },
+      now: () => now,
+    });
+    now = openUntil;
+    await sweeper.runOnce();
+    expect(await storage.head(later)).toBeNull();
+    expect((await row(gone)).objects_check_at).toBeNull();
   });
 
   it('deletes a draft without an outbox row', async () => {
