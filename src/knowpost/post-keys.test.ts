@@ -66,24 +66,21 @@ describe('key checks', () => {
     expect(isContentKey('42', 'posts/42/content.exe')).toBe(false);
     expect(isContentKey('42', 'posts/421/content.md')).toBe(false);
     const sha = 'ab'.repeat(32);
-    expect(confirmedContentKey('42', sha, '.md', '0123456789abcdef')).toBe(
-      `posts/42/body/${sha}-0123456789abcdef.md`,
-    );
-    // Every confirm names its own copy.
-    const copy = confirmedContentKey('42', sha, '.md');
-    expect(copy).toMatch(new RegExp(`^posts/42/body/${sha}-[0-9a-f]{16}\\.md$`));
-    expect(confirmedContentKey('42', sha, '.md')).not.toBe(copy);
+    expect(confirmedContentKey('42', '.md', sha)).toBe(`posts/42/body/${sha}.md`);
+    // Every confirm names its own copy, shaped as an earlier release named copies by their SHA-256.
+    const copy = confirmedContentKey('42', '.md');
+    expect(copy).toMatch(/^posts\/42\/body\/[0-9a-f]{64}\.md$/);
+    expect(confirmedContentKey('42', '.md')).not.toBe(copy);
     expect(isContentKey('42', copy)).toBe(false);
     expect(isReadableContentKey('42', copy)).toBe(true);
     expect(bodyCopyExtension('42', copy)).toBe('.md');
-    // Copies made before names had a tag, and bodies confirmed before copies were made.
     expect(bodyCopyExtension('42', `posts/42/body/${sha}.txt`)).toBe('.txt');
+    // Bodies confirmed before copies were made are read from their upload key.
     expect(isReadableContentKey('42', 'posts/42/content.md')).toBe(true);
     expect(bodyCopyExtension('42', 'posts/42/content.md')).toBeUndefined();
     for (const key of [
       `posts/421/body/${sha}.md`,
-      `posts/42/body/${sha}-0123.md`,
-      `posts/42/body/${sha}-0123456789ABCDEF.md`,
+      `posts/42/body/${sha}-0123456789abcdef.md`,
       `posts/42/body/${sha}.exe`,
       `posts/42/body/${sha.slice(1)}.md`,
       `posts/42/body/${sha.toUpperCase()}.md`,

@@ -6,8 +6,8 @@ import type { UploadScene } from './post.schema.js';
 /**
  * Where a post's files live in object storage and which files are allowed:
  *  - body:   uploaded to `posts/{postId}/content{ext}`, ext one of .md .markdown .txt .html .json;
- *            confirm copies what it checked to `posts/{postId}/body/{sha256}-{16 hex}{ext}`, the key
- *            readers get, which no presigned URL can write (a body confirmed before that scheme keeps its
+ *            confirm copies what it checked to `posts/{postId}/body/{64 hex}{ext}`, the key readers
+ *            get, which no presigned URL can write (a body confirmed before that scheme keeps its
  *            upload key)
  *  - images: uploaded to `posts/{postId}/images/{yyyyMMdd}/{8 hex}{ext}`, ext one of .jpg .jpeg .png
  *            .webp .gif; a patch that refers to one copies it to `posts/{postId}/pictures/{32 hex}{ext}`,
@@ -91,18 +91,18 @@ export function contentExtension(postId: string, key: string): string | undefine
 }
 
 /**
- * Where confirm keeps a body it checked, out of reach of presigned URLs: named by its SHA-256 and a
- * tag of its own, so no later confirm ever writes that name again. A confirm deletes the body it
- * replaced; were names only the bytes', a second confirm of those bytes, overlapping, could write
+ * Where confirm keeps a body it checked, out of reach of presigned URLs: a random name of 64 hex
+ * digits (the body's SHA-256 is in the row), so no later confirm ever writes that name again. A
+ * confirm deletes the body it replaced; were names the bytes' SHA-256 (as an earlier release made
+ * them, and as these still look to it), a second confirm of those bytes, overlapping, could write
  * the name again just before the first one's delete, and the post would point at nothing.
  */
 export function confirmedContentKey(
   postId: string,
-  sha256: string,
   extension: string,
-  tag: string = randomBytes(8).toString('hex'),
+  name: string = randomBytes(32).toString('hex'),
 ): string {
-  return `posts/${postId}/body/${sha256}-${tag}${extension}`;
+  return `posts/${postId}/body/${name}${extension}`;
 }
 
 /** The scene's extensions as a regular expression alternation. */
@@ -111,8 +111,8 @@ const extensions = (scene: UploadScene): string =>
     .map((e) => e.replace('.', '\\.'))
     .join('|');
 
-/** A body copy's name; copies made before names had a tag have none. */
-const BODY_NAME = new RegExp(`^[0-9a-f]{64}(?:-[0-9a-f]{16})?(${extensions('knowpost_content')})$`);
+/** A body copy's name: random now, the body's SHA-256 in copies an earlier release made. */
+const BODY_NAME = new RegExp(`^[0-9a-f]{64}(${extensions('knowpost_content')})$`);
 
 /** The extension of a confirmed body copy of this post (`confirmedContentKey`), or undefined. */
 export function bodyCopyExtension(postId: string, key: string): string | undefined {

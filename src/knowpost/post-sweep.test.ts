@@ -28,8 +28,8 @@ describe(PostUploadSweeper.name, () => {
     const legacyBody = 'posts/1/content.md';
     const legacyImage = 'posts/1/images/20250101/00000000.png';
     // Post 3's body; post 1's was confirmed before copies were made.
-    const usedBody = `posts/3/body/${'d'.repeat(64)}-${'1'.repeat(16)}.md`;
-    const youngBody = `posts/3/body/${'e'.repeat(64)}-${'2'.repeat(16)}.md`;
+    const usedBody = `posts/3/body/${'d'.repeat(64)}.md`;
+    const youngBody = `posts/3/body/${'e'.repeat(64)}.md`;
     const old = NOW - HOUR;
     const objects = new Map<string, number>([
       [legacyBody, old],
@@ -37,7 +37,7 @@ describe(PostUploadSweeper.name, () => {
       ['posts/1/content.txt', old],
       ['posts/1/images/20250101/00000001.png', old],
       [`posts/1/body/${'a'.repeat(64)}.md`, old],
-      [`posts/1/body/${'c'.repeat(64)}-${'0'.repeat(16)}.md`, old],
+      [`posts/1/body/${'c'.repeat(64)}.txt`, old],
       [usedBody, old],
       [`posts/1/pictures/${'b'.repeat(32)}.png`, old],
       ['posts/1/notes/x.txt', old],

@@ -264,7 +264,9 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
       sha256: good.sha256.toUpperCase(),
     });
     const confirmed = (await row(id)).content_key!;
-    expect(confirmed).toMatch(new RegExp(`^posts/${id}/body/${good.sha256}-[0-9a-f]{16}\\.md$`));
+    expect(confirmed).toMatch(new RegExp(`^posts/${id}/body/[0-9a-f]{64}\\.md$`));
+    // A name of its own, not the bytes' (another confirm of the same bytes gets another).
+    expect(confirmed).not.toContain(good.sha256);
     expect(await row(id)).toMatchObject({
       content_etag: good.etag.replaceAll('"', ''),
       content_size: good.size,
@@ -331,7 +333,25 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     // One copy stays, the one the post shows.
     const copies = (await storage.listPrefix(`posts/${id}/body`)).map((o) => o.key);
     expect(copies).toEqual([(await row(id)).content_key]);
-    expect(copies[0]).toMatch(new RegExp(`/body/${body.sha256}-[0-9a-f]{16}\\.md$`));
+    expect(copies[0]).toMatch(new RegExp(`/body/[0-9a-f]{64}\\.md$`));
+  });
+
+  it('keeps its copy when the row took it though the write then failed to answer', async () => {
+    const repo = new PostRepository(backend.db);
+    const lost: typeof repo = Object.create(repo) as typeof repo;
+    lost.setContent = async (...args) => {
+      await repo.setContent(...args);
+      throw new Error('connection lost after commit');
+    };
+    const sut = new PostService({ ...serviceOptions(), posts: lost });
+    const id = await sut.createDraft(AUTHOR);
+    const body = await upload(sut, id);
+    await expect(sut.confirmContent(AUTHOR, id, body)).rejects.toThrow(/connection lost/);
+    const shown = (await row(id)).content_key!;
+    expect(await storage.head(shown)).not.toBeNull();
+    // The retry succeeds and keeps it.
+    await newService().confirmContent(AUTHOR, id, body);
+    expect((await row(id)).content_key).toBe(shown);
   });
 
   it('keeps the body a confirm shows when an earlier confirm deletes the one it replaced (same bytes again)', async () => {
@@ -403,7 +423,7 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     });
     expect(presigned.objectKey).toBe(legacy);
     const moved = (await row(id)).content_key!;
-    expect(moved).toMatch(new RegExp(`^posts/${id}/body/${sha}-[0-9a-f]{16}\\.md$`));
+    expect(moved).toMatch(new RegExp(`^posts/${id}/body/[0-9a-f]{64}\\.md$`));
     expect(changes).toEqual([{ id, authorId: AUTHOR, kind: 'updated', draft: false }]);
     await storage.put(legacy, Buffer.from('replaced'), 'text/markdown');
     expect(Buffer.concat(await (await storage.get(moved))!.body.toArray())).toEqual(bytes);
@@ -440,18 +460,14 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     const bytes = Buffer.from('<p>hi</p>');
     const presigned = await uploadObject(sut, id, 'knowpost_content', 'text/html', bytes);
     const first = (await row(id)).content_key!;
-    expect(first).toMatch(/\/body\/[0-9a-f]{64}-[0-9a-f]{16}\.md$/);
+    expect(first).toMatch(/\/body\/[0-9a-f]{64}\.md$/);
     await sut.confirmContent(AUTHOR, id, {
       objectKey: presigned.objectKey,
       etag: presigned.etag,
       size: bytes.length,
       sha256: createHash('sha256').update(bytes).digest('hex'),
     });
-    expect((await row(id)).content_key).toMatch(
-      new RegExp(
-        `^posts/${id}/body/${createHash('sha256').update(bytes).digest('hex')}-[0-9a-f]{16}\\.html$`,
-      ),
-    );
+    expect((await row(id)).content_key).toMatch(new RegExp(`^posts/${id}/body/[0-9a-f]{64}\\.html$`));
     expect(await storage.head(first)).toBeNull();
     expect(await storage.head(presigned.objectKey)).toBeNull();
   });
@@ -700,6 +716,15 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     for (const url of [foreign, foreign.split('?')[0]!])
       expect(await outcome(sut.update(AUTHOR, id, { imgUrls: [elsewhere, url] }))).toBe('400 BAD_REQUEST');
     expect(await imagesOf(id)).toEqual([stored]);
+    // One an earlier release kept as an outside address may be sent back as the post shows it.
+    const kept = foreign.split('?')[0]!;
+    await backend.db.kysely
+      .updateTable('knowposts')
+      .set({ img_urls_json: JSON.stringify([stored, kept]) })
+      .where('id', '=', id)
+      .execute();
+    await sut.update(AUTHOR, id, { title: 'kept', imgUrls: [stored, kept] });
+    expect(await imagesOf(id)).toEqual([stored, kept]);
     // A URL of this post's objects that is no image is refused like its key.
     const body = (
       await sut.presign(AUTHOR, { scene: 'knowpost_content', postId: id, contentType: 'text/markdown' })

@@ -204,7 +204,7 @@ export class PostService {
    * 409 `OBJECT_NOT_UPLOADED` (upload first, then confirm); an oversized one is deleted and 413.
    *
    * Readers get a copy of exactly the bytes checked, made inside the store at
-   * `posts/{id}/body/{sha256}-{tag}{ext}`, which no presigned URL can write: the upload URL stays
+   * `posts/{id}/body/{64 random hex}{ext}`, which no presigned URL can write: the upload URL stays
    * usable until it expires, and a PUT through it after confirm changes nothing anyone reads. The
    * upload itself is then deleted. Confirming the same body again succeeds (a retried request).
    *
@@ -227,7 +227,7 @@ export class PostService {
       (await this.alreadyConfirmed(p.contentKey, body));
     const replaced: string[] = [];
     if (!(await showsThis(post))) {
-      const key = confirmedContentKey(post.id, sha256, extension);
+      const key = confirmedContentKey(post.id, extension);
       let copied = false;
       try {
         const copy = await this.copyChecked(body, sha256, key);
@@ -253,7 +253,10 @@ export class PostService {
           post = found;
         }
       } catch (err) {
-        if (copied) await this.discard(post.id, [key]);
+        // The copy is this request's own, unless the row took it after all (a write that
+        // committed and then failed to answer).
+        if (copied && (await this.posts.find(post.id).catch(() => null))?.contentKey !== key)
+          await this.discard(post.id, [key]);
         // A request for the same body that overlapped this one (a retry) may have confirmed it and
         // deleted the upload meanwhile: then this one succeeded too.
         if (!(err instanceof ConflictError) || !(await showsThis(await this.posts.find(post.id)))) throw err;
@@ -345,7 +348,7 @@ export class PostService {
   private async moveLegacyBody(post: PostRecord, uploadKey: string): Promise<void> {
     const extension = contentExtension(post.id, uploadKey);
     if (extension === undefined || post.contentEtag === null || post.contentSha256 === null) return;
-    const key = confirmedContentKey(post.id, post.contentSha256, extension);
+    const key = confirmedContentKey(post.id, extension);
     if (!(await this.storage.copy(uploadKey, key, post.contentEtag))) {
       this.log?.warn({ post: post.id, key: uploadKey }, 'a post body no longer matches what was confirmed');
       return;
@@ -378,7 +381,7 @@ export class PostService {
     if (Object.values(fields).every((v) => v === undefined))
       throw new BadRequestError('body must set at least one field');
     let post = await this.owned(userId, postId);
-    const requested = fields.imgUrls?.map((value, index) => this.ownImageKey(post.id, value, index));
+    const requested = fields.imgUrls?.map((value, index) => this.ownImageKey(post, value, index));
     let stored = fields;
     if (requested === undefined) {
       if (!(await this.write(post, fields))) throw notFound();
@@ -542,15 +545,17 @@ export class PostService {
    * The key a URL of this post's objects names, for clients that send back what they were given: an
    * upload URL without its query (what clients of the original service store) or a signed image URL
    * of a detail answer (an edit that keeps the images), which would otherwise be kept as an outside
-   * image and break once it expires. A URL of another post's objects is refused: its signature
-   * expires too, and the post it belongs to may delete the object. Any other value is returned as it
-   * is.
+   * image and break once it expires. A URL of another post's objects is refused (its signature
+   * expires too, and the post it belongs to may delete the object), unless the post stores it
+   * already (an earlier release kept such URLs): an edit may send back what the post shows. Any
+   * other value is returned as it is.
    */
-  private ownImageKey(postId: string, value: string, index: number): string {
+  private ownImageKey(post: PostRecord, value: string, index: number): string {
     if (!isExternalImageUrl(value)) return value;
     const key = this.storage.keyOf(value);
     if (key === null || !key.startsWith('posts/')) return value;
-    if (key.startsWith(`posts/${postId}/`)) return key;
+    if (key.startsWith(`posts/${post.id}/`)) return key;
+    if (post.imgUrls.includes(value)) return value;
     throw new BadRequestError(
       `imgUrls[${index}] is an address of another post's image; upload the image to this post`,
     );
