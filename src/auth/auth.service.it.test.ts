@@ -40,6 +40,18 @@ describe(AuthService.name, () => {
       headers: { 'user-agent': 'vitest' },
     });
 
+  /** Registers an account by e-mail code from `ip`; its user and tokens. */
+  const signUp = async (identifier: string, ip: string) => {
+    await post('/api/v1/auth/send-code', { scene: 'REGISTER', identifierType: 'EMAIL', identifier }, ip);
+    const code = codes.findLast((c) => c.identifier === identifier)?.code;
+    const res = await post(
+      '/api/v1/auth/register',
+      { identifierType: 'EMAIL', identifier, code, password: 'abc12345', agreeTerms: true },
+      ip,
+    );
+    return res.json<{ user: { id: number }; token: { refreshToken: string } }>();
+  };
+
   it('audits every sign-in attempt, failed or not, with its channel and reason', async () => {
     const identifier = 'audit@example.test';
     await post('/api/v1/auth/send-code', { scene: 'REGISTER', identifierType: 'EMAIL', identifier });
@@ -90,24 +102,10 @@ describe(AuthService.name, () => {
   });
 
   it('gives a kept refresh answer again to its own client only, while the session lives, on the record', async () => {
-    const signUp = async (identifier: string) => {
-      await post(
-        '/api/v1/auth/send-code',
-        { scene: 'REGISTER', identifierType: 'EMAIL', identifier },
-        '10.0.9.1',
-      );
-      const code = codes.findLast((c) => c.identifier === identifier)?.code;
-      const res = await post(
-        '/api/v1/auth/register',
-        { identifierType: 'EMAIL', identifier, code, password: 'abc12345', agreeTerms: true },
-        '10.0.9.1',
-      );
-      return res.json<{ user: { id: number }; token: { refreshToken: string } }>();
-    };
     const refresh = (refreshToken: string, ip: string) =>
       post('/api/v1/auth/token/refresh', { refreshToken }, ip);
 
-    const first = await signUp('again@example.test');
+    const first = await signUp('again@example.test', '10.0.9.1');
     const answer = await refresh(first.token.refreshToken, '10.0.9.1');
     expect(answer.statusCode).toBe(200);
     // Another address with the same user agent: refused.
@@ -142,7 +140,7 @@ describe(AuthService.name, () => {
 
     // Once the answer's own refresh token was rotated in turn, it is not given out again: the
     // caller would hold a spent token, whose next use ends the session.
-    const turned = await signUp('turn@example.test');
+    const turned = await signUp('turn@example.test', '10.0.9.1');
     const once = await refresh(turned.token.refreshToken, '10.0.9.1');
     expect((await refresh(turned.token.refreshToken, '10.0.9.1')).json()).toEqual(once.json());
     const next = await refresh(once.json<{ refreshToken: string }>().refreshToken, '10.0.9.1');
@@ -150,7 +148,7 @@ describe(AuthService.name, () => {
     expect((await refresh(turned.token.refreshToken, '10.0.9.1')).statusCode).toBe(401);
 
     // A rotation refused (the session had ended) leaves nothing to wait for: refused at once.
-    const second = await signUp('refused@example.test');
+    const second = await signUp('refused@example.test', '10.0.9.1');
     const logout = await post('/api/v1/auth/logout', { refreshToken: second.token.refreshToken }, '10.0.9.1');
     expect(logout.statusCode).toBe(204);
     expect((await refresh(second.token.refreshToken, '10.0.9.1')).statusCode).toBe(401);
@@ -160,20 +158,7 @@ describe(AuthService.name, () => {
   });
 
   it('answers a rotation whose answer could not be kept, and then refuses its retry without ending the session', async () => {
-    const identifier = 'unkept@example.test';
-    await post(
-      '/api/v1/auth/send-code',
-      { scene: 'REGISTER', identifierType: 'EMAIL', identifier },
-      '10.0.8.1',
-    );
-    const code = codes.findLast((c) => c.identifier === identifier)?.code;
-    const signedUp = (
-      await post(
-        '/api/v1/auth/register',
-        { identifierType: 'EMAIL', identifier, code, password: 'abc12345', agreeTerms: true },
-        '10.0.8.1',
-      )
-    ).json<{ token: { refreshToken: string } }>();
+    const signedUp = await signUp('unkept@example.test', '10.0.8.1');
     const keep = vi
       .spyOn(SessionStore.prototype, 'keepAnswer')
       .mockRejectedValueOnce(new Error('store down'));

@@ -61,6 +61,15 @@ describe('outbox relay woken across processes (cluster profile: an API and a wor
       ).n,
     );
 
+  /** A user signed up by phone, as the post helpers take one (they need the token only). */
+  const signedUp = (user: PhoneUser): SignedUp => ({
+    identifier: '',
+    password: '',
+    userId: user.id,
+    accessToken: user.token,
+    refreshToken: '',
+  });
+
   /** Milliseconds until `check` holds, failing after `ms`. */
   const within = async (ms: number, check: () => Promise<boolean>): Promise<number> => {
     const started = Date.now();
@@ -123,16 +132,9 @@ describe('outbox relay woken across processes (cluster profile: an API and a wor
   it("publishes a post's publish and delete within seconds, though the relay polls once a minute", async () => {
     const client = new Client(api!.baseUrl);
     const author = users[0]!;
-    const asSignedUp: SignedUp = {
-      identifier: '',
-      password: '',
-      userId: author.id,
-      accessToken: author.token,
-      refreshToken: '',
-    };
     const posts = async (): Promise<number> => (await counter(client, author, author)).posts!;
     const before = await posts();
-    const { id } = await writePost(client, asSignedUp);
+    const { id } = await writePost(client, signedUp(author));
     await within(WITHIN_MS, async () => (await outboxRows()) === 0);
     await within(WITHIN_MS, async () => (await posts()) === before + 1);
     const res = await client.call('DELETE', `/api/v1/knowposts/${id}`, { token: author.token });
@@ -151,15 +153,7 @@ describe('outbox relay woken across processes (cluster profile: an API and a wor
         status: 'degraded',
         checks: { kafka: 'down', redis: 'ok' },
       });
-      const author = users[1]!;
-      const asSignedUp: SignedUp = {
-        identifier: '',
-        password: '',
-        userId: author.id,
-        accessToken: author.token,
-        refreshToken: '',
-      };
-      const { id } = await writePost(new Client(api!.baseUrl), asSignedUp);
+      const { id } = await writePost(new Client(api!.baseUrl), signedUp(users[1]!));
       const client = new Client(cut.baseUrl);
       const liked = await client.call('POST', '/api/v1/action/like', {
         token: users[2]!.token,

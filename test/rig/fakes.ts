@@ -1,4 +1,8 @@
+import type { FastifyInstance } from 'fastify';
+import type { Logger } from 'pino';
 import type { Registry } from 'prom-client';
+import { Metrics } from '../../src/platform/metrics/metrics.js';
+import { createHttpServer, type HttpServerOptions } from '../../src/platform/http/server.js';
 import type { Batch, EventLog, SubscribeOptions } from '../../src/platform/eventlog/eventlog.js';
 
 /**
@@ -30,4 +34,20 @@ export function oneRecord(topic: string, value: string, timestamp: number): Batc
 /** The value of an unlabelled metric, or undefined when it has none yet. */
 export async function metricOf(registry: Registry, name: string): Promise<number | undefined> {
   return (await registry.getSingleMetric(name)?.get())?.values[0]?.value;
+}
+
+/** The app's HTTP server with small limits and no API docs, for tests of its plumbing. */
+export function plainHttpServer(
+  logger: Logger,
+  options: Partial<HttpServerOptions> = {},
+): Promise<FastifyInstance> {
+  return createHttpServer({
+    logger,
+    metrics: new Metrics(),
+    bodyLimitBytes: 1024,
+    uploadLimitBytes: 1024,
+    version: 'test',
+    docs: false,
+    ...options,
+  });
 }

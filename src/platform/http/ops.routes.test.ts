@@ -1,8 +1,8 @@
 import { pino } from 'pino';
 import { describe, expect, it } from 'vitest';
 import { Metrics } from '../metrics/metrics.js';
+import { plainHttpServer } from '../../../test/rig/fakes.js';
 import { opsRoutes } from './ops.routes.js';
-import { createHttpServer } from './server.js';
 
 describe('readiness', () => {
   it('logs when it changes, not every 503 a load balancer polls', async () => {
@@ -13,14 +13,7 @@ describe('readiness', () => {
     );
     let kafkaUp = true;
     let draining = false;
-    const app = await createHttpServer({
-      logger,
-      metrics: new Metrics(),
-      bodyLimitBytes: 1024,
-      uploadLimitBytes: 1024,
-      version: 'test',
-      docs: false,
-    });
+    const app = await plainHttpServer(logger);
     await app.register(
       opsRoutes(new Metrics(), { database: async () => true, kafka: async () => kafkaUp }, () => draining),
     );
@@ -63,14 +56,7 @@ describe('readiness', () => {
   it('stays ready while an advisory dependency is down, saying it is degraded', async () => {
     let kafkaUp = false;
     let databaseUp = true;
-    const app = await createHttpServer({
-      logger: pino({ level: 'silent' }),
-      metrics: new Metrics(),
-      bodyLimitBytes: 1024,
-      uploadLimitBytes: 1024,
-      version: 'test',
-      docs: false,
-    });
+    const app = await plainHttpServer(pino({ level: 'silent' }));
     await app.register(
       opsRoutes(
         new Metrics(),

@@ -2,19 +2,11 @@ import { connect, type AddressInfo } from 'node:net';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { pino } from 'pino';
 import { describe, expect, it } from 'vitest';
-import { Metrics } from '../metrics/metrics.js';
-import { createHttpServer } from './server.js';
+import { plainHttpServer } from '../../../test/rig/fakes.js';
 
 describe('the HTTP server while it closes', () => {
   it('finishes a request in flight, answers later ones 503 in the contract shape, and ends their connections', async () => {
-    const app = await createHttpServer({
-      logger: pino({ level: 'silent' }),
-      metrics: new Metrics(),
-      bodyLimitBytes: 1024,
-      uploadLimitBytes: 1024,
-      version: 'test',
-      docs: false,
-    });
+    const app = await plainHttpServer(pino({ level: 'silent' }));
     let release!: () => void;
     const held = new Promise<void>((resolve) => (release = resolve));
     app.get('/slow', async () => {
@@ -64,15 +56,10 @@ describe('the HTTP server while it closes', () => {
 describe('requests through a proxy', () => {
   const serve = async (trustProxy?: boolean | number) => {
     const lines: { level: number; msg: string }[] = [];
-    const app = await createHttpServer({
-      logger: pino({ level: 'info' }, { write: (line: string) => void lines.push(JSON.parse(line)) }),
-      metrics: new Metrics(),
-      bodyLimitBytes: 1024,
-      uploadLimitBytes: 1024,
-      version: 'test',
-      docs: false,
-      ...(trustProxy === undefined ? {} : { trustProxy }),
-    });
+    const app = await plainHttpServer(
+      pino({ level: 'info' }, { write: (line: string) => void lines.push(JSON.parse(line)) }),
+      trustProxy === undefined ? {} : { trustProxy },
+    );
     app.get('/ip', async (request) => ({ ip: request.ip }));
     await app.ready();
     return { app, lines };
