@@ -113,6 +113,7 @@ export function parsePostEvent(payload: string): PostEvent | null {
     const v = JSON.parse(payload) as Partial<PostEvent>;
     if (
       typeof v.eventId === 'string' &&
+      v.eventId !== '' &&
       (v.type === 'published' || v.type === 'unpublished' || v.type === 'changed') &&
       typeof v.postId === 'string' &&
       /^\d{1,20}$/.test(v.postId) &&

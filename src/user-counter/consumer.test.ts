@@ -25,6 +25,10 @@ describe('post-events as user counter deltas', () => {
       postEventsFeed.toDeltas(value({ ...postEvent('published', '42', 7, 1, 1), type: 'edited' })),
     ).toBeNull();
     expect(postEventsFeed.toDeltas('not json')).toBeNull();
+    // Without an id it could not be applied once: malformed, not a batch that fails for ever.
+    expect(
+      postEventsFeed.toDeltas(value({ ...postEvent('published', '42', 7, 1, 1), eventId: '' })),
+    ).toBeNull();
   });
 });
 
