@@ -55,6 +55,7 @@ export async function runRelationsCommand(
     const rebuildCounters = (userId: number) => counters.service.rebuild(userId, 'overwrite', 'admin');
     let summary: object;
     let drifted = false;
+    let incomplete = false;
     if (command === 'verify') {
       const reconciler = new RelationReconciler({
         repo,
@@ -69,12 +70,15 @@ export async function runRelationsCommand(
       });
       const report = await verifyRelations(repo, reconciler, options.fix, (message) => io.progress(message));
       drifted = report.driftedUsers > 0;
+      incomplete = report.notFixed > 0;
       summary = report;
     } else {
-      summary = await rebuildRelations(
+      const report = await rebuildRelations(
         { repo, lists: platform.relationLists, bus: platform.invalidation, rebuildCounters },
         (message) => io.progress(message),
       );
+      incomplete = report.countersBusy > 0 || report.firstPagesNotAnnounced > 0;
+      summary = report;
     }
     io.summary(
       JSON.stringify({
@@ -84,6 +88,10 @@ export async function runRelationsCommand(
       }),
     );
     if (config.profile === 'embedded') io.note(EMBEDDED_CACHES_NOTE);
+    if (incomplete) {
+      io.note('not everything could be done (see the summary): run the command again');
+      return 1;
+    }
     return drifted ? 'drift' : 0;
   } finally {
     await platform.close();

@@ -17,8 +17,9 @@ export interface RelationVerifyReport {
   counterUsers: number;
   /** Cached lists that differed from their tables. */
   cacheLists: number;
-  /** Drifted users healed (with --fix). */
+  /** Drifted users healed (with --fix), and those whose counters kept changing while rebuilt. */
   fixed: number;
+  notFixed: number;
   /** Changes whose counter deltas are still on their way, and the age of the oldest (ms). */
   inFlight: number;
   oldestInFlightMs: number | null;
@@ -41,6 +42,7 @@ export async function verifyRelations(
     counterUsers: 0,
     cacheLists: 0,
     fixed: 0,
+    notFixed: 0,
     inFlight: 0,
     oldestInFlightMs: null,
   };
@@ -59,8 +61,8 @@ export async function verifyRelations(
       report.cacheLists += drift.caches.length;
       reconciler.count(drift);
       if (fix) {
-        await reconciler.heal(drift);
-        report.fixed++;
+        if (await reconciler.heal(drift)) report.fixed++;
+        else report.notFixed++;
       }
     }
     after = page[page.length - 1]!;
@@ -81,7 +83,15 @@ export interface RelationRebuildReport {
   /** Users whose counters were rewritten from the tables, and lists dropped from the cache. */
   users: number;
   countersRewritten: number;
+  /**
+   * Users whose counters kept changing while they were rebuilt, so were not rewritten (the first
+   * 1000 ids listed): run the command again, or `users verify --fix`.
+   */
+  countersBusy: number;
+  busyUsers: number[];
   listsDropped: number;
+  /** Batches of users whose cached first followers page other processes were not told to drop. */
+  firstPagesNotAnnounced: number;
 }
 
 /**
@@ -106,7 +116,10 @@ export async function rebuildRelations(
     projectionChanged: 0,
     users: 0,
     countersRewritten: 0,
+    countersBusy: 0,
+    busyUsers: [],
     listsDropped: 0,
+    firstPagesNotAnnounced: 0,
   };
   const walk = async (
     read: (after: Pair | null, limit: number) => Promise<Pair[]>,
@@ -139,9 +152,16 @@ export async function rebuildRelations(
       ]),
     );
     report.listsDropped += users.length * 2;
-    await deps.bus.publish(FIRST_PAGE_SCOPE, users.map(String)).catch(() => undefined);
+    await deps.bus.publish(FIRST_PAGE_SCOPE, users.map(String)).catch(() => {
+      report.firstPagesNotAnnounced++;
+    });
     for (const userId of users) {
-      if ((await deps.rebuildCounters(userId))?.written) report.countersRewritten++;
+      const rebuilt = await deps.rebuildCounters(userId);
+      if (rebuilt?.written) report.countersRewritten++;
+      else if (rebuilt) {
+        report.countersBusy++;
+        if (report.busyUsers.length < 1000) report.busyUsers.push(userId);
+      }
       report.users++;
     }
     afterId = users[users.length - 1]!;

@@ -24,7 +24,7 @@ export interface RelationReconcilerDeps {
   lists: ListCache;
   bus: InvalidationBus;
   /** Rewrites a user's counter snapshot from the database (the user-counter rebuild, exact). */
-  rebuildCounters: (userId: number) => Promise<unknown>;
+  rebuildCounters: (userId: number) => Promise<{ written: boolean } | null>;
   metrics: RelationMetrics;
   /** Longest list compared entry by entry; longer ones are compared by size. */
   maxCompare: number;
@@ -120,15 +120,22 @@ export class RelationReconciler {
   }
 
   /** Heals what `drift` names (idempotent; each step derives from the truth, not from `drift`'s numbers). */
-  async heal(drift: RelationDrift): Promise<void> {
+  /**
+   * Heals what `check` found; false when the user's counters could not be rewritten (changes kept
+   * landing while they were rebuilt: the next round, or a read, tries again).
+   */
+  async heal(drift: RelationDrift): Promise<boolean> {
     const { repo, metrics } = this.deps;
+    let complete = true;
     if (drift.projection.length > 0) {
       await repo.syncPairs(drift.projection);
       metrics.driftHealed.inc({ kind: 'projection' }, drift.projection.length);
     }
     if (drift.counters.length > 0) {
-      await this.deps.rebuildCounters(drift.userId);
-      metrics.driftHealed.inc({ kind: 'counters' });
+      const rebuilt = await this.deps.rebuildCounters(drift.userId);
+      // Null: the user is gone, and so are their counters.
+      if (rebuilt && !rebuilt.written) complete = false;
+      else metrics.driftHealed.inc({ kind: 'counters' });
     }
     // A healed projection changes the followers list too: drop it with the drifted ones.
     const lists: ListRef[] = drift.caches.map((kind) => ({ owner: drift.userId, kind }));
@@ -139,6 +146,7 @@ export class RelationReconciler {
       await this.deps.bus.publish(FIRST_PAGE_SCOPE, [String(drift.userId)]).catch(() => undefined);
       if (drift.caches.length > 0) metrics.driftHealed.inc({ kind: 'cache' }, drift.caches.length);
     }
+    return complete;
   }
 
   /**

@@ -793,8 +793,27 @@ describe.each<Dialect>(['sqlite', 'mariadb'])('relations on %s', (dialect) => {
       projectionChanged: 4,
       users: 3,
       countersRewritten: 3,
+      countersBusy: 0,
+      firstPagesNotAnnounced: 0,
     });
     expect(await tableRows(rig.db, 'follower')).toEqual(await tableRows(rig.db, 'following'));
+    // What it could not do, it says: counters that kept changing, announcements that failed.
+    const partial = await rebuildRelations(
+      {
+        repo: rig.repo,
+        lists: rig.lists,
+        bus: Object.assign(Object.create(rig.bus) as typeof rig.bus, {
+          publish: async () => {
+            throw new Error('bus down');
+          },
+        }),
+        rebuildCounters: async (userId) =>
+          userId === b ? { written: false } : rig.counters.rebuild(userId, 'overwrite', 'admin'),
+      },
+      () => undefined,
+    );
+    expect(partial).toMatchObject({ users: 3, countersRewritten: 2, countersBusy: 1, busyUsers: [b] });
+    expect(partial.firstPagesNotAnnounced).toBeGreaterThan(0);
     expect((await rig.counters.countsMany([b]))[0]).toMatchObject({ followings: 1, followers: 1 });
     expect(await rig.lists.all({ owner: a, kind: 'following' })).toBeNull();
     expect((await verifyRelations(rig.repo, rig.reconciler, false, () => undefined)).driftedUsers).toBe(0);

@@ -31,7 +31,7 @@ export interface RelationsDeps {
   userCounterStore: UserCounterStore;
   /** The user counters' reads (list sizes) and overwriting rebuild (healing counter drift). */
   userCounters: UserCountsReader & {
-    rebuild(userId: number, mode: 'overwrite', reason: 'drift'): Promise<unknown>;
+    rebuild(userId: number, mode: 'overwrite', reason: 'drift'): Promise<{ written: boolean } | null>;
   };
   registry: Registry;
   /** The module's metrics when the caller made them already (to observe `repo`); else made here. */

@@ -50,7 +50,7 @@ export async function runUsersCommand(
         seconds: (Date.now() - started) / 1000,
       }),
     );
-    return report.drifted.length > 0 ? 'drift' : 0;
+    return report.driftedUsers > 0 ? 'drift' : 0;
   } finally {
     await platform.close();
   }

@@ -93,7 +93,15 @@ export class UserCounterReconciler {
 
   /** `zhiguang users verify [--fix]`: every user, page by page. */
   async verifyAll(fix: boolean, progress: Progress, pageSize = 500): Promise<UserVerifyReport> {
-    const report: UserVerifyReport = { checked: 0, ok: 0, missing: 0, busy: 0, drifted: [], fixed: 0 };
+    const report: UserVerifyReport = {
+      checked: 0,
+      ok: 0,
+      missing: 0,
+      busy: 0,
+      driftedUsers: 0,
+      drifted: [],
+      fixed: 0,
+    };
     let after = 0;
     progress('verifying users');
     for (;;) {
@@ -106,13 +114,14 @@ export class UserCounterReconciler {
         else if (outcome === 'missing') report.missing++;
         else if (outcome === 'busy') report.busy++;
         else if (outcome === 'drift' || outcome === 'healed') {
-          report.drifted.push(userId);
+          report.driftedUsers++;
+          if (report.drifted.length < 1000) report.drifted.push(userId);
           if (outcome === 'healed') report.fixed++;
         }
       }
       after = page[page.length - 1]!;
       progress(
-        `verified ${report.checked} users: ${report.drifted.length} drifted, ${report.missing} without a snapshot`,
+        `verified ${report.checked} users: ${report.driftedUsers} drifted, ${report.missing} without a snapshot`,
       );
     }
     return report;
@@ -125,6 +134,8 @@ export interface UserVerifyReport {
   /** Users without a snapshot (rebuilt when first read; not drift). */
   missing: number;
   busy: number;
+  /** Users whose counts differed (the first 1000 ids are listed). */
+  driftedUsers: number;
   drifted: number[];
   fixed: number;
 }
