@@ -150,7 +150,8 @@ export class LocalObjectStorage implements ObjectStorage {
       const parsed = JSON.parse(meta) as StoredObject;
       return { ...parsed, size: info.size };
     } catch (err) {
-      if ((err as NodeJS.ErrnoException).code === 'ENOENT') return null;
+      // Nothing there, also when part of the path is a file (`…/a.png/x`).
+      if (isAbsent(err)) return null;
       throw err;
     }
   }
@@ -390,4 +391,10 @@ export function loadOrCreateSigningKey(path: string): Buffer {
   const key = readFileSync(path, 'utf8').trim();
   if (key.length < MIN_SIGNING_KEY_BYTES) throw new Error(`${path} holds no usable storage signing key`);
   return Buffer.from(key, 'utf8');
+}
+
+/** A path error that means no object is there. */
+function isAbsent(err: unknown): boolean {
+  const code = (err as NodeJS.ErrnoException).code;
+  return code === 'ENOENT' || code === 'ENOTDIR';
 }

@@ -167,18 +167,31 @@ export function defineObjectStorageContract(
         await expect(storage.delete(k)).resolves.toBeUndefined();
       });
 
-      it.each(['posts/../secret', '../outside', 'posts/./x', '/posts/x', 'posts//x', 'posts/x y', ''])(
-        'rejects the unsafe key %j everywhere',
-        async (bad) => {
-          const presign = { contentType: 'text/plain', maxBytes: 10, expiresInSeconds: 60 };
-          await expect(storage.put(bad, Buffer.from('x'), 'text/plain')).rejects.toThrow(/unsafe object key/);
-          await expect(storage.head(bad)).rejects.toThrow(/unsafe object key/);
-          await expect(storage.get(bad)).rejects.toThrow(/unsafe object key/);
-          await expect(storage.delete(bad)).rejects.toThrow(/unsafe object key/);
-          await expect(storage.presignPut(bad, presign)).rejects.toThrow(/unsafe object key/);
-          await expect(storage.presignGet(bad, 60)).rejects.toThrow(/unsafe object key/);
-        },
-      );
+      it('finds nothing under an object, as under any missing key', async () => {
+        const k = key('file.md');
+        await storage.put(k, Buffer.from('x'), 'text/markdown');
+        expect(await storage.head(`${k}/x`)).toBeNull();
+        expect(await storage.get(`${k}/x`)).toBeNull();
+      });
+
+      it.each([
+        'posts/../secret',
+        '../outside',
+        'posts/./x',
+        '/posts/x',
+        'posts//x',
+        'posts/x y',
+        '',
+        `posts/${'a'.repeat(201)}`,
+      ])('rejects the unsafe key %j everywhere', async (bad) => {
+        const presign = { contentType: 'text/plain', maxBytes: 10, expiresInSeconds: 60 };
+        await expect(storage.put(bad, Buffer.from('x'), 'text/plain')).rejects.toThrow(/unsafe object key/);
+        await expect(storage.head(bad)).rejects.toThrow(/unsafe object key/);
+        await expect(storage.get(bad)).rejects.toThrow(/unsafe object key/);
+        await expect(storage.delete(bad)).rejects.toThrow(/unsafe object key/);
+        await expect(storage.presignPut(bad, presign)).rejects.toThrow(/unsafe object key/);
+        await expect(storage.presignGet(bad, 60)).rejects.toThrow(/unsafe object key/);
+      });
     });
 
     describe('presigned PUT', () => {

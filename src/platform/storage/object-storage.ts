@@ -127,8 +127,17 @@ export const MAX_PRESIGN_SECONDS = 7 * 24 * 3600;
 
 const SAFE_KEY = /^(?!.*(?:^|\/)\.\.?(?:\/|$))[A-Za-z0-9._\-/]{1,512}$/;
 
+/** Longest part of a key between slashes: a file name on disk, with room for a temporary suffix. */
+const MAX_SEGMENT = 200;
+
 export function assertSafeKey(key: string): void {
-  if (!SAFE_KEY.test(key) || key.startsWith('/') || key.endsWith('/') || key.includes('//'))
+  if (
+    !SAFE_KEY.test(key) ||
+    key.startsWith('/') ||
+    key.endsWith('/') ||
+    key.includes('//') ||
+    key.split('/').some((segment) => segment.length > MAX_SEGMENT)
+  )
     throw new Error(`unsafe object key: ${key}`);
 }
 
