@@ -8,6 +8,7 @@ import {
   PayloadTooLargeError,
   UniqueViolationError,
 } from '../platform/errors/errors.js';
+import { isSingleLine, isVisible } from '../platform/http/schemas.js';
 import { enforceLimit, type RateLimiter } from '../platform/ratelimit/ratelimit.js';
 import type { ObjectStorage } from '../platform/storage/object-storage.js';
 import type { ProfilePatchBody } from './profile.schema.js';
@@ -69,7 +70,7 @@ export class ProfileService {
     const changes: UserPatch = {};
     if (patch.nickname !== undefined) {
       const nickname = patch.nickname.trim();
-      if (!nickname) throw new BadRequestError('body.nickname must not be blank');
+      if (!isVisible(nickname)) throw new BadRequestError('body.nickname must not be blank');
       changes.nickname = nickname;
     }
     if (patch.bio !== undefined) changes.bio = patch.bio;
@@ -142,14 +143,16 @@ function checkTags(tagJson: string): string {
   } catch {
     throw new BadRequestError('body.tagJson must be a JSON array of strings');
   }
-  if (
-    !Array.isArray(parsed) ||
-    parsed.length > 20 ||
-    !parsed.every((t) => typeof t === 'string' && t.length >= 1 && t.length <= 32)
-  ) {
-    throw new BadRequestError(
-      'body.tagJson must be a JSON array of at most 20 strings of 1 to 32 characters',
-    );
+  const message =
+    'body.tagJson must be a JSON array of at most 20 tags of 1 to 32 characters, visible and without control characters';
+  if (!Array.isArray(parsed) || parsed.length > 20) throw new BadRequestError(message);
+  const tags: string[] = [];
+  for (const raw of parsed) {
+    const tag = typeof raw === 'string' ? raw.trim() : '';
+    if (tag.length < 1 || tag.length > 32 || !isSingleLine(tag) || !isVisible(tag))
+      throw new BadRequestError(message);
+    // The same tag twice is one tag.
+    if (!tags.includes(tag)) tags.push(tag);
   }
-  return JSON.stringify(parsed);
+  return JSON.stringify(tags);
 }

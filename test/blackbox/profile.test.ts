@@ -29,7 +29,8 @@ describe.each<ProfileName>(['embedded', 'cluster'])('profiles (%s profile)', (pr
         birthday: '1999-02-03',
         zgId,
         school: 'Tongji',
-        tagJson: '["go","rust"]',
+        // Tags are trimmed, and one given twice is kept once.
+        tagJson: '[" go ","rust","go"]',
         unknownField: 1,
       },
     });
@@ -108,6 +109,13 @@ describe.each<ProfileName>(['embedded', 'cluster'])('profiles (%s profile)', (pr
       { school: 'bell\u0007' },
       { bio: 'escape \u001b[31mred' },
       { nickname: null, bio: null },
+      // Names and tags that show nothing, or read backwards.
+      { nickname: '\u200b' },
+      { nickname: 'abc\u202eevil' },
+      { tagJson: '["\\u0000"]' },
+      { tagJson: '["   "]' },
+      { tagJson: '["a\\u202e"]' },
+      { tagJson: '[1]' },
     ];
     for (const body of bad) {
       const res = await client.call('PATCH', '/api/v1/profile', { token: user.accessToken, body });
