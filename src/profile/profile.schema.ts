@@ -12,7 +12,8 @@ export const ProfilePatchBody = Type.Object({
   nickname: Type.Optional(SingleLine({ minLength: 1, maxLength: 64 })),
   bio: Type.Optional(MultiLine({ maxLength: 512 })),
   gender: Type.Optional(Gender),
-  birthday: Type.Optional(Type.String({ pattern: '^\\d{4}-\\d{2}-\\d{2}$' })),
+  /** yyyy-MM-dd; an empty string takes the birthday off the profile. */
+  birthday: Type.Optional(Type.String({ pattern: '^(?:\\d{4}-\\d{2}-\\d{2})?$' })),
   zgId: Type.Optional(Type.String({ pattern: '^[a-zA-Z0-9_]{4,32}$' })),
   school: Type.Optional(SingleLine({ maxLength: 128 })),
   tagJson: Type.Optional(Type.String({ maxLength: 2048 })),

@@ -9,6 +9,7 @@ import {
   UniqueViolationError,
 } from '../platform/errors/errors.js';
 import { isSingleLine, isVisible } from '../platform/http/schemas.js';
+import { withoutMetadata } from './image-metadata.js';
 import { enforceLimit, type RateLimiter } from '../platform/ratelimit/ratelimit.js';
 import type { ObjectStorage } from '../platform/storage/object-storage.js';
 import type { ProfilePatchBody } from './profile.schema.js';
@@ -77,7 +78,9 @@ export class ProfileService {
     if (patch.gender !== undefined) changes.gender = patch.gender;
     if (patch.school !== undefined) changes.school = patch.school;
     if (patch.zgId !== undefined) changes.zg_id = patch.zgId;
-    if (patch.birthday !== undefined) changes.birthday = this.checkBirthday(patch.birthday);
+    // An empty birthday takes it off the profile (null leaves it as it is, as for every field).
+    if (patch.birthday !== undefined)
+      changes.birthday = patch.birthday === '' ? null : this.checkBirthday(patch.birthday);
     if (patch.tagJson !== undefined) changes.tags_json = checkTags(patch.tagJson);
     if (Object.keys(changes).length === 0)
       throw new BadRequestError('body must contain at least one profile field');
@@ -103,9 +106,13 @@ export class ProfileService {
     if (!kind || !agrees) {
       throw new BadRequestError('file must be a PNG, JPEG, GIF or WebP image');
     }
+    // Published to anyone: without where and when the photo was taken (see image-metadata.ts).
+    const published = withoutMetadata(bytes, kind.type);
+    if (!published)
+      throw new BadRequestError(`file is not a readable ${kind.ext.slice(1).toUpperCase()} image`);
     const before = await this.get(userId);
     const key = `avatars/${userId}/${randomBytes(8).toString('hex')}${kind.ext}`;
-    await this.storage.put(key, bytes, kind.type);
+    await this.storage.put(key, published, kind.type);
     await this.users.update(userId, { avatar: this.storage.publicUrl(key), updated_at: this.now() });
     await this.deleteReplaced(userId, before.avatar);
     return this.get(userId);

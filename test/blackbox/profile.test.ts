@@ -144,6 +144,51 @@ describe.each<ProfileName>(['embedded', 'cluster'])('profiles (%s profile)', (pr
       body: { nickname: 'Renamed', bio: null, school: null, gender: null, birthday: null, zgId: null },
     });
     expect([nulls.status, nulls.body.nickname, nulls.body.bio]).toEqual([200, 'Renamed', bio]);
+    // An empty birthday takes it off the profile.
+    const dated = await client.call('PATCH', '/api/v1/profile', {
+      token: user.accessToken,
+      body: { birthday: '2000-01-02' },
+    });
+    expect(dated.body.birthday).toBe('2000-01-02');
+    const undated = await client.call('PATCH', '/api/v1/profile', {
+      token: user.accessToken,
+      body: { birthday: '' },
+    });
+    expect([undated.status, undated.body.birthday]).toEqual([200, null]);
+  });
+
+  it('publishes an avatar photo without where and when it was taken', async () => {
+    const user = await signUp(server, client);
+    const secret = 'GPSLatitude 31.2304 N camera serial 0xC0FFEE';
+    const segment = (marker: number, payload: Buffer) => {
+      const head = Buffer.from([0xff, marker, 0, 0]);
+      head.writeUInt16BE(payload.length + 2, 2);
+      return Buffer.concat([head, payload]);
+    };
+    const photo = Buffer.concat([
+      Buffer.from([0xff, 0xd8]),
+      segment(0xe0, Buffer.from('JFIF\0\x01\x01\0\0\x01\0\x01\0\0', 'latin1')),
+      segment(0xe1, Buffer.from(`Exif\0\0${secret}`, 'latin1')),
+      segment(0xfe, Buffer.from(secret, 'latin1')),
+      segment(0xdb, Buffer.alloc(65, 1)),
+      segment(0xda, Buffer.from([1, 1, 0, 0, 0x3f, 0])),
+      Buffer.from([0x12, 0x34, 0xff, 0xd9]),
+    ]);
+    const form = new FormData();
+    form.append('file', new Blob([photo], { type: 'image/jpeg' }), 'photo.jpg');
+    const res = await client.call('POST', '/api/v1/profile/avatar', { token: user.accessToken, raw: form });
+    expect(res.status).toBe(200);
+    const served = Buffer.from(await (await fetch(res.body.avatar)).arrayBuffer());
+    expect(served.toString('latin1')).not.toContain('GPSLatitude');
+    expect(served.subarray(served.length - 4)).toEqual(Buffer.from([0x12, 0x34, 0xff, 0xd9]));
+    // A file whose structure does not hold together is refused.
+    const broken = new FormData();
+    broken.append('file', new Blob([photo.subarray(0, 12)], { type: 'image/jpeg' }), 'broken.jpg');
+    const refused = await client.call('POST', '/api/v1/profile/avatar', {
+      token: user.accessToken,
+      raw: broken,
+    });
+    expect([refused.status, refused.body.code]).toEqual([400, 'BAD_REQUEST']);
   });
 
   it('uploads an avatar and serves it back', async () => {

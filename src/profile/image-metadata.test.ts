@@ -1,0 +1,140 @@
+import { crc32 } from 'node:zlib';
+import { describe, expect, it } from 'vitest';
+import { withoutMetadata } from './image-metadata.js';
+
+const SECRET = 'GPS 31.2304N 121.4737E serial 0xC0FFEE';
+
+/** A JPEG segment: marker and payload, with its length. */
+function segment(marker: number, payload: Buffer): Buffer {
+  const head = Buffer.alloc(4);
+  head.writeUInt16BE(0xff00 | marker, 0);
+  head.writeUInt16BE(payload.length + 2, 2);
+  return Buffer.concat([head, payload]);
+}
+
+/** An EXIF block (little-endian TIFF) with an orientation and a text entry standing for GPS data. */
+function exif(orientation: number): Buffer {
+  const text = Buffer.from(`${SECRET}\0`, 'latin1');
+  const tiff = Buffer.alloc(8 + 2 + 2 * 12 + 4 + text.length);
+  tiff.write('II', 0, 'latin1');
+  tiff.writeUInt16LE(42, 2);
+  tiff.writeUInt32LE(8, 4);
+  tiff.writeUInt16LE(2, 8);
+  // ImageDescription (ASCII) pointing at the text after the IFD.
+  tiff.writeUInt16LE(0x010e, 10);
+  tiff.writeUInt16LE(2, 12);
+  tiff.writeUInt32LE(text.length, 14);
+  tiff.writeUInt32LE(8 + 2 + 24 + 4, 18);
+  tiff.writeUInt16LE(0x0112, 22);
+  tiff.writeUInt16LE(3, 24);
+  tiff.writeUInt32LE(1, 26);
+  tiff.writeUInt16LE(orientation, 30);
+  text.copy(tiff, 8 + 2 + 24 + 4);
+  return Buffer.concat([Buffer.from('Exif\0\0', 'latin1'), tiff]);
+}
+
+function jpeg(orientation: number): Buffer {
+  return Buffer.concat([
+    Buffer.from([0xff, 0xd8]),
+    segment(0xe0, Buffer.from('JFIF\0\x01\x01\0\0\x01\0\x01\0\0', 'latin1')),
+    segment(0xe1, exif(orientation)),
+    segment(0xe1, Buffer.from(`http://ns.adobe.com/xap/1.0/\0<x:xmpmeta>${SECRET}</x:xmpmeta>`, 'latin1')),
+    segment(0xed, Buffer.from(`Photoshop 3.0\0${SECRET}`, 'latin1')),
+    segment(0xfe, Buffer.from(SECRET, 'latin1')),
+    segment(0xdb, Buffer.alloc(65, 1)),
+    segment(0xda, Buffer.from([1, 1, 0, 0, 0x3f, 0])),
+    Buffer.from([0x12, 0x34, 0xff, 0x00, 0x56, 0xff, 0xd9]),
+  ]);
+}
+
+function pngChunk(type: string, data: Buffer): Buffer {
+  const head = Buffer.alloc(8);
+  head.writeUInt32BE(data.length, 0);
+  head.write(type, 4, 'latin1');
+  const crc = Buffer.alloc(4);
+  crc.writeUInt32BE(crc32(Buffer.concat([head.subarray(4), data])), 0);
+  return Buffer.concat([head, data, crc]);
+}
+
+function riffChunk(fourcc: string, data: Buffer): Buffer {
+  const head = Buffer.alloc(8);
+  head.write(fourcc, 0, 'latin1');
+  head.writeUInt32LE(data.length, 4);
+  return Buffer.concat([head, data, data.length % 2 ? Buffer.alloc(1) : Buffer.alloc(0)]);
+}
+
+function webp(chunks: Buffer[]): Buffer {
+  const body = Buffer.concat(chunks);
+  const header = Buffer.alloc(12);
+  header.write('RIFF', 0, 'latin1');
+  header.writeUInt32LE(4 + body.length, 4);
+  header.write('WEBP', 8, 'latin1');
+  return Buffer.concat([header, body]);
+}
+
+describe(withoutMetadata.name, () => {
+  it('takes EXIF, XMP, IPTC and comments out of a JPEG, keeping its image and an orientation', () => {
+    const source = jpeg(6);
+    const out = withoutMetadata(source, 'image/jpeg')!;
+    expect(out.toString('latin1')).not.toContain('GPS');
+    expect(out.toString('latin1')).not.toContain('C0FFEE');
+    // JFIF first, then an EXIF with the orientation alone, then the tables and the scan untouched.
+    expect(out.subarray(0, 4)).toEqual(Buffer.from([0xff, 0xd8, 0xff, 0xe0]));
+    const exifAt = out.indexOf(Buffer.from('Exif\0\0', 'latin1'));
+    expect(exifAt).toBeGreaterThan(0);
+    expect(out.readUInt16BE(exifAt - 2)).toBe(34);
+    expect(out.readUInt16BE(exifAt + 6 + 8 + 2 + 8)).toBe(6);
+    const tail = source.subarray(source.indexOf(Buffer.from([0xff, 0xdb])));
+    expect(out.subarray(out.length - tail.length)).toEqual(tail);
+  });
+
+  it('drops an upright JPEG’s EXIF entirely', () => {
+    const out = withoutMetadata(jpeg(1), 'image/jpeg')!;
+    expect(out.includes(Buffer.from('Exif', 'latin1'))).toBe(false);
+  });
+
+  it('takes text, time and EXIF chunks out of a PNG', () => {
+    const ihdr = pngChunk('IHDR', Buffer.alloc(13, 1));
+    const idat = pngChunk('IDAT', Buffer.from([1, 2, 3]));
+    const iend = pngChunk('IEND', Buffer.alloc(0));
+    const source = Buffer.concat([
+      Buffer.from([0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a]),
+      ihdr,
+      pngChunk('tEXt', Buffer.from(`Comment\0${SECRET}`, 'latin1')),
+      pngChunk('eXIf', exif(1).subarray(6)),
+      pngChunk('tIME', Buffer.alloc(7)),
+      idat,
+      iend,
+    ]);
+    expect(withoutMetadata(source, 'image/png')).toEqual(
+      Buffer.concat([source.subarray(0, 8), ihdr, idat, iend]),
+    );
+  });
+
+  it('takes EXIF and XMP chunks out of a WebP and clears their flags', () => {
+    const vp8x = Buffer.alloc(10);
+    vp8x[0] = 0x08 | 0x04 | 0x10;
+    const image = riffChunk('VP8L', Buffer.from([0x2f, 1, 2]));
+    const source = webp([
+      riffChunk('VP8X', vp8x),
+      image,
+      riffChunk('EXIF', exif(1)),
+      riffChunk('XMP ', Buffer.from(SECRET, 'latin1')),
+    ]);
+    const out = withoutMetadata(source, 'image/webp')!;
+    const flags = Buffer.from(vp8x);
+    flags[0] = 0x10;
+    expect(out).toEqual(webp([riffChunk('VP8X', flags), image]));
+    expect(out.readUInt32LE(4)).toBe(out.length - 8);
+  });
+
+  it('refuses a container that does not hold together, and leaves a GIF as it is', () => {
+    const cut = jpeg(6).subarray(0, 30);
+    expect(withoutMetadata(cut, 'image/jpeg')).toBeNull();
+    expect(
+      withoutMetadata(Buffer.from([0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a, 0, 0]), 'image/png'),
+    ).toBeNull();
+    const gif = Buffer.from('GIF89a....', 'latin1');
+    expect(withoutMetadata(gif, 'image/gif')).toBe(gif);
+  });
+});

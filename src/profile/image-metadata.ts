@@ -1,0 +1,154 @@
+/**
+ * Removes what a photo says about where and how it was taken before it is published as an avatar:
+ * EXIF (GPS position, camera serial, capture time), XMP, IPTC and comments. Phones write them into
+ * every picture, and an avatar is served to anyone.
+ *
+ * - JPEG: every APPn segment and comment goes but APP0 (JFIF), APP2 (the ICC colour profile) and
+ *   APP14 (Adobe: how the colours are encoded); an EXIF orientation other than upright comes back as
+ *   a minimal EXIF holding only it, so a photo taken sideways still shows upright.
+ * - PNG: the `eXIf`, `tEXt`, `zTXt`, `iTXt` and `tIME` chunks go.
+ * - WebP: the `EXIF` and `XMP ` chunks go, and the header's flags for them are cleared.
+ * - GIF carries no such standard block and stays as it is.
+ *
+ * Only the containers are read (never the pixels): a file whose structure does not hold together is
+ * refused (null), since no viewer would show it either.
+ */
+export function withoutMetadata(bytes: Buffer, type: string): Buffer | null {
+  try {
+    if (type === 'image/jpeg') return jpeg(bytes);
+    if (type === 'image/png') return png(bytes);
+    if (type === 'image/webp') return webp(bytes);
+    return bytes;
+  } catch {
+    return null;
+  }
+}
+
+class Malformed extends Error {}
+
+function need(condition: boolean): void {
+  if (!condition) throw new Malformed();
+}
+
+const JPEG_KEPT_APP = new Set([0xe0, 0xe2, 0xee]);
+
+function jpeg(bytes: Buffer): Buffer {
+  need(bytes[0] === 0xff && bytes[1] === 0xd8);
+  const parts: Buffer[] = [bytes.subarray(0, 2)];
+  let orientation = 1;
+  let at = 2;
+  for (;;) {
+    need(at + 4 <= bytes.length && bytes[at] === 0xff);
+    // Fill bytes may stand before a marker.
+    let markerAt = at + 1;
+    while (bytes[markerAt] === 0xff) markerAt++;
+    const marker = bytes[markerAt]!;
+    need(markerAt + 3 <= bytes.length);
+    const length = bytes.readUInt16BE(markerAt + 1);
+    need(length >= 2 && markerAt + 1 + length <= bytes.length);
+    const end = markerAt + 1 + length;
+    if (marker === 0xda) {
+      // Start of scan: the entropy-coded image and everything after it stay as they are.
+      parts.push(bytes.subarray(at));
+      break;
+    }
+    const isApp = marker >= 0xe0 && marker <= 0xef;
+    if (marker === 0xe1) orientation = exifOrientation(bytes.subarray(markerAt + 3, end)) ?? orientation;
+    if ((!isApp && marker !== 0xfe) || JPEG_KEPT_APP.has(marker)) parts.push(bytes.subarray(at, end));
+    at = end;
+  }
+  if (orientation !== 1) {
+    // Right after JFIF (or first): the orientation the dropped EXIF carried.
+    const afterJfif = parts.length > 1 && parts[1]![1] === 0xe0 ? 2 : 1;
+    parts.splice(afterJfif, 0, orientationExif(orientation));
+  }
+  return Buffer.concat(parts);
+}
+
+/** The orientation (1–8) an EXIF block (after its APP1 length) records, if it records one. */
+function exifOrientation(exif: Buffer): number | undefined {
+  if (exif.length < 14 || exif.subarray(0, 6).toString('latin1') !== 'Exif\0\0') return undefined;
+  const tiff = exif.subarray(6);
+  const order = tiff.subarray(0, 2).toString('latin1');
+  if (order !== 'II' && order !== 'MM') return undefined;
+  const le = order === 'II';
+  const u16 = (at: number) => (le ? tiff.readUInt16LE(at) : tiff.readUInt16BE(at));
+  const u32 = (at: number) => (le ? tiff.readUInt32LE(at) : tiff.readUInt32BE(at));
+  const ifd = u32(4);
+  if (ifd + 2 > tiff.length) return undefined;
+  const entries = u16(ifd);
+  for (let i = 0; i < entries; i++) {
+    const entry = ifd + 2 + i * 12;
+    if (entry + 12 > tiff.length) return undefined;
+    if (u16(entry) === 0x0112 && u16(entry + 2) === 3) {
+      const value = u16(entry + 8);
+      return value >= 1 && value <= 8 ? value : undefined;
+    }
+  }
+  return undefined;
+}
+
+/** An APP1 segment whose EXIF holds the orientation alone (big-endian TIFF, one IFD entry). */
+function orientationExif(orientation: number): Buffer {
+  const segment = Buffer.alloc(36);
+  segment.writeUInt16BE(0xffe1, 0);
+  segment.writeUInt16BE(34, 2);
+  segment.write('Exif\0\0', 4, 'latin1');
+  segment.write('MM', 10, 'latin1');
+  segment.writeUInt16BE(42, 12);
+  segment.writeUInt32BE(8, 14); // IFD0 right after the header
+  segment.writeUInt16BE(1, 18); // one entry
+  segment.writeUInt16BE(0x0112, 20); // Orientation
+  segment.writeUInt16BE(3, 22); // SHORT
+  segment.writeUInt32BE(1, 24); // one value
+  segment.writeUInt16BE(orientation, 28); // in the value field, left-aligned
+  segment.writeUInt32BE(0, 32); // no next IFD
+  return segment;
+}
+
+const PNG_DROPPED = new Set(['eXIf', 'tEXt', 'zTXt', 'iTXt', 'tIME']);
+
+function png(bytes: Buffer): Buffer {
+  need(bytes.length >= 8);
+  const parts: Buffer[] = [bytes.subarray(0, 8)];
+  let at = 8;
+  for (;;) {
+    need(at + 12 <= bytes.length);
+    const length = bytes.readUInt32BE(at);
+    const type = bytes.subarray(at + 4, at + 8).toString('latin1');
+    const end = at + 12 + length;
+    need(end <= bytes.length);
+    if (!PNG_DROPPED.has(type)) parts.push(bytes.subarray(at, end));
+    at = end;
+    if (type === 'IEND') break;
+  }
+  return Buffer.concat(parts);
+}
+
+const WEBP_DROPPED = new Set(['EXIF', 'XMP ']);
+/** The VP8X header's flags for an EXIF and an XMP chunk. */
+const VP8X_EXIF = 0x08;
+const VP8X_XMP = 0x04;
+
+function webp(bytes: Buffer): Buffer {
+  need(bytes.length >= 12);
+  const parts: Buffer[] = [];
+  let at = 12;
+  while (at < bytes.length) {
+    need(at + 8 <= bytes.length);
+    const fourcc = bytes.subarray(at, at + 4).toString('latin1');
+    const size = bytes.readUInt32LE(at + 4);
+    const end = at + 8 + size + (size % 2);
+    need(at + 8 + size <= bytes.length);
+    if (!WEBP_DROPPED.has(fourcc)) {
+      const chunk = Buffer.from(bytes.subarray(at, Math.min(end, bytes.length)));
+      if (fourcc === 'VP8X' && size >= 1) chunk[8] = chunk[8]! & ~(VP8X_EXIF | VP8X_XMP);
+      parts.push(chunk);
+    }
+    at = end;
+  }
+  const header = Buffer.from(bytes.subarray(0, 12));
+  const body = Buffer.concat(parts);
+  header.writeUInt32LE(4 + body.length, 4);
+  return Buffer.concat([header, body]);
+}
