@@ -43,7 +43,13 @@ function jpeg(orientation: number): Buffer {
     segment(0xfe, Buffer.from(SECRET, 'latin1')),
     segment(0xdb, Buffer.alloc(65, 1)),
     segment(0xda, Buffer.from([1, 1, 0, 0, 0x3f, 0])),
-    Buffer.from([0x12, 0x34, 0xff, 0x00, 0x56, 0xff, 0xd9]),
+    Buffer.from([0x12, 0x34, 0xff, 0x00, 0x56, 0xff, 0xd0, 0x57]),
+    // A second scan with a comment before it, as a progressive file may have.
+    segment(0xfe, Buffer.from(SECRET, 'latin1')),
+    segment(0xda, Buffer.from([1, 1, 0, 0, 0x3f, 0])),
+    Buffer.from([0x58, 0xff, 0xd9]),
+    // A phone's trailer after the end of the image.
+    Buffer.from(`MotionPhoto_Data ${SECRET}`, 'latin1'),
   ]);
 }
 
@@ -84,8 +90,17 @@ describe(withoutMetadata.name, () => {
     expect(exifAt).toBeGreaterThan(0);
     expect(out.readUInt16BE(exifAt - 2)).toBe(34);
     expect(out.readUInt16BE(exifAt + 6 + 8 + 2 + 8)).toBe(6);
-    const tail = source.subarray(source.indexOf(Buffer.from([0xff, 0xdb])));
-    expect(out.subarray(out.length - tail.length)).toEqual(tail);
+    // The tables and both scans, up to the end of the image.
+    const tables = source.subarray(source.indexOf(Buffer.from([0xff, 0xdb])));
+    const firstScan = tables.subarray(0, tables.indexOf(Buffer.from([0xff, 0xfe])));
+    expect(out.includes(firstScan)).toBe(true);
+    expect(out.subarray(out.length - 3 - 8)).toEqual(
+      Buffer.concat([
+        Buffer.from([0xff, 0xda, 0, 8, 1, 1, 0, 0, 0x3f, 0]).subarray(2),
+        Buffer.from([0x58, 0xff, 0xd9]),
+      ]),
+    );
+    expect(out.toString('latin1')).not.toContain('MotionPhoto');
   });
 
   it('drops an upright JPEG’s EXIF entirely', () => {

@@ -3,11 +3,14 @@
  * EXIF (GPS position, camera serial, capture time), XMP, IPTC and comments. Phones write them into
  * every picture, and an avatar is served to anyone.
  *
- * - JPEG: every APPn segment and comment goes but APP0 (JFIF), APP2 (the ICC colour profile) and
- *   APP14 (Adobe: how the colours are encoded); an EXIF orientation other than upright comes back as
- *   a minimal EXIF holding only it, so a photo taken sideways still shows upright.
- * - PNG: the `eXIf`, `tEXt`, `zTXt`, `iTXt` and `tIME` chunks go.
- * - WebP: the `EXIF` and `XMP ` chunks go, and the header's flags for them are cleared.
+ * - JPEG: every APPn segment and comment goes, also between the scans of a progressive file, but
+ *   APP0 (JFIF), APP2 (the ICC colour profile; not the index of further pictures) and APP14 (Adobe:
+ *   how the colours are encoded); nothing after the end of the image is kept (motion photos append
+ *   a video there). An EXIF orientation other than upright comes back as a minimal EXIF holding
+ *   only it, so a photo taken sideways still shows upright.
+ * - PNG: the `eXIf`, `tEXt`, `zTXt`, `iTXt` and `tIME` chunks go (an orientation with them).
+ * - WebP: the `EXIF` and `XMP ` chunks go (an orientation with them), and the header's flags for
+ *   them are cleared.
  * - GIF carries no such standard block and stays as it is.
  *
  * Only the containers are read (never the pixels): a file whose structure does not hold together is
@@ -38,23 +41,46 @@ function jpeg(bytes: Buffer): Buffer {
   let orientation = 1;
   let at = 2;
   for (;;) {
-    need(at + 4 <= bytes.length && bytes[at] === 0xff);
-    // Fill bytes may stand before a marker.
+    // Stray bytes before a marker are skipped (viewers do), and so are fill bytes.
+    while (at < bytes.length && bytes[at] !== 0xff) at++;
     let markerAt = at + 1;
     while (bytes[markerAt] === 0xff) markerAt++;
+    need(markerAt < bytes.length);
     const marker = bytes[markerAt]!;
+    if (marker === 0xd9) {
+      // End of image: whatever follows (a phone's motion video, its trailers) is not published.
+      parts.push(bytes.subarray(markerAt - 1, markerAt + 1));
+      break;
+    }
+    if (marker === 0x01 || (marker >= 0xd0 && marker <= 0xd8)) {
+      // Markers without a length.
+      if (marker !== 0xd8) parts.push(bytes.subarray(markerAt - 1, markerAt + 1));
+      at = markerAt + 1;
+      continue;
+    }
     need(markerAt + 3 <= bytes.length);
     const length = bytes.readUInt16BE(markerAt + 1);
     need(length >= 2 && markerAt + 1 + length <= bytes.length);
-    const end = markerAt + 1 + length;
-    if (marker === 0xda) {
-      // Start of scan: the entropy-coded image and everything after it stay as they are.
-      parts.push(bytes.subarray(at));
-      break;
-    }
+    let end = markerAt + 1 + length;
     const isApp = marker >= 0xe0 && marker <= 0xef;
     if (marker === 0xe1) orientation = exifOrientation(bytes.subarray(markerAt + 3, end)) ?? orientation;
-    if ((!isApp && marker !== 0xfe) || JPEG_KEPT_APP.has(marker)) parts.push(bytes.subarray(at, end));
+    // APP2 also carries the index of further pictures (MPF), each with its own metadata.
+    const isMpf =
+      marker === 0xe2 && bytes.subarray(markerAt + 3, markerAt + 7).toString('latin1') === 'MPF\0';
+    if (marker === 0xda) {
+      // Start of scan: its entropy-coded data runs to the next marker that is neither a stuffed
+      // 0xFF00 nor a restart marker.
+      while (end < bytes.length) {
+        if (bytes[end] === 0xff && end + 1 < bytes.length) {
+          const next = bytes[end + 1]!;
+          if (next !== 0x00 && next !== 0xff && !(next >= 0xd0 && next <= 0xd7)) break;
+        }
+        end++;
+      }
+      need(end < bytes.length);
+    }
+    if (((!isApp && marker !== 0xfe) || JPEG_KEPT_APP.has(marker)) && !isMpf)
+      parts.push(bytes.subarray(markerAt - 1, end));
     at = end;
   }
   if (orientation !== 1) {

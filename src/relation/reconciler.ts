@@ -167,15 +167,17 @@ export class RelationReconciler {
     }
     if (suspects.length === 0) return { checked: sample.length, drifted: 0, healed: 0 };
     await sleep(this.deps.settleMs);
+    let drifted = 0;
     let healed = 0;
     for (const first of suspects) {
       const confirmed = confirm(first, await this.check(first.userId));
       if (!hasDrift(confirmed)) continue;
       this.count(confirmed);
-      await this.heal(confirmed);
-      healed++;
+      drifted++;
+      // A user whose counters kept changing is tried again at a later round.
+      if (await this.heal(confirmed)) healed++;
     }
-    return { checked: sample.length, drifted: healed, healed };
+    return { checked: sample.length, drifted, healed };
   }
 
   count(drift: RelationDrift): void {

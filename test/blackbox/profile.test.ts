@@ -112,6 +112,7 @@ describe.each<ProfileName>(['embedded', 'cluster'])('profiles (%s profile)', (pr
       // Names and tags that show nothing, or read backwards.
       { nickname: '\u200b' },
       { nickname: 'abc\u202eevil' },
+      { nickname: 'abc\u202devil' },
       { tagJson: '["\\u0000"]' },
       { tagJson: '["   "]' },
       { tagJson: '["a\\u202e"]' },
@@ -173,6 +174,7 @@ describe.each<ProfileName>(['embedded', 'cluster'])('profiles (%s profile)', (pr
       segment(0xdb, Buffer.alloc(65, 1)),
       segment(0xda, Buffer.from([1, 1, 0, 0, 0x3f, 0])),
       Buffer.from([0x12, 0x34, 0xff, 0xd9]),
+      Buffer.from(`MotionPhoto ${secret}`, 'latin1'),
     ]);
     const form = new FormData();
     form.append('file', new Blob([photo], { type: 'image/jpeg' }), 'photo.jpg');

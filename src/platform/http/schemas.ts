@@ -10,12 +10,13 @@ export const ErrorSchema = Type.Object({
 /** Nullable helper: fast-json-stringify and ajv both understand anyOf with null. */
 export const Nullable = <T extends TSchema>(schema: T) => Type.Union([schema, Type.Null()]);
 
-// C0 and C1 controls and DEL: never part of a name or a title, and a NUL breaks many a reader. The
-// bidirectional embeddings and overrides (U+202A–U+202E) make a name read backwards; the marks
-// right-to-left text may carry (U+200E, U+200F) stay allowed.
+// C0 and C1 controls and DEL: never part of a name or a title, and a NUL breaks many a reader. In
+// one line, the bidirectional overrides (U+202D, U+202E) make a name read backwards; embeddings,
+// isolates and marks, which mixed right-to-left text carries, stay allowed, and longer text keeps
+// the overrides too.
 /* eslint-disable no-control-regex -- these patterns exist to find control characters */
-const CONTROL = /[\u0000-\u001f\u007f-\u009f\u202a-\u202e]/;
-const CONTROL_BUT_LINE_BREAKS = /[\u0000-\u0008\u000b\u000c\u000e-\u001f\u007f-\u009f\u202a-\u202e]/;
+const CONTROL = /[\u0000-\u001f\u007f-\u009f\u202d\u202e]/;
+const CONTROL_BUT_LINE_BREAKS = /[\u0000-\u0008\u000b\u000c\u000e-\u001f\u007f-\u009f]/;
 /* eslint-enable no-control-regex */
 
 /** Whether `value` may be a name, title or tag (`single-line`). */
