@@ -12,8 +12,12 @@ export const ProfilePatchBody = Type.Object({
   nickname: Type.Optional(SingleLine({ minLength: 1, maxLength: 64 })),
   bio: Type.Optional(MultiLine({ maxLength: 512 })),
   gender: Type.Optional(Gender),
-  /** yyyy-MM-dd; an empty string takes the birthday off the profile. */
-  birthday: Type.Optional(Type.String({ pattern: '^(?:\\d{4}-\\d{2}-\\d{2})?$' })),
+  birthday: Type.Optional(
+    Type.String({
+      pattern: '^(?:\\d{4}-\\d{2}-\\d{2})?$',
+      description: 'yyyy-MM-dd; an empty string takes the birthday off the profile',
+    }),
+  ),
   zgId: Type.Optional(Type.String({ pattern: '^[a-zA-Z0-9_]{4,32}$' })),
   school: Type.Optional(SingleLine({ maxLength: 128 })),
   tagJson: Type.Optional(Type.String({ maxLength: 2048 })),
