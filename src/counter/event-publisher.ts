@@ -1,3 +1,4 @@
+import { finishedWithin } from '../platform/workers/deadline.js';
 import type { EventLog } from '../platform/eventlog/eventlog.js';
 import { COUNTER_TOPIC, type CounterEvent } from './model.js';
 import type { CounterStore } from './store/counter-store.js';
@@ -58,8 +59,6 @@ export class CounterEventPublisher {
     this.closed = true;
     if (this.timer) clearTimeout(this.timer);
     this.timer = undefined;
-    let timer: NodeJS.Timeout | undefined;
-    const deadline = new Promise<void>((resolve) => (timer = setTimeout(resolve, maxWaitMs)));
     const send = async (): Promise<void> => {
       await this.inFlight;
       while (this.queue.length > 0) {
@@ -67,8 +66,7 @@ export class CounterEventPublisher {
         if (!sent) break;
       }
     };
-    await Promise.race([send(), deadline]);
-    clearTimeout(timer);
+    await finishedWithin(send(), maxWaitMs);
   }
 
   private kick(delayMs: number): void {

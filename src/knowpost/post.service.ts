@@ -253,13 +253,13 @@ export class PostService {
           post = found;
         }
       } catch (err) {
+        const now = await this.posts.find(post.id).catch(() => null);
         // The copy is this request's own, unless the row took it after all (a write that
         // committed and then failed to answer).
-        if (copied && (await this.posts.find(post.id).catch(() => null))?.contentKey !== key)
-          await this.discard(post.id, [key]);
+        if (copied && now?.contentKey !== key) await this.discard(post.id, [key]);
         // A request for the same body that overlapped this one (a retry) may have confirmed it and
         // deleted the upload meanwhile: then this one succeeded too.
-        if (!(err instanceof ConflictError) || !(await showsThis(await this.posts.find(post.id)))) throw err;
+        if (!(err instanceof ConflictError) || !(await showsThis(now))) throw err;
       }
     }
     // Caches drop the old body's URL before the object goes.

@@ -1,3 +1,4 @@
+import { finishedWithin } from '../platform/workers/deadline.js';
 import { Counter, Gauge, type Registry } from 'prom-client';
 import { entityKey, isEntityId, isEntityType, type EntityRef, type EntityType } from '../counter/model.js';
 import type { CounterStore, ViewIncrement } from '../counter/store/counter-store.js';
@@ -169,10 +170,7 @@ export class ViewRecorder implements ViewSink {
    */
   async close(maxWaitMs = 3_000): Promise<void> {
     this.closed = true;
-    let timer: NodeJS.Timeout | undefined;
-    const deadline = new Promise<false>((resolve) => (timer = setTimeout(() => resolve(false), maxWaitMs)));
-    const published = await Promise.race([this.flush().then(() => true as const), deadline]);
-    clearTimeout(timer);
+    const published = await finishedWithin(this.flush(), maxWaitMs);
     if (this.timer) clearTimeout(this.timer);
     this.timer = undefined;
     if (!published)
