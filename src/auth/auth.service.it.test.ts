@@ -7,6 +7,7 @@ import { buildApp, type App } from '../app.js';
 import { loadConfig } from '../platform/config/config.js';
 import { LoginAuditRepository } from './login-audit.repository.js';
 import { AuthService } from './auth.service.js';
+import { PasswordHasher } from './passwords.js';
 import { SessionStore } from './sessions.js';
 
 describe(AuthService.name, () => {
@@ -108,15 +109,34 @@ describe(AuthService.name, () => {
     const first = await signUp('again@example.test', '10.0.9.1');
     const answer = await refresh(first.token.refreshToken, '10.0.9.1');
     expect(answer.statusCode).toBe(200);
-    // Another address with the same user agent: refused.
-    expect((await refresh(first.token.refreshToken, '10.0.9.2')).statusCode).toBe(401);
     const again = await refresh(first.token.refreshToken, '10.0.9.1');
     expect(again.json()).toEqual(answer.json());
-    const audit = await new LoginAuditRepository(app.platform.db).forUser(first.user.id);
+    const audit = new LoginAuditRepository(app.platform.db);
     // Newest first.
-    expect(audit.filter((r) => r.channel === 'REFRESH').map((r) => [r.success, r.reason])).toEqual([
-      [1, 'REFRESH_ANSWER_REPEATED'],
+    expect(
+      (await audit.forUser(first.user.id))
+        .filter((r) => r.channel === 'REFRESH')
+        .map((r) => [r.success, r.reason]),
+    ).toEqual([[1, 'REFRESH_ANSWER_REPEATED']]);
+
+    // The spent token from another address (the same user agent) within the grace: a copy in other
+    // hands. Refused, and the session ends for the tokens the rotation handed out too.
+    const copied = await signUp('copied@example.test', '10.0.9.1');
+    const rotated = await refresh(copied.token.refreshToken, '10.0.9.1');
+    expect(rotated.statusCode).toBe(200);
+    expect((await refresh(copied.token.refreshToken, '10.0.9.2')).statusCode).toBe(401);
+    expect(
+      (await refresh(rotated.json<{ refreshToken: string }>().refreshToken, '10.0.9.1')).statusCode,
+    ).toBe(401);
+    expect((await refresh(copied.token.refreshToken, '10.0.9.1')).statusCode).toBe(401);
+    expect(
+      (await audit.forUser(copied.user.id))
+        .filter((r) => r.channel === 'REFRESH')
+        .map((r) => [r.success, r.reason]),
+    ).toEqual([
       [0, 'REFRESH_TOKEN_INVALID'],
+      [0, 'REFRESH_TOKEN_INVALID'],
+      [0, 'REFRESH_TOKEN_REUSED'],
     ]);
 
     // A password reset in between ends the session: the kept answer is not given out.
@@ -189,6 +209,73 @@ describe(AuthService.name, () => {
     } finally {
       keep.mockRestore();
     }
+  });
+
+  it('ends a session that a sign-in opens with the old password while a reset finishes', async () => {
+    const identifier = 'overlap@example.test';
+    await signUp(identifier, '10.0.7.1');
+    // The next password check takes its time: the reset runs to its end meanwhile.
+    let release!: () => void;
+    const held = new Promise<void>((resolve) => (release = resolve));
+    // The password given is the right one: the check says so, once the reset is done.
+    const verify = vi.spyOn(PasswordHasher.prototype, 'verify').mockImplementationOnce(async () => {
+      await held;
+      return true;
+    });
+    try {
+      const signIn = post(
+        '/api/v1/auth/login',
+        { identifierType: 'EMAIL', identifier, password: 'abc12345' },
+        '10.0.7.1',
+      );
+      await vi.waitFor(() => expect(verify).toHaveBeenCalled());
+      await post('/api/v1/auth/send-code', { scene: 'RESET_PASSWORD', identifierType: 'EMAIL', identifier });
+      const code = codes.findLast((c) => c.identifier === identifier)?.code;
+      const reset = await post('/api/v1/auth/password/reset', {
+        identifierType: 'EMAIL',
+        identifier,
+        code,
+        newPassword: 'new12345',
+      });
+      expect(reset.statusCode).toBe(204);
+      release();
+      const res = await signIn;
+      // Refused, or let in to a session the reset has already ended: never a live session.
+      if (res.statusCode === 200) {
+        const me = await app.http.inject({
+          method: 'GET',
+          url: '/api/v1/auth/me',
+          headers: {
+            authorization: `Bearer ${res.json<{ token: { accessToken: string } }>().token.accessToken}`,
+          },
+        });
+        expect(me.statusCode).toBe(401);
+      } else expect(res.statusCode).toBe(401);
+    } finally {
+      release();
+      verify.mockRestore();
+    }
+  });
+
+  it('stores a password hash of an earlier cost anew at sign-in', async () => {
+    const identifier = 'rehash@example.test';
+    const { user } = await signUp(identifier, '10.0.7.5');
+    const users = app.platform.db.kysely;
+    await users
+      .updateTable('users')
+      .set({ password_hash: await new PasswordHasher(11).hash('abc12345') })
+      .where('id', '=', user.id)
+      .execute();
+    const login = () =>
+      post('/api/v1/auth/login', { identifierType: 'EMAIL', identifier, password: 'abc12345' }, '10.0.7.5');
+    expect((await login()).statusCode).toBe(200);
+    const row = await users
+      .selectFrom('users')
+      .select('password_hash')
+      .where('id', '=', user.id)
+      .executeTakeFirstOrThrow();
+    expect(row.password_hash).toMatch(/^scrypt\$10\$8\$1\$/);
+    expect((await login()).statusCode).toBe(200);
   });
 
   it('names the values a field may take when it takes none of them', async () => {
@@ -277,6 +364,30 @@ describe('client addresses behind a trusted proxy', () => {
       .limit(1)
       .execute();
     expect(rows).toEqual([{ ip: '10.1.1.1' }]);
+  });
+
+  it('audits sign-ins refused for their address', async () => {
+    const attempt = (payload: Record<string, unknown>) =>
+      app.http.inject({
+        method: 'POST',
+        url: '/api/v1/auth/login',
+        payload: { identifierType: 'EMAIL', identifier: 'held@example.test', ...payload },
+        remoteAddress: '10.1.1.1',
+        headers: { 'x-forwarded-for': '203.0.113.90' },
+      });
+    const statuses = [];
+    for (let i = 0; i < 3; i++) statuses.push((await attempt({ password: 'wrong1234' })).statusCode);
+    for (let i = 0; i < 3; i++) statuses.push((await attempt({ code: '123456' })).statusCode);
+    expect(statuses).toEqual([401, 401, 429, 400, 400, 429]);
+    const audit = new LoginAuditRepository(app.platform.db);
+    expect((await audit.forIdentifier('held@example.test')).map((r) => [r.channel, r.reason])).toEqual([
+      ['CODE', 'RATE_LIMITED'],
+      ['CODE', 'VERIFICATION_NOT_FOUND'],
+      ['CODE', 'VERIFICATION_NOT_FOUND'],
+      ['PASSWORD', 'RATE_LIMITED'],
+      ['PASSWORD', 'INVALID_CREDENTIALS'],
+      ['PASSWORD', 'INVALID_CREDENTIALS'],
+    ]);
   });
 
   it('limits an IPv6 client by its /64', async () => {

@@ -59,6 +59,9 @@ const KNOWN_CLIENT_MS = 30 * 86_400_000;
  */
 const KEPT_ANSWER_WAIT = { tries: 40, everyMs: 25 };
 
+/** A kept refresh answer that the caller's client cannot open: it was kept for another one. */
+const OTHER_CLIENT = 'other-client';
+
 export class AuthError extends AppError {}
 
 const invalidCredentials = () => new AuthError('INVALID_CREDENTIALS', 'Wrong account or password', 401);
@@ -145,7 +148,7 @@ export class AuthService {
     ctx: RequestContext,
   ) {
     const identifier = normalizeIdentifier(type, rawIdentifier);
-    await this.limitIp('login', ctx);
+    await this.limitSignIn('login', identifier, 'PASSWORD', ctx);
     const pairKey = `login:id:${identifier}:${ctx.ip ? rateLimitSubject(ctx.ip) : '-'}`;
     const limit = this.limits.passwordPerIdentifier;
     // Per account *and* address, so one address cannot lock a person out of their own account; the
@@ -183,7 +186,10 @@ export class AuthService {
       );
       throw invalidCredentials();
     }
-    if (!(await this.hasher.verify(password, user.password_hash))) {
+    const verified = (await this.hasher.verify(password, user.password_hash))
+      ? await this.sessionVersionForPassword(user.id, user.password_hash)
+      : null;
+    if (verified === null) {
       await this.record(
         { userId: user.id, identifier, channel: 'PASSWORD', success: false, reason: 'INVALID_CREDENTIALS' },
         ctx,
@@ -191,15 +197,36 @@ export class AuthService {
       throw invalidCredentials();
     }
     await this.limiter.reset(pairKey);
+    if (this.hasher.needsRehash(user.password_hash)) {
+      // The hash predates the current cost: stored anew, unless the password changed meanwhile.
+      // Best effort: the sign-in stands either way, and the next one tries again.
+      await this.hasher
+        .hash(password)
+        .then((next) => this.users.replacePasswordHash(user.id, user.password_hash!, next))
+        .catch(() => undefined);
+    }
     await this.rememberClient(identifier, ctx);
     await this.record({ userId: user.id, identifier, channel: 'PASSWORD', success: true, reason: null }, ctx);
-    return { user, token: await this.issue(user.id) };
+    return { user, token: await this.issue(user.id, verified) };
+  }
+
+  /**
+   * The session version a sign-in with the password just checked against `checkedHash` may open its
+   * session under, or null when the password changed meanwhile. A reset stores the new hash, then
+   * bumps the version: the version is read first and the hash after it, so either the hash read is
+   * the new one (the sign-in is refused) or the version read is the old one (a reset that finishes
+   * meanwhile ends the session it opens).
+   */
+  private async sessionVersionForPassword(userId: number, checkedHash: string): Promise<number | null> {
+    const ver = await this.sessions.userVersion(userId);
+    const current = await this.users.findById(userId);
+    return current?.password_hash === checkedHash ? ver : null;
   }
 
   async loginWithCode(type: IdentifierType, rawIdentifier: string, code: string, ctx: RequestContext) {
     const identifier = normalizeIdentifier(type, rawIdentifier);
     // A code's five tries are per identifier: one client guessing across many accounts is held here.
-    await this.limitIp('verify', ctx);
+    await this.limitSignIn('verify', identifier, 'CODE', ctx);
     try {
       await this.verification.verify('LOGIN', identifier, code);
     } catch (err) {
@@ -235,13 +262,17 @@ export class AuthService {
       return pair;
     }
     const again = outcome === 'graced' ? await this.answerAgain(refreshToken, claims, ctx) : null;
-    if (again) {
+    if (again !== null && again !== OTHER_CLIENT) {
       // Tokens handed out once more: on the record, as any sign-in.
       await this.recordRefresh(claims.userId, true, 'REFRESH_ANSWER_REPEATED', ctx);
       return again;
     }
-    if (outcome === 'reused') this.authenticator.forgetSession(claims.sid);
-    const reason = outcome === 'reused' ? 'REFRESH_TOKEN_REUSED' : 'REFRESH_TOKEN_INVALID';
+    // A spent token from another client than the one it was rotated for, even within the grace, is
+    // a copy of it in other hands: which of the two is the thief is unknown, so both lose the session.
+    if (again === OTHER_CLIENT) await this.sessions.end(claims.sid);
+    const reused = outcome === 'reused' || again === OTHER_CLIENT;
+    if (reused) this.authenticator.forgetSession(claims.sid);
+    const reason = reused ? 'REFRESH_TOKEN_REUSED' : 'REFRESH_TOKEN_INVALID';
     await this.recordRefresh(claims.userId, false, reason, ctx);
     throw refreshInvalid();
   }
@@ -249,20 +280,20 @@ export class AuthService {
   /**
    * The answer a rotation of this refresh token gave, for a caller who presents it again within the
    * grace from the same client (the answer was lost on its way, or two tabs refreshed at once), while
-   * the session lives; null for any other caller.
+   * the session lives; `OTHER_CLIENT` when the answer was kept for another client; null otherwise.
    */
   private async answerAgain(
     refreshToken: string,
     claims: TokenClaims,
     client: RequestContext,
-  ): Promise<TokenPair | null> {
+  ): Promise<TokenPair | typeof OTHER_CLIENT | null> {
     for (let tries = 1; ; tries++) {
       const kept = await this.sessions.keptAnswer(claims.jti);
       // The rotation this caller waits for was refused meanwhile.
       if (kept === 'refused') return null;
       if (kept !== null) {
         const answer = openAnswer(kept.sealed, this.answerSecret, refreshToken, client);
-        if (answer === null) return null;
+        if (answer === null) return OTHER_CLIENT;
         if (!(await this.sessions.isActive(claims.sid, claims.userId, claims.ver))) return null;
         const pair = JSON.parse(answer) as TokenPair;
         // Only while its refresh token is still current: once the tab that got it first has rotated
@@ -303,8 +334,9 @@ export class AuthService {
     await this.record({ userId: user.id, identifier, channel: 'RESET', success: true, reason: null }, ctx);
   }
 
-  private async issue(userId: number): Promise<TokenPair> {
-    const { sid, ver } = await this.sessions.open(userId);
+  /** Opens a session, under `version` when the caller read it before checking a credential. */
+  private async issue(userId: number, version?: number): Promise<TokenPair> {
+    const { sid, ver } = await this.sessions.open(userId, version);
     return this.issueInSession(userId, sid, ver);
   }
 
@@ -378,6 +410,22 @@ export class AuthService {
         'Too many requests from this address; try again later',
         decision.retryAfterMs / 1000,
       );
+  }
+
+  /** The per-address limit of a sign-in; a refusal is on the record like any failed sign-in. */
+  private async limitSignIn(
+    action: string,
+    identifier: string,
+    channel: 'PASSWORD' | 'CODE',
+    ctx: RequestContext,
+  ): Promise<void> {
+    try {
+      await this.limitIp(action, ctx);
+    } catch (err) {
+      if (err instanceof RateLimitedError)
+        await this.record({ userId: null, identifier, channel, success: false, reason: 'RATE_LIMITED' }, ctx);
+      throw err;
+    }
   }
 
   private recordRefresh(userId: number, success: boolean, reason: string, ctx: RequestContext) {

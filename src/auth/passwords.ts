@@ -14,7 +14,7 @@ export class PasswordHasher {
 
   async hash(password: string): Promise<string> {
     const salt = randomBytes(16);
-    const r = 8;
+    const r = 8; // `needsRehash` knows these two
     const p = 1;
     const hash = await this.derive(password, salt, this.log2N, r, p);
     return `scrypt$${this.log2N}$${r}$${p}$${salt.toString('base64')}$${hash.toString('base64')}`;
@@ -26,6 +26,12 @@ export class PasswordHasher {
     const expected = Buffer.from(hash, 'base64');
     const actual = await this.derive(password, Buffer.from(salt, 'base64'), Number(n), Number(r), Number(p));
     return actual.length === expected.length && timingSafeEqual(actual, expected);
+  }
+
+  /** Whether a stored hash was made with other parameters than the current ones (a cost since raised). */
+  needsRehash(stored: string): boolean {
+    const [scheme, n, r, p] = stored.split('$');
+    return scheme !== 'scrypt' || Number(n) !== this.log2N || r !== '8' || p !== '1';
   }
 
   /** Spends the same time as a real check, so an unknown account is not told apart by timing. */

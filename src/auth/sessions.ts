@@ -37,8 +37,12 @@ export class SessionStore {
     return Number((await this.kv.get(`auth:uv:${userId}`)) ?? 0);
   }
 
-  async open(userId: number): Promise<{ sid: string; ver: number }> {
-    const ver = await this.userVersion(userId);
+  /**
+   * A new session under the user's version, or under `version` read earlier: a session opened under
+   * a version a reset has passed since is ended from the start.
+   */
+  async open(userId: number, version?: number): Promise<{ sid: string; ver: number }> {
+    const ver = version ?? (await this.userVersion(userId));
     const sid = randomUUID();
     await this.kv.set(`auth:fam:${sid}`, JSON.stringify({ uid: userId, ver }), this.refreshTtlMs);
     return { sid, ver };

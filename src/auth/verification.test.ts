@@ -4,17 +4,20 @@ import { join } from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { migrate, openSqlite, type Db } from '../platform/db/database.js';
 import { createSqliteKv } from '../platform/kv/create.js';
-import type { CodeMessage, CodeSender } from './code-sender/code-sender.js';
+import { RecipientRefusedError, type CodeMessage, type CodeSender } from './code-sender/code-sender.js';
 import { VerificationService } from './verification.js';
 
 class RecordingSender implements CodeSender {
   readonly sent: CodeMessage[] = [];
   failNext = false;
+  /** Recipients the channel refuses (while it works for everyone else). */
+  readonly refused = new Set<string>();
   async send(message: CodeMessage): Promise<void> {
     if (this.failNext) {
       this.failNext = false;
       throw new Error('mail server down');
     }
+    if (this.refused.has(message.identifier)) throw new RecipientRefusedError('mailbox unavailable');
     this.sent.push(message);
   }
   last(): string {
@@ -145,6 +148,19 @@ describe(VerificationService.name, () => {
     expect(await errorCode(sut.send('LOGIN', 'EMAIL', 'real@b.cd', true))).toBe('UNAVAILABLE');
     expect(await errorCode(sut.send('LOGIN', 'EMAIL', 'real@b.cd', true))).toBe('ok');
     expect(await errorCode(sut.send('LOGIN', 'EMAIL', 'ghost2@b.cd', false))).toBe('ok');
+  });
+
+  it('does not take a refused recipient for an outage: unknown accounts still answer as real ones', async () => {
+    // Anyone can have a sign-up code sent to an address the mail server refuses...
+    sender.refused.add('bounce@b.cd');
+    expect(await errorCode(sut.send('REGISTER', 'EMAIL', 'bounce@b.cd', true))).toBe('UNAVAILABLE');
+    // ...which must not make sends to unknown accounts fail while those to real ones go out.
+    expect(await errorCode(sut.send('LOGIN', 'EMAIL', 'ghost@b.cd', false))).toBe('ok');
+    expect(await errorCode(sut.send('LOGIN', 'EMAIL', 'real@b.cd', true))).toBe('ok');
+    // A failing channel still does.
+    sender.failNext = true;
+    expect(await errorCode(sut.send('LOGIN', 'EMAIL', 'real2@b.cd', true))).toBe('UNAVAILABLE');
+    expect(await errorCode(sut.send('LOGIN', 'EMAIL', 'ghost2@b.cd', false))).toBe('UNAVAILABLE');
   });
 
   it('sends a live code again instead of voiding it, and keeps counting its tries', async () => {

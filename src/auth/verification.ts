@@ -1,7 +1,13 @@
 import { randomBytes, randomInt, timingSafeEqual } from 'node:crypto';
 import { AppError, RateLimitedError, UnavailableError } from '../platform/errors/errors.js';
 import type { KeyValueStore } from '../platform/kv/kv.js';
-import type { CodeMessage, CodeSender, IdentifierType, Scene } from './code-sender/code-sender.js';
+import {
+  RecipientRefusedError,
+  type CodeMessage,
+  type CodeSender,
+  type IdentifierType,
+  type Scene,
+} from './code-sender/code-sender.js';
 
 export const CODE_TTL_SECONDS = 300;
 const SEND_INTERVAL_MS = 60_000;
@@ -24,7 +30,10 @@ export class VerificationError extends AppError {
  * the send interval is claimed, so a refused send does not start an interval either.
  */
 export class VerificationService {
-  /** When a delivery last failed here, per identifier type; cleared by the next one that works. */
+  /**
+   * When a delivery last failed here for the channel's sake, per identifier type; cleared by the
+   * next one that works.
+   */
   private readonly failedAt = new Map<IdentifierType, number>();
 
   constructor(
@@ -108,7 +117,9 @@ export class VerificationService {
       await this.sender.send({ ...message, expireSeconds: CODE_TTL_SECONDS });
       this.failedAt.delete(message.identifierType);
     } catch (err) {
-      this.failedAt.set(message.identifierType, this.now());
+      // A refused recipient is no outage: anyone can have one refused (a sign-up to a bad address),
+      // and an outage mode switched on at will would tell unknown accounts from real ones.
+      if (!(err instanceof RecipientRefusedError)) this.failedAt.set(message.identifierType, this.now());
       // A new code nobody received is withdrawn; a code sent before stays valid.
       if (fresh) await this.kv.delete(`vc:code:${id}`);
       await this.kv.delete(`vc:gap:${id}`);

@@ -41,6 +41,17 @@ export class UsersRepository {
     }
   }
 
+  /** Stores `next` as the user's password hash if it is still `expected`; whether it did. */
+  async replacePasswordHash(id: number, expected: string, next: string): Promise<boolean> {
+    const result = await this.db.kysely
+      .updateTable('users')
+      .set({ password_hash: next })
+      .where('id', '=', id)
+      .where('password_hash', '=', expected)
+      .executeTakeFirst();
+    return Number(result.numUpdatedRows) > 0;
+  }
+
   async update(id: number, patch: UserPatch): Promise<void> {
     try {
       await this.db.kysely.updateTable('users').set(patch).where('id', '=', id).execute();

@@ -14,6 +14,18 @@ export interface CodeMessage {
   expireSeconds: number;
 }
 
+/**
+ * The channel works but refuses this one recipient (a mailbox the mail server rejects, a number the
+ * SMS gateway turns down). Unlike a failing channel, anyone can cause this at will with an address
+ * of their choosing, so it says nothing about the channel's health.
+ */
+export class RecipientRefusedError extends Error {
+  constructor(message: string, options?: ErrorOptions) {
+    super(message, options);
+    this.name = 'RecipientRefusedError';
+  }
+}
+
 export interface CodeSender {
   send(message: CodeMessage): Promise<void>;
   /** Whether codes for this identifier type can be sent at all (a setting, not a passing failure). */

@@ -1,5 +1,5 @@
 import type { Transporter } from 'nodemailer';
-import type { CodeMessage, CodeSender } from './code-sender.js';
+import { RecipientRefusedError, type CodeMessage, type CodeSender } from './code-sender.js';
 
 const PURPOSES: Record<CodeMessage['scene'], string> = {
   REGISTER: 'sign-up',
@@ -39,16 +39,23 @@ export class SmtpCodeSender implements CodeSender {
 
   async send(message: CodeMessage): Promise<void> {
     const minutes = Math.round(message.expireSeconds / 60);
-    await this.transport.sendMail({
-      from: this.from,
-      // An address as it is, never parsed for display names or lists.
-      to: { name: '', address: message.identifier },
-      subject: SUBJECTS[message.scene],
-      text:
-        `您的验证码是 ${message.code}，${minutes} 分钟内有效。\n` +
-        `Your Zhiguang ${PURPOSES[message.scene]} verification code is ${message.code}. It expires in ${minutes} minutes.\n` +
-        `If you did not ask for it, ignore this mail.`,
-    });
+    await this.transport
+      .sendMail({
+        from: this.from,
+        // An address as it is, never parsed for display names or lists.
+        to: { name: '', address: message.identifier },
+        subject: SUBJECTS[message.scene],
+        text:
+          `您的验证码是 ${message.code}，${minutes} 分钟内有效。\n` +
+          `Your Zhiguang ${PURPOSES[message.scene]} verification code is ${message.code}. It expires in ${minutes} minutes.\n` +
+          `If you did not ask for it, ignore this mail.`,
+      })
+      .catch((err: unknown) => {
+        // The server refused the envelope (the recipient) rather than failing as a whole.
+        if ((err as { code?: unknown } | null)?.code === 'EENVELOPE')
+          throw new RecipientRefusedError('the mail server refused the recipient', { cause: err });
+        throw err;
+      });
   }
 
   async close(): Promise<void> {

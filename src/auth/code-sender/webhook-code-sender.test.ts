@@ -1,7 +1,7 @@
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { afterEach, describe, expect, it } from 'vitest';
-import type { CodeMessage } from './code-sender.js';
+import { RecipientRefusedError, type CodeMessage } from './code-sender.js';
 import { WebhookCodeSender } from './webhook-code-sender.js';
 
 const message: CodeMessage = {
@@ -55,9 +55,17 @@ describe(WebhookCodeSender.name, () => {
   });
 
   it('rejects any other answer, a redirect, a lost connection and a gateway that does not answer in time', async () => {
-    for (const status of [400, 401, 500, 503]) {
+    for (const status of [400, 401, 404, 422, 429, 500, 503]) {
       const { url } = await gateway((_req, res) => res.writeHead(status).end());
-      await expect(new WebhookCodeSender({ url }).send(message)).rejects.toThrow(String(status));
+      const failure = await new WebhookCodeSender({ url }).send(message).then(
+        () => null,
+        (err: unknown) => err as Error,
+      );
+      expect(failure?.message).toContain(String(status));
+      // Only a refusal of the message itself is told apart from a failing gateway.
+      expect(failure instanceof RecipientRefusedError, `status ${status}`).toBe(
+        status === 400 || status === 422,
+      );
       await stop();
     }
     const moved = await gateway((_req, res) => res.writeHead(302, { location: 'http://127.0.0.1:9/' }).end());
