@@ -20,7 +20,7 @@ export function detailRoutes(deps: { details: DetailService; guards: AuthGuards 
             'A published public post, for everyone. Its author also gets their own drafts and their ' +
             'unlisted, private, followers and school posts (audiences are not modelled yet, so only the ' +
             'author sees those). Anything else is 404, deleted posts too, also for their author. Each 200 counts a view, except ' +
-            "an author's read of a post only they may see.",
+            "an author's read of a post only they may see and a HEAD request.",
           params: DetailParams,
           response: { 200: KnowPostDetailResponse, ...errorResponses(400, 401, 404) },
         },
@@ -28,8 +28,10 @@ export function detailRoutes(deps: { details: DetailService; guards: AuthGuards 
       async (request, reply) => {
         const viewer = request.principal?.userId ?? null;
         const id = request.params.id;
-        if (viewer === null) return sendJsonBytes(reply, await deps.details.anonymousDetailBytes(id));
-        return sendJsonBytes(reply, detailResponseBytes(await deps.details.detail(id, viewer)));
+        // Fastify answers HEAD with this handler too: a look at the headers is no read.
+        const view = request.method !== 'HEAD';
+        if (viewer === null) return sendJsonBytes(reply, await deps.details.anonymousDetailBytes(id, view));
+        return sendJsonBytes(reply, detailResponseBytes(await deps.details.detail(id, viewer, view)));
       },
     );
   };

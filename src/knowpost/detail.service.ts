@@ -33,20 +33,21 @@ export class DetailService {
       anonymous && anonymous.ttlMs > 0 ? new AnonymousAnswers(() => cache.localGeneration, anonymous) : null;
   }
 
-  async detail(id: string, viewerId: number | null): Promise<Detail> {
+  /** `view: false` for a look that is no read (an HTTP HEAD request). */
+  async detail(id: string, viewerId: number | null, view = true): Promise<Detail> {
     const detail = await this.read(id, viewerId, (refs) => this.interactions.counts(refs));
     // An author reading their own draft or private post is not a reader.
-    if (isListed(detail.post)) this.views.record(id);
+    if (view && isListed(detail.post)) this.views.record(id);
     return detail;
   }
 
   /** The answer for a caller who sent no token, as `detailResponseBytes` writes it. */
-  async anonymousDetailBytes(id: string): Promise<Buffer> {
+  async anonymousDetailBytes(id: string, view = true): Promise<Buffer> {
     const answers = this.anonymousAnswers;
     const counts = this.anonymous?.counts;
-    if (!answers || !counts) return detailResponseBytes(await this.detail(id, null));
+    if (!answers || !counts) return detailResponseBytes(await this.detail(id, null, view));
     const bytes = await answers.get(id, async () => detailResponseBytes(await this.read(id, null, counts)));
-    this.views.record(id);
+    if (view) this.views.record(id);
     return bytes;
   }
 

@@ -286,8 +286,15 @@ describe.each<ProfileName>(['embedded', 'cluster'])('reading posts (%s profile)'
     expect((await feedItem(id)).title).toBe('Renamed');
   });
 
-  it('counts each detail read as a view, shown in the counts within 1.5 s', async () => {
+  it('counts each detail read as a view, shown in the counts within 1.5 s, and no HEAD request', async () => {
     const id = await newPost(author);
+    for (const token of [undefined, reader.accessToken]) {
+      const head = await fetch(`${server.baseUrl}/api/v1/knowposts/detail/${id}`, {
+        method: 'HEAD',
+        headers: token ? { authorization: `Bearer ${token}` } : {},
+      });
+      expect(head.status).toBe(200);
+    }
     for (let i = 0; i < 3; i++) ok(await detail(id, i === 0 ? reader.accessToken : undefined), 200);
     expect((await detail('1')).status).toBe(404);
     const started = Date.now();
@@ -298,6 +305,9 @@ describe.each<ProfileName>(['embedded', 'cluster'])('reading posts (%s profile)'
     );
     expect(counts.body.counts.read).toBe(3);
     expect(Date.now() - started).toBeLessThanOrEqual(1700);
+    // Nothing else was on its way.
+    await new Promise((resolve) => setTimeout(resolve, 1200));
+    expect((await call('GET', `/api/v1/counter/knowpost/${id}`)).body.counts.read).toBe(3);
     const metrics = await (await fetch(`${server.baseUrl}/metrics`)).text();
     const value = (name: string) => Number(new RegExp(`^${name} (\\S+)$`, 'm').exec(metrics)?.[1]);
     expect(value('zg_views_published_total')).toBeGreaterThanOrEqual(3);
