@@ -42,7 +42,7 @@ export function descriptionRoutes(deps: DescriptionRouteDeps) {
           security: [{ bearerAuth: [] }],
           description:
             'A description (at most 50 characters) of the post markdown in `content`, drawn from its first ' +
-            '20,000 characters, leaving out script and style elements; 400 DESCRIPTION_CONTENT_EMPTY when they ' +
+            '20,000 characters, leaving out script and style elements; 400 BAD_REQUEST when they ' +
             'show no text. The body may be as large as a post body may be (twice ZG_POST_CONTENT_MAX_BYTES, ' +
             'room for JSON escapes; 413 past that). At most ' +
             'ZG_AI_RATE_LIMIT requests per user per minute (20 by default; 429 past that).',

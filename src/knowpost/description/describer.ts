@@ -131,7 +131,8 @@ function withoutInlineElements(line: string): string {
 
 export class EmptyContentError extends BadRequestError {
   constructor() {
-    super('content has no text to describe', 'DESCRIPTION_CONTENT_EMPTY');
+    // The contract's validation answer: BAD_REQUEST, naming the field.
+    super('body.content has no text to describe');
     this.name = 'EmptyContentError';
   }
 }

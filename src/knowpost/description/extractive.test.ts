@@ -209,6 +209,12 @@ describe('ExtractiveSuggester', () => {
     for (const empty of ['', '   \n\n', '---', '。。。', '![](a.png)']) {
       await expect(suggester.suggest(empty)).rejects.toBeInstanceOf(EmptyContentError);
     }
+    // A validation answer in the contract's terms.
+    await expect(suggester.suggest('---')).rejects.toMatchObject({
+      code: 'BAD_REQUEST',
+      status: 400,
+      message: 'body.content has no text to describe',
+    });
   });
 
   it('reads only the opening of a long post, in time linear in it', async () => {
