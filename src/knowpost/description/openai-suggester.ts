@@ -3,7 +3,6 @@ import {
   DESCRIPTION_MAX_LENGTH,
   EmptyContentError,
   analysedPart,
-  withoutHiddenHtml,
   type DescriptionLog,
   type DescriptionSuggester,
   type SuggestedDescription,
@@ -73,11 +72,12 @@ export function descriptionFromAnswer(answer: string): string | undefined {
 }
 
 /**
- * The post as the model sees it: script and style elements and inline images' data dropped, cut to
- * `PROMPT_CONTENT_CHARS`.
+ * The post as the model sees it: the opening every suggester reads (`analysedPart`: script and style
+ * elements dropped), inline images' data dropped, cut to `PROMPT_CONTENT_CHARS`. A body of megabytes
+ * costs no more than its opening.
  */
 export function promptContent(content: string): string {
-  const text = withoutHiddenHtml(content).replace(/data:[\w/+.-]+;base64,[A-Za-z0-9+/=]+/g, 'data:');
+  const text = analysedPart(content).replace(/data:[\w/+.-]+;base64,[A-Za-z0-9+/=]+/g, 'data:');
   if (text.length <= PROMPT_CONTENT_CHARS) return text;
   const cut = text.slice(0, PROMPT_CONTENT_CHARS);
   return /[\uD800-\uDBFF]$/.test(cut) ? cut.slice(0, -1) : cut;
