@@ -319,7 +319,8 @@ describe('promptContent', () => {
 
   it('reads only the opening the other suggesters read, however long the body', () => {
     // A script block longer than that opening hides everything the model could be shown.
-    const buried = `<script>\n${'a\n'.repeat(ANALYSED_CHARS)}</script>\nVisible only far past the opening`;
+    const line = `${'a'.repeat(99)}\n`;
+    const buried = `<script>\n${line.repeat(ANALYSED_CHARS / 80)}</script>\nVisible only far past the opening`;
     expect(promptContent(buried)).not.toContain('Visible');
     const started = performance.now();
     promptContent(`${'<style>p{}</style> data:image/png;base64,AAAA\n'.repeat(250_000)}`);
