@@ -11,6 +11,7 @@ import { migrate, openSqlite, type Db } from './db/database.js';
 import {
   checkCounterGroups,
   checkRedisAtStart,
+  checkRedisEviction,
   clusterRedisOptions,
   keepDataPrivate,
   reportEmptyRedis,
@@ -158,6 +159,31 @@ describe('the start-up check of Redis', () => {
       expect(messages.map((m) => m.level)).toEqual([50]);
       expect(await redis.get(`${prefix}meta:counter-groups`)).toBe('64');
     });
+  });
+});
+
+describe('the start-up check of Redis’ eviction policy', () => {
+  it('says at error level when keys without an expiry may be evicted, and is quiet otherwise', async () => {
+    const redis = new Redis(services.redisUrl());
+    try {
+      const { log, messages } = capturingLog();
+      // The machine's Redis runs with the default policy.
+      expect(await checkRedisEviction(redis, log)).toBe('noeviction');
+      const fake = (policy: string) =>
+        ({ config: async () => ['maxmemory-policy', policy] }) as unknown as Pick<Redis, 'config'>;
+      expect(await checkRedisEviction(fake('volatile-lru'), log)).toBe('volatile-lru');
+      expect(messages).toEqual([]);
+      expect(await checkRedisEviction(fake('allkeys-lru'), log)).toBe('allkeys-lru');
+      expect(messages.map((m) => [m.level, m.msg.split(':')[0]])).toEqual([
+        [50, 'Redis evicts any key when its memory is full (maxmemory-policy allkeys-lru)'],
+      ]);
+      // A Redis that keeps its configuration to itself is not checked.
+      const closed = { config: async () => Promise.reject(new Error('unknown command')) };
+      expect(await checkRedisEviction(closed as unknown as Pick<Redis, 'config'>, log)).toBeNull();
+      expect(messages).toHaveLength(1);
+    } finally {
+      await redis.quit();
+    }
   });
 });
 

@@ -364,6 +364,35 @@ export async function checkRedisAtStart(
 }
 
 /**
+ * Warns at error level when Redis may evict keys that have no expiry (an `allkeys-*`
+ * `maxmemory-policy`): the facts behind likes and favourites, the session versions that keep reset
+ * passwords' sessions ended and the counter buckets have none, and evicting them loses them
+ * silently. `noeviction` (Redis' default) refuses writes when memory is full instead (503 here), and
+ * `volatile-*` evicts only keys that expire anyway. A Redis that does not allow `CONFIG GET` (some
+ * managed services) is not checked. Resolves to the policy, or null when it could not be read.
+ */
+export async function checkRedisEviction(
+  redis: Pick<Redis, 'config'>,
+  log: Pick<Logger, 'error'>,
+): Promise<string | null> {
+  let policy: string | null;
+  try {
+    const answer = (await redis.config('GET', 'maxmemory-policy')) as unknown;
+    policy = Array.isArray(answer) && typeof answer[1] === 'string' ? answer[1] : null;
+  } catch {
+    return null;
+  }
+  if (policy?.startsWith('allkeys-')) {
+    log.error(
+      { maxmemoryPolicy: policy },
+      `Redis evicts any key when its memory is full (maxmemory-policy ${policy}): likes, favourites and ` +
+        'ended sessions can be lost without a trace; set maxmemory-policy to noeviction (or a volatile-* policy)',
+    );
+  }
+  return policy;
+}
+
+/**
  * The invalidation bus's subscriber, a `duplicate` of the command client, without its limits or its
  * fail-fast state: the client re-sends SUBSCRIBE itself after a reconnection, and a failure of that
  * (a timeout, too many retries; no caller to catch it) would end the process or leave the
@@ -397,6 +426,7 @@ async function createCluster(
     closers.unshift(async () => void (await redis.quit().catch(() => redis.disconnect())));
     await checkRedisAtStart(redis, db, config.redisPrefix, config.counters.groups, markRedis, log);
     watchRedisDataLoss(redis, config.redisPrefix, config.counters.groups, log);
+    await checkRedisEviction(redis, log);
     // A subscribed connection can run no other command, so the bus gets one of its own (and closes it).
     const invalidation = await createRedisInvalidationBus({
       publisher: redis,
