@@ -1,8 +1,9 @@
 /**
  * The counter pipeline end to end inside one process, on both profiles: toggles through the store,
  * events through the real event log (SQLite table / Kafka), the `counter-agg` aggregator, the flusher,
- * the repair job, the reconciler and replay. Each test names the invariant of docs/architecture.md
- * ("The counter pipeline") it proves, and injects the failure that would break it.
+ * the repair job, the reconciler and replay. Each test names the invariant it proves (numbered as in
+ * the design's counter pipeline section; docs/architecture.md, "The counter pipeline", describes how
+ * each holds), and injects the failure that would break it.
  */
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
