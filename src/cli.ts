@@ -42,6 +42,23 @@ const COMMAND_OPTIONS: Record<string, readonly string[]> = {
   'relations rebuild': [],
 };
 
+/**
+ * Progress on stderr: one line rewritten in place on a terminal; otherwise (a file, a pipe, a log
+ * collector) a plain line per message, without control characters.
+ */
+let progressShown = false;
+function progress(message: string): void {
+  if (process.stderr.isTTY) process.stderr.write(`\r${message}\u001b[K`);
+  else process.stderr.write(`${message}\n`);
+  progressShown = true;
+}
+
+/** Ends the line progress was rewriting, if any, before the summary. */
+function endProgress(): void {
+  if (progressShown && process.stderr.isTTY) process.stderr.write('\n');
+  progressShown = false;
+}
+
 /** The admin command line: maintenance jobs with progress on stderr and a JSON summary on stdout. */
 async function main(argv: string[]): Promise<number> {
   let parsed;
@@ -82,9 +99,9 @@ async function main(argv: string[]): Promise<number> {
         parts: (db, platform) => relationUserCountParts(db, platform.counterStore),
       },
       {
-        progress: (message) => process.stderr.write(`\r${message}\u001b[K`),
+        progress,
         summary: (line) => {
-          process.stderr.write('\n');
+          endProgress();
           process.stdout.write(`${line}\n`);
         },
       },
@@ -100,9 +117,9 @@ async function main(argv: string[]): Promise<number> {
       command,
       { fix: values.fix ?? false },
       {
-        progress: (message) => process.stderr.write(`\r${message}\u001b[K`),
+        progress,
         summary: (line) => {
-          process.stderr.write('\n');
+          endProgress();
           process.stdout.write(`${line}\n`);
         },
         note: (message) => process.stderr.write(`${message}\n`),
@@ -136,7 +153,6 @@ async function main(argv: string[]): Promise<number> {
   // The replay refills Redis, so it sets the deployment's mark there if it finds none.
   const platform = await createPlatform(config, log, { markRedis: command === 'replay' });
   const metrics = new CounterMetrics(new Registry());
-  const progress = (message: string) => process.stderr.write(`\r${message}\u001b[K`);
   const started = Date.now();
   try {
     if (refs) {
@@ -163,9 +179,10 @@ async function main(argv: string[]): Promise<number> {
     } else {
       summary = { folded: await flushPending(platform.counterStore, metrics, 512, 1_000_000) };
     }
-    process.stderr.write('\n');
+    endProgress();
+    const name = `counters ${command}${command === 'verify' && values.fix ? ' --fix' : ''}`;
     process.stdout.write(
-      `${JSON.stringify({ command: `counters ${command}`, ...(summary as object), seconds: (Date.now() - started) / 1000 })}\n`,
+      `${JSON.stringify({ command: name, ...(summary as object), seconds: (Date.now() - started) / 1000 })}\n`,
     );
     return code;
   } finally {

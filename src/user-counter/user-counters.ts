@@ -55,11 +55,13 @@ export async function forgetEarlierPostCounts(
   log: Logger,
 ): Promise<boolean> {
   if ((await kv.get(PUBLIC_POSTS_MARK)) !== null) return false;
-  await store.removeAll();
+  const forgot = await store.removeAll();
   await kv.set(PUBLIC_POSTS_MARK, '1');
-  log.info(
-    'user counts: any snapshots from before posts counted public posts only were forgotten (once per deployment); reads rebuild them',
-  );
+  // A new deployment has none: nothing to say then.
+  if (forgot)
+    log.info(
+      'user counts: the snapshots from before posts counted public posts only were forgotten (once per deployment); reads rebuild them',
+    );
   return true;
 }
 

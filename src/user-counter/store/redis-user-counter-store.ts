@@ -280,14 +280,16 @@ export class RedisUserCounterStore implements UserCounterStore {
     await execPipeline(pipeline);
   }
 
-  async removeAll(): Promise<void> {
+  async removeAll(): Promise<boolean> {
     // A key per group, deleted in pipelines of a few hundred (one slot each, as Redis Cluster wants).
+    let removed = 0;
     for (let first = 0; first < this.groups; first += 500) {
       const pipeline = this.redis.pipeline();
       for (let group = first; group < Math.min(first + 500, this.groups); group++)
         pipeline.del(this.groupKey('s', group));
-      await execPipeline(pipeline);
+      for (const deleted of (await execPipeline(pipeline)) as number[]) removed += deleted;
     }
+    return removed > 0;
   }
 
   async writeRawSnapshot(userId: number, bytes: Buffer | null): Promise<void> {

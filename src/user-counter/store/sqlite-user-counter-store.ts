@@ -140,8 +140,13 @@ export class SqliteUserCounterStore implements UserCounterStore {
     }
   }
 
-  async removeAll(): Promise<void> {
-    await this.kysely.updateTable('user_counters').set({ data: null }).execute();
+  async removeAll(): Promise<boolean> {
+    const result = await this.kysely
+      .updateTable('user_counters')
+      .set({ data: null })
+      .where('data', 'is not', null)
+      .executeTakeFirst();
+    return Number(result.numUpdatedRows) > 0;
   }
 
   async writeRawSnapshot(userId: number, bytes: Buffer | null): Promise<void> {

@@ -65,8 +65,9 @@ export function defineUserCounterStoreContract(
       ]);
       // All of them, versions kept.
       const version = (await sut.inspect(70_001)).version;
-      await sut.removeAll();
+      expect(await sut.removeAll()).toBe(true);
       expect(await sut.read([7, 70_001, 8])).toEqual([null, null, null]);
+      expect(await sut.removeAll()).toBe(false);
       expect((await sut.inspect(70_001)).version).toBe(version);
     });
 

@@ -50,8 +50,11 @@ export interface UserCounterStore {
   inspect(userId: number, eventIds?: readonly string[]): Promise<UserInspection>;
   /** Forgets snapshots (the next read rebuilds them); versions and applied ids stay. */
   remove(userIds: readonly number[]): Promise<void>;
-  /** Forgets every snapshot, as `remove` does (once, when what a field counts changed). */
-  removeAll(): Promise<void>;
+  /**
+   * Forgets every snapshot, as `remove` does (once, when what a field counts changed); whether
+   * there was any to forget.
+   */
+  removeAll(): Promise<boolean>;
   /** Overwrites (or with null deletes) a snapshot's raw bytes; for tests and repair tools only. */
   writeRawSnapshot(userId: number, bytes: Buffer | null): Promise<void>;
 }
