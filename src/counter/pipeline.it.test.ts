@@ -10,6 +10,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { Redis } from 'ioredis';
+import { sql } from 'kysely';
 import { Registry } from 'prom-client';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { deleteByPrefix, services, testKafkaLog, uniqueName } from '../../test/rig/resources.js';
@@ -292,6 +293,16 @@ function runFlusher(rig: Rig, store = rig.store, everyMs = 15): { stop(): Promis
 }
 
 /** Waits until every event of `refs` is published, applied and folded: the pipeline is quiet. */
+/** Empties the counter store from outside, as a lost Redis or a lost set of tables would; the log stays. */
+async function wipeCounterStore(rig: Rig): Promise<void> {
+  if (rig.redis && rig.prefix) {
+    await deleteByPrefix(rig.redis, rig.prefix);
+    return;
+  }
+  for (const table of ['counter_facts', 'counter_entities', 'counter_pending', 'counter_snapshots'])
+    await sql.raw(`DELETE FROM ${table}`).execute(rig.db!.kysely);
+}
+
 async function settle(rig: Rig, refs: readonly EntityRef[], timeoutMs = 20_000): Promise<void> {
   let busy: string[] = [];
   await until(
@@ -825,6 +836,10 @@ describe.each<Profile>(['embedded', 'cluster'])('counter pipeline (%s profile)',
         return end;
       },
     });
+
+    // The disaster: the counter store is lost (emptied from outside), the log is all there is.
+    await wipeCounterStore(rig);
+    expect(await rig.store.factCounts(refs[0]!)).toEqual({ like: 0, fav: 0 });
 
     const report = await replayAll(rig.store, events, () => undefined);
     expect(report).toMatchObject({ events: changes, malformed: 0, entities: refs.length });
