@@ -115,7 +115,7 @@ export function authRoutes(deps: AuthRouteDeps) {
             '(every token of this sign-in), except within ZG_REFRESH_REUSE_GRACE_MS (10 s) of its rotation: ' +
             'then the client it was rotated for (same address and user agent) gets the same answer again ' +
             '(its answer was lost, or two tabs refreshed at once), and any other caller is refused ' +
-            '(401 REFRESH_TOKEN_INVALID) and the session ends: a copy of the spent token is in other hands.',
+            '(401 REFRESH_TOKEN_INVALID) while the session goes on.',
           body: RefreshBody,
           response: { 200: TokenResponse, ...errorResponses(400, 401) },
         },

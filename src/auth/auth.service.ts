@@ -9,6 +9,7 @@ import {
   UnavailableError,
   UniqueViolationError,
 } from '../platform/errors/errors.js';
+import { LruCache } from '../platform/cache/lru.js';
 import type { KeyValueStore } from '../platform/kv/kv.js';
 import type { RateLimiter } from '../platform/ratelimit/ratelimit.js';
 import type { UserRow, UsersRepository } from '../profile/users.repository.js';
@@ -59,9 +60,6 @@ const KNOWN_CLIENT_MS = 30 * 86_400_000;
  */
 const KEPT_ANSWER_WAIT = { tries: 40, everyMs: 25 };
 
-/** A kept refresh answer that the caller's client cannot open: it was kept for another one. */
-const OTHER_CLIENT = 'other-client';
-
 export class AuthError extends AppError {}
 
 const invalidCredentials = () => new AuthError('INVALID_CREDENTIALS', 'Wrong account or password', 401);
@@ -79,6 +77,9 @@ const passwordPolicy = () =>
  * account exists except where the contract requires it (registering an identifier already taken).
  */
 export class AuthService {
+  /** Limit refusals already on the record in this window (see `recordRefusal`). */
+  private readonly refusalsRecorded: LruCache<true>;
+
   constructor(
     private readonly users: UsersRepository,
     private readonly audit: LoginAuditRepository,
@@ -95,7 +96,9 @@ export class AuthService {
     /** The deployment's secret that kept refresh answers are sealed with (see `kept-answers.ts`). */
     private readonly answerSecret: Uint8Array,
     private readonly now: () => number = Date.now,
-  ) {}
+  ) {
+    this.refusalsRecorded = new LruCache<true>({ maxEntries: 10_000, ttlMs: limits.windowMs });
+  }
 
   async sendCode(scene: Scene, type: IdentifierType, rawIdentifier: string, ctx: RequestContext) {
     const identifier = normalizeIdentifier(type, rawIdentifier);
@@ -165,10 +168,7 @@ export class AuthService {
       );
     }
     if (!decision.allowed) {
-      await this.record(
-        { userId: null, identifier, channel: 'PASSWORD', success: false, reason: 'RATE_LIMITED' },
-        ctx,
-      );
+      await this.recordRefusal(identifier, 'PASSWORD', ctx);
       throw new RateLimitedError('Too many sign-in attempts; try again later', decision.retryAfterMs / 1000);
     }
     const user = await this.users.findByIdentifier(type, identifier);
@@ -187,7 +187,7 @@ export class AuthService {
       throw invalidCredentials();
     }
     const verified = (await this.hasher.verify(password, user.password_hash))
-      ? await this.sessionVersionForPassword(user.id, user.password_hash)
+      ? await this.sessionVersionForPassword(user.id, user.password_hash, password)
       : null;
     if (verified === null) {
       await this.record(
@@ -214,13 +214,19 @@ export class AuthService {
    * The session version a sign-in with the password just checked against `checkedHash` may open its
    * session under, or null when the password changed meanwhile. A reset stores the new hash, then
    * bumps the version: the version is read first and the hash after it, so either the hash read is
-   * the new one (the sign-in is refused) or the version read is the old one (a reset that finishes
-   * meanwhile ends the session it opens).
+   * the new one (the password is checked against it) or the version read is the old one (a reset
+   * that finishes meanwhile ends the session it opens). A hash that changed without a new password
+   * (stored anew at another cost by a concurrent sign-in) takes the same password.
    */
-  private async sessionVersionForPassword(userId: number, checkedHash: string): Promise<number | null> {
+  private async sessionVersionForPassword(
+    userId: number,
+    checkedHash: string,
+    password: string,
+  ): Promise<number | null> {
     const ver = await this.sessions.userVersion(userId);
-    const current = await this.users.findById(userId);
-    return current?.password_hash === checkedHash ? ver : null;
+    const current = (await this.users.findById(userId))?.password_hash ?? null;
+    if (current === checkedHash) return ver;
+    return current !== null && (await this.hasher.verify(password, current)) ? ver : null;
   }
 
   async loginWithCode(type: IdentifierType, rawIdentifier: string, code: string, ctx: RequestContext) {
@@ -262,17 +268,13 @@ export class AuthService {
       return pair;
     }
     const again = outcome === 'graced' ? await this.answerAgain(refreshToken, claims, ctx) : null;
-    if (again !== null && again !== OTHER_CLIENT) {
+    if (again) {
       // Tokens handed out once more: on the record, as any sign-in.
       await this.recordRefresh(claims.userId, true, 'REFRESH_ANSWER_REPEATED', ctx);
       return again;
     }
-    // A spent token from another client than the one it was rotated for, even within the grace, is
-    // a copy of it in other hands: which of the two is the thief is unknown, so both lose the session.
-    if (again === OTHER_CLIENT) await this.sessions.end(claims.sid);
-    const reused = outcome === 'reused' || again === OTHER_CLIENT;
-    if (reused) this.authenticator.forgetSession(claims.sid);
-    const reason = reused ? 'REFRESH_TOKEN_REUSED' : 'REFRESH_TOKEN_INVALID';
+    if (outcome === 'reused') this.authenticator.forgetSession(claims.sid);
+    const reason = outcome === 'reused' ? 'REFRESH_TOKEN_REUSED' : 'REFRESH_TOKEN_INVALID';
     await this.recordRefresh(claims.userId, false, reason, ctx);
     throw refreshInvalid();
   }
@@ -280,20 +282,22 @@ export class AuthService {
   /**
    * The answer a rotation of this refresh token gave, for a caller who presents it again within the
    * grace from the same client (the answer was lost on its way, or two tabs refreshed at once), while
-   * the session lives; `OTHER_CLIENT` when the answer was kept for another client; null otherwise.
+   * the session lives; null for any other caller. Another client is refused without ending the
+   * session: one client's requests may leave from two addresses (IPv4 and IPv6, rotating IPv6
+   * addresses, carrier NAT), and ending it would sign the owner out.
    */
   private async answerAgain(
     refreshToken: string,
     claims: TokenClaims,
     client: RequestContext,
-  ): Promise<TokenPair | typeof OTHER_CLIENT | null> {
+  ): Promise<TokenPair | null> {
     for (let tries = 1; ; tries++) {
       const kept = await this.sessions.keptAnswer(claims.jti);
       // The rotation this caller waits for was refused meanwhile.
       if (kept === 'refused') return null;
       if (kept !== null) {
         const answer = openAnswer(kept.sealed, this.answerSecret, refreshToken, client);
-        if (answer === null) return OTHER_CLIENT;
+        if (answer === null) return null;
         if (!(await this.sessions.isActive(claims.sid, claims.userId, claims.ver))) return null;
         const pair = JSON.parse(answer) as TokenPair;
         // Only while its refresh token is still current: once the tab that got it first has rotated
@@ -422,10 +426,24 @@ export class AuthService {
     try {
       await this.limitIp(action, ctx);
     } catch (err) {
-      if (err instanceof RateLimitedError)
-        await this.record({ userId: null, identifier, channel, success: false, reason: 'RATE_LIMITED' }, ctx);
+      if (err instanceof RateLimitedError) await this.recordRefusal(identifier, channel, ctx);
       throw err;
     }
+  }
+
+  /**
+   * A sign-in refused by a limit, on the record: the first one per identifier, channel and client in
+   * a window (in this process), so a client hammering away past its limit writes a row a window, not
+   * one per request. A failure to record leaves the answer a 429.
+   */
+  private async recordRefusal(identifier: string, channel: 'PASSWORD' | 'CODE', ctx: RequestContext) {
+    const key = `${channel}:${identifier}:${ctx.ip ? rateLimitSubject(ctx.ip) : '-'}`;
+    if (this.refusalsRecorded.get(key)) return;
+    this.refusalsRecorded.set(key, true);
+    await this.record(
+      { userId: null, identifier, channel, success: false, reason: 'RATE_LIMITED' },
+      ctx,
+    ).catch(() => undefined);
   }
 
   private recordRefresh(userId: number, success: boolean, reason: string, ctx: RequestContext) {

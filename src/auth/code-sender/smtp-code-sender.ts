@@ -51,8 +51,7 @@ export class SmtpCodeSender implements CodeSender {
           `If you did not ask for it, ignore this mail.`,
       })
       .catch((err: unknown) => {
-        // The server refused the envelope (the recipient) rather than failing as a whole.
-        if ((err as { code?: unknown } | null)?.code === 'EENVELOPE')
+        if (refusesRecipient(err))
           throw new RecipientRefusedError('the mail server refused the recipient', { cause: err });
         throw err;
       });
@@ -61,4 +60,21 @@ export class SmtpCodeSender implements CodeSender {
   async close(): Promise<void> {
     this.transport.close();
   }
+}
+
+/**
+ * Whether the mail server refused this recipient for good, rather than failing as a whole: a
+ * permanent (5xx) answer to RCPT TO, not one of policy (5.7.x: relaying, authentication), which
+ * would refuse every recipient alike. A refused sender, a temporary answer or a failed DATA is the
+ * channel's trouble.
+ */
+export function refusesRecipient(err: unknown): boolean {
+  const e = err as { code?: unknown; command?: unknown; responseCode?: unknown; response?: unknown } | null;
+  return (
+    e?.code === 'EENVELOPE' &&
+    e.command === 'RCPT TO' &&
+    typeof e.responseCode === 'number' &&
+    e.responseCode >= 500 &&
+    !/\b5\.7\.\d+/.test(typeof e.response === 'string' ? e.response : '')
+  );
 }
