@@ -163,24 +163,30 @@ describe('the start-up check of Redis', () => {
 });
 
 describe('the start-up check of Redis’ eviction policy', () => {
-  it('says at error level when keys without an expiry may be evicted, and is quiet otherwise', async () => {
+  it('says when keys may be evicted: at error level those without an expiry, and nothing otherwise', async () => {
     const redis = new Redis(services.redisUrl());
     try {
       const { log, messages } = capturingLog();
       // The machine's Redis runs with the default policy.
-      expect(await checkRedisEviction(redis, log)).toBe('noeviction');
-      const fake = (policy: string) =>
-        ({ config: async () => ['maxmemory-policy', policy] }) as unknown as Pick<Redis, 'config'>;
-      expect(await checkRedisEviction(fake('volatile-lru'), log)).toBe('volatile-lru');
+      expect(await checkRedisEviction(redis, log)).toBeNull();
+      const fake = (policy: string, maxmemory = '1073741824') =>
+        ({
+          config: async (_get: string, name: string) => [name, name === 'maxmemory' ? maxmemory : policy],
+        }) as unknown as Pick<Redis, 'config'>;
+      // No memory limit: nothing is ever evicted.
+      expect(await checkRedisEviction(fake('allkeys-lru', '0'), log)).toBeNull();
+      expect(await checkRedisEviction(fake('noeviction'), log)).toBeNull();
       expect(messages).toEqual([]);
       expect(await checkRedisEviction(fake('allkeys-lru'), log)).toBe('allkeys-lru');
+      expect(await checkRedisEviction(fake('volatile-ttl'), log)).toBe('volatile-ttl');
       expect(messages.map((m) => [m.level, m.msg.split(':')[0]])).toEqual([
         [50, 'Redis evicts any key when its memory is full (maxmemory-policy allkeys-lru)'],
+        [40, 'Redis evicts keys with an expiry when its memory is full (maxmemory-policy volatile-ttl)'],
       ]);
       // A Redis that keeps its configuration to itself is not checked.
       const closed = { config: async () => Promise.reject(new Error('unknown command')) };
       expect(await checkRedisEviction(closed as unknown as Pick<Redis, 'config'>, log)).toBeNull();
-      expect(messages).toHaveLength(1);
+      expect(messages).toHaveLength(2);
     } finally {
       await redis.quit();
     }

@@ -364,31 +364,46 @@ export async function checkRedisAtStart(
 }
 
 /**
- * Warns at error level when Redis may evict keys that have no expiry (an `allkeys-*`
- * `maxmemory-policy`): the facts behind likes and favourites, the session versions that keep reset
- * passwords' sessions ended and the counter buckets have none, and evicting them loses them
- * silently. `noeviction` (Redis' default) refuses writes when memory is full instead (503 here), and
- * `volatile-*` evicts only keys that expire anyway. A Redis that does not allow `CONFIG GET` (some
- * managed services) is not checked. Resolves to the policy, or null when it could not be read.
+ * Says when Redis may evict keys once its memory is full (a `maxmemory` and a `maxmemory-policy`
+ * other than `noeviction`, Redis' default, which refuses writes instead: 503 here). At error level
+ * for `allkeys-*`: the facts behind likes and favourites, the session versions that keep reset
+ * passwords' sessions ended and the counter buckets have no expiry, and evicting them loses them
+ * silently. As a warning for `volatile-*`, which evicts keys before they expire: sessions (users
+ * signed out), rotation marks (a replayed refresh token only refused), a code's tries (more
+ * guesses). A Redis that does not allow `CONFIG GET` (some managed services) is not checked.
+ * Resolves to the policy that evicts, or null.
  */
 export async function checkRedisEviction(
   redis: Pick<Redis, 'config'>,
-  log: Pick<Logger, 'error'>,
+  log: Pick<Logger, 'error' | 'warn'>,
 ): Promise<string | null> {
   let policy: string | null;
+  let maxmemory: number;
   try {
-    const answer = (await redis.config('GET', 'maxmemory-policy')) as unknown;
-    policy = Array.isArray(answer) && typeof answer[1] === 'string' ? answer[1] : null;
+    const setting = async (name: string): Promise<string | null> => {
+      const answer = (await redis.config('GET', name)) as unknown;
+      return Array.isArray(answer) && typeof answer[1] === 'string' ? answer[1] : null;
+    };
+    policy = await setting('maxmemory-policy');
+    maxmemory = Number(await setting('maxmemory'));
   } catch {
     return null;
   }
-  if (policy?.startsWith('allkeys-')) {
+  // Without a memory limit nothing is evicted, whatever the policy.
+  if (policy === null || policy === 'noeviction' || !(maxmemory > 0)) return null;
+  const advice = 'set maxmemory-policy to noeviction (writes are refused instead when memory is full)';
+  if (policy.startsWith('allkeys-'))
     log.error(
-      { maxmemoryPolicy: policy },
+      { maxmemoryPolicy: policy, maxmemory },
       `Redis evicts any key when its memory is full (maxmemory-policy ${policy}): likes, favourites and ` +
-        'ended sessions can be lost without a trace; set maxmemory-policy to noeviction (or a volatile-* policy)',
+        `ended sessions can be lost without a trace; ${advice}`,
     );
-  }
+  else
+    log.warn(
+      { maxmemoryPolicy: policy, maxmemory },
+      `Redis evicts keys with an expiry when its memory is full (maxmemory-policy ${policy}): sessions, ` +
+        `refresh-token rotation marks and verification-code tries can be lost early; ${advice}`,
+    );
   return policy;
 }
 
