@@ -275,6 +275,12 @@ async function readLikes(client: Client, posts: string[]): Promise<(number | nul
   return out;
 }
 
+/** Waits for all of `work` to end (none is left running), then fails with the first failure. */
+async function settled(work: Promise<unknown>[]): Promise<void> {
+  const results = await Promise.allSettled(work);
+  for (const r of results) if (r.status === 'rejected') throw r.reason;
+}
+
 /** Polls until every post's like count equals the expectation; returns how long it took, fails after `ms`. */
 async function exactWithin(client: Client, posts: string[], toggler: Toggler, ms: number): Promise<number> {
   const started = Date.now();
@@ -352,7 +358,7 @@ describe('counters under faults (cluster profile: API and worker processes, a pr
   const killWorkerAt = async (at: number[]): Promise<void> => {
     for (const n of at) {
       while (toggler.done < n) await sleep(20);
-      const deadline = Date.now() + 10_000;
+      const deadline = Date.now() + 30_000;
       for (;;) {
         const handled =
           (await metric(worker!, 'zg_counter_events_consumed_total{outcome="applied"}')) +
@@ -392,15 +398,15 @@ describe('counters under faults (cluster profile: API and worker processes, a pr
     expect(users.length).toBe(MAX_USERS);
     posts = await insertPosts(deployment!, users[0]!.id, POSTS);
     toggler = new Toggler(client, users, posts, 20_240_601);
-  }, 60_000);
+  }, 120_000);
 
   it('phase 1: stays exact while the worker is killed mid-batch twice', async () => {
     const t0 = Date.now();
     // Paced, and on until both kills are done, so that the second one finds the load still running.
     let killed = false;
-    await Promise.all([
-      toggler.run(9_000, 32, () => killed, 250),
-      killWorkerAt([1_500, 0]).then(() => void (killed = true)),
+    await settled([
+      toggler.run(15_000, 32, () => killed, 250),
+      killWorkerAt([1_500, 0]).finally(() => void (killed = true)),
     ]);
     timings.phase1LoadMs = Date.now() - t0;
     expect(toggler.failures).toEqual([]);
@@ -504,13 +510,14 @@ describe('counters under faults (cluster profile: API and worker processes, a pr
       }
     })();
     const rebuildsBefore = await metric(api!, 'zg_counter_rebuilds_total{reason="read"}');
-    const remaining = TOGGLES - toggler.done;
+    const remaining = Math.max(0, TOGGLES - toggler.done);
     const t0 = Date.now();
     try {
-      // Paced so that the load outlasts both kills and the restarts after them.
-      await Promise.all([
-        toggler.run(remaining, 32, undefined, 300),
-        killWorkerAt([toggler.done + Math.floor(remaining / 5), 0]),
+      // Paced, and on until both kills are done and the run has made its 20,000 toggles.
+      let killed = false;
+      await settled([
+        toggler.run(40_000, 32, () => killed && toggler.done >= TOGGLES, 300),
+        killWorkerAt([toggler.done + Math.floor(remaining / 5), 0]).finally(() => void (killed = true)),
       ]);
     } finally {
       running = false;
@@ -520,7 +527,7 @@ describe('counters under faults (cluster profile: API and worker processes, a pr
     timings.phase3LoadMs = Date.now() - t0;
     expect(toggler.failures).toEqual([]);
     expect(toggler.ambiguous.size).toBe(0);
-    expect(toggler.done).toBe(TOGGLES);
+    expect(toggler.done).toBeGreaterThanOrEqual(TOGGLES);
     expect(sabotaged).toBeGreaterThan(50);
     expect(missing).toEqual([]);
     expect(await metric(api!, 'zg_counter_rebuilds_total{reason="read"}')).toBeGreaterThan(rebuildsBefore);
@@ -611,7 +618,7 @@ describe('counters under faults (embedded profile: one process, killed with SIGK
     expect(users.length).toBe(MAX_USERS);
     posts = await insertPosts(deployment!, users[0]!.id, EMBEDDED_POSTS);
     toggler = new Toggler(client, users, posts, 20_240_602);
-  }, 60_000);
+  }, 120_000);
 
   it('stays exact through two kill -9 of the process mid-load and snapshots deleted and corrupted in SQLite', async () => {
     const db = openSqlite(`${deployment!.dataDir}/zhiguang.db`);
@@ -662,7 +669,7 @@ describe('counters under faults (embedded profile: one process, killed with SIGK
     expect(sabotaged).toBeGreaterThan(50);
     timings.quietMs = await exactWithin(client, posts, toggler, 10_000);
     await expectFlags(client, users, posts, toggler, 20, 5);
-  }, 120_000);
+  }, 240_000);
 
   it('counters verify finds no drift, next to the running server', async () => {
     const verify = await runCli(deployment!.env, ['counters', 'verify']);
