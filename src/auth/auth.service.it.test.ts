@@ -135,7 +135,7 @@ describe(AuthService.name, () => {
         .map((r) => [r.success, r.reason]),
     ).toEqual([
       [1, 'REFRESH_ANSWER_REPEATED'],
-      [0, 'REFRESH_TOKEN_INVALID'],
+      [0, 'REFRESH_OTHER_CLIENT'],
     ]);
 
     // A password reset in between ends the session: the kept answer is not given out.
@@ -403,6 +403,9 @@ describe('client addresses behind a trusted proxy', () => {
     for (let i = 0; i < 4; i++) statuses.push((await attempt({ password: 'wrong1234' })).statusCode);
     for (let i = 0; i < 3; i++) statuses.push((await attempt({ code: '123456' })).statusCode);
     expect(statuses).toEqual([401, 401, 429, 429, 400, 400, 429]);
+    // The client, refused, names another identifier: still one refusal on the record a window.
+    expect((await attempt({ identifier: 'held2@example.test', password: 'wrong1234' })).statusCode).toBe(429);
+    expect(await new LoginAuditRepository(app.platform.db).forIdentifier('held2@example.test')).toEqual([]);
     // The first refusal of a window is on the record, not every one after it.
     const audit = new LoginAuditRepository(app.platform.db);
     expect((await audit.forIdentifier('held@example.test')).map((r) => [r.channel, r.reason])).toEqual([

@@ -60,6 +60,9 @@ const KNOWN_CLIENT_MS = 30 * 86_400_000;
  */
 const KEPT_ANSWER_WAIT = { tries: 40, everyMs: 25 };
 
+/** A kept refresh answer the caller's client cannot open: kept for another client (or damaged). */
+const OTHER_CLIENT = 'other-client';
+
 export class AuthError extends AppError {}
 
 const invalidCredentials = () => new AuthError('INVALID_CREDENTIALS', 'Wrong account or password', 401);
@@ -168,7 +171,7 @@ export class AuthService {
       );
     }
     if (!decision.allowed) {
-      await this.recordRefusal(identifier, 'PASSWORD', ctx);
+      await this.recordRefusal(identifier, 'PASSWORD', ctx, `account:${identifier}`);
       throw new RateLimitedError('Too many sign-in attempts; try again later', decision.retryAfterMs / 1000);
     }
     const user = await this.users.findByIdentifier(type, identifier);
@@ -268,13 +271,20 @@ export class AuthService {
       return pair;
     }
     const again = outcome === 'graced' ? await this.answerAgain(refreshToken, claims, ctx) : null;
-    if (again) {
+    if (again !== null && again !== OTHER_CLIENT) {
       // Tokens handed out once more: on the record, as any sign-in.
       await this.recordRefresh(claims.userId, true, 'REFRESH_ANSWER_REPEATED', ctx);
       return again;
     }
     if (outcome === 'reused') this.authenticator.forgetSession(claims.sid);
-    const reason = outcome === 'reused' ? 'REFRESH_TOKEN_REUSED' : 'REFRESH_TOKEN_INVALID';
+    // Another client within the grace is refused, the session going on, but on the record as such:
+    // it may be the owner behind a second address, or a thief who rotated first.
+    const reason =
+      outcome === 'reused'
+        ? 'REFRESH_TOKEN_REUSED'
+        : again === OTHER_CLIENT
+          ? 'REFRESH_OTHER_CLIENT'
+          : 'REFRESH_TOKEN_INVALID';
     await this.recordRefresh(claims.userId, false, reason, ctx);
     throw refreshInvalid();
   }
@@ -282,22 +292,23 @@ export class AuthService {
   /**
    * The answer a rotation of this refresh token gave, for a caller who presents it again within the
    * grace from the same client (the answer was lost on its way, or two tabs refreshed at once), while
-   * the session lives; null for any other caller. Another client is refused without ending the
-   * session: one client's requests may leave from two addresses (IPv4 and IPv6, rotating IPv6
-   * addresses, carrier NAT), and ending it would sign the owner out.
+   * the session lives; `OTHER_CLIENT` when the answer kept cannot be opened with this client's
+   * address and user agent; null otherwise. Another client is refused without ending the session:
+   * one client's requests may leave from two addresses (IPv4 and IPv6, rotating IPv6 addresses,
+   * carrier NAT), and ending it would sign the owner out.
    */
   private async answerAgain(
     refreshToken: string,
     claims: TokenClaims,
     client: RequestContext,
-  ): Promise<TokenPair | null> {
+  ): Promise<TokenPair | typeof OTHER_CLIENT | null> {
     for (let tries = 1; ; tries++) {
       const kept = await this.sessions.keptAnswer(claims.jti);
       // The rotation this caller waits for was refused meanwhile.
       if (kept === 'refused') return null;
       if (kept !== null) {
         const answer = openAnswer(kept.sealed, this.answerSecret, refreshToken, client);
-        if (answer === null) return null;
+        if (answer === null) return OTHER_CLIENT;
         if (!(await this.sessions.isActive(claims.sid, claims.userId, claims.ver))) return null;
         const pair = JSON.parse(answer) as TokenPair;
         // Only while its refresh token is still current: once the tab that got it first has rotated
@@ -426,24 +437,31 @@ export class AuthService {
     try {
       await this.limitIp(action, ctx);
     } catch (err) {
-      if (err instanceof RateLimitedError) await this.recordRefusal(identifier, channel, ctx);
+      // Keyed by the client alone: one client past its limit may name a new identifier each time.
+      if (err instanceof RateLimitedError) await this.recordRefusal(identifier, channel, ctx, 'address');
       throw err;
     }
   }
 
   /**
-   * A sign-in refused by a limit, on the record: the first one per identifier, channel and client in
-   * a window (in this process), so a client hammering away past its limit writes a row a window, not
-   * one per request. A failure to record leaves the answer a 429.
+   * A sign-in refused by a limit, on the record: the first one per limit (`scope`), channel and
+   * client in a window (in this process), so a client hammering away past its limit writes a row a
+   * window, not one per request. A failure to record leaves the answer a 429, and the next refusal
+   * tries again.
    */
-  private async recordRefusal(identifier: string, channel: 'PASSWORD' | 'CODE', ctx: RequestContext) {
-    const key = `${channel}:${identifier}:${ctx.ip ? rateLimitSubject(ctx.ip) : '-'}`;
+  private async recordRefusal(
+    identifier: string,
+    channel: 'PASSWORD' | 'CODE',
+    ctx: RequestContext,
+    scope: string,
+  ) {
+    const key = `${channel}|${scope}|${ctx.ip ? rateLimitSubject(ctx.ip) : '-'}`;
     if (this.refusalsRecorded.get(key)) return;
     this.refusalsRecorded.set(key, true);
     await this.record(
       { userId: null, identifier, channel, success: false, reason: 'RATE_LIMITED' },
       ctx,
-    ).catch(() => undefined);
+    ).catch(() => this.refusalsRecorded.delete(key));
   }
 
   private recordRefresh(userId: number, success: boolean, reason: string, ctx: RequestContext) {

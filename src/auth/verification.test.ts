@@ -157,6 +157,13 @@ describe(VerificationService.name, () => {
     // ...which must not make sends to unknown accounts fail while those to real ones go out.
     expect(await errorCode(sut.send('LOGIN', 'EMAIL', 'ghost@b.cd', false))).toBe('ok');
     expect(await errorCode(sut.send('LOGIN', 'EMAIL', 'real@b.cd', true))).toBe('ok');
+    // A refused recipient that is a registered account's does: the channel may refuse everyone.
+    now += 61_000;
+    sender.refused.add('real@b.cd');
+    expect(await errorCode(sut.send('LOGIN', 'EMAIL', 'real@b.cd', true))).toBe('UNAVAILABLE');
+    expect(await errorCode(sut.send('LOGIN', 'EMAIL', 'ghost3@b.cd', false))).toBe('UNAVAILABLE');
+    sender.refused.clear();
+    now += 31_000;
     // A failing channel still does.
     sender.failNext = true;
     expect(await errorCode(sut.send('LOGIN', 'EMAIL', 'real2@b.cd', true))).toBe('UNAVAILABLE');

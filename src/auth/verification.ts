@@ -117,9 +117,11 @@ export class VerificationService {
       await this.sender.send({ ...message, expireSeconds: CODE_TTL_SECONDS });
       this.failedAt.delete(message.identifierType);
     } catch (err) {
-      // A refused recipient is no outage: anyone can have one refused (a sign-up to a bad address),
-      // and an outage mode switched on at will would tell unknown accounts from real ones.
-      if (!(err instanceof RecipientRefusedError)) this.failedAt.set(message.identifierType, this.now());
+      // A sign-up code to a refused recipient is left out: anyone may ask for one to an address of
+      // their choosing, and an outage mode switched on at will would tell unknown accounts from real
+      // ones. Any failure to reach a registered account counts (a relay refusing every recipient).
+      if (!(err instanceof RecipientRefusedError) || message.scene !== 'REGISTER')
+        this.failedAt.set(message.identifierType, this.now());
       // A new code nobody received is withdrawn; a code sent before stays valid.
       if (fresh) await this.kv.delete(`vc:code:${id}`);
       await this.kv.delete(`vc:gap:${id}`);

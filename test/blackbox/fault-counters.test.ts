@@ -342,13 +342,18 @@ describe('counters under faults (cluster profile: API and worker processes, a pr
   };
   /** Where the running worker started: the group's committed records then. */
   let startedAt = 0;
+  /** Set once the suite is over (or a test gave up): loads and kills still running stop. */
+  let aborted = false;
   const crashWorker = async (): Promise<void> => {
     await countRedelivered();
     await worker!.crash();
     workerKills++;
     // Nothing commits for the group until the next worker runs: where that one starts.
     startedAt = await committedEvents();
-    worker = await startNode(env(), 'worker', 90_000);
+    const started = await startNode(env(), 'worker', 90_000);
+    // Started after the suite stopped its processes: nobody else would stop this one.
+    if (aborted) await started.stop();
+    worker = started;
   };
   /**
    * Kills the worker (and starts it again) once each of `at` toggles have been answered, at a moment
@@ -357,13 +362,17 @@ describe('counters under faults (cluster profile: API and worker processes, a pr
    */
   const killWorkerAt = async (at: number[]): Promise<void> => {
     for (const n of at) {
-      while (toggler.done < n) await sleep(20);
+      while (toggler.done < n) {
+        if (aborted) return;
+        await sleep(20);
+      }
       const deadline = Date.now() + 30_000;
       for (;;) {
         const handled =
           (await metric(worker!, 'zg_counter_events_consumed_total{outcome="applied"}')) +
           (await metric(worker!, 'zg_counter_events_consumed_total{outcome="skipped"}'));
         if (startedAt + handled > (await committedEvents())) break;
+        if (aborted) return;
         if (Date.now() > deadline) throw new Error('the worker never held uncommitted events');
         await sleep(5);
       }
@@ -383,6 +392,7 @@ describe('counters under faults (cluster profile: API and worker processes, a pr
   }, 240_000);
 
   afterAll(async () => {
+    aborted = true;
     await Promise.allSettled([api?.stop(), worker?.stop(), admin?.close()]);
     await kafka?.destroy();
     await deployment?.dispose();
@@ -405,7 +415,7 @@ describe('counters under faults (cluster profile: API and worker processes, a pr
     // Paced, and on until both kills are done, so that the second one finds the load still running.
     let killed = false;
     await settled([
-      toggler.run(15_000, 32, () => killed, 250),
+      toggler.run(15_000, 32, () => killed || aborted, 250),
       killWorkerAt([1_500, 0]).finally(() => void (killed = true)),
     ]);
     timings.phase1LoadMs = Date.now() - t0;
@@ -434,7 +444,7 @@ describe('counters under faults (cluster profile: API and worker processes, a pr
     // Toggles run, paced, before the broker stops, through the outage and the broker's restart, and
     // on for 1.5 s after it is back: once the API has published those, the repair job no longer
     // covers them and the worker's consumer must be counting again.
-    const load = toggler.run(7_000, 8, () => backAt > 0 && Date.now() - backAt > 1_500, 100);
+    const load = toggler.run(7_000, 8, () => (backAt > 0 && Date.now() - backAt > 1_500) || aborted, 100);
     const outage = (async () => {
       while (toggler.done < doneBefore + 300) await sleep(10);
       publishedAtDown = await metric(api!, 'zg_counter_events_published_total');
@@ -516,7 +526,7 @@ describe('counters under faults (cluster profile: API and worker processes, a pr
       // Paced, and on until both kills are done and the run has made its 20,000 toggles.
       let killed = false;
       await settled([
-        toggler.run(40_000, 32, () => killed && toggler.done >= TOGGLES, 300),
+        toggler.run(40_000, 32, () => (killed && toggler.done >= TOGGLES) || aborted, 300),
         killWorkerAt([toggler.done + Math.floor(remaining / 5), 0]).finally(() => void (killed = true)),
       ]);
     } finally {

@@ -8,12 +8,11 @@ function smtpError(command: string, response: string, code = 'EENVELOPE') {
 }
 
 describe(refusesRecipient.name, () => {
-  it('tells a mailbox refused for good from a mail server in trouble', () => {
+  it('tells a refused recipient from a mail server failing as a whole', () => {
     expect(refusesRecipient(smtpError('RCPT TO', '550 5.1.1 <nobody@b.cd>: user unknown'))).toBe(true);
-    expect(refusesRecipient(smtpError('RCPT TO', '553 mailbox name not allowed'))).toBe(true);
-    // Temporary answers, policy refusals and failures of the sender or the message are the channel's.
-    expect(refusesRecipient(smtpError('RCPT TO', '450 4.2.0 greylisted, try again later'))).toBe(false);
-    expect(refusesRecipient(smtpError('RCPT TO', '554 5.7.1 relay access denied'))).toBe(false);
+    expect(refusesRecipient(smtpError('RCPT TO', '450 4.2.0 greylisted, try again later'))).toBe(true);
+    expect(refusesRecipient(smtpError('RCPT TO', '554 5.7.1 relay access denied'))).toBe(true);
+    // The sender, the message or the connection: the channel's trouble whoever the recipient is.
     expect(refusesRecipient(smtpError('MAIL FROM', '550 5.7.0 sender not allowed'))).toBe(false);
     expect(refusesRecipient(smtpError('MAIL FROM', '530 5.7.0 authentication required'))).toBe(false);
     expect(refusesRecipient(smtpError('DATA', '554 transaction failed'))).toBe(false);

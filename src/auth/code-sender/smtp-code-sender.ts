@@ -63,18 +63,12 @@ export class SmtpCodeSender implements CodeSender {
 }
 
 /**
- * Whether the mail server refused this recipient for good, rather than failing as a whole: a
- * permanent (5xx) answer to RCPT TO, not one of policy (5.7.x: relaying, authentication), which
- * would refuse every recipient alike. A refused sender, a temporary answer or a failed DATA is the
- * channel's trouble.
+ * Whether the mail server refused this recipient (any answer to RCPT TO that is not a 2xx), rather
+ * than failing as a whole (connecting, signing in, MAIL FROM, DATA). Such an answer may still be
+ * the server's trouble (a relay not allowed refuses every recipient alike): the verification service
+ * only leaves it out of its outage reckoning for sign-up codes, whose address anyone may choose.
  */
 export function refusesRecipient(err: unknown): boolean {
-  const e = err as { code?: unknown; command?: unknown; responseCode?: unknown; response?: unknown } | null;
-  return (
-    e?.code === 'EENVELOPE' &&
-    e.command === 'RCPT TO' &&
-    typeof e.responseCode === 'number' &&
-    e.responseCode >= 500 &&
-    !/\b5\.7\.\d+/.test(typeof e.response === 'string' ? e.response : '')
-  );
+  const e = err as { code?: unknown; command?: unknown } | null;
+  return e?.code === 'EENVELOPE' && e.command === 'RCPT TO';
 }

@@ -17,7 +17,7 @@ export interface WebhookCodeSenderOptions {
  * Hands a code to an SMS gateway, or a relay to one, with one JSON POST:
  * `{to, identifierType, scene, code, expireSeconds, text}`. A 2xx answer means the gateway took it;
  * anything else (another status, a network error, no answer within the timeout) rejects, and the
- * caller withdraws the code: 422 as a refused number, the rest as a failing gateway. Redirects are not followed.
+ * caller withdraws the code: 400 and 422 as a refused message, the rest as a failing gateway. Redirects are not followed.
  */
 export class WebhookCodeSender implements CodeSender {
   private readonly timeoutMs: number;
@@ -48,10 +48,9 @@ export class WebhookCodeSender implements CodeSender {
     // The answer's body is of no use; read it so the connection can be reused.
     await response.arrayBuffer().catch(() => undefined);
     if (response.status >= 200 && response.status <= 299) return;
-    // 422 refuses this message's number; any other status is the channel's trouble (400 a request
-    // the gateway no longer understands, 401 and 403 a wrong token, 404 a wrong URL, 429 and 5xx the
-    // gateway itself).
-    if (response.status === 422)
+    // 400 and 422 refuse this message (its number, say); any other status is the channel's trouble
+    // (401 and 403 a wrong token, 404 a wrong URL, 429 and 5xx the gateway itself).
+    if (response.status === 400 || response.status === 422)
       throw new RecipientRefusedError(`the SMS webhook refused the message (${response.status})`);
     throw new Error(`the SMS webhook answered ${response.status}`);
   }

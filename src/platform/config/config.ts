@@ -213,7 +213,7 @@ export const CONFIG_VARS = {
   },
   ZG_SMS_WEBHOOK_URL: {
     description:
-      'http(s) URL phone verification codes are POSTed to as JSON (an SMS gateway or a relay to one); a 2xx answer means sent, 422 that the gateway refused that number, anything else that the gateway is failing',
+      'http(s) URL phone verification codes are POSTed to as JSON (an SMS gateway or a relay to one); a 2xx answer means sent, 400 or 422 that the gateway refused that message, anything else that the gateway is failing',
   },
   ZG_SMS_WEBHOOK_TOKEN: {
     description: 'sent as "Authorization: Bearer <token>" with every POST to ZG_SMS_WEBHOOK_URL',
