@@ -160,7 +160,13 @@ describe('the admin command line', () => {
       const found = await runCli(env, ['counters', 'verify']);
       expect([found.code, found.json]).toMatchObject([3, { checked: 1, drifted: ['knowpost:5'], fixed: 0 }]);
       const fixed = await runCli(env, ['counters', 'verify', '--fix']);
-      expect([fixed.code, fixed.json]).toMatchObject([3, { drifted: ['knowpost:5'], fixed: 1 }]);
+      expect([fixed.code, fixed.json]).toMatchObject([
+        3,
+        { command: 'counters verify --fix', drifted: ['knowpost:5'], fixed: 1 },
+      ]);
+      // stderr is a pipe here: progress comes as plain lines, without terminal control characters.
+      expect(fixed.stderr).toMatch(/\S/);
+      expect(fixed.stderr).not.toMatch(/[\r\u001b]/);
       const clean = await runCli(env, ['counters', 'verify']);
       expect([clean.code, clean.json]).toMatchObject([0, { checked: 1, drifted: [] }]);
 
