@@ -19,7 +19,7 @@ const rate = Number(process.env.KREQ_RATE ?? 2_500);
 const seconds = Number(process.env.KREQ_SECONDS ?? 8);
 const intervals = (process.env.KREQ_INTERVALS ?? '5,20,60,100').split(',').map(Number);
 
-/** The broker's CPU (cores) over `ms`, while `during` runs. */
+/** The broker's CPU (cores) over the next `ms`. */
 async function brokerCores(ms: number): Promise<number> {
   const before = cpuMark([]);
   await sleep(ms);

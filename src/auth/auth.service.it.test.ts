@@ -53,6 +53,25 @@ describe(AuthService.name, () => {
     return res.json<{ user: { id: number }; token: { refreshToken: string } }>();
   };
 
+  /** Signs in with the password `signUp` sets, from `ip`. */
+  const signIn = (identifier: string, ip: string) =>
+    post('/api/v1/auth/login', { identifierType: 'EMAIL', identifier, password: 'abc12345' }, ip);
+
+  /** Resets the password by e-mail code from `ip`; the reset's answer. */
+  const resetPassword = async (identifier: string, newPassword: string, ip = '10.0.0.1') => {
+    await post(
+      '/api/v1/auth/send-code',
+      { scene: 'RESET_PASSWORD', identifierType: 'EMAIL', identifier },
+      ip,
+    );
+    const code = codes.findLast((c) => c.identifier === identifier)?.code;
+    return post(
+      '/api/v1/auth/password/reset',
+      { identifierType: 'EMAIL', identifier, code, newPassword },
+      ip,
+    );
+  };
+
   it('audits every sign-in attempt, failed or not, with its channel and reason', async () => {
     const identifier = 'audit@example.test';
     await post('/api/v1/auth/send-code', { scene: 'REGISTER', identifierType: 'EMAIL', identifier });
@@ -139,22 +158,7 @@ describe(AuthService.name, () => {
     ]);
 
     // A password reset in between ends the session: the kept answer is not given out.
-    const identifier = 'again@example.test';
-    await post(
-      '/api/v1/auth/send-code',
-      { scene: 'RESET_PASSWORD', identifierType: 'EMAIL', identifier },
-      '10.0.9.1',
-    );
-    const code = codes.findLast((c) => c.identifier === identifier)?.code;
-    expect(
-      (
-        await post(
-          '/api/v1/auth/password/reset',
-          { identifierType: 'EMAIL', identifier, code, newPassword: 'xyz98765' },
-          '10.0.9.1',
-        )
-      ).statusCode,
-    ).toBe(204);
+    expect((await resetPassword('again@example.test', 'xyz98765', '10.0.9.1')).statusCode).toBe(204);
     expect((await refresh(first.token.refreshToken, '10.0.9.1')).statusCode).toBe(401);
 
     // Once the answer's own refresh token was rotated in turn, it is not given out again: the
@@ -222,23 +226,11 @@ describe(AuthService.name, () => {
       return true;
     });
     try {
-      const signIn = post(
-        '/api/v1/auth/login',
-        { identifierType: 'EMAIL', identifier, password: 'abc12345' },
-        '10.0.7.1',
-      );
+      const overlapping = signIn(identifier, '10.0.7.1');
       await vi.waitFor(() => expect(verify).toHaveBeenCalled());
-      await post('/api/v1/auth/send-code', { scene: 'RESET_PASSWORD', identifierType: 'EMAIL', identifier });
-      const code = codes.findLast((c) => c.identifier === identifier)?.code;
-      const reset = await post('/api/v1/auth/password/reset', {
-        identifierType: 'EMAIL',
-        identifier,
-        code,
-        newPassword: 'new12345',
-      });
-      expect(reset.statusCode).toBe(204);
+      expect((await resetPassword(identifier, 'new12345')).statusCode).toBe(204);
       release();
-      const res = await signIn;
+      const res = await overlapping;
       // Refused, or let in to a session the reset has already ended: never a live session.
       if (res.statusCode === 200) {
         const me = await app.http.inject({
@@ -265,16 +257,14 @@ describe(AuthService.name, () => {
       .set({ password_hash: await new PasswordHasher(11).hash('abc12345') })
       .where('id', '=', user.id)
       .execute();
-    const login = () =>
-      post('/api/v1/auth/login', { identifierType: 'EMAIL', identifier, password: 'abc12345' }, '10.0.7.5');
-    expect((await login()).statusCode).toBe(200);
+    expect((await signIn(identifier, '10.0.7.5')).statusCode).toBe(200);
     const row = await users
       .selectFrom('users')
       .select('password_hash')
       .where('id', '=', user.id)
       .executeTakeFirstOrThrow();
     expect(row.password_hash).toMatch(/^scrypt\$10\$8\$1\$/);
-    expect((await login()).statusCode).toBe(200);
+    expect((await signIn(identifier, '10.0.7.5')).statusCode).toBe(200);
   });
 
   it('lets a sign-in in whose account hash was stored anew at another cost while it checked', async () => {
@@ -291,12 +281,7 @@ describe(AuthService.name, () => {
       return true;
     });
     try {
-      const res = await post(
-        '/api/v1/auth/login',
-        { identifierType: 'EMAIL', identifier, password: 'abc12345' },
-        '10.0.7.9',
-      );
-      expect(res.statusCode).toBe(200);
+      expect((await signIn(identifier, '10.0.7.9')).statusCode).toBe(200);
     } finally {
       verify.mockRestore();
     }
