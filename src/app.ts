@@ -105,6 +105,7 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
     metrics,
     bodyLimitBytes: config.bodyLimitBytes,
     trustProxy: config.trustProxy,
+    corsOrigins: config.corsOrigins,
     uploadLimitBytes: config.avatarMaxBytes,
     version,
     docs: config.role !== 'worker',

@@ -71,6 +71,22 @@ describe(loadConfig.name, () => {
     }
   });
 
+  it('lets pages of any origin call the API unless given a list of origins', () => {
+    expect(loadConfig({}).corsOrigins).toBe(true);
+    expect(loadConfig({ ZG_CORS_ORIGINS: ' * ' }).corsOrigins).toBe(true);
+    expect(
+      loadConfig({ ZG_CORS_ORIGINS: 'https://zhiguang.example, http://localhost:5173' }).corsOrigins,
+    ).toEqual(['https://zhiguang.example', 'http://localhost:5173']);
+    for (const bad of [
+      'zhiguang.example',
+      'https://zhiguang.example/',
+      'https://a.example,*',
+      'ftp://a.example',
+    ]) {
+      expect(() => loadConfig({ ZG_CORS_ORIGINS: bad }), bad).toThrow(/ZG_CORS_ORIGINS/);
+    }
+  });
+
   it('logs phone codes on embedded only, unless a webhook is set or told otherwise', () => {
     expect(loadConfig({}).sms).toEqual({ webhookUrl: undefined, webhookToken: undefined, log: true });
     expect(loadConfig(CLUSTER_ENV).sms.log).toBe(false);

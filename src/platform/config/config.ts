@@ -107,6 +107,8 @@ export interface Config {
   bodyLimitBytes: number;
   /** Fastify's `trustProxy`: which proxies may name the client's address in X-Forwarded-For. */
   trustProxy: boolean | number | string;
+  /** Web origins browsers may call the API from: any (`true`) or exactly these. */
+  corsOrigins: true | string[];
   avatarMaxBytes: number;
   shutdownTimeoutMs: number;
   /** How long a stopping process answers while its readiness says "draining", before it stops listening. */
@@ -237,6 +239,11 @@ export const CONFIG_VARS = {
     description:
       'proxies whose X-Forwarded-For names the client (rate limits, audit): false, true (any), a hop count from 0 to 16 (0 = false), or a comma-separated list of addresses, CIDRs or loopback/linklocal/uniquelocal',
     default: 'false',
+  },
+  ZG_CORS_ORIGINS: {
+    description:
+      'web origins whose pages may call the API from a browser: * (any; the API takes no cookies, only bearer tokens) or a comma-separated list such as https://zhiguang.example.com',
+    default: '*',
   },
   ZG_COUNTER_GROUPS: {
     description:
@@ -431,6 +438,32 @@ function parseTrustProxy(value: string, problems: string[]): boolean | number | 
   return entries.join(',');
 }
 
+/** `*`, or origins (scheme, host and port only, as browsers send them); anything else is a problem. */
+function parseCorsOrigins(value: string, problems: string[]): true | string[] {
+  const trimmed = value.trim();
+  if (trimmed === '*') return true;
+  const origins: string[] = [];
+  for (const entry of trimmed.split(',').map((e) => e.trim())) {
+    let origin: string | undefined;
+    try {
+      const parsed = new URL(entry);
+      if ((parsed.protocol === 'http:' || parsed.protocol === 'https:') && parsed.origin === entry) {
+        origin = parsed.origin;
+      }
+    } catch {
+      // reported below
+    }
+    if (origin === undefined) {
+      problems.push(
+        `ZG_CORS_ORIGINS: "${entry}" is not an origin such as https://example.com (or * for any)`,
+      );
+      return true;
+    }
+    origins.push(origin);
+  }
+  return origins;
+}
+
 export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: { role?: string } = {}): Config {
   const problems: string[] = [];
 
@@ -550,6 +583,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: { ro
   }
 
   const trustProxy = parseTrustProxy(raw('ZG_TRUST_PROXY') ?? 'false', problems);
+  const corsOrigins = parseCorsOrigins(raw('ZG_CORS_ORIGINS') ?? '*', problems);
 
   const config: Config = {
     profile,
@@ -639,6 +673,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: { ro
     bodyLimitBytes: int('ZG_BODY_LIMIT_BYTES', 1024, 64 * 1024 * 1024),
     metricsToken: raw('ZG_METRICS_TOKEN'),
     trustProxy,
+    corsOrigins,
     avatarMaxBytes: int('ZG_AVATAR_MAX_BYTES', 1024, 64 * 1024 * 1024),
     shutdownTimeoutMs: int('ZG_SHUTDOWN_TIMEOUT_MS', 100, 600_000),
     shutdownDrainMs:

@@ -79,3 +79,48 @@ describe('requests through a proxy', () => {
     expect(trusted.lines.filter((l) => l.msg.includes('not trusted'))).toEqual([]);
   });
 });
+
+describe('requests from web pages (CORS)', () => {
+  const preflight = (origin: string) => ({
+    method: 'OPTIONS' as const,
+    url: '/thing',
+    headers: { origin, 'access-control-request-method': 'POST' },
+  });
+
+  it('lets pages of any origin read the answers by default', async () => {
+    const app = await plainHttpServer(pino({ level: 'silent' }));
+    app.post('/thing', async () => ({ ok: true }));
+    await app.ready();
+    const pre = await app.inject(preflight('https://elsewhere.example'));
+    const res = await app.inject({
+      method: 'POST',
+      url: '/thing',
+      headers: { origin: 'https://elsewhere.example' },
+    });
+    await app.close();
+    expect(pre.headers['access-control-allow-origin']).toBe('https://elsewhere.example');
+    expect(res.headers['access-control-allow-origin']).toBe('https://elsewhere.example');
+    expect(res.headers['access-control-allow-credentials']).toBeUndefined();
+  });
+
+  it('with a list of origins, answers only those', async () => {
+    const app = await plainHttpServer(pino({ level: 'silent' }), {
+      corsOrigins: ['https://zhiguang.example', 'http://localhost:5173'],
+    });
+    app.post('/thing', async () => ({ ok: true }));
+    await app.ready();
+    const listed = await app.inject(preflight('http://localhost:5173'));
+    const other = await app.inject(preflight('https://elsewhere.example'));
+    const otherPost = await app.inject({
+      method: 'POST',
+      url: '/thing',
+      headers: { origin: 'https://elsewhere.example' },
+    });
+    await app.close();
+    expect(listed.headers['access-control-allow-origin']).toBe('http://localhost:5173');
+    expect(listed.headers['access-control-allow-methods']).toContain('POST');
+    expect(other.headers['access-control-allow-origin']).toBeUndefined();
+    // The request itself still runs (browsers enforce CORS); its page just cannot read the answer.
+    expect(otherPost.headers['access-control-allow-origin']).toBeUndefined();
+  });
+});

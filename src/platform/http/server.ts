@@ -25,6 +25,8 @@ export interface HttpServerOptions {
   uploadLimitBytes: number;
   /** Which proxies may name the client in X-Forwarded-For; `false` takes the socket's peer. */
   trustProxy?: boolean | number | string;
+  /** Origins whose pages may read the answers (`true`: any). */
+  corsOrigins?: true | string[];
   version: string;
   /** Serve the OpenAPI document and its UI (`/openapi.json`, `/docs`): processes that serve the API. */
   docs: boolean;
@@ -215,7 +217,8 @@ export async function createHttpServer(options: HttpServerOptions): Promise<Fast
   });
 
   await app.register(cors, {
-    origin: true,
+    // A list answers only its own origins; other pages' browsers then refuse to read the answers.
+    origin: options.corsOrigins ?? true,
     methods: ['GET', 'POST', 'PUT', 'PATCH', 'DELETE', 'OPTIONS'],
     // An OPTIONS without the preflight headers is answered like a preflight, not with a bare-text 400.
     strictPreflight: false,
