@@ -1,8 +1,14 @@
+import { createPrivateKey, generateKeyPairSync } from 'node:crypto';
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { ConfigError, loadConfig } from './config.js';
+
+const rsaPem = (bits: number): string =>
+  generateKeyPairSync('rsa', { modulusLength: bits })
+    .privateKey.export({ type: 'pkcs8', format: 'pem' })
+    .toString();
 
 /** The least the cluster profile starts with (nothing here is contacted). */
 const CLUSTER_ENV = {
@@ -14,7 +20,7 @@ const CLUSTER_ENV = {
   ZG_S3_ACCESS_KEY_ID: 'key',
   ZG_S3_SECRET_ACCESS_KEY: 'secret',
   ZG_SMTP_URL: 'smtp://127.0.0.1:25',
-  ZG_JWT_PRIVATE_KEY: '-----BEGIN PRIVATE KEY-----\\n…\\n-----END PRIVATE KEY-----',
+  ZG_JWT_PRIVATE_KEY: rsaPem(2048),
 };
 
 describe(loadConfig.name, () => {
@@ -68,6 +74,44 @@ describe(loadConfig.name, () => {
     expect(loadConfig({ ZG_TRUST_PROXY: '0' }).trustProxy).toBe(false);
     for (const bad of ['17', 'proxy.local', '10.0.0.0/33', '10.0.0.1/8/1', 'yes']) {
       expect(() => loadConfig({ ZG_TRUST_PROXY: bad }), bad).toThrow(/ZG_TRUST_PROXY/);
+    }
+  });
+
+  it('takes an RSA signing key of 2048 bits or more only, in PKCS#8 or PKCS#1', () => {
+    const pkcs1 = createPrivateKey(CLUSTER_ENV.ZG_JWT_PRIVATE_KEY)
+      .export({ type: 'pkcs1', format: 'pem' })
+      .toString();
+    expect(loadConfig({ ...CLUSTER_ENV, ZG_JWT_PRIVATE_KEY: pkcs1 }).jwt.privateKeyPem).toBe(pkcs1.trim());
+    // A key in one line with its line breaks written as \n, as some secret stores hand it out.
+    const oneLine = CLUSTER_ENV.ZG_JWT_PRIVATE_KEY.replace(/\n/g, '\\n');
+    expect(loadConfig({ ...CLUSTER_ENV, ZG_JWT_PRIVATE_KEY: oneLine }).jwt.privateKeyPem).toBe(
+      CLUSTER_ENV.ZG_JWT_PRIVATE_KEY,
+    );
+    const ec = generateKeyPairSync('ec', { namedCurve: 'P-256' })
+      .privateKey.export({ type: 'pkcs8', format: 'pem' })
+      .toString();
+    for (const [bad, why] of [
+      ['-----BEGIN PRIVATE KEY-----\\n…\\n-----END PRIVATE KEY-----', /PEM-encoded/],
+      [ec, /RSA key \(got ec\)/],
+      [rsaPem(1024), /at least 2048 bits.*1024/],
+    ] as const) {
+      expect(() => loadConfig({ ...CLUSTER_ENV, ZG_JWT_PRIVATE_KEY: bad })).toThrow(why);
+    }
+  });
+
+  it('refuses a Kafka prefix that Kafka would refuse in a topic name', () => {
+    expect(loadConfig({ ...CLUSTER_ENV, ZG_KAFKA_PREFIX: 'prod-1_zg.' }).kafkaPrefix).toBe('prod-1_zg.');
+    for (const bad of ['zg:prod/', 'zg prod', 'x'.repeat(181)]) {
+      expect(() => loadConfig({ ...CLUSTER_ENV, ZG_KAFKA_PREFIX: bad }), bad).toThrow(/ZG_KAFKA_PREFIX/);
+    }
+  });
+
+  it('takes a public URL that paths can be appended to', () => {
+    expect(loadConfig({ ZG_PUBLIC_URL: 'https://zhiguang.example/api/' }).publicUrl).toBe(
+      'https://zhiguang.example/api',
+    );
+    for (const bad of ['https://a.example/?x=1', 'https://a.example/#top', 'https://me:pw@a.example']) {
+      expect(() => loadConfig({ ZG_PUBLIC_URL: bad }), bad).toThrow(/ZG_PUBLIC_URL/);
     }
   });
 

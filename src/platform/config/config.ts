@@ -1,3 +1,4 @@
+import { createPrivateKey } from 'node:crypto';
 import { isIP } from 'node:net';
 import { readFileSync } from 'node:fs';
 import { MAX_WORKER_ID } from '../ids/snowflake.js';
@@ -464,6 +465,21 @@ function parseCorsOrigins(value: string, problems: string[]): true | string[] {
   return origins;
 }
 
+/** Why a PEM cannot sign RS256 tokens, or undefined when it can. */
+function signingKeyProblem(pem: string): string | undefined {
+  let key;
+  try {
+    key = createPrivateKey(pem);
+  } catch {
+    return 'expected a PEM-encoded private key (PKCS#8 or PKCS#1, not encrypted)';
+  }
+  if (key.asymmetricKeyType !== 'rsa')
+    return `expected an RSA key (got ${key.asymmetricKeyType ?? 'another kind'})`;
+  const bits = key.asymmetricKeyDetails?.modulusLength ?? 0;
+  if (bits < 2048) return `an RSA key of at least 2048 bits is needed for RS256 (got ${bits})`;
+  return undefined;
+}
+
 export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: { role?: string } = {}): Config {
   const problems: string[] = [];
 
@@ -525,6 +541,13 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: { ro
   const port = int('PORT', 0, 65535);
   const host = raw('HOST') ?? '0.0.0.0';
   const publicUrl = url('ZG_PUBLIC_URL', ['http:', 'https:']) ?? `http://localhost:${port}`;
+  if (URL.canParse(publicUrl)) {
+    // Paths are appended to it, and links made from it are stored with users.
+    const parsed = new URL(publicUrl);
+    if (parsed.search || parsed.hash || parsed.username || parsed.password) {
+      problems.push('ZG_PUBLIC_URL: a base URL without a query, a fragment or credentials');
+    }
+  }
   const logLevel = oneOf('LOG_LEVEL', ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']);
   const mysqlUrl = url('ZG_MYSQL_URL', ['mysql:', 'mariadb:']);
   const redisUrl = url('ZG_REDIS_URL', ['redis:', 'rediss:']);
@@ -578,8 +601,14 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: { ro
       'ZG_JWT_PRIVATE_KEY: required on the cluster profile (every API process must sign with the same key)',
     );
   }
-  if (privateKeyPem && !privateKeyPem.includes('PRIVATE KEY')) {
-    problems.push('ZG_JWT_PRIVATE_KEY: expected a PEM-encoded private key');
+  if (privateKeyPem) {
+    const problem = signingKeyProblem(privateKeyPem);
+    if (problem) problems.push(`ZG_JWT_PRIVATE_KEY: ${problem}`);
+  }
+  const kafkaPrefix = raw('ZG_KAFKA_PREFIX') ?? 'zg.';
+  // Kafka names topics and groups with these characters only, in at most 249 of them.
+  if (!/^[A-Za-z0-9._-]{0,180}$/.test(kafkaPrefix)) {
+    problems.push('ZG_KAFKA_PREFIX: letters, digits, ".", "_" and "-" only, at most 180 of them');
   }
 
   const trustProxy = parseTrustProxy(raw('ZG_TRUST_PROXY') ?? 'false', problems);
@@ -598,7 +627,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: { ro
     redisPrefix: redisPrefix(),
     redisCommandTimeoutMs: int('ZG_REDIS_COMMAND_TIMEOUT_MS', 0, 600_000),
     kafkaBrokers,
-    kafkaPrefix: raw('ZG_KAFKA_PREFIX') ?? 'zg.',
+    kafkaPrefix,
     kafkaPartitions: int('ZG_KAFKA_PARTITIONS', 1, 1024),
     jwt: {
       privateKeyPem,
