@@ -354,6 +354,30 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     expect((await row(id)).content_key).toBe(shown);
   });
 
+  it('keeps its copy when the write failed to answer and the row cannot be read either', async () => {
+    const repo = new PostRepository(backend.db);
+    const down: typeof repo = Object.create(repo) as typeof repo;
+    let reads = 0;
+    down.setContent = async (...args) => {
+      await repo.setContent(...args);
+      throw new Error('connection lost after commit');
+    };
+    down.find = async (...args) => {
+      // The first reads are the confirm's own checks; the one after the failed write fails too.
+      if (++reads > 1) throw new Error('database unreachable');
+      return repo.find(...args);
+    };
+    const sut = new PostService({ ...serviceOptions(), posts: down });
+    const id = await sut.createDraft(AUTHOR);
+    const body = await upload(sut, id);
+    reads = 0;
+    await expect(sut.confirmContent(AUTHOR, id, body)).rejects.toThrow(/connection lost/);
+    const shown = (await row(id)).content_key!;
+    expect(await storage.head(shown)).not.toBeNull();
+    await newService().publish(AUTHOR, id);
+    expect((await row(id)).status).toBe('published');
+  });
+
   it('keeps the body a confirm shows when an earlier confirm deletes the one it replaced (same bytes again)', async () => {
     const sut = newService();
     const id = await sut.createDraft(AUTHOR);

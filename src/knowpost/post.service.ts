@@ -253,13 +253,17 @@ export class PostService {
           post = found;
         }
       } catch (err) {
-        const now = await this.posts.find(post.id).catch(() => null);
+        const now = await this.posts.find(post.id).then(
+          (found) => ({ found }),
+          () => undefined,
+        );
         // The copy is this request's own, unless the row took it after all (a write that
-        // committed and then failed to answer).
-        if (copied && now?.contentKey !== key) await this.discard(post.id, [key]);
+        // committed and then failed to answer). When the row cannot be read either, that is
+        // unknown: the copy stays, and the sweep removes it if no post shows it.
+        if (copied && now !== undefined && now.found?.contentKey !== key) await this.discard(post.id, [key]);
         // A request for the same body that overlapped this one (a retry) may have confirmed it and
         // deleted the upload meanwhile: then this one succeeded too.
-        if (!(err instanceof ConflictError) || !(await showsThis(now))) throw err;
+        if (!(err instanceof ConflictError) || !(await showsThis(now?.found))) throw err;
       }
     }
     // Caches drop the old body's URL before the object goes.
