@@ -51,6 +51,10 @@ describe(uploadTarget.name, () => {
       ['knowpost_image', 'image/svg+xml', undefined],
       ['knowpost_content', 'text/html; charset=utf-8\r\nX: y', undefined],
       ['knowpost_content', 'text/html; boundary=x', undefined],
+      // Only spaces around the parameter: a signed header is sent back verbatim.
+      ['knowpost_content', 'text/plain;\tcharset=utf-8', undefined],
+      ['knowpost_content', 'text/plain;\ncharset=utf-8', undefined],
+      ['knowpost_content', 'text/plain;\u00a0charset=utf-8', undefined],
     ];
     for (const [scene, type, ext] of cases) {
       expect(() => uploadTarget(scene, '42', type, ext, NOW), `${scene} ${type} ${ext}`).toThrow(

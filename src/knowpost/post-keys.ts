@@ -32,7 +32,7 @@ const EXTENSIONS: Record<UploadScene, Record<string, string>> = {
 };
 
 /** `type/subtype`, optionally with a charset parameter (sent back verbatim as the signed header). */
-const CONTENT_TYPE = /^([a-z]+\/[a-z0-9.+-]+)(?:\s*;\s*charset=(?:"?[a-z0-9_-]{1,32}"?))?$/;
+const CONTENT_TYPE = /^([a-z]+\/[a-z0-9.+-]+)(?: *; *charset=(?:"?[a-z0-9_-]{1,32}"?))?$/;
 
 export interface UploadTarget {
   key: string;
