@@ -7,6 +7,7 @@ import {
   isImageKey,
   isReadableContentKey,
   isStoredImageKey,
+  isStoredImageFromBytes,
   isStoredImageOf,
   storedImageKey,
   uploadTarget,
@@ -101,19 +102,26 @@ describe('key checks', () => {
     expect(isExternalImageUrl('//example.com/a.png')).toBe(false);
   });
 
-  it('names image copies by upload key and ETag, and tells which upload key a copy came from', () => {
+  it('names every image copy anew, and tells which upload key and bytes a copy came from', () => {
     const upload = 'posts/42/images/20250131/deadbeef.png';
     const copy = storedImageKey('42', upload, '"abc"');
-    expect(copy).toMatch(/^posts\/42\/pictures\/[0-9a-f]{32}\.png$/);
+    expect(copy).toMatch(/^posts\/42\/pictures\/[0-9a-f]{48}\.png$/);
     expect(isStoredImageKey('42', copy)).toBe(true);
     expect(isStoredImageKey('4', copy)).toBe(false);
-    // The same upload and bytes name the same copy; other bytes another one, of the same upload.
-    expect(storedImageKey('42', upload, 'ABC')).toBe(copy);
+    // A copy of an earlier release (no random part) is still one.
+    expect(isStoredImageKey('42', `posts/42/pictures/${'a'.repeat(32)}.png`)).toBe(true);
+    expect(isStoredImageKey('42', `posts/42/pictures/${'a'.repeat(40)}.png`)).toBe(false);
+    // The same upload and bytes name a new copy each time, known as made of those bytes.
+    const again = storedImageKey('42', upload, 'ABC');
+    expect(again).not.toBe(copy);
+    expect(isStoredImageFromBytes('42', upload, 'ABC', copy)).toBe(true);
+    expect(isStoredImageFromBytes('42', upload, '"abc"', again)).toBe(true);
     const other = storedImageKey('42', upload, '"def"');
-    expect(other).not.toBe(copy);
+    expect(isStoredImageFromBytes('42', upload, '"abc"', other)).toBe(false);
     expect(isStoredImageOf('42', upload, copy)).toBe(true);
     expect(isStoredImageOf('42', upload, other)).toBe(true);
     expect(isStoredImageOf('42', 'posts/42/images/20250131/deadbeee.png', copy)).toBe(false);
+    expect(isStoredImageFromBytes('42', 'posts/42/images/20250131/deadbeee.png', '"abc"', copy)).toBe(false);
     expect(isStoredImageOf('42', upload.replace('.png', '.gif'), copy)).toBe(false);
     expect(isStoredImageOf('42', upload, copy.replace('.png', '.gif'))).toBe(false);
     expect(isStoredImageOf('42', upload, upload)).toBe(false);

@@ -134,12 +134,19 @@ export function isImageKey(postId: string, key: string): boolean {
 }
 
 /**
- * Where a patch keeps an image it checked, copied from its upload key (`isImageKey`): named by the
- * upload's key and ETag, so patching the same unchanged upload again names the same copy, and out of
- * reach of presigned URLs. The name's first half depends on the upload key alone (`isStoredImageOf`).
+ * Where a patch keeps an image it checked, copied from its upload key (`isImageKey`), out of reach
+ * of presigned URLs. The name starts with a digest of the upload key (`isStoredImageOf`), then one of
+ * the key and ETag (`isStoredImageFromBytes`: a retried patch finds the copy it made), then random
+ * hex: every copy is a new object, so a patch that drops a copy can never delete one that an
+ * overlapping patch has just made of the same bytes.
  */
-export function storedImageKey(postId: string, uploadKey: string, etag: string): string {
-  const name = `${digest16(uploadKey)}${digest16(`${uploadKey}\n${normalizeEtag(etag)}`)}`;
+export function storedImageKey(
+  postId: string,
+  uploadKey: string,
+  etag: string,
+  nonce: string = randomBytes(8).toString('hex'),
+): string {
+  const name = `${digest16(uploadKey)}${digest16(`${uploadKey}\n${normalizeEtag(etag)}`)}${nonce}`;
   return `posts/${postId}/pictures/${name}${uploadKey.slice(uploadKey.lastIndexOf('.'))}`;
 }
 
@@ -153,9 +160,21 @@ export function isStoredImageOf(postId: string, uploadKey: string, key: string):
   );
 }
 
+/** True when `key` is a copy `storedImageKey` names for this upload key holding these bytes. */
+export function isStoredImageFromBytes(
+  postId: string,
+  uploadKey: string,
+  etag: string,
+  key: string,
+): boolean {
+  const prefix = `posts/${postId}/pictures/${digest16(uploadKey)}${digest16(`${uploadKey}\n${normalizeEtag(etag)}`)}`;
+  return isStoredImageOf(postId, uploadKey, key) && key.startsWith(prefix);
+}
+
 const digest16 = (text: string): string => createHash('sha256').update(text).digest('hex').slice(0, 16);
 
-const STORED_IMAGE_NAME = new RegExp(`^[0-9a-f]{32}(?:${extensions('knowpost_image')})$`);
+/** 48 hex digits; 32 in copies an earlier release made (no random part). */
+const STORED_IMAGE_NAME = new RegExp(`^[0-9a-f]{32}(?:[0-9a-f]{16})?(?:${extensions('knowpost_image')})$`);
 
 /** True for the copies `storedImageKey` names for this post. */
 export function isStoredImageKey(postId: string, key: string): boolean {

@@ -11,7 +11,7 @@ import { OutboxWriter } from '../platform/outbox/outbox.js';
 import { createSqliteRateLimiter } from '../platform/ratelimit/create.js';
 import { LocalObjectStorage } from '../platform/storage/local-object-storage.js';
 import { CROSSINGS_KEPT_MS, parsePostEvent, POST_TOPIC, type PostChange } from './post-events.js';
-import { storedImageKey } from './post-keys.js';
+import { isStoredImageFromBytes, isStoredImageOf, storedImageKey } from './post-keys.js';
 import { PostObjectPurger } from './post-purge.js';
 import { PostUploadSweeper } from './post-sweep.js';
 import { PostRepository } from './post.repository.js';
@@ -664,8 +664,9 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
       isTop: true,
     });
     // The upload is stored as a copy no presigned URL can write.
-    const stored = storedImageKey(id, presigned.objectKey, md5('png'));
-    expect(stored).toMatch(new RegExp(`^posts/${id}/pictures/[0-9a-f]{32}\\.png$`));
+    const stored = (await imagesOf(id))[0]!;
+    expect(stored).toMatch(new RegExp(`^posts/${id}/pictures/[0-9a-f]{48}\\.png$`));
+    expect(isStoredImageFromBytes(id, presigned.objectKey, md5('png'), stored)).toBe(true);
     expect(await row(id)).toMatchObject({
       title: 'Hello',
       tags_json: '["a","b"]',
@@ -719,7 +720,8 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     const elsewhere = 'https://cdn.example.com/x.png';
     // What clients of the original service send: the upload URL without its query.
     await sut.update(AUTHOR, id, { imgUrls: [presigned.putUrl.split('?')[0]!, elsewhere] });
-    const stored = storedImageKey(id, presigned.objectKey, md5('png'));
+    const stored = (await imagesOf(id))[0]!;
+    expect(isStoredImageFromBytes(id, presigned.objectKey, md5('png'), stored)).toBe(true);
     expect(await imagesOf(id)).toEqual([stored, elsewhere]);
     expect(await storage.head(presigned.objectKey)).toBeNull();
 
@@ -1031,15 +1033,48 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     const fourth = await upload('fourth');
     expect(await overlapped(third, [third], [fourth])).toEqual(['ok', 'ok']);
     const shown = await imagesOf(id);
-    expect(shown).toEqual([storedImageKey(id, third, md5('third'))]);
+    expect(shown).toHaveLength(1);
+    expect(isStoredImageFromBytes(id, third, md5('third'), shown[0]!)).toBe(true);
     expect(await exists(shown[0]!)).toBe(true);
-    for (const gone of [third, fourth, storedImageKey(id, fourth, md5('fourth'))])
+    for (const gone of [third, fourth])
       expect({ gone, exists: await exists(gone) }).toEqual({ gone, exists: false });
+    const copies = (await storage.listPrefix(`posts/${id}/pictures`)).map((o) => o.key);
+    expect(copies.filter((key) => isStoredImageOf(id, fourth, key))).toEqual([]);
 
     // Overlapped at every try, it gives up after three and changes nothing.
     const fifth = await upload('fifth');
     expect(await overlapped(fifth, [fifth], 'every')).toEqual(['409 POST_CHANGED', 'ok', 'ok', 'ok']);
     expect(await imagesOf(id)).toEqual(['https://x.invalid/2.png']);
+  });
+
+  it('never deletes a copy an overlapping patch has just made of the same upload again', async () => {
+    const sut = newService();
+    const id = await publishedPost(sut);
+    const image = await uploadObject(sut, id, 'knowpost_image', 'image/png', 'png');
+    await sut.update(AUTHOR, id, { imgUrls: [image.objectKey] });
+    // The same bytes PUT again through the still valid upload URL.
+    await storage.put(image.objectKey, Buffer.from('png'), 'image/png');
+    // A patch dropping the image has stored its list and is about to delete the copy it dropped;
+    // meanwhile another patch names the upload again and stores a copy of it.
+    let other: Promise<string> | undefined;
+    class Pausing extends LocalObjectStorage {
+      override async delete(key: string) {
+        if (key.includes('/pictures/') && other === undefined) {
+          other = outcome(sut.update(AUTHOR, id, { imgUrls: [image.objectKey] }));
+          await other;
+        }
+        return super.delete(key);
+      }
+    }
+    const dropping = new PostService({
+      ...serviceOptions(),
+      storage: new Pausing(root, 'http://files.invalid/files'),
+    });
+    expect(await outcome(dropping.update(AUTHOR, id, { imgUrls: [] }))).toBe('ok');
+    expect(await other).toBe('ok');
+    const shown = await imagesOf(id);
+    expect(shown).toHaveLength(1);
+    expect({ shown, exists: (await storage.head(shown[0]!)) !== null }).toEqual({ shown, exists: true });
   });
 
   it('keeps going when a change listener fails', async () => {

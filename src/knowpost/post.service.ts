@@ -31,6 +31,7 @@ import {
   isExternalImageUrl,
   isImageKey,
   isStoredImageKey,
+  isStoredImageFromBytes,
   isStoredImageOf,
   storedImageKey,
   uploadTarget,
@@ -596,9 +597,10 @@ export class PostService {
         }
         if (head.size > this.limits.imageMaxBytes)
           await this.refuseOversize(value, this.limits.imageMaxBytes);
+        // These bytes are the post's already (a retried patch).
+        const shown = post.imgUrls.find((key) => isStoredImageFromBytes(post.id, value, head.etag, key));
+        if (shown !== undefined) return shown;
         const key = storedImageKey(post.id, value, head.etag);
-        // These bytes are the post's already.
-        if (post.imgUrls.includes(key)) return key;
         if (!(await this.storage.copy(value, key, head.etag))) {
           throw new ConflictError(
             `imgUrls[${index}]: the image changed while it was being checked; send the patch again`,
