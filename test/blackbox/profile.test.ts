@@ -111,6 +111,8 @@ describe.each<ProfileName>(['embedded', 'cluster'])('profiles (%s profile)', (pr
       { nickname: null, bio: null },
       // Names and tags that show nothing, or read backwards.
       { nickname: '\u200b' },
+      { nickname: '\u3164' },
+      { nickname: 'two\u2028lines' },
       { nickname: 'abc\u202eevil' },
       { nickname: 'abc\u202devil' },
       { tagJson: '["\\u0000"]' },

@@ -11,11 +11,11 @@ export const ErrorSchema = Type.Object({
 export const Nullable = <T extends TSchema>(schema: T) => Type.Union([schema, Type.Null()]);
 
 // C0 and C1 controls and DEL: never part of a name or a title, and a NUL breaks many a reader. In
-// one line, the bidirectional overrides (U+202D, U+202E) make a name read backwards; embeddings,
+// one line, the line and paragraph separators (U+2028, U+2029) break it, and the bidirectional overrides (U+202D, U+202E) make a name read backwards; embeddings,
 // isolates and marks, which mixed right-to-left text carries, stay allowed, and longer text keeps
 // the overrides too.
 /* eslint-disable no-control-regex -- these patterns exist to find control characters */
-const CONTROL = /[\u0000-\u001f\u007f-\u009f\u202d\u202e]/;
+const CONTROL = /[\u0000-\u001f\u007f-\u009f\u2028\u2029\u202d\u202e]/;
 const CONTROL_BUT_LINE_BREAKS = /[\u0000-\u0008\u000b\u000c\u000e-\u001f\u007f-\u009f]/;
 /* eslint-enable no-control-regex */
 
@@ -24,9 +24,12 @@ export function isSingleLine(value: string): boolean {
   return !CONTROL.test(value);
 }
 
-/** Whether `value` shows something: not only spaces and invisible format characters. */
+/**
+ * Whether `value` shows something: not only spaces, invisible format characters and the letters
+ * and symbols that are drawn blank (the Hangul fillers, the blank Braille pattern).
+ */
 export function isVisible(value: string): boolean {
-  return /[^\s\p{Cf}]/u.test(value);
+  return /[^\s\p{Cf}\u115f\u1160\u3164\uffa0\u2800]/u.test(value);
 }
 
 /** String formats the validators know, with what a value of each must not contain. */

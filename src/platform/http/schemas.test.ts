@@ -1,0 +1,30 @@
+import { describe, expect, it } from 'vitest';
+import { isSingleLine, isVisible, TEXT_FORMATS } from './schemas.js';
+
+describe('text checks', () => {
+  it('takes a name that shows something, not only blanks drawn as letters', () => {
+    for (const shown of ['a', ' 知光 ', 'x\u200b', '\u3164a', '\u2801'])
+      expect({ shown, visible: isVisible(shown) }).toEqual({ shown, visible: true });
+    for (const blank of [
+      '',
+      '   ',
+      '\u200b\u200d',
+      '\u115f',
+      '\u1160',
+      '\u3164',
+      '\uffa0',
+      '\u2800\u2800',
+      '\u3000',
+    ])
+      expect({ blank, visible: isVisible(blank) }).toEqual({ blank, visible: false });
+  });
+
+  it('keeps a single line to one line and the right direction, longer text its line breaks', () => {
+    expect(isSingleLine('a \u200f b \u2067c\u2069')).toBe(true);
+    for (const bad of ['a\nb', 'a\u2028b', 'a\u2029b', 'a\u202eb', 'a\u0000b', 'a\u0085b'])
+      expect({ bad, ok: isSingleLine(bad) }).toEqual({ bad, ok: false });
+    const multi = TEXT_FORMATS['multi-line'].validate;
+    expect(multi('one\ntwo\r\n\tthree \u2028 four')).toBe(true);
+    expect(multi('bell\u0007')).toBe(false);
+  });
+});
