@@ -15,11 +15,27 @@ export interface SqliteEventLogOptions {
   idlePollMs?: number;
   /** First and longest wait before a failed batch is delivered again. */
   retryBackoffMs?: { min: number; max: number };
+  /** Age at which `prune` may delete a record of a topic not kept forever (default Kafka's: 7 days). */
+  retentionMs?: number;
+  /** How often the log prunes itself; 0 leaves pruning to explicit `prune` calls. */
+  pruneIntervalMs?: number;
+  /** Most records one delete statement removes, so the write lock is never held for long. */
+  pruneChunk?: number;
+  /** The clock records are stamped with and aged by. */
+  now?: () => number;
 }
 
 // Four bound values a row; stays well below SQLite's limit on variables per statement.
 const INSERT_CHUNK = 500;
 const DEFAULT_MAX_BATCH = 100;
+const DEFAULT_RETENTION_MS = 7 * 24 * 60 * 60 * 1000;
+const DEFAULT_PRUNE_INTERVAL_MS = 5 * 60 * 1000;
+const DEFAULT_PRUNE_CHUNK = 1_000;
+/**
+ * Pseudo group whose offset 0 on a topic marks it keep-forever: durable with the log, never moved (no
+ * subscription may use the name), and holding every record "not yet consumed" for the retention.
+ */
+const KEEP_FOREVER_GROUP = '__keep_forever';
 
 /**
  * Event log in the embedded database: one table with a global autoincrement offset, one partition
@@ -28,12 +44,24 @@ const DEFAULT_MAX_BATCH = 100;
  *
  * Within one instance a group is consumed by one subscription at a time; a second subscription of
  * the same group waits until the first closes, like an extra member of a one-partition Kafka group.
+ *
+ * Retention: `prune` (run every `pruneIntervalMs` once `ensureTopics` was first called, so the topics
+ * to keep are recorded before anything goes) deletes the oldest records of a topic up to the first
+ * one that is younger than `retentionMs`, that some group which committed on the topic has not
+ * consumed yet, or that is the topic's newest (which keeps its end offset). A topic no group committed
+ * on, or one ever named keep-forever, keeps every record.
  */
 export class SqliteEventLog implements EventLog {
   private readonly idlePollMs: number;
   private readonly backoff: { min: number; max: number };
   private readonly subscriptions = new Set<SqliteSubscription>();
   private readonly groupQueues = new Map<string, SqliteSubscription[]>();
+  private readonly retentionMs: number;
+  private readonly pruneIntervalMs: number;
+  private readonly pruneChunk: number;
+  private readonly now: () => number;
+  private pruneTimer: NodeJS.Timeout | undefined;
+  private pruning: Promise<number> | undefined;
   private closed = false;
 
   constructor(
@@ -43,16 +71,49 @@ export class SqliteEventLog implements EventLog {
     if (db.dialect !== 'sqlite') throw new Error('SqliteEventLog needs the sqlite dialect');
     this.idlePollMs = options.idlePollMs ?? 25;
     this.backoff = options.retryBackoffMs ?? { min: 100, max: 5_000 };
+    this.retentionMs = options.retentionMs ?? DEFAULT_RETENTION_MS;
+    this.pruneIntervalMs = options.pruneIntervalMs ?? DEFAULT_PRUNE_INTERVAL_MS;
+    this.pruneChunk = Math.max(1, options.pruneChunk ?? DEFAULT_PRUNE_CHUNK);
+    this.now = options.now ?? Date.now;
   }
 
-  async ensureTopics(_topics: string[], _options?: { keepForever?: readonly string[] }): Promise<void> {
-    // Topics are only a column here, and no record is ever deleted: nothing to create or keep.
+  /**
+   * Topics are only a column here: nothing to create. Keep-forever is recorded durably and never
+   * undone, so a later call that leaves a topic out of `keepForever` does not expose it to pruning.
+   */
+  async ensureTopics(_topics: string[], options: { keepForever?: readonly string[] } = {}): Promise<void> {
+    const forever = [...new Set(options.keepForever ?? [])];
+    if (forever.length > 0) {
+      await this.db.kysely
+        .insertInto('consumer_offsets')
+        .values(forever.map((topic) => ({ group_id: KEEP_FOREVER_GROUP, topic, next_offset: 0 })))
+        .onConflict((oc) => oc.columns(['group_id', 'topic']).doNothing())
+        .execute();
+    }
+    if (!this.closed && this.pruneTimer === undefined && this.pruneIntervalMs > 0) {
+      this.pruneTimer = setInterval(() => {
+        // A failed run (say, the file busy past the timeout) deletes nothing; the next one retries.
+        this.prune().catch(() => undefined);
+      }, this.pruneIntervalMs);
+      this.pruneTimer.unref();
+    }
+  }
+
+  /**
+   * Deletes what the retention lets go (see the class comment), a bounded chunk per statement;
+   * resolves with the number of records deleted. A call while one runs joins that run.
+   */
+  prune(): Promise<number> {
+    this.pruning ??= this.pruneTopics().finally(() => {
+      this.pruning = undefined;
+    });
+    return this.pruning;
   }
 
   async publish(topic: string, records: EventRecord[]): Promise<void> {
     if (this.closed) throw new Error('event log is closed');
     if (records.length === 0) return;
-    const ts = Date.now();
+    const ts = this.now();
     const rows = records.map((r) => ({ topic, key: r.key, value: r.value, ts }));
     await this.db.kysely.transaction().execute(async (trx) => {
       for (let i = 0; i < rows.length; i += INSERT_CHUNK) {
@@ -68,6 +129,7 @@ export class SqliteEventLog implements EventLog {
   async subscribe(options: SubscribeOptions): Promise<Subscription> {
     if (this.closed) throw new Error('event log is closed');
     if (options.topics.length === 0) throw new Error('subscribe needs at least one topic');
+    if (options.group === KEEP_FOREVER_GROUP) throw new Error(`group name ${KEEP_FOREVER_GROUP} is reserved`);
     if (options.fromLatest) await this.pinToLatest(options.group, options.topics);
     const sub = new SqliteSubscription(this.db, options, this.idlePollMs, this.backoff, (s) =>
       this.release(s),
@@ -128,7 +190,64 @@ export class SqliteEventLog implements EventLog {
   /** Closes every subscription; the database stays open (its owner closes it). */
   async close(): Promise<void> {
     this.closed = true;
-    await Promise.all([...this.subscriptions].map((s) => s.close()));
+    clearInterval(this.pruneTimer);
+    // A prune in flight stops after its current statement; the database must outlive it.
+    await Promise.all([
+      ...[...this.subscriptions].map((s) => s.close()),
+      this.pruning?.catch(() => undefined),
+    ]);
+  }
+
+  private async pruneTopics(): Promise<number> {
+    if (this.closed) return 0;
+    const cutoff = this.now() - this.retentionMs;
+    // A keep-forever topic's pseudo group is pinned at 0, so its minimum is 0: nothing below to delete.
+    const commits = await this.db.kysely
+      .selectFrom('consumer_offsets')
+      .select((eb) => ['topic', eb.fn.min<number>('next_offset').as('consumed')])
+      .groupBy('topic')
+      .execute();
+    let deleted = 0;
+    for (const { topic, consumed } of commits) {
+      if (this.closed) break;
+      if (Number(consumed) <= 0) continue;
+      const newest = await this.db.kysely
+        .selectFrom('event_log')
+        .select((eb) => eb.fn.max<number | null>('offset').as('last'))
+        .where('topic', '=', topic)
+        .executeTakeFirst();
+      if (newest?.last === null || newest?.last === undefined) continue;
+      let bound = Math.min(Number(consumed), Number(newest.last));
+      // Walks the index from the oldest record: it reads no more than what is deleted, plus one.
+      const young = await this.db.kysely
+        .selectFrom('event_log')
+        .select('offset')
+        .where('topic', '=', topic)
+        .where('offset', '<', bound)
+        .where('ts', '>=', cutoff)
+        .orderBy('offset')
+        .limit(1)
+        .executeTakeFirst();
+      if (young) bound = Number(young.offset);
+      while (!this.closed) {
+        const result = await this.db.kysely
+          .deleteFrom('event_log')
+          .where('offset', 'in', (eb) =>
+            eb
+              .selectFrom('event_log')
+              .select('offset')
+              .where('topic', '=', topic)
+              .where('offset', '<', bound)
+              .orderBy('offset')
+              .limit(this.pruneChunk),
+          )
+          .executeTakeFirst();
+        const n = Number(result.numDeletedRows);
+        deleted += n;
+        if (n < this.pruneChunk) break;
+      }
+    }
+    return deleted;
   }
 
   /** A group with no position yet starts after the newest record of any topic. */
