@@ -16,6 +16,11 @@ class FakeLog {
     return Promise.resolve(new Map(this.partitions.map((p, i) => [i, BigInt(p.length)])));
   }
 
+  complete = true;
+  holdsEveryRecord(): Promise<boolean> {
+    return Promise.resolve(this.complete);
+  }
+
   async readRange(
     topic: string,
     until: EndOffsets,
@@ -109,6 +114,7 @@ describe(replayAll.name, () => {
     const end = await log.endOffsets();
     const late = eventFor(post(1), 'fav', 77, 1, 99, 0);
     const sutLog = {
+      holdsEveryRecord: () => log.holdsEveryRecord(),
       endOffsets: () => Promise.resolve(end),
       readRange: async (...args: Parameters<EventLog['readRange']>) => {
         log.append(0, [late]);
@@ -143,6 +149,7 @@ describe(replayAll.name, () => {
   it('counts malformed records and replays nothing for them', async () => {
     const store = new RecordingStore();
     const log = {
+      holdsEveryRecord: () => Promise.resolve(true),
       endOffsets: () => Promise.resolve(new Map([[0, 2n]])),
       readRange: async (_t: string, _u: EndOffsets, handler: (b: Batch) => Promise<void>) => {
         const record = (value: string, offset: bigint) => ({
@@ -165,5 +172,18 @@ describe(replayAll.name, () => {
     const report = await replayAll(store as unknown as CounterStore, log, () => undefined);
     expect(report).toEqual({ published: 0, events: 1, malformed: 1, facts: 1, entities: 1 });
     expect(store.rebuiltWith.get(post(1).eid)).toBe(1);
+  });
+
+  it('refuses, leaving the store as it is, when the log no longer holds its earliest events', async () => {
+    const log = new FakeLog();
+    log.append(0, [eventFor(post(1), 'like', 5, 1, 1, 0)]);
+    log.complete = false;
+    const store = new RecordingStore();
+    store.facts.set('kept', eventFor(post(2), 'like', 6, 1, 1, 0));
+    await expect(
+      replayAll(store as unknown as CounterStore, log as unknown as EventLog, () => undefined),
+    ).rejects.toThrow(/no longer holds/);
+    expect(store.resets).toBe(0);
+    expect([...store.facts.keys()]).toEqual(['kept']);
   });
 });

@@ -223,7 +223,8 @@ export interface ReplayReport {
 }
 
 /**
- * Invariant 7, `zhiguang counters replay`: reads `counter-events` from the earliest record up to the
+ * Invariant 7, `zhiguang counters replay`: refuses, changing nothing, when `counter-events` no longer
+ * holds every record it was given; otherwise reads it from the earliest record up to the
  * end offsets captured at the start, then empties the counter store and rebuilds facts and snapshots
  * (the topic keeps every record: it is created with `retention.ms=-1`).
  * The fold is deterministic: for each (entity, metric, user) the event with the highest seq decides
@@ -239,6 +240,12 @@ export async function replayAll(
   progress: Progress,
   now: () => number = Date.now,
 ): Promise<ReplayReport> {
+  if (!(await events.holdsEveryRecord(COUNTER_TOPIC))) {
+    throw new Error(
+      `${COUNTER_TOPIC} no longer holds its earliest records (removed by retention, or the topic was ` +
+        'made anew): a replay would empty the store of the likes and favourites they hold. Nothing was changed.',
+    );
+  }
   // Records strictly older than the time given: + 1 takes those of this very millisecond too.
   const published = await publishWaiting(store, events, now() + 1, progress);
   const until = await events.endOffsets(COUNTER_TOPIC);

@@ -176,6 +176,8 @@ async function openRig(profile: Profile): Promise<Rig> {
     await migrate(sqlite);
     const log = new SqliteEventLog(sqlite, { idlePollMs: 10, retryBackoffMs: { min: 20, max: 200 } });
     events = log;
+    // As the servers make it: replays read it whole.
+    await log.ensureTopics([COUNTER_TOPIC], { keepForever: [COUNTER_TOPIC] });
     store = new SqliteCounterStore(sqlite);
     closers.push(async () => {
       await log.close();
@@ -197,7 +199,7 @@ async function openRig(profile: Profile): Promise<Rig> {
     const kafka = (): KafkaEventLog => testKafkaLog('zg-pipeline', topicPrefix, 3);
     const log = kafka();
     events = log;
-    await log.ensureTopics([COUNTER_TOPIC]);
+    await log.ensureTopics([COUNTER_TOPIC], { keepForever: [COUNTER_TOPIC] });
     closers.push(async () => {
       await Promise.allSettled(extraLogs.map((l) => l.close()));
       await log.deleteGroups([COUNTER_GROUP]).catch(() => undefined);

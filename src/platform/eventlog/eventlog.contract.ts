@@ -12,6 +12,8 @@ export interface EventLogHarness {
   log: EventLog;
   /** A second adapter whose backend is down or unreachable; `publish` on it must reject quickly. */
   unreachable(): Promise<EventLog>;
+  /** Removes the oldest records of `topic`, as retention would. */
+  dropOldest(topic: string): Promise<void>;
   /** Removes what the suite created in a shared backend. */
   cleanup?(topics: string[], groups: string[]): Promise<void>;
   close(): Promise<void>;
@@ -313,6 +315,15 @@ export function defineEventLogContract(
       await subscribe({ group: newGroup(), topics: [t], handler: got.handler });
       await got.until(() => got.records.length >= before.length + after.length);
       expect(perKey(got.records)).toEqual(perKey([...before, ...after]));
+    });
+
+    it('tells whether a topic still holds every record published to it', async () => {
+      const t = await newTopic();
+      expect(await h.log.holdsEveryRecord(t)).toBe(true);
+      await h.log.publish(t, records('r', 3, 2));
+      expect(await h.log.holdsEveryRecord(t)).toBe(true);
+      await h.dropOldest(t);
+      expect(await h.log.holdsEveryRecord(t)).toBe(false);
     });
 
     it('rejects publish promptly when the log cannot be reached', async () => {

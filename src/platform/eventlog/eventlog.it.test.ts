@@ -16,6 +16,17 @@ defineEventLogContract('sqlite', async () => {
   const log = new SqliteEventLog(db, { retryBackoffMs: { min: 50, max: 500 } });
   return {
     log,
+    dropOldest: async (topic) => {
+      // A group that consumed everything, and a log whose retention lets go of anything consumed.
+      const end = (await log.endOffsets(topic)).get(0)!;
+      await db.kysely
+        .insertInto('consumer_offsets')
+        .values({ group_id: 'consumed-all', topic, next_offset: Number(end) })
+        .execute();
+      const pruner = new SqliteEventLog(db, { retentionMs: 0, pruneIntervalMs: 0 });
+      expect(await pruner.prune()).toBeGreaterThan(0);
+      await pruner.close();
+    },
     unreachable: async () => {
       const gone = openSqlite(join(dir, 'gone.db'));
       await migrate(gone);
@@ -41,8 +52,15 @@ defineEventLogContract('kafka', async () => {
     heartbeatIntervalMs: 500,
     retryBackoffMs: { min: 100, max: 1_000 },
   });
+  const admin = new Admin({ clientId: 'zg-contract-admin', bootstrapBrokers: services.kafkaBrokers() });
   return {
     log,
+    dropOldest: async (topic) => {
+      const partitions = [...(await log.endOffsets(topic))]
+        .filter(([, end]) => end > 0n)
+        .map(([partition, offset]) => ({ partition, offset }));
+      await admin.deleteRecords({ topics: [{ name: `${prefix}${topic}`, partitions }] });
+    },
     unreachable: async () =>
       new KafkaEventLog({
         brokers: ['127.0.0.1:1'],
@@ -58,7 +76,10 @@ defineEventLogContract('kafka', async () => {
       await log.deleteGroups(groups).catch(() => undefined);
       await log.deleteTopics(topics);
     },
-    close: () => log.close(),
+    close: async () => {
+      await admin.close();
+      await log.close();
+    },
   };
 });
 

@@ -95,6 +95,11 @@ export interface EventLog {
   subscribe(options: SubscribeOptions): Promise<Subscription>;
   endOffsets(topic: string): Promise<EndOffsets>;
   /**
+   * Whether the topic still holds every record ever published to it (none removed by retention), so
+   * a replay from its earliest record sees all of them. May answer false when it cannot tell.
+   */
+  holdsEveryRecord(topic: string): Promise<boolean>;
+  /**
    * Reads every record from the earliest retained one up to (excluding) `until`, in batches,
    * in partition order, independent of any consumer group.
    */

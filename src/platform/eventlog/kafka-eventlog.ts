@@ -241,6 +241,16 @@ export class KafkaEventLog implements EventLog {
     return new Map(partitions.map((offset, partition) => [partition, offset]));
   }
 
+  /** Every partition still starts at offset 0. */
+  async holdsEveryRecord(topic: string): Promise<boolean> {
+    const name = this.name(topic);
+    const earliest = await this.readerConsumer().listOffsets({
+      topics: [name],
+      timestamp: ListOffsetTimestamps.EARLIEST,
+    });
+    return (earliest.get(name) ?? []).every((offset) => offset === 0n);
+  }
+
   /**
    * Reads with plain Fetch requests, so no group is joined and no offset is committed anywhere. The
    * partitions' leaders are resolved once (again only after a failed fetch); each round sends one

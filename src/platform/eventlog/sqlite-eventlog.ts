@@ -152,6 +152,19 @@ export class SqliteEventLog implements EventLog {
     return new Map([[0, last === null || last === undefined ? 0n : BigInt(last) + 1n]]);
   }
 
+  /**
+   * Offsets here are global, so a topic's first one tells nothing: a keep-forever topic is never
+   * pruned, and neither is one that no group committed on; any other may have been.
+   */
+  async holdsEveryRecord(topic: string): Promise<boolean> {
+    const commits = await this.db.kysely
+      .selectFrom('consumer_offsets')
+      .select('group_id')
+      .where('topic', '=', topic)
+      .execute();
+    return commits.length === 0 || commits.some((c) => c.group_id === KEEP_FOREVER_GROUP);
+  }
+
   async readRange(
     topic: string,
     until: EndOffsets,
