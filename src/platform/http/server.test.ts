@@ -28,7 +28,7 @@ describe('the HTTP server while it closes', () => {
     const busy = open();
     busy.send('GET /slow HTTP/1.1\r\nHost: x\r\n\r\n');
     const late = open();
-    late.send('GET /fast HTTP/1.1\r\nHost: x\r\n');
+    late.send('GET /fast HTTP/1.1\r\nHost: x\r\nOrigin: https://app.example\r\n');
     await sleep(50);
     const closed = app.close();
     await sleep(50);
@@ -44,6 +44,8 @@ describe('the HTTP server while it closes', () => {
     for (const answer of [busy.received(), late.received()]) {
       expect(answer).toMatch(/\r\nconnection: close\r\n/i);
     }
+    // A web page can read the refusal (and retry) rather than see a network error.
+    expect(late.received()).toMatch(/\r\naccess-control-allow-origin: https:\/\/app\.example\r\n/i);
     const text = late.received();
     expect(JSON.parse(text.slice(text.indexOf('\r\n\r\n') + 4))).toEqual({
       code: 'UNAVAILABLE',
@@ -101,6 +103,8 @@ describe('requests from web pages (CORS)', () => {
     expect(pre.headers['access-control-allow-origin']).toBe('https://elsewhere.example');
     expect(res.headers['access-control-allow-origin']).toBe('https://elsewhere.example');
     expect(res.headers['access-control-allow-credentials']).toBeUndefined();
+    // No answer is to be read as another type than it says it is.
+    expect(res.headers['x-content-type-options']).toBe('nosniff');
   });
 
   it('with a list of origins, answers only those', async () => {

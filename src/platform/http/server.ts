@@ -187,8 +187,8 @@ export async function createHttpServer(options: HttpServerOptions): Promise<Fast
   // Behind a proxy that is not trusted every client has the proxy's address, and the limits per
   // address become limits for the whole site: said once, when the first forwarded request comes.
   let untrustedForwardSeen = trust !== false;
-  app.addHook('onRequest', async (request, reply) => {
-    void reply.header('x-request-id', request.id);
+  app.addHook('onRequest', (request, reply, done) => {
+    void reply.header('x-request-id', request.id).header('x-content-type-options', 'nosniff');
     if (!untrustedForwardSeen && request.headers['x-forwarded-for'] !== undefined) {
       untrustedForwardSeen = true;
       request.log.warn(
@@ -196,13 +196,24 @@ export async function createHttpServer(options: HttpServerOptions): Promise<Fast
           'shares its address, and so the limits per address; set ZG_TRUST_PROXY if it is yours',
       );
     }
-    if (closing) {
-      return reply.code(503).header('connection', 'close').send({
-        code: 'UNAVAILABLE',
-        message: 'This server is shutting down; try again',
-        requestId: request.id,
-      });
-    }
+    done();
+  });
+  // After the headers above and before the refusal below, so that every answer carries them.
+  await app.register(cors, {
+    // A list answers only its own origins; other pages' browsers then refuse to read the answers.
+    origin: options.corsOrigins ?? true,
+    methods: ['GET', 'POST', 'PUT', 'PATCH', 'DELETE', 'OPTIONS'],
+    // An OPTIONS without the preflight headers is answered like a preflight, not with a bare-text 400.
+    strictPreflight: false,
+    exposedHeaders: ['X-Next-Cursor', 'X-Request-Id'],
+  });
+  app.addHook('onRequest', (request, reply, done) => {
+    if (!closing) return done();
+    void reply.code(503).header('connection', 'close').send({
+      code: 'UNAVAILABLE',
+      message: 'This server is shutting down; try again',
+      requestId: request.id,
+    });
   });
   app.addHook('onResponse', async (request, reply) => {
     const route = request.routeOptions.url ?? 'unmatched';
@@ -216,14 +227,6 @@ export async function createHttpServer(options: HttpServerOptions): Promise<Fast
     }
   });
 
-  await app.register(cors, {
-    // A list answers only its own origins; other pages' browsers then refuse to read the answers.
-    origin: options.corsOrigins ?? true,
-    methods: ['GET', 'POST', 'PUT', 'PATCH', 'DELETE', 'OPTIONS'],
-    // An OPTIONS without the preflight headers is answered like a preflight, not with a bare-text 400.
-    strictPreflight: false,
-    exposedHeaders: ['X-Next-Cursor', 'X-Request-Id'],
-  });
   await app.register(multipart, { limits: { fileSize: options.uploadLimitBytes, files: 1, fields: 10 } });
   if (!options.docs) return app;
   await app.register(swagger, {
