@@ -476,6 +476,31 @@ describe.each<Dialect>(['sqlite', 'mariadb'])('relations on %s', (dialect) => {
     expect((await rig.counters.countsMany([a, b]))[1]).toMatchObject({ followers: 1 });
   });
 
+  it('syncs the projection again when its transaction was chosen as a deadlock victim', async () => {
+    const [a, b] = [await rig.newUser(), await rig.newUser()];
+    await sut.follow(a, b);
+    let victims = 0;
+    const kysely = new Proxy(rig.db.kysely, {
+      get(target, name) {
+        if (name === 'transaction' && victims < 2) {
+          victims++;
+          const deadlock = Object.assign(new Error('Deadlock found when trying to get lock'), {
+            code: 'ER_LOCK_DEADLOCK',
+            errno: 1213,
+          });
+          return () => ({ execute: () => Promise.reject(deadlock) });
+        }
+        const value = Reflect.get(target, name, target) as unknown;
+        return typeof value === 'function' ? (value as (...args: unknown[]) => unknown).bind(target) : value;
+      },
+    });
+    const repo = new RelationRepository({ ...rig.db, kysely }, new OutboxWriter());
+    const synced = await repo.syncPairs([{ fromUserId: a, toUserId: b }]);
+    expect(victims).toBe(2);
+    expect(synced).toMatchObject([{ fromUserId: a, toUserId: b, changed: true }]);
+    expect(await tableRows(rig.db, 'follower')).toEqual(await tableRows(rig.db, 'following'));
+  });
+
   it('rebuilds counters exactly while events are still on their way', async () => {
     const [a, b, c] = [await rig.newUser(), await rig.newUser(), await rig.newUser()];
     await sut.follow(a, b);

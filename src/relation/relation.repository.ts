@@ -472,18 +472,25 @@ export class RelationRepository {
    * in `following` gets its `follower` row with the same `created_at`, an absent pair loses it. The
    * outcome depends only on the truth at the time of the call, so a redelivered, repeated or
    * reordered event can never leave the projection behind the last change of its pair.
-   * One transaction; reads and writes are batched.
+   * One transaction; reads and writes are batched. A transaction chosen as a deadlock victim (the
+   * projector, a rebuild and the reconciler write the same rows in different orders) is tried again.
    */
   async syncPairs(pairs: readonly Pair[]): Promise<PairSync[]> {
     const unique = [...new Map(pairs.map((p) => [pairKey(p), p])).values()];
     if (unique.length === 0) return [];
-    return this.db.kysely.transaction().execute(async (trx) => {
-      const results: PairSync[] = [];
-      for (let i = 0; i < unique.length; i += CHUNK) {
-        results.push(...(await this.syncChunk(trx, unique.slice(i, i + CHUNK))));
+    for (let attempt = 1; ; attempt++) {
+      try {
+        return await this.db.kysely.transaction().execute(async (trx) => {
+          const results: PairSync[] = [];
+          for (let i = 0; i < unique.length; i += CHUNK) {
+            results.push(...(await this.syncChunk(trx, unique.slice(i, i + CHUNK))));
+          }
+          return results;
+        });
+      } catch (err) {
+        if (attempt >= MAX_ATTEMPTS || !isDeadlock(err)) throw err;
       }
-      return results;
-    });
+    }
   }
 
   private async syncChunk(trx: Q, pairs: Pair[]): Promise<PairSync[]> {
