@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import type { Batch, EndOffsets, EventLog } from '../platform/eventlog/eventlog.js';
-import { replayAll } from './maintenance.js';
+import { replayAll, verifyAll } from './maintenance.js';
 import { COUNTER_TOPIC, entityKey, eventFor, type CounterEvent, type EntityRef } from './model.js';
 import type { CounterStore, StaleEvent } from './store/counter-store.js';
 
@@ -185,5 +185,44 @@ describe(replayAll.name, () => {
     ).rejects.toThrow(/no longer holds/);
     expect(store.resets).toBe(0);
     expect([...store.facts.keys()]).toEqual(['kept']);
+  });
+});
+
+describe(verifyAll.name, () => {
+  const ref = (n: number): EntityRef => ({ etype: 'knowpost', eid: String(n) });
+  /** Entity n is busy for its first `busyFor[n]` inspections; entity 3 has drifted. */
+  function storeWith(busyFor: Record<number, number>) {
+    const seen = new Map<string, number>();
+    const rebuilt: string[] = [];
+    const store = {
+      scanEntities: async (cursor: string) =>
+        cursor === '' ? { refs: [1, 2, 3, 4].map(ref), cursor: null } : { refs: [], cursor: null },
+      inspect: async (r: EntityRef) => {
+        const n = (seen.get(r.eid) ?? 0) + 1;
+        seen.set(r.eid, n);
+        const busy = n <= (busyFor[Number(r.eid)] ?? 0);
+        const likes = r.eid === '3' && !rebuilt.includes('3') ? 2 : 1;
+        return {
+          seq: 5,
+          applied: busy ? 4 : 5,
+          pending: busy,
+          snapshot: [0, likes, 0, 0, 0],
+          facts: { like: 1, fav: 0 },
+        };
+      },
+      rebuild: async (r: EntityRef) => {
+        rebuilt.push(r.eid);
+        return [0, 1, 0, 0, 0];
+      },
+    };
+    return { store: store as unknown as CounterStore, rebuilt };
+  }
+
+  it('checks busy entities again after a pause and reports only those still busy', async () => {
+    const { store, rebuilt } = storeWith({ 1: 1, 3: 2, 4: 99 });
+    const report = await verifyAll(store, true, () => undefined, 5);
+    expect(report).toMatchObject({ checked: 4, busy: 1, fixed: 1 });
+    expect(report.drifted.map((r) => r.eid)).toEqual(['3']);
+    expect(rebuilt).toEqual(['3']);
   });
 });

@@ -162,31 +162,55 @@ export interface VerifyReport {
   fixed: number;
 }
 
-/** `zhiguang counters verify [--fix]`: every entity, snapshot against facts. */
+/** `verifyAll`: rounds of checking busy entities again, and how many it keeps for them. */
+const RECHECK_ROUNDS = 2;
+const RECHECK_MAX = 10_000;
+
+/**
+ * `zhiguang counters verify [--fix]`: every entity, snapshot against facts. An entity with deltas not
+ * folded yet (busy) cannot be compared; those are checked again after `recheckMs` (longer than a
+ * flush interval), twice at most, and only those still busy then are reported so.
+ */
 export async function verifyAll(
   store: CounterStore,
   fix: boolean,
   progress: Progress,
+  recheckMs = 1_500,
 ): Promise<VerifyReport> {
   const report: VerifyReport = { checked: 0, busy: 0, drifted: [], fixed: 0 };
+  let busy: EntityRef[] = [];
+  const check = async (ref: EntityRef): Promise<boolean> => {
+    const state = await store.inspect(ref);
+    if (state.seq !== state.applied || state.pending) return false;
+    if (hasDrift(state)) {
+      report.drifted.push(ref);
+      if (fix) {
+        await store.rebuild(ref);
+        report.fixed++;
+      }
+    }
+    return true;
+  };
   let cursor: string | null = '';
   while (cursor !== null) {
     const page: { refs: EntityRef[]; cursor: string | null } = await store.scanEntities(cursor, 500);
     for (const ref of page.refs) {
-      const state = await store.inspect(ref);
       report.checked++;
-      if (state.seq !== state.applied || state.pending) report.busy++;
-      else if (hasDrift(state)) {
-        report.drifted.push(ref);
-        if (fix) {
-          await store.rebuild(ref);
-          report.fixed++;
-        }
-      }
+      if (await check(ref)) continue;
+      if (busy.length < RECHECK_MAX) busy.push(ref);
+      else report.busy++;
     }
     cursor = page.cursor;
     progress(`verified ${report.checked} entities, ${report.drifted.length} drifted`);
   }
+  for (let round = 0; round < RECHECK_ROUNDS && busy.length > 0; round++) {
+    progress(`checking ${busy.length} busy entities again`);
+    await new Promise((resolve) => setTimeout(resolve, recheckMs));
+    const still: EntityRef[] = [];
+    for (const ref of busy) if (!(await check(ref))) still.push(ref);
+    busy = still;
+  }
+  report.busy += busy.length;
   return report;
 }
 

@@ -23,6 +23,8 @@ import { RedisCounterStore } from '../counter/store/redis-counter-store.js';
 import { SqliteCounterStore } from '../counter/store/sqlite-counter-store.js';
 import { migrate, openMysql, openSqlite, type Db } from '../platform/db/database.js';
 import type { EventLog } from '../platform/eventlog/eventlog.js';
+import { ZERO_USER_COUNTS } from '../user-counter/model.js';
+import { UserCounterReconciler } from '../user-counter/reconciler.js';
 import { DbUserCountSource } from '../user-counter/source.js';
 import { RedisUserCounterStore } from '../user-counter/store/redis-user-counter-store.js';
 import { SqliteUserCounterStore } from '../user-counter/store/sqlite-user-counter-store.js';
@@ -39,6 +41,9 @@ interface Rig {
   counters: CounterStore;
   store: UserCounterStore;
   service: UserCounterService;
+  /** The user-counter reconciler over the likes-received part; its clock runs `skew.ms` ahead. */
+  reconciler: UserCounterReconciler;
+  skew: { ms: number };
   sut: LikesReceivedConsumer;
   gaps: number[];
   /** Rebuilds still to fail on a gap (each failing one throws out of `apply`), or to be refused. */
@@ -105,7 +110,17 @@ async function openRig(dialect: Dialect): Promise<Rig> {
   }
   const repo = new LikesReceivedRepository(db);
   const source = new DbUserCountSource(db, [new LikesReceivedPart(repo, counters)], DEFAULT_RETENTION_MS);
-  const service = new UserCounterService(store, source, new UserCounterMetrics(new Registry()));
+  const metrics = new UserCounterMetrics(new Registry());
+  const service = new UserCounterService(store, source, metrics);
+  const skew = { ms: 0 };
+  const reconciler = new UserCounterReconciler(
+    store,
+    source,
+    service,
+    metrics,
+    { settleMs: 60_000, recheckMs: 200 },
+    () => Date.now() + skew.ms,
+  );
   const gaps: number[] = [];
   const failing = { gaps: 0, refused: 0 };
   const errors: unknown[] = [];
@@ -133,6 +148,8 @@ async function openRig(dialect: Dialect): Promise<Rig> {
     counters,
     store,
     service,
+    reconciler,
+    skew,
     sut,
     gaps,
     failing,
@@ -295,6 +312,79 @@ describe.each<Dialect>(['sqlite', 'mariadb'])('likes received on %s', (dialect) 
     expect(await received(author)).toEqual({ likes: 3, favs: 1 });
     await rig.sut.apply([await toggle(post, 'like', 3, false)]);
     expect(await received(author)).toEqual({ likes: 2, favs: 1 });
+  });
+
+  it('has the user-counter reconciler answer busy, not drift, while a like is in flight, and ok once applied', async () => {
+    const author = await newUser();
+    const post = await newPost(author);
+    await received(author); // a snapshot exists
+    const like = await toggle(post, 'like', 1, true);
+    expect(await rig.reconciler.check(author, false)).toBe('busy');
+    expect(await rig.reconciler.check(author, true)).toBe('busy');
+    expect(await received(author)).toEqual({ likes: 0, favs: 0 }); // nothing rewritten
+    await rig.sut.apply([like]);
+    expect(await rig.reconciler.check(author, false)).toBe('ok');
+    // The store took it; the database mark did not move yet (a consumer that died in between).
+    await rig.db.kysely.deleteFrom('likes_received_marks').execute();
+    expect(await rig.reconciler.check(author, false)).toBe('ok');
+    expect(await received(author)).toEqual({ likes: 1, favs: 0 });
+  });
+
+  it('still finds and heals drift with nothing in flight, and in other fields while a like is', async () => {
+    const author = await newUser();
+    const post = await newPost(author);
+    await received(author);
+    await rig.sut.apply([await toggle(post, 'like', 1, true)]);
+    await rig.store.write(author, { ...ZERO_USER_COUNTS, likesReceived: 5 }, {}, Date.now());
+    expect(await rig.reconciler.check(author, false)).toBe('drift');
+    expect(await rig.reconciler.check(author, true)).toBe('healed');
+    expect(await received(author)).toEqual({ likes: 1, favs: 0 });
+    expect(await rig.reconciler.check(author, false)).toBe('ok');
+
+    // A favourite in flight leaves likes and favourites uncompared, not the other fields.
+    const fav = await toggle(post, 'fav', 2, true);
+    await rig.store.write(author, { ...ZERO_USER_COUNTS, likesReceived: 1, followers: 3 }, {}, Date.now());
+    expect(await rig.reconciler.check(author, false)).toBe('drift');
+    expect(await rig.reconciler.check(author, true)).toBe('healed');
+    const [healed] = await rig.store.read([author]);
+    expect(healed).toEqual({ ...ZERO_USER_COUNTS, likesReceived: 1, favsReceived: 1 });
+    await rig.sut.apply([fav]); // counted by the rebuild already
+    expect(await received(author)).toEqual({ likes: 1, favs: 1 });
+    expect(await rig.reconciler.check(author, false)).toBe('ok');
+  });
+
+  it('takes a like unapplied for settleMs as lost, and heals the count it left out', async () => {
+    const author = await newUser();
+    const post = await newPost(author);
+    await received(author);
+    const like = await toggle(post, 'like', 1, true);
+    expect(await rig.reconciler.check(author, true)).toBe('busy');
+    rig.skew.ms = 59_000;
+    expect(await rig.reconciler.check(author, true)).toBe('busy');
+    rig.skew.ms = 60_000;
+    expect(await rig.reconciler.check(author, true)).toBe('healed');
+    expect(await received(author)).toEqual({ likes: 1, favs: 0 });
+    await rig.sut.apply([like]); // it came after all: not counted twice
+    expect(await received(author)).toEqual({ likes: 1, favs: 0 });
+    expect(await rig.reconciler.check(author, false)).toBe('ok');
+  });
+
+  it('verify checks busy users again after a pause and reports only those still busy', async () => {
+    const [a, b] = [await newUser(), await newUser()];
+    const [pa, pb] = [await newPost(a), await newPost(b)];
+    for (const u of [a, b]) await received(u);
+    const likeA = await toggle(pa, 'like', 1, true);
+    await toggle(pb, 'like', 1, true); // stays in flight
+    let landed: Promise<void> | undefined;
+    const progress: string[] = [];
+    const report = await rig.reconciler.verifyAll(false, (message) => {
+      progress.push(message);
+      if (message.startsWith('checking') && !landed) landed = rig.sut.apply([likeA]);
+    });
+    await landed;
+    expect(report).toMatchObject({ checked: 2, ok: 1, busy: 1, busyUsers: [b], driftedUsers: 0 });
+    expect(progress).toContain('checking 2 busy users again');
+    expect(progress.at(-1)).toMatch(/verified 2 users: 0 drifted, 0 without a snapshot, 1 busy/);
   });
 
   it('skips events of posts it does not know', async () => {

@@ -233,9 +233,9 @@ export class LikesReceivedConsumer {
  * then its facts with their seq in one atomic step — so every event counted in the facts is either
  * at or below the mark (applied, or skipped when it comes) or above it up to the facts' seq. Of
  * those only the one at the facts' seq is listed as unapplied: recording it raises the store's mark
- * for the post, which covers the ones below it. Its delta is not known from facts and is given as 0
- * (its id is what a rebuild needs); a check that runs while such events are in flight may
- * therefore call their author drifted, and the healing rebuild is exact.
+ * for the post, which covers the ones below it. It stands for likes and favourites whose deltas the
+ * facts do not tell, so it is listed for both fields with no delta (null): its id is what a rebuild
+ * needs, and while it is not applied the reconciler leaves the two fields uncompared (`busy`).
  */
 export class LikesReceivedPart implements UserCountPart {
   readonly fields = ['likesReceived', 'favsReceived'] as const;
@@ -259,8 +259,13 @@ export class LikesReceivedPart implements UserCountPart {
       likesReceived += inspection.facts.like;
       favsReceived += inspection.facts.fav;
       // The highest one stands for all: recording it raises the post's mark over the rest.
-      if (inspection.seq > (marks.get(postId) ?? 0))
-        unapplied.push({ eventId: eventIdOf(postId, inspection.seq), field: 'likesReceived', delta: 0 });
+      if (inspection.seq > (marks.get(postId) ?? 0)) {
+        const eventId = eventIdOf(postId, inspection.seq);
+        unapplied.push(
+          { eventId, field: 'likesReceived', delta: null },
+          { eventId, field: 'favsReceived', delta: null },
+        );
+      }
     });
     return { counts: { likesReceived, favsReceived }, unapplied };
   }

@@ -3,6 +3,7 @@ import type { Logger } from 'pino';
 import type { Config } from '../platform/config/config.js';
 import type { Db } from '../platform/db/database.js';
 import { createPlatform, type Platform } from '../platform/wiring.js';
+import type { UserVerifyReport } from './reconciler.js';
 import type { UserCountPart } from './source.js';
 import { createUserCounters } from './user-counters.js';
 
@@ -13,6 +14,20 @@ export interface AdminIo {
   progress(message: string): void;
   /** The one-line JSON summary. */
   summary(line: string): void;
+  /** A line for the operator, kept on screen. */
+  note(message: string): void;
+}
+
+/**
+ * How `users verify` ends: 1 when not every user could be verified (`busy`) or, with --fix, some
+ * drift could not be healed (`notFixed`), whatever else it found; 'drift' when drift was found (and
+ * with --fix all of it healed); 0 when every user was verified and none drifted.
+ */
+export function verifyOutcome(
+  report: Pick<UserVerifyReport, 'busy' | 'notFixed' | 'driftedUsers'>,
+): 0 | 1 | 'drift' {
+  if (report.busy > 0 || report.notFixed > 0) return 1;
+  return report.driftedUsers > 0 ? 'drift' : 0;
 }
 
 /**
@@ -20,7 +35,7 @@ export interface AdminIo {
  * database (allowing for deltas still on their way) and, with --fix, overwrites the drifted ones.
  * Users without a snapshot are counted, not created: the first read rebuilds them. `parts` must be
  * the same slices of the truth the server uses (see app.ts), or fields it leaves out would be
- * compared with, and healed to, zero. Resolves with the exit code, or 'drift' when some user drifted.
+ * compared with, and healed to, zero. Resolves with the exit code (see `verifyOutcome`), or 'drift'.
  */
 export async function runUsersCommand(
   config: Config,
@@ -50,7 +65,12 @@ export async function runUsersCommand(
         seconds: (Date.now() - started) / 1000,
       }),
     );
-    return report.driftedUsers > 0 ? 'drift' : 0;
+    const outcome = verifyOutcome(report);
+    if (outcome === 1)
+      io.note(
+        `not every user could be verified and healed (busy ${report.busy}, notFixed ${report.notFixed}; see the summary): run the command again`,
+      );
+    return outcome;
   } finally {
     await platform.close();
   }

@@ -1,4 +1,5 @@
-import { sameCounts, type UserCounts, type UserField } from './model.js';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { USER_FIELDS, type UserCounts, type UserField } from './model.js';
 import type { UserCountSource } from './source.js';
 import type { UserCounterStore } from './store/user-counter-store.js';
 import type { UserCounterMetrics } from './user-counter.metrics.js';
@@ -8,61 +9,126 @@ export type Progress = (message: string) => void;
 
 /**
  * What one check found: `ok` (the snapshot is the truth, less deltas still on their way), `missing`
- * (no snapshot; a read rebuilds it), `drift` (left alone), `healed` (drift, overwritten with the
- * truth), `busy` (deltas kept arriving while it looked; checked again next time) or `unknown` (no
- * such user).
+ * (no snapshot; a read rebuilds it), `drift` (left alone, or with `fix` a rebuild that could not be
+ * written), `healed` (drift, overwritten with the truth), `busy` (not known: deltas kept arriving
+ * while it looked, or events whose deltas the database cannot tell are on their way and nothing else
+ * differs; checked again later) or `unknown` (no such user).
  */
 export type CheckOutcome = 'ok' | 'missing' | 'drift' | 'healed' | 'busy' | 'unknown';
 
+export interface UserReconcilerOptions {
+  /** Recently moved users remembered, and how many of them and of random users a round checks. */
+  recentCapacity: number;
+  sampleRecent: number;
+  sampleRandom: number;
+  /**
+   * How long an event whose delta the source cannot tell may stay unapplied (as this reconciler saw
+   * it) before a check takes it as lost, never to arrive, and compares as if it were applied: an
+   * event dropped on its way would otherwise keep its user `busy`, and any drift there unhealed.
+   */
+  settleMs: number;
+  /** `verifyAll`: the pause before users found busy are checked again (twice at most). */
+  recheckMs: number;
+}
+
+const DEFAULT_OPTIONS: UserReconcilerOptions = {
+  recentCapacity: 10_000,
+  sampleRecent: 200,
+  sampleRandom: 100,
+  settleMs: 60_000,
+  recheckMs: 1_000,
+};
+
 /** Tries per user before calling it busy. */
 const CHECK_ATTEMPTS = 3;
+/** `verifyAll`: rounds of checking busy users again, and how many users it keeps for them. */
+const RECHECK_ROUNDS = 2;
+const RECHECK_MAX_USERS = 10_000;
+/** Ids listed in a report (drifted, busy). */
+const LISTED = 1_000;
 
 /**
  * Compares user snapshots with the database and heals drift. A snapshot may lag the database by the
  * deltas still on their way; the source says which events its counts include that may not be
  * applied yet, the store says which of those are, so the comparison is exact: snapshot = truth minus
- * the deltas of included events not yet applied. The check is valid only if no delta was applied
- * while it looked (the user's version is read before and after). Healing is an overwriting rebuild,
- * which is exact against concurrent deltas (see `UserCounterService`).
+ * the deltas of included events not yet applied. Where the source knows such an event but not its
+ * delta (likes and favourites received), the fields it moves are not compared while it is on its
+ * way: the user is `busy` unless another field differs. The check is valid only if no delta was
+ * applied while it looked (the user's version is read before and after). Healing is an overwriting
+ * rebuild, which is exact against concurrent deltas (see `UserCounterService`).
  */
 export class UserCounterReconciler {
   private readonly recent = new Map<number, true>();
+  /** Per user, the events of unknown delta a check found unapplied, and when it first did. */
+  private readonly unknownSince = new Map<number, Map<string, number>>();
+  private readonly options: UserReconcilerOptions;
 
   constructor(
     private readonly store: UserCounterStore,
     private readonly source: UserCountSource,
     private readonly service: UserCounterService,
     private readonly metrics: UserCounterMetrics,
-    private readonly options = { recentCapacity: 10_000, sampleRecent: 200, sampleRandom: 100 },
+    options: Partial<UserReconcilerOptions> = {},
     private readonly now: () => number = Date.now,
-  ) {}
+  ) {
+    this.options = { ...DEFAULT_OPTIONS, ...options };
+  }
 
   async check(userId: number, fix: boolean): Promise<CheckOutcome> {
     for (let attempt = 0; attempt < CHECK_ATTEMPTS; attempt++) {
       const before = await this.store.inspect(userId);
       if (!before.counts) return 'missing';
-      const truth = await this.source.compute(userId, this.now());
+      const now = this.now();
+      const truth = await this.source.compute(userId, now);
       if (!truth) return 'unknown';
-      const after = await this.store.inspect(
-        userId,
-        truth.unapplied.map((e) => e.eventId),
-      );
+      const ids = [...new Set(truth.unapplied.map((e) => e.eventId))];
+      const after = await this.store.inspect(userId, ids);
       if (after.version !== before.version || !after.counts) continue;
+      const applied = new Set(ids.filter((_, i) => after.applied[i]));
+      const lost = this.lingering(
+        userId,
+        truth.unapplied.filter((e) => e.delta === null && !applied.has(e.eventId)).map((e) => e.eventId),
+        now,
+      );
       // What the snapshot holds while the events not yet applied are on their way: their sum taken
-      // off, clamped once (an entry and its exit in transit cancel out).
+      // off, clamped once (an entry and its exit in transit cancel out). Fields moved by an event of
+      // unknown delta cannot be known.
       const expected: UserCounts = { ...truth.counts };
       const pending = new Map<UserField, number>();
-      truth.unapplied.forEach((e, i) => {
-        if (!after.applied[i]) pending.set(e.field, (pending.get(e.field) ?? 0) + e.delta);
-      });
+      const unknown = new Set<UserField>();
+      for (const e of truth.unapplied) {
+        if (applied.has(e.eventId) || lost.has(e.eventId)) continue;
+        if (e.delta === null) unknown.add(e.field);
+        else pending.set(e.field, (pending.get(e.field) ?? 0) + e.delta);
+      }
       for (const [field, delta] of pending) expected[field] = Math.max(0, expected[field] - delta);
-      if (sameCounts(after.counts, expected)) return 'ok';
+      const counts = after.counts;
+      const differ = USER_FIELDS.filter((f) => !unknown.has(f) && counts[f] !== expected[f]);
+      if (differ.length === 0) return unknown.size > 0 ? 'busy' : 'ok';
       this.metrics.driftFound.inc();
       if (!fix || !(await this.service.rebuild(userId, 'overwrite', 'drift'))?.written) return 'drift';
       this.metrics.driftHealed.inc();
       return 'healed';
     }
     return 'busy';
+  }
+
+  /**
+   * Records which events of unknown delta the user has unapplied now (forgetting the others) and
+   * answers those seen unapplied for `settleMs` or longer: lost, by then.
+   */
+  private lingering(userId: number, eventIds: readonly string[], now: number): Set<string> {
+    const seen = this.unknownSince.get(userId);
+    this.unknownSince.delete(userId);
+    if (eventIds.length === 0) return new Set();
+    const since = new Map(eventIds.map((id) => [id, seen?.get(id) ?? now]));
+    this.unknownSince.set(userId, since);
+    while (this.unknownSince.size > this.options.recentCapacity) {
+      const oldest = this.unknownSince.keys().next().value;
+      if (oldest === undefined) break;
+      this.unknownSince.delete(oldest);
+    }
+    return new Set(eventIds.filter((id) => now - since.get(id)! >= this.options.settleMs));
   }
 
   /** Remembers users a batch moved, so the periodic run checks them first. */
@@ -78,30 +144,59 @@ export class UserCounterReconciler {
     }
   }
 
-  /** The periodic run: recently moved users and a random run of users, drift healed. */
-  async runOnce(): Promise<{ checked: number; drifted: number }> {
+  /**
+   * The periodic run: recently moved users and a random run of users, drift healed. Users left busy
+   * or drifted (not healed) are remembered as moved, so the next run checks them first.
+   */
+  async runOnce(): Promise<RoundReport> {
     const recent = [...this.recent.keys()].slice(-this.options.sampleRecent);
     const random = await this.source.sampleUserIds(this.options.sampleRandom);
     const users = [...new Set([...recent, ...random])];
-    let drifted = 0;
+    const round: RoundReport = { checked: users.length, drifted: 0, healed: 0, busy: 0 };
+    const again: number[] = [];
     for (const userId of users) {
       const outcome = await this.check(userId, true);
-      if (outcome === 'drift' || outcome === 'healed') drifted++;
+      if (outcome === 'drift' || outcome === 'healed') round.drifted++;
+      if (outcome === 'healed') round.healed++;
+      if (outcome === 'busy') round.busy++;
+      if (outcome === 'drift' || outcome === 'busy') again.push(userId);
     }
-    return { checked: users.length, drifted };
+    this.touched(again);
+    return round;
   }
 
-  /** `zhiguang users verify [--fix]`: every user, page by page. */
+  /**
+   * `zhiguang users verify [--fix]`: every user, page by page; users found busy are checked again
+   * after a pause (twice at most), and only those still busy then are reported so. With `fix` those
+   * are rewritten from the database anyway (exact, whatever they held: see `UserCounterService`), so
+   * a user an event lost on its way keeps busy can be verified by the next run.
+   */
   async verifyAll(fix: boolean, progress: Progress, pageSize = 500): Promise<UserVerifyReport> {
     const report: UserVerifyReport = {
       checked: 0,
       ok: 0,
       missing: 0,
       busy: 0,
+      busyUsers: [],
       driftedUsers: 0,
       drifted: [],
       fixed: 0,
+      notFixed: 0,
+      busyRewritten: 0,
     };
+    let busy: number[] = [];
+    const count = (userId: number, outcome: CheckOutcome) => {
+      if (outcome === 'ok') report.ok++;
+      else if (outcome === 'missing') report.missing++;
+      else if (outcome === 'drift' || outcome === 'healed') {
+        report.driftedUsers++;
+        if (report.drifted.length < LISTED) report.drifted.push(userId);
+        if (outcome === 'healed') report.fixed++;
+        else if (fix) report.notFixed++;
+      }
+    };
+    const tally = () =>
+      `verified ${report.checked} users: ${report.driftedUsers} drifted, ${report.missing} without a snapshot, ${report.busy + busy.length} busy`;
     let after = 0;
     progress('verifying users');
     for (;;) {
@@ -110,22 +205,46 @@ export class UserCounterReconciler {
       for (const userId of page) {
         const outcome = await this.check(userId, fix);
         report.checked++;
-        if (outcome === 'ok') report.ok++;
-        else if (outcome === 'missing') report.missing++;
-        else if (outcome === 'busy') report.busy++;
-        else if (outcome === 'drift' || outcome === 'healed') {
-          report.driftedUsers++;
-          if (report.drifted.length < 1000) report.drifted.push(userId);
-          if (outcome === 'healed') report.fixed++;
-        }
+        if (outcome !== 'busy') count(userId, outcome);
+        else if (busy.length < RECHECK_MAX_USERS) busy.push(userId);
+        else listBusy(report, userId);
       }
       after = page[page.length - 1]!;
-      progress(
-        `verified ${report.checked} users: ${report.driftedUsers} drifted, ${report.missing} without a snapshot`,
-      );
+      progress(tally());
     }
+    const rechecking = busy.length > 0;
+    for (let round = 0; round < RECHECK_ROUNDS && busy.length > 0; round++) {
+      progress(`checking ${busy.length} busy users again`);
+      await sleep(this.options.recheckMs);
+      const still: number[] = [];
+      for (const userId of busy) {
+        const outcome = await this.check(userId, fix);
+        if (outcome === 'busy') still.push(userId);
+        else count(userId, outcome);
+      }
+      busy = still;
+    }
+    for (const userId of busy.splice(0)) {
+      listBusy(report, userId);
+      if (fix && (await this.service.rebuild(userId, 'overwrite', 'admin'))?.written) report.busyRewritten++;
+    }
+    if (rechecking) progress(tally());
     return report;
   }
+}
+
+function listBusy(report: UserVerifyReport, userId: number): void {
+  report.busy++;
+  if (report.busyUsers.length < LISTED) report.busyUsers.push(userId);
+}
+
+export interface RoundReport {
+  checked: number;
+  /** Users whose counts differed, and how many of those were healed. */
+  drifted: number;
+  healed: number;
+  /** Users not known to be right or wrong (see `CheckOutcome`), checked first next time. */
+  busy: number;
 }
 
 export interface UserVerifyReport {
@@ -133,9 +252,18 @@ export interface UserVerifyReport {
   ok: number;
   /** Users without a snapshot (rebuilt when first read; not drift). */
   missing: number;
+  /**
+   * Users that could not be verified: still busy after being checked again (the first 1000 ids
+   * listed). Run the command again.
+   */
   busy: number;
+  busyUsers: number[];
   /** Users whose counts differed (the first 1000 ids are listed). */
   driftedUsers: number;
   drifted: number[];
+  /** With --fix: drifted users healed, and those whose rebuild could not be written (deltas kept landing). */
   fixed: number;
+  notFixed: number;
+  /** With --fix: busy users rewritten from the database all the same (not verified; the next run can). */
+  busyRewritten: number;
 }

@@ -6,11 +6,17 @@ import { sampleUserIds, userIdsAfter } from '../profile/users.repository.js';
  * An event counted in the source's counts whose delta may not have reached the counter store yet
  * (still in the outbox, in the event log, or in a consumer's batch). A rebuild writes the counts and
  * records these events as applied in one atomic step, so their deltas are skipped when they arrive.
+ * An event that moves several fields is listed once per field, with the same id.
  */
 export interface UnappliedEvent {
   eventId: string;
   field: UserField;
-  delta: number;
+  /**
+   * What the event moves `field` by, or null when the source cannot tell (a sequenced id standing
+   * for every event of its source up to its seq, of which the database keeps no deltas). While such
+   * an event is not applied, `field` cannot be compared exactly: the reconciler answers `busy`.
+   */
+  delta: number | null;
 }
 
 /** One user's counts according to the database. */
@@ -44,7 +50,7 @@ export interface UserCountSource {
   sampleUserIds(limit: number): Promise<number[]>;
 }
 
-/** Fields no part covers yet are zero (likes and favourites received, until their parts exist). */
+/** The sum of its parts (see app.ts for the parts a server uses); a field no part covers is zero. */
 export class DbUserCountSource implements UserCountSource {
   constructor(
     private readonly db: Db,

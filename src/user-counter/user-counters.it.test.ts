@@ -29,6 +29,7 @@ import { SqliteEventLog } from '../platform/eventlog/sqlite-eventlog.js';
 import { postEventsFeed, USER_COUNTER_GROUP, UserCounterConsumer } from './consumer.js';
 import { ZERO_USER_COUNTS, type UserCounterDelta, type UserCounts } from './model.js';
 import { PostCountPart } from './post-count.part.js';
+import { verifyOutcome } from './admin.js';
 import { UserCounterReconciler } from './reconciler.js';
 import { DbUserCountSource, type UserCountSource } from './source.js';
 import { RedisUserCounterStore } from './store/redis-user-counter-store.js';
@@ -521,5 +522,28 @@ describe.each<Profile>(['embedded', 'cluster'])('user counters (%s profile)', (p
 
     await expect(rig.service.counts(a + 1_000_000)).rejects.toMatchObject({ status: 404, code: 'NOT_FOUND' });
     expect(await rig.store.read([a + 1_000_000])).toEqual([null]);
+  });
+
+  it('reports drift whose rebuild could not be written as not healed, and verify as incomplete', async () => {
+    const a = await newUser();
+    await transition('published', a, newPostId(), { publish: false });
+    await rig.service.counts(a);
+    await rig.store.write(a, posts(7), {}, Date.now());
+    // As when deltas keep landing between every read and write of the rebuild.
+    const refused = intercept(rig.service, {
+      rebuild: () => Promise.resolve({ counts: posts(1), written: false }),
+    });
+    const sut = new UserCounterReconciler(rig.store, rig.source, refused, rig.metrics);
+    const report = await sut.verifyAll(true, () => undefined);
+    expect(report).toMatchObject({ driftedUsers: 1, drifted: [a], fixed: 0, notFixed: 1, busy: 0 });
+    expect(verifyOutcome(report)).toBe(1);
+    sut.touched([a]);
+    expect(await sut.runOnce()).toMatchObject({ drifted: 1, healed: 0 });
+    expect(await rig.store.read([a])).toEqual([posts(7)]);
+
+    const healed = await rig.reconciler.verifyAll(true, () => undefined);
+    expect(healed).toMatchObject({ driftedUsers: 1, fixed: 1, notFixed: 0 });
+    expect(verifyOutcome(healed)).toBe('drift');
+    expect(await rig.store.read([a])).toEqual([posts(1)]);
   });
 });

@@ -100,7 +100,13 @@ export function createUserCounters(deps: UserCountersDeps): UserCounters {
     deps.reconcileIntervalMs,
     async () => {
       const round = await reconciler.runOnce();
-      if (round.drifted > 0) log.warn(round, 'user counter drift found and healed');
+      if (round.drifted === 0) return;
+      if (round.healed === round.drifted) log.warn(round, 'user counter drift found and healed');
+      else
+        log.warn(
+          round,
+          'user counter drift found, not all of it healed (deltas kept landing while rebuilding); the next round checks again',
+        );
     },
     (_name, err) => log.warn({ err }, 'user counter reconcile failed; will retry'),
   );

@@ -208,4 +208,48 @@ describe('the admin command line', () => {
       rmSync(dataDir, { recursive: true, force: true });
     }
   });
+
+  it('exits 1 when verify could not check everything (busy), and says how many', async () => {
+    const dataDir = mkdtempSync(join(tmpdir(), 'zg-cli-'));
+    try {
+      const env = { PATH: process.env.PATH ?? '', ZG_DATA_DIR: dataDir, LOG_LEVEL: 'warn' };
+      const empty = await runCli(env, ['users', 'verify']); // creates the database
+      expect([empty.code, empty.json]).toMatchObject([0, { checked: 0, busy: 0 }]);
+
+      const db = new DatabaseSync(join(dataDir, 'zhiguang.db'));
+      try {
+        db.exec(`INSERT INTO users (id, nickname, avatar, zg_id, created_at, updated_at)
+                 VALUES (1, 'u1', '', 'u1', 0, 0)`);
+        db.exec(`INSERT INTO knowposts (id, author_id, status, created_at, updated_at)
+                 VALUES ('5', 1, 'published', 0, 0)`);
+        // A like toggled (seq 1) whose event neither the counter aggregator nor the author's likes
+        // received have taken yet.
+        db.exec(`INSERT INTO counter_facts VALUES ('knowpost', '5', 'like', 42)`);
+        db.exec(`INSERT INTO counter_entities (etype, eid, seq, applied) VALUES ('knowpost', '5', 1, 0)`);
+        db.exec(`INSERT INTO counter_snapshots VALUES ('knowpost', '5', zeroblob(20))`);
+        // The author's snapshot: one public post, no likes yet.
+        db.exec(`INSERT INTO user_counters (user_id, data, version)
+                 VALUES (1, X'0000000000000000000000010000000000000000', 1)`);
+      } finally {
+        db.close();
+      }
+
+      const counters = await runCli(env, ['counters', 'verify']);
+      expect([counters.code, counters.json]).toMatchObject([1, { checked: 1, busy: 1, drifted: [] }]);
+      expect(counters.stderr).toContain('not every entity could be verified (busy 1');
+      const users = await runCli(env, ['users', 'verify']);
+      expect([users.code, users.json]).toMatchObject([
+        1,
+        { checked: 1, busy: 1, busyUsers: [1], driftedUsers: 0, notFixed: 0 },
+      ]);
+      expect(users.stderr).toContain('not every user could be verified and healed (busy 1, notFixed 0');
+      // --fix cannot verify the user either, but rewrites it from the database: the next run can.
+      const rewritten = await runCli(env, ['users', 'verify', '--fix']);
+      expect([rewritten.code, rewritten.json]).toMatchObject([1, { busy: 1, busyRewritten: 1 }]);
+      const verified = await runCli(env, ['users', 'verify']);
+      expect([verified.code, verified.json]).toMatchObject([0, { checked: 1, ok: 1, busy: 0 }]);
+    } finally {
+      rmSync(dataDir, { recursive: true, force: true });
+    }
+  });
 });
