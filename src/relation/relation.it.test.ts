@@ -845,6 +845,38 @@ describe.each<Dialect>(['sqlite', 'mariadb'])('relations on %s', (dialect) => {
     expect((await verifyRelations(rig.repo, rig.reconciler, false, () => undefined)).driftedUsers).toBe(0);
   });
 
+  it('walks a long follower list only when its size differs by more than the changes in flight explain', async () => {
+    const star = await rig.newUser();
+    const fans = await rig.newUsers(4);
+    for (const fan of fans.slice(0, 3)) await sut.follow(fan, star);
+    await rig.projector.apply(await rig.drain());
+    let walks = 0;
+    const repo: typeof rig.repo = Object.create(rig.repo) as typeof rig.repo;
+    repo.followerDiff = (...args) => {
+      walks++;
+      return rig.repo.followerDiff(...args);
+    };
+    const reconciler = new RelationReconciler({
+      repo,
+      counters: rig.store,
+      lists: rig.lists,
+      bus: rig.bus,
+      rebuildCounters: async () => ({ written: true }),
+      metrics: rig.metrics,
+      maxCompare: 2,
+      settleMs: 10,
+      sampleSize: 50,
+    });
+    await sut.follow(fans[3]!, star); // committed; the projection not yet told
+    expect(hasDrift(await reconciler.check(star))).toBe(false);
+    expect(walks).toBe(0);
+    // A stale row more than the change in flight explains: walked, and found.
+    await rig.db.kysely.deleteFrom('follower').where('from_user_id', '=', fans[0]!).execute();
+    const drift = await reconciler.check(star);
+    expect(walks).toBe(1);
+    expect(drift.projection).toEqual([{ fromUserId: fans[0]!, toUserId: star }]);
+  });
+
   it('does not call changes still in flight drift', async () => {
     const [a, b] = [await rig.newUser(), await rig.newUser()];
     await sut.follow(a, b);
