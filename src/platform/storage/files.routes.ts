@@ -1,3 +1,4 @@
+import type { IncomingMessage } from 'node:http';
 import type { Readable } from 'node:stream';
 import type { FastifyInstance, FastifyReply } from 'fastify';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
@@ -128,13 +129,37 @@ export function filesRoutes(storage: ObjectStorage) {
               void reply.header('access-control-expose-headers', `${exposed}, ETag`);
             return reply.status(200).header('etag', stored.etag).send();
           } catch (err) {
-            // Answered before the body was read: let the server discard it so the client gets the answer
-            // instead of a reset connection.
-            if (!raw.readableEnded) raw.resume();
+            // Answered before the body was read: the server discards it so the client gets the answer
+            // instead of a reset connection, but only so much of it and for so long, then the
+            // connection goes (a refused client cannot keep it busy with an endless body).
+            if (!raw.readableEnded) {
+              void reply.header('connection', 'close');
+              discardBounded(raw);
+            }
             throw err;
           }
         },
       );
     });
   };
+}
+
+/** What a refused upload may still send, and for how long, before its connection is closed. */
+const DISCARD_MAX_BYTES = 1024 * 1024;
+const DISCARD_MAX_MS = 5_000;
+
+function discardBounded(raw: IncomingMessage): void {
+  let discarded = 0;
+  const stop = (): void => {
+    clearTimeout(timer);
+    raw.socket.destroy();
+  };
+  const timer = setTimeout(stop, DISCARD_MAX_MS);
+  timer.unref();
+  raw.on('data', (chunk: Buffer) => {
+    discarded += chunk.length;
+    if (discarded > DISCARD_MAX_BYTES) stop();
+  });
+  raw.once('close', () => clearTimeout(timer));
+  raw.resume();
 }

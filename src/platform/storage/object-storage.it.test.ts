@@ -2,6 +2,7 @@ import { randomBytes } from 'node:crypto';
 import { mkdtempSync, readdirSync, readFileSync, rmSync, statSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { connect } from 'node:net';
 import cors from '@fastify/cors';
 import multipart from '@fastify/multipart';
 import Fastify, { type FastifyInstance } from 'fastify';
@@ -121,6 +122,41 @@ describe('LocalObjectStorage served by filesRoutes', () => {
     expect(url.searchParams.get('ct')).toBe('text/markdown; charset=utf-8');
     expect(url.searchParams.get('max')).toBe('5');
     expect(Number(url.searchParams.get('exp')) - Math.floor(Date.now() / 1000)).toBeGreaterThanOrEqual(59);
+  });
+
+  it('answers a refused upload and closes its connection rather than read an endless body', async () => {
+    const k = key('body.md');
+    const signed = await server.sut.presignPut(k, {
+      contentType: 'text/markdown',
+      maxBytes: 4,
+      expiresInSeconds: 60,
+    });
+    const url = new URL(signed.url);
+    url.searchParams.set('sig', 'x'.repeat(43));
+    const socket = connect(Number(url.port), url.hostname);
+    let received = '';
+    socket.on('data', (chunk: Buffer) => (received += chunk.toString('utf8')));
+    socket.on('error', () => undefined);
+    const closed = new Promise<number>((resolve) => socket.on('close', () => resolve(Date.now())));
+    const started = Date.now();
+    socket.write(
+      `PUT ${url.pathname}${url.search} HTTP/1.1\r\nHost: x\r\nContent-Type: text/markdown\r\nTransfer-Encoding: chunked\r\n\r\n`,
+    );
+    // An endless body: a chunk every few milliseconds, until the server closes the connection.
+    const chunk = `4000\r\n${'a'.repeat(0x4000)}\r\n`;
+    const feeding = setInterval(() => {
+      if (!socket.destroyed) socket.write(chunk);
+    }, 2);
+    try {
+      const at = await closed;
+      expect(at - started).toBeLessThan(8_000);
+    } finally {
+      clearInterval(feeding);
+      socket.destroy();
+    }
+    expect(received).toMatch(/^HTTP\/1\.1 403 /);
+    expect(received).toMatch(/\r\nconnection: close\r\n/i);
+    expect(received).toContain('SIGNATURE_INVALID');
   });
 
   it('answers refusals in the contract error shape', async () => {
