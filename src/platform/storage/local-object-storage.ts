@@ -66,6 +66,9 @@ const MIN_SIGNING_KEY_BYTES = 32;
 const DIGITS = /^\d{1,15}$/;
 const SIGNATURE = /^[A-Za-z0-9_-]{43}$/;
 
+/** The commit in progress per object path, of every instance in the process (see `commit`). */
+const committing = new Map<string, Promise<unknown>>();
+
 /**
  * Objects as files under a directory, each with a small JSON sidecar for its content type and
  * ETag. Writes go to a temporary file first and are renamed into place, so readers never see a
@@ -323,8 +326,24 @@ export class LocalObjectStorage implements ObjectStorage {
     return Math.floor(this.now() / 1000);
   }
 
-  /** Sidecar first, then the bytes: a reader finding the bytes always finds their metadata. */
+  /**
+   * Sidecar first, then the bytes: a reader finding the bytes always finds their metadata. Commits
+   * to one path take turns (in this process, which the embedded profile's storage belongs to), so
+   * two uploads to one key cannot leave one's bytes with the other's metadata.
+   */
   private async commit(path: string, tmp: string, meta: StoredObject): Promise<void> {
+    const before = committing.get(path) ?? Promise.resolve();
+    const mine = before.then(() => this.commitNow(path, tmp, meta));
+    const settled = mine.catch(() => undefined);
+    committing.set(path, settled);
+    try {
+      await mine;
+    } finally {
+      if (committing.get(path) === settled) committing.delete(path);
+    }
+  }
+
+  private async commitNow(path: string, tmp: string, meta: StoredObject): Promise<void> {
     const metaTmp = `${tmp}.meta`;
     try {
       await writeFile(metaTmp, JSON.stringify(meta));

@@ -1,8 +1,9 @@
-import { randomBytes } from 'node:crypto';
+import { createHash, randomBytes } from 'node:crypto';
 import { mkdtempSync, readdirSync, readFileSync, rmSync, statSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { connect } from 'node:net';
+import { Readable } from 'node:stream';
 import cors from '@fastify/cors';
 import multipart from '@fastify/multipart';
 import Fastify, { type FastifyInstance } from 'fastify';
@@ -122,6 +123,26 @@ describe('LocalObjectStorage served by filesRoutes', () => {
     expect(url.searchParams.get('ct')).toBe('text/markdown; charset=utf-8');
     expect(url.searchParams.get('max')).toBe('5');
     expect(Number(url.searchParams.get('exp')) - Math.floor(Date.now() / 1000)).toBeGreaterThanOrEqual(59);
+  });
+
+  it('keeps each object’s bytes and metadata together when uploads to one key overlap', async () => {
+    const k = key('image.png');
+    const md5 = (text: string) => `"${createHash('md5').update(text).digest('hex')}"`;
+    for (let round = 0; round < 100; round++) {
+      const bodies = [`first ${round}`, `second, longer ${round}`];
+      // One through the upload route's writer, one stored directly: two instances, one directory.
+      await Promise.all([
+        server.sut.write(k, Readable.from([Buffer.from(bodies[0]!)]), 'image/png', 1024),
+        server.sut.put(k, Buffer.from(bodies[1]!), 'image/png'),
+      ]);
+      const got = await server.sut.get(k);
+      const bytes = Buffer.concat(await got!.body.toArray()).toString();
+      expect({ round, etag: got!.object.etag, size: got!.object.size }).toEqual({
+        round,
+        etag: md5(bytes),
+        size: bytes.length,
+      });
+    }
   });
 
   it('answers a refused upload and closes its connection rather than read an endless body', async () => {
