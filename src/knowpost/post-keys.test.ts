@@ -7,7 +7,6 @@ import {
   isImageKey,
   isReadableContentKey,
   isStoredImageKey,
-  isStoredImageFromBytes,
   isStoredImageOf,
   storedImageKey,
   uploadTarget,
@@ -102,26 +101,22 @@ describe('key checks', () => {
     expect(isExternalImageUrl('//example.com/a.png')).toBe(false);
   });
 
-  it('names every image copy anew, and tells which upload key and bytes a copy came from', () => {
+  it('names every image copy anew, in the shape earlier releases read, and tells which upload it came from', () => {
     const upload = 'posts/42/images/20250131/deadbeef.png';
-    const copy = storedImageKey('42', upload, '"abc"');
-    expect(copy).toMatch(/^posts\/42\/pictures\/[0-9a-f]{48}\.png$/);
+    const copy = storedImageKey('42', upload);
+    expect(copy).toMatch(/^posts\/42\/pictures\/[0-9a-f]{32}\.png$/);
     expect(isStoredImageKey('42', copy)).toBe(true);
     expect(isStoredImageKey('4', copy)).toBe(false);
-    // A copy of an earlier release (no random part) is still one.
-    expect(isStoredImageKey('42', `posts/42/pictures/${'a'.repeat(32)}.png`)).toBe(true);
-    expect(isStoredImageKey('42', `posts/42/pictures/${'a'.repeat(40)}.png`)).toBe(false);
-    // The same upload and bytes name a new copy each time, known as made of those bytes.
-    const again = storedImageKey('42', upload, 'ABC');
+    expect(isStoredImageKey('42', `posts/42/pictures/${'a'.repeat(48)}.png`)).toBe(false);
+    // The same upload names a new copy each time, all known as copies of it.
+    const again = storedImageKey('42', upload);
     expect(again).not.toBe(copy);
-    expect(isStoredImageFromBytes('42', upload, 'ABC', copy)).toBe(true);
-    expect(isStoredImageFromBytes('42', upload, '"abc"', again)).toBe(true);
-    const other = storedImageKey('42', upload, '"def"');
-    expect(isStoredImageFromBytes('42', upload, '"abc"', other)).toBe(false);
     expect(isStoredImageOf('42', upload, copy)).toBe(true);
-    expect(isStoredImageOf('42', upload, other)).toBe(true);
+    expect(isStoredImageOf('42', upload, again)).toBe(true);
+    expect(storedImageKey('42', upload, 'ab'.repeat(8))).toBe(
+      copy.slice(0, copy.length - 20) + 'ab'.repeat(8) + '.png',
+    );
     expect(isStoredImageOf('42', 'posts/42/images/20250131/deadbeee.png', copy)).toBe(false);
-    expect(isStoredImageFromBytes('42', 'posts/42/images/20250131/deadbeee.png', '"abc"', copy)).toBe(false);
     expect(isStoredImageOf('42', upload.replace('.png', '.gif'), copy)).toBe(false);
     expect(isStoredImageOf('42', upload, copy.replace('.png', '.gif'))).toBe(false);
     expect(isStoredImageOf('42', upload, upload)).toBe(false);

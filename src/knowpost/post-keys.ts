@@ -1,6 +1,5 @@
 import { createHash, randomBytes } from 'node:crypto';
 import { BadRequestError } from '../platform/errors/errors.js';
-import { normalizeEtag } from '../platform/storage/object-storage.js';
 import type { UploadScene } from './post.schema.js';
 
 /**
@@ -135,22 +134,20 @@ export function isImageKey(postId: string, key: string): boolean {
 
 /**
  * Where a patch keeps an image it checked, copied from its upload key (`isImageKey`), out of reach
- * of presigned URLs. The name starts with a digest of the upload key (`isStoredImageOf`), then one of
- * the key and ETag (`isStoredImageFromBytes`: a retried patch finds the copy it made), then random
- * hex: every copy is a new object, so a patch that drops a copy can never delete one that an
- * overlapping patch has just made of the same bytes.
+ * of presigned URLs: 16 hex digits of a digest of the upload key (`isStoredImageOf`), then 16 random
+ * ones. Every copy is a new object, so a patch that drops a copy can never delete one an overlapping
+ * patch has just made of the same upload; the name keeps the shape earlier releases gave copies
+ * (32 hex digits), so processes of both read each other's.
  */
 export function storedImageKey(
   postId: string,
   uploadKey: string,
-  etag: string,
   nonce: string = randomBytes(8).toString('hex'),
 ): string {
-  const name = `${digest16(uploadKey)}${digest16(`${uploadKey}\n${normalizeEtag(etag)}`)}${nonce}`;
-  return `posts/${postId}/pictures/${name}${uploadKey.slice(uploadKey.lastIndexOf('.'))}`;
+  return `posts/${postId}/pictures/${digest16(uploadKey)}${nonce}${uploadKey.slice(uploadKey.lastIndexOf('.'))}`;
 }
 
-/** True when `key` is a copy `storedImageKey` names for this upload key (whatever its ETag was). */
+/** True when `key` is a copy `storedImageKey` names for this upload key. */
 export function isStoredImageOf(postId: string, uploadKey: string, key: string): boolean {
   const prefix = `posts/${postId}/pictures/${digest16(uploadKey)}`;
   return (
@@ -160,21 +157,9 @@ export function isStoredImageOf(postId: string, uploadKey: string, key: string):
   );
 }
 
-/** True when `key` is a copy `storedImageKey` names for this upload key holding these bytes. */
-export function isStoredImageFromBytes(
-  postId: string,
-  uploadKey: string,
-  etag: string,
-  key: string,
-): boolean {
-  const prefix = `posts/${postId}/pictures/${digest16(uploadKey)}${digest16(`${uploadKey}\n${normalizeEtag(etag)}`)}`;
-  return isStoredImageOf(postId, uploadKey, key) && key.startsWith(prefix);
-}
-
 const digest16 = (text: string): string => createHash('sha256').update(text).digest('hex').slice(0, 16);
 
-/** 48 hex digits; 32 in copies an earlier release made (no random part). */
-const STORED_IMAGE_NAME = new RegExp(`^[0-9a-f]{32}(?:[0-9a-f]{16})?(?:${extensions('knowpost_image')})$`);
+const STORED_IMAGE_NAME = new RegExp(`^[0-9a-f]{32}(?:${extensions('knowpost_image')})$`);
 
 /** True for the copies `storedImageKey` names for this post. */
 export function isStoredImageKey(postId: string, key: string): boolean {

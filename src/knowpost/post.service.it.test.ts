@@ -11,15 +11,13 @@ import { OutboxWriter } from '../platform/outbox/outbox.js';
 import { createSqliteRateLimiter } from '../platform/ratelimit/create.js';
 import { LocalObjectStorage } from '../platform/storage/local-object-storage.js';
 import { CROSSINGS_KEPT_MS, parsePostEvent, POST_TOPIC, type PostChange } from './post-events.js';
-import { isStoredImageFromBytes, isStoredImageOf, storedImageKey } from './post-keys.js';
+import { isStoredImageOf, storedImageKey } from './post-keys.js';
 import { PostObjectPurger } from './post-purge.js';
 import { PostUploadSweeper } from './post-sweep.js';
 import { PostRepository } from './post.repository.js';
 import { PostService, UPLOAD_CHECK_GRACE_MS, type PostLimits } from './post.service.js';
 
 const backends = freshDatabases({ migrated: true });
-
-const md5 = (text: string) => createHash('md5').update(text).digest('hex');
 
 const AUTHOR = 101;
 const OTHER = 202;
@@ -665,8 +663,8 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     });
     // The upload is stored as a copy no presigned URL can write.
     const stored = (await imagesOf(id))[0]!;
-    expect(stored).toMatch(new RegExp(`^posts/${id}/pictures/[0-9a-f]{48}\\.png$`));
-    expect(isStoredImageFromBytes(id, presigned.objectKey, md5('png'), stored)).toBe(true);
+    expect(stored).toMatch(new RegExp(`^posts/${id}/pictures/[0-9a-f]{32}\\.png$`));
+    expect(isStoredImageOf(id, presigned.objectKey, stored)).toBe(true);
     expect(await row(id)).toMatchObject({
       title: 'Hello',
       tags_json: '["a","b"]',
@@ -721,7 +719,7 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     // What clients of the original service send: the upload URL without its query.
     await sut.update(AUTHOR, id, { imgUrls: [presigned.putUrl.split('?')[0]!, elsewhere] });
     const stored = (await imagesOf(id))[0]!;
-    expect(isStoredImageFromBytes(id, presigned.objectKey, md5('png'), stored)).toBe(true);
+    expect(isStoredImageOf(id, presigned.objectKey, stored)).toBe(true);
     expect(await imagesOf(id)).toEqual([stored, elsewhere]);
     expect(await storage.head(presigned.objectKey)).toBeNull();
 
@@ -904,7 +902,7 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     expect(await imagesOf(id)).toEqual([shownCopy]);
     expect(await exists(droppedCopy!)).toBe(false);
     // Left behind, as a racing patch or a failed delete would leave it.
-    const stray = storedImageKey(id, `posts/${id}/images/20250601/0badc0de.png`, md5('x'));
+    const stray = storedImageKey(id, `posts/${id}/images/20250601/0badc0de.png`);
     await storage.put(stray, Buffer.from('x'), 'image/png');
     const body = (await row(id)).content_key!;
 
@@ -1034,7 +1032,7 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     expect(await overlapped(third, [third], [fourth])).toEqual(['ok', 'ok']);
     const shown = await imagesOf(id);
     expect(shown).toHaveLength(1);
-    expect(isStoredImageFromBytes(id, third, md5('third'), shown[0]!)).toBe(true);
+    expect(isStoredImageOf(id, third, shown[0]!)).toBe(true);
     expect(await exists(shown[0]!)).toBe(true);
     for (const gone of [third, fourth])
       expect({ gone, exists: await exists(gone) }).toEqual({ gone, exists: false });
@@ -1045,6 +1043,33 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     const fifth = await upload('fifth');
     expect(await overlapped(fifth, [fifth], 'every')).toEqual(['409 POST_CHANGED', 'ok', 'ok', 'ok']);
     expect(await imagesOf(id)).toEqual(['https://x.invalid/2.png']);
+  });
+
+  it('keeps the copy it shows when a patch names an upload again that still holds the same bytes', async () => {
+    const sut = newService();
+    const id = await publishedPost(sut);
+    const image = await uploadObject(sut, id, 'knowpost_image', 'image/png', 'png');
+    // The upload outlives the first patch (its delete failed), and the request is sent again.
+    class Keeping extends LocalObjectStorage {
+      override async delete(key: string) {
+        if (key === image.objectKey) return;
+        return super.delete(key);
+      }
+    }
+    const keeping = new PostService({
+      ...serviceOptions(),
+      storage: new Keeping(root, 'http://files.invalid/files'),
+    });
+    await keeping.update(AUTHOR, id, { imgUrls: [image.objectKey] });
+    const [first] = await imagesOf(id);
+    await keeping.update(AUTHOR, id, { imgUrls: [image.objectKey] });
+    expect(await imagesOf(id)).toEqual([first]);
+    // Other bytes through the same upload URL are a new copy.
+    await storage.put(image.objectKey, Buffer.from('other png'), 'image/png');
+    await keeping.update(AUTHOR, id, { imgUrls: [image.objectKey] });
+    const [second] = await imagesOf(id);
+    expect(second).not.toBe(first);
+    expect(await storage.head(first!)).toBeNull();
   });
 
   it('never deletes a copy an overlapping patch has just made of the same upload again', async () => {

@@ -31,7 +31,6 @@ import {
   isExternalImageUrl,
   isImageKey,
   isStoredImageKey,
-  isStoredImageFromBytes,
   isStoredImageOf,
   storedImageKey,
   uploadTarget,
@@ -597,10 +596,13 @@ export class PostService {
         }
         if (head.size > this.limits.imageMaxBytes)
           await this.refuseOversize(value, this.limits.imageMaxBytes);
-        // These bytes are the post's already (a retried patch).
-        const shown = post.imgUrls.find((key) => isStoredImageFromBytes(post.id, value, head.etag, key));
-        if (shown !== undefined) return shown;
-        const key = storedImageKey(post.id, value, head.etag);
+        // These bytes are the post's already (a retried patch): a copy it shows of this upload with
+        // the upload's ETag (a copy keeps the ETag of what it copied).
+        for (const shown of post.imgUrls.filter((key) => isStoredImageOf(post.id, value, key))) {
+          const copy = await this.storage.head(shown);
+          if (copy && normalizeEtag(copy.etag) === normalizeEtag(head.etag)) return shown;
+        }
+        const key = storedImageKey(post.id, value);
         if (!(await this.storage.copy(value, key, head.etag))) {
           throw new ConflictError(
             `imgUrls[${index}]: the image changed while it was being checked; send the patch again`,
