@@ -266,8 +266,8 @@ export async function replayAll(
 ): Promise<ReplayReport> {
   if (!(await events.holdsEveryRecord(COUNTER_TOPIC))) {
     throw new Error(
-      `${COUNTER_TOPIC} no longer holds its earliest records (removed by retention, or the topic was ` +
-        'made anew): a replay would empty the store of the likes and favourites they hold. Nothing was changed.',
+      `${COUNTER_TOPIC} no longer holds its earliest records (removed by retention or by hand): a replay ` +
+        'would empty the store of the likes and favourites they hold. Nothing was changed.',
     );
   }
   // Records strictly older than the time given: + 1 takes those of this very millisecond too.

@@ -95,8 +95,9 @@ export interface EventLog {
   subscribe(options: SubscribeOptions): Promise<Subscription>;
   endOffsets(topic: string): Promise<EndOffsets>;
   /**
-   * Whether the topic still holds every record ever published to it (none removed by retention), so
-   * a replay from its earliest record sees all of them. May answer false when it cannot tell.
+   * Whether the topic still holds every record ever published to it (none removed by retention or by
+   * hand), so a replay from its earliest record sees all of them. May answer false when it cannot
+   * tell; a topic deleted and made anew looks whole.
    */
   holdsEveryRecord(topic: string): Promise<boolean>;
   /**

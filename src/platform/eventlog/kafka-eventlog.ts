@@ -241,14 +241,19 @@ export class KafkaEventLog implements EventLog {
     return new Map(partitions.map((offset, partition) => [partition, offset]));
   }
 
-  /** Every partition still starts at offset 0. */
+  /**
+   * Every partition still starts at offset 0. A topic deleted and made anew starts at 0 too: that
+   * this cannot tell (nor would any offset).
+   */
   async holdsEveryRecord(topic: string): Promise<boolean> {
     const name = this.name(topic);
     const earliest = await this.readerConsumer().listOffsets({
       topics: [name],
       timestamp: ListOffsetTimestamps.EARLIEST,
     });
-    return (earliest.get(name) ?? []).every((offset) => offset === 0n);
+    const partitions = earliest.get(name) ?? [];
+    // No answer for the topic is no answer: "cannot tell".
+    return partitions.length > 0 && partitions.every((offset) => offset === 0n);
   }
 
   /**

@@ -222,6 +222,24 @@ describe(`${SqliteEventLog.name} retention`, () => {
     expect(values(await readAll(sut, 'views'))).toEqual(['h']);
   });
 
+  it('gives the event loop a turn between chunks, so requests are served while a backlog goes', async () => {
+    const { db } = await newDb();
+    const sut = newLog(db, { pruneChunk: 2 });
+    await publish(sut, 'views', 'a', 'b', 'c', 'd', 'e', 'f', 'g', 'h');
+    await consume(sut, 'g', 'views', 8);
+    clock += RETENTION_MS + 1;
+    let turns = 0;
+    let pruning = true;
+    const turn = (): void => {
+      turns++;
+      if (pruning) setImmediate(turn);
+    };
+    setImmediate(turn);
+    expect(await sut.prune()).toBe(7);
+    pruning = false;
+    expect(turns).toBeGreaterThanOrEqual(3);
+  });
+
   it('prunes by itself every pruneIntervalMs once ensureTopics was called, until closed', async () => {
     const { db } = await newDb();
     const sut = newLog(db, { pruneIntervalMs: 20 });

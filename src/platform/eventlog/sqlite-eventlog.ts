@@ -230,35 +230,35 @@ export class SqliteEventLog implements EventLog {
         .where('topic', '=', topic)
         .executeTakeFirst();
       if (newest?.last === null || newest?.last === undefined) continue;
-      let bound = Math.min(Number(consumed), Number(newest.last));
-      // Walks the index from the oldest record: it reads no more than what is deleted, plus one.
-      const young = await this.db.kysely
-        .selectFrom('event_log')
-        .select('offset')
-        .where('topic', '=', topic)
-        .where('offset', '<', bound)
-        .where('ts', '>=', cutoff)
-        .orderBy('offset')
-        .limit(1)
-        .executeTakeFirst();
-      if (young) bound = Number(young.offset);
+      const bound = Math.min(Number(consumed), Number(newest.last));
+      // The oldest records first, a chunk at a time, up to the first one younger than the retention.
+      // SQLite answers synchronously here, so the loop gives the event loop a turn between chunks:
+      // requests are served while a long backlog goes.
       while (!this.closed) {
-        const result = await this.db.kysely
-          .deleteFrom('event_log')
-          .where('offset', 'in', (eb) =>
-            eb
-              .selectFrom('event_log')
-              .select('offset')
-              .where('topic', '=', topic)
-              .where('offset', '<', bound)
-              .orderBy('offset')
-              .limit(this.pruneChunk),
-          )
-          .executeTakeFirst();
-        const n = Number(result.numDeletedRows);
-        deleted += n;
-        if (n < this.pruneChunk) break;
+        const rows = await this.db.kysely
+          .selectFrom('event_log')
+          .select(['offset', 'ts'])
+          .where('topic', '=', topic)
+          .where('offset', '<', bound)
+          .orderBy('offset')
+          .limit(this.pruneChunk)
+          .execute();
+        if (rows.length === 0) break;
+        const old = rows.findIndex((r) => Number(r.ts) >= cutoff);
+        const last = old === -1 ? rows.length - 1 : old - 1;
+        if (last >= 0) {
+          const result = await this.db.kysely
+            .deleteFrom('event_log')
+            .where('topic', '=', topic)
+            .where('offset', '>=', Number(rows[0]!.offset))
+            .where('offset', '<=', Number(rows[last]!.offset))
+            .executeTakeFirst();
+          deleted += Number(result.numDeletedRows);
+        }
+        if (old !== -1 || rows.length < this.pruneChunk) break;
+        await new Promise((resolve) => setImmediate(resolve));
       }
+      await new Promise((resolve) => setImmediate(resolve));
     }
     return deleted;
   }
