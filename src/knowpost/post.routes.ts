@@ -74,7 +74,7 @@ export function postRoutes(deps: PostRouteDeps) {
           security,
           summary: 'Record the uploaded body',
           description:
-            'The object must exist (409 OBJECT_NOT_UPLOADED otherwise), hold at least one byte and match size, ETag and SHA-256; ' +
+            'The object must exist (409 OBJECT_NOT_UPLOADED otherwise) and match size, ETag and SHA-256; ' +
             'an object over the size limit is deleted (413). Readers get a copy of the bytes checked ' +
             '(posts/{id}/body/{64 random hex}{ext}); the upload is deleted, so a later PUT through the upload URL ' +
             'changes nothing served until it is confirmed. 409 OBJECT_CHANGED: the object was replaced ' +

@@ -44,8 +44,7 @@ export type PresignResponse = Static<typeof PresignResponse>;
 export const ConfirmBody = Type.Object({
   objectKey: Type.String({ minLength: 1, maxLength: 512 }),
   etag: Type.String({ minLength: 1, maxLength: 130 }),
-  // An empty body is no post to publish.
-  size: Type.Integer({ minimum: 1, maximum: Number.MAX_SAFE_INTEGER }),
+  size: Type.Integer({ minimum: 0, maximum: Number.MAX_SAFE_INTEGER }),
   sha256: Type.String({ pattern: '^[0-9a-fA-F]{64}$' }),
 });
 export type ConfirmBody = Static<typeof ConfirmBody>;

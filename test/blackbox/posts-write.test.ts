@@ -220,12 +220,6 @@ describe.each<ProfileName>(['embedded', 'cluster'])('publishing posts (%s profil
     expect((await confirm({ etag: '"00000000000000000000000000000000"' })).status).toBe(400);
     expect((await confirm({ sha256: sha256(Buffer.from('other')) })).status).toBe(400);
     expect((await confirm({ etag: uploaded.etag?.replaceAll('"', '') })).status).toBe(204);
-    // An empty body is no post to publish.
-    const nothing = Buffer.alloc(0);
-    const empty = await put(signed, nothing);
-    expect(empty.status).toBe(200);
-    const refused = await confirm({ etag: empty.etag, size: 0, sha256: sha256(nothing) });
-    expect([refused.status, refused.body.code]).toEqual([400, 'BAD_REQUEST']);
   });
 
   it('refuses oversized uploads and content types outside the allow-lists', async () => {
