@@ -261,6 +261,8 @@ export class PostService {
         // committed and then failed to answer). When the row cannot be read either, that is
         // unknown: the copy stays, and the sweep removes it if no post shows it.
         if (copied && now !== undefined && now.found?.contentKey !== key) await this.discard(post.id, [key]);
+        else if (copied && now === undefined)
+          await this.askForObjectsCheck(post.id, this.now() + PATCH_SETTLE_MS);
         // A request for the same body that overlapped this one (a retry) may have confirmed it and
         // deleted the upload meanwhile: then this one succeeded too.
         if (!(err instanceof ConflictError) || !(await showsThis(now?.found))) throw err;
