@@ -11,8 +11,9 @@ export type Progress = (message: string) => void;
  * What one check found: `ok` (the snapshot is the truth, less deltas still on their way), `missing`
  * (no snapshot; a read rebuilds it), `drift` (left alone, or with `fix` a rebuild that could not be
  * written), `healed` (drift, overwritten with the truth), `busy` (not known: deltas kept arriving
- * while it looked, or events whose deltas the database cannot tell are on their way and nothing else
- * differs; checked again later) or `unknown` (no such user).
+ * while it looked, or the fields moved by events whose deltas the database cannot tell differ while
+ * those are on their way and nothing else does; with `fix` then rewritten all the same; checked
+ * again later) or `unknown` (no such user).
  */
 export type CheckOutcome = 'ok' | 'missing' | 'drift' | 'healed' | 'busy' | 'unknown';
 
@@ -21,12 +22,6 @@ export interface UserReconcilerOptions {
   recentCapacity: number;
   sampleRecent: number;
   sampleRandom: number;
-  /**
-   * How long an event whose delta the source cannot tell may stay unapplied (as this reconciler saw
-   * it) before a check takes it as lost, never to arrive, and compares as if it were applied: an
-   * event dropped on its way would otherwise keep its user `busy`, and any drift there unhealed.
-   */
-  settleMs: number;
   /** `verifyAll`: the pause before users found busy are checked again (twice at most). */
   recheckMs: number;
 }
@@ -35,7 +30,6 @@ const DEFAULT_OPTIONS: UserReconcilerOptions = {
   recentCapacity: 10_000,
   sampleRecent: 200,
   sampleRandom: 100,
-  settleMs: 60_000,
   recheckMs: 1_000,
 };
 
@@ -52,15 +46,15 @@ const LISTED = 1_000;
  * deltas still on their way; the source says which events its counts include that may not be
  * applied yet, the store says which of those are, so the comparison is exact: snapshot = truth minus
  * the deltas of included events not yet applied. Where the source knows such an event but not its
- * delta (likes and favourites received), the fields it moves are not compared while it is on its
- * way: the user is `busy` unless another field differs. The check is valid only if no delta was
+ * delta (likes and favourites received), the fields it moves cannot be judged while it is on its
+ * way: if they differ (and nothing else does) the user is `busy`, and with `fix` rewritten from the
+ * database, which is exact either way and heals a count an event lost on its way left wrong, without
+ * calling lag drift. The check is valid only if no delta was
  * applied while it looked (the user's version is read before and after). Healing is an overwriting
  * rebuild, which is exact against concurrent deltas (see `UserCounterService`).
  */
 export class UserCounterReconciler {
   private readonly recent = new Map<number, true>();
-  /** Per user, the events of unknown delta a check found unapplied, and when it first did. */
-  private readonly unknownSince = new Map<number, Map<string, number>>();
   private readonly options: UserReconcilerOptions;
 
   constructor(
@@ -85,11 +79,6 @@ export class UserCounterReconciler {
       const after = await this.store.inspect(userId, ids);
       if (after.version !== before.version || !after.counts) continue;
       const applied = new Set(ids.filter((_, i) => after.applied[i]));
-      const lost = this.lingering(
-        userId,
-        truth.unapplied.filter((e) => e.delta === null && !applied.has(e.eventId)).map((e) => e.eventId),
-        now,
-      );
       // What the snapshot holds while the events not yet applied are on their way: their sum taken
       // off, clamped once (an entry and its exit in transit cancel out). Fields moved by an event of
       // unknown delta cannot be known.
@@ -97,38 +86,28 @@ export class UserCounterReconciler {
       const pending = new Map<UserField, number>();
       const unknown = new Set<UserField>();
       for (const e of truth.unapplied) {
-        if (applied.has(e.eventId) || lost.has(e.eventId)) continue;
+        if (applied.has(e.eventId)) continue;
         if (e.delta === null) unknown.add(e.field);
         else pending.set(e.field, (pending.get(e.field) ?? 0) + e.delta);
       }
       for (const [field, delta] of pending) expected[field] = Math.max(0, expected[field] - delta);
       const counts = after.counts;
       const differ = USER_FIELDS.filter((f) => !unknown.has(f) && counts[f] !== expected[f]);
-      if (differ.length === 0) return unknown.size > 0 ? 'busy' : 'ok';
+      if (differ.length === 0) {
+        if ([...unknown].every((f) => counts[f] === expected[f])) return 'ok';
+        // Likes or favourites received differ while events of theirs are on their way: lag, or an
+        // event lost before the log, which the database cannot tell apart. With `fix` the user is
+        // rewritten from the database (exact, and the events it counted are marked applied, so
+        // they are skipped when they come), not called drift.
+        if (fix) await this.service.rebuild(userId, 'overwrite', 'drift');
+        return 'busy';
+      }
       this.metrics.driftFound.inc();
       if (!fix || !(await this.service.rebuild(userId, 'overwrite', 'drift'))?.written) return 'drift';
       this.metrics.driftHealed.inc();
       return 'healed';
     }
     return 'busy';
-  }
-
-  /**
-   * Records which events of unknown delta the user has unapplied now (forgetting the others) and
-   * answers those seen unapplied for `settleMs` or longer: lost, by then.
-   */
-  private lingering(userId: number, eventIds: readonly string[], now: number): Set<string> {
-    const seen = this.unknownSince.get(userId);
-    this.unknownSince.delete(userId);
-    if (eventIds.length === 0) return new Set();
-    const since = new Map(eventIds.map((id) => [id, seen?.get(id) ?? now]));
-    this.unknownSince.set(userId, since);
-    while (this.unknownSince.size > this.options.recentCapacity) {
-      const oldest = this.unknownSince.keys().next().value;
-      if (oldest === undefined) break;
-      this.unknownSince.delete(oldest);
-    }
-    return new Set(eventIds.filter((id) => now - since.get(id)! >= this.options.settleMs));
   }
 
   /** Remembers users a batch moved, so the periodic run checks them first. */
