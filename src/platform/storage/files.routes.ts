@@ -1,4 +1,4 @@
-import type { IncomingMessage } from 'node:http';
+import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Readable } from 'node:stream';
 import type { FastifyInstance, FastifyReply } from 'fastify';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
@@ -129,13 +129,12 @@ export function filesRoutes(storage: ObjectStorage) {
               void reply.header('access-control-expose-headers', `${exposed}, ETag`);
             return reply.status(200).header('etag', stored.etag).send();
           } catch (err) {
-            // Answered before the body was read: the server discards it so the client gets the answer
-            // instead of a reset connection, but only so much of it and for so long, then the
-            // connection goes (a refused client cannot keep it busy with an endless body).
-            if (!raw.readableEnded) {
-              void reply.header('connection', 'close');
-              discardBounded(raw);
-            }
+            // Answered before the body was read: a lingering close. Once the answer is out the
+            // connection is half-closed and what the client still sends is read and dropped for a
+            // few seconds, then it goes: a client that sends its whole body before reading still
+            // gets the answer (closing with the body unread would reset the connection and lose
+            // it), and a refused client cannot keep the connection with an endless body.
+            if (!raw.readableEnded) lingerAfterRefusal(raw, reply.raw);
             throw err;
           }
         },
@@ -144,22 +143,18 @@ export function filesRoutes(storage: ObjectStorage) {
   };
 }
 
-/** What a refused upload may still send, and for how long, before its connection is closed. */
-const DISCARD_MAX_BYTES = 1024 * 1024;
-const DISCARD_MAX_MS = 5_000;
+/** How long a refused upload's connection is read from after the answer, before it is closed. */
+const LINGER_MS = 5_000;
 
-function discardBounded(raw: IncomingMessage): void {
-  let discarded = 0;
-  const stop = (): void => {
-    clearTimeout(timer);
-    raw.socket.destroy();
+function lingerAfterRefusal(raw: IncomingMessage, res: ServerResponse): void {
+  const close = (): void => {
+    const socket = raw.socket;
+    socket.end();
+    const timer = setTimeout(() => socket.destroy(), LINGER_MS);
+    timer.unref();
+    socket.once('close', () => clearTimeout(timer));
   };
-  const timer = setTimeout(stop, DISCARD_MAX_MS);
-  timer.unref();
-  raw.on('data', (chunk: Buffer) => {
-    discarded += chunk.length;
-    if (discarded > DISCARD_MAX_BYTES) stop();
-  });
-  raw.once('close', () => clearTimeout(timer));
+  if (res.writableFinished) close();
+  else res.once('finish', close);
   raw.resume();
 }

@@ -4,6 +4,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { connect } from 'node:net';
 import { Readable } from 'node:stream';
+import { setTimeout as sleep } from 'node:timers/promises';
 import cors from '@fastify/cors';
 import multipart from '@fastify/multipart';
 import Fastify, { type FastifyInstance } from 'fastify';
@@ -145,7 +146,7 @@ describe('LocalObjectStorage served by filesRoutes', () => {
     }
   });
 
-  it('answers a refused upload and closes its connection rather than read an endless body', async () => {
+  it('answers a refused upload and closes its connection within seconds rather than read an endless body', async () => {
     const k = key('body.md');
     const signed = await server.sut.presignPut(k, {
       contentType: 'text/markdown',
@@ -154,7 +155,8 @@ describe('LocalObjectStorage served by filesRoutes', () => {
     });
     const url = new URL(signed.url);
     url.searchParams.set('sig', 'x'.repeat(43));
-    const socket = connect(Number(url.port), url.hostname);
+    // A client that goes on sending after the server's FIN.
+    const socket = connect({ port: Number(url.port), host: url.hostname, allowHalfOpen: true });
     let received = '';
     socket.on('data', (chunk: Buffer) => (received += chunk.toString('utf8')));
     socket.on('error', () => undefined);
@@ -176,8 +178,40 @@ describe('LocalObjectStorage served by filesRoutes', () => {
       socket.destroy();
     }
     expect(received).toMatch(/^HTTP\/1\.1 403 /);
-    expect(received).toMatch(/\r\nconnection: close\r\n/i);
     expect(received).toContain('SIGNATURE_INVALID');
+  });
+
+  it('lets a refused client that sends its whole body before reading read the answer', async () => {
+    const k = key('body.md');
+    const signed = await server.sut.presignPut(k, {
+      contentType: 'text/markdown',
+      maxBytes: 4,
+      expiresInSeconds: 60,
+    });
+    const url = new URL(signed.url);
+    url.searchParams.set('sig', 'x'.repeat(43));
+    const body = Buffer.alloc(4 * 1024 * 1024, 'a');
+    const socket = connect(Number(url.port), url.hostname);
+    let received = '';
+    let failed: Error | undefined;
+    socket.on('data', (chunk: Buffer) => (received += chunk.toString('utf8')));
+    socket.on('error', (err) => (failed = err));
+    await new Promise<void>((resolve) => socket.once('connect', () => resolve()));
+    // The whole request first, as some clients write it, and only then read.
+    socket.pause();
+    socket.write(
+      `PUT ${url.pathname}${url.search} HTTP/1.1\r\nHost: x\r\nContent-Type: text/markdown\r\nContent-Length: ${body.length}\r\n\r\n`,
+    );
+    await new Promise<void>((resolve) => socket.write(body, () => resolve()));
+    await sleep(200);
+    socket.resume();
+    const deadline = Date.now() + 5_000;
+    while (!received.includes('SIGNATURE_INVALID') && !failed && Date.now() < deadline) await sleep(20);
+    socket.destroy();
+    expect({ failed: failed?.message, status: received.slice(0, 12) }).toEqual({
+      failed: undefined,
+      status: 'HTTP/1.1 403',
+    });
   });
 
   it('answers refusals in the contract error shape', async () => {
