@@ -80,10 +80,14 @@ export class RelationReconciler {
     // only when their sizes differ by more than the follows and unfollows of the user still on their
     // way can explain: a busy account always has some (`relations verify` walks every list).
     const mirrored = (await repo.counts([userId], 'followers')).get(userId) ?? 0;
-    const followersInFlight = unapplied.filter((u) => u.toUserId === userId).length;
+    // A follow in flight is in the truth and not yet in the mirror, an unfollow the other way round.
+    const toUser = unapplied.filter((u) => u.toUserId === userId);
+    const follows = toUser.filter((u) => u.delta > 0).length;
+    const unfollows = toUser.length - follows;
     if (
       source.followers <= this.deps.maxCompare ||
-      Math.abs(mirrored - source.followers) > followersInFlight
+      mirrored < source.followers - follows ||
+      mirrored > source.followers + unfollows
     ) {
       for (const pair of await repo.followerDiff(userId)) {
         if (!inFlight.has(pairKey(pair))) drift.projection.push(pair);
