@@ -2,6 +2,7 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
+import { userRow } from '../../test/rig/resources.js';
 import { loadConfig } from '../platform/config/config.js';
 import { createLogger } from '../platform/logging/logger.js';
 import { createPlatform } from '../platform/wiring.js';
@@ -37,22 +38,7 @@ describe(runUsersCommand.name, () => {
     try {
       await platform.db.kysely
         .insertInto('users')
-        .values({
-          id: 1,
-          phone: null,
-          email: null,
-          password_hash: null,
-          nickname: 'author',
-          avatar: '',
-          bio: null,
-          zg_id: 'author',
-          gender: 'UNKNOWN',
-          birthday: null,
-          school: null,
-          tags_json: '[]',
-          created_at: now,
-          updated_at: now,
-        })
+        .values(userRow({ id: 1, nickname: 'author' }))
         .execute();
       await platform.db.kysely
         .insertInto('knowposts')

@@ -147,69 +147,68 @@ describe('LocalObjectStorage served by filesRoutes', () => {
     }
   });
 
-  it('answers a refused upload and closes its connection within seconds rather than read an endless body', async () => {
-    const k = key('body.md');
-    const signed = await server.sut.presignPut(k, {
+  /**
+   * A raw connection that sent the head of a PUT whose URL's signature is wrong (`framing`: its
+   * body's length or chunked), and what it received; `paused`, it does not read yet.
+   */
+  async function refusedUpload(framing: string, options: { allowHalfOpen?: boolean; paused?: boolean } = {}) {
+    const signed = await server.sut.presignPut(key('body.md'), {
       contentType: 'text/markdown',
       maxBytes: 4,
       expiresInSeconds: 60,
     });
     const url = new URL(signed.url);
     url.searchParams.set('sig', 'x'.repeat(43));
-    // A client that goes on sending after the server's FIN.
-    const socket = connect({ port: Number(url.port), host: url.hostname, allowHalfOpen: true });
-    let received = '';
-    socket.on('data', (chunk: Buffer) => (received += chunk.toString('utf8')));
-    socket.on('error', () => undefined);
+    const socket = connect({
+      port: Number(url.port),
+      host: url.hostname,
+      allowHalfOpen: options.allowHalfOpen,
+    });
+    const seen = { received: '', failed: undefined as Error | undefined };
+    socket.on('data', (chunk: Buffer) => (seen.received += chunk.toString('utf8')));
+    socket.on('error', (err) => (seen.failed = err));
     const closed = new Promise<number>((resolve) => socket.on('close', () => resolve(Date.now())));
-    const started = Date.now();
+    await new Promise<void>((resolve) => socket.once('connect', () => resolve()));
+    if (options.paused) socket.pause();
     socket.write(
-      `PUT ${url.pathname}${url.search} HTTP/1.1\r\nHost: x\r\nContent-Type: text/markdown\r\nTransfer-Encoding: chunked\r\n\r\n`,
+      `PUT ${url.pathname}${url.search} HTTP/1.1\r\nHost: x\r\nContent-Type: text/markdown\r\n${framing}\r\n\r\n`,
     );
+    return { socket, seen, closed };
+  }
+
+  it('answers a refused upload and closes its connection within seconds rather than read an endless body', async () => {
+    // A client that goes on sending after the server's FIN.
+    const started = Date.now();
+    const { socket, seen, closed } = await refusedUpload('Transfer-Encoding: chunked', {
+      allowHalfOpen: true,
+    });
     // An endless body: a chunk every few milliseconds, until the server closes the connection.
     const chunk = `4000\r\n${'a'.repeat(0x4000)}\r\n`;
     const feeding = setInterval(() => {
       if (!socket.destroyed) socket.write(chunk);
     }, 2);
     try {
-      const at = await closed;
-      expect(at - started).toBeLessThan(8_000);
+      expect((await closed) - started).toBeLessThan(8_000);
     } finally {
       clearInterval(feeding);
       socket.destroy();
     }
-    expect(received).toMatch(/^HTTP\/1\.1 403 /);
-    expect(received).toContain('SIGNATURE_INVALID');
+    expect(seen.received).toMatch(/^HTTP\/1\.1 403 /);
+    expect(seen.received).toContain('SIGNATURE_INVALID');
   });
 
   it('lets a refused client that sends its whole body before reading read the answer', async () => {
-    const k = key('body.md');
-    const signed = await server.sut.presignPut(k, {
-      contentType: 'text/markdown',
-      maxBytes: 4,
-      expiresInSeconds: 60,
-    });
-    const url = new URL(signed.url);
-    url.searchParams.set('sig', 'x'.repeat(43));
     const body = Buffer.alloc(4 * 1024 * 1024, 'a');
-    const socket = connect(Number(url.port), url.hostname);
-    let received = '';
-    let failed: Error | undefined;
-    socket.on('data', (chunk: Buffer) => (received += chunk.toString('utf8')));
-    socket.on('error', (err) => (failed = err));
-    await new Promise<void>((resolve) => socket.once('connect', () => resolve()));
     // The whole request first, as some clients write it, and only then read.
-    socket.pause();
-    socket.write(
-      `PUT ${url.pathname}${url.search} HTTP/1.1\r\nHost: x\r\nContent-Type: text/markdown\r\nContent-Length: ${body.length}\r\n\r\n`,
-    );
+    const { socket, seen } = await refusedUpload(`Content-Length: ${body.length}`, { paused: true });
     await new Promise<void>((resolve) => socket.write(body, () => resolve()));
     await sleep(200);
     socket.resume();
     const deadline = Date.now() + 5_000;
-    while (!received.includes('SIGNATURE_INVALID') && !failed && Date.now() < deadline) await sleep(20);
+    while (!seen.received.includes('SIGNATURE_INVALID') && !seen.failed && Date.now() < deadline)
+      await sleep(20);
     socket.destroy();
-    expect({ failed: failed?.message, status: received.slice(0, 12) }).toEqual({
+    expect({ failed: seen.failed?.message, status: seen.received.slice(0, 12) }).toEqual({
       failed: undefined,
       status: 'HTTP/1.1 403',
     });
