@@ -1,4 +1,4 @@
-import type { IncomingMessage, ServerResponse } from 'node:http';
+import type { IncomingMessage } from 'node:http';
 import type { Readable } from 'node:stream';
 import type { FastifyInstance, FastifyReply } from 'fastify';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
@@ -129,12 +129,13 @@ export function filesRoutes(storage: ObjectStorage) {
               void reply.header('access-control-expose-headers', `${exposed}, ETag`);
             return reply.status(200).header('etag', stored.etag).send();
           } catch (err) {
-            // Answered before the body was read: a lingering close. Once the answer is out the
-            // connection is half-closed and what the client still sends is read and dropped for a
-            // few seconds, then it goes: a client that sends its whole body before reading still
-            // gets the answer (closing with the body unread would reset the connection and lose
-            // it), and a refused client cannot keep the connection with an endless body.
-            if (!raw.readableEnded) lingerAfterRefusal(raw, reply.raw);
+            // Answered before the body was read: a lingering close. The answer says
+            // `Connection: close`; once it is out the connection is half-closed, and what the client
+            // still sends is read and dropped, for a few seconds and up to a bound, then it goes. A
+            // client that sends its whole body before reading still gets the answer (closing with
+            // the body unread would reset the connection and lose it), and a refused client cannot
+            // keep the connection with an endless body.
+            if (!raw.readableEnded) lingerAfterRefusal(raw, reply);
             throw err;
           }
         },
@@ -143,18 +144,26 @@ export function filesRoutes(storage: ObjectStorage) {
   };
 }
 
-/** How long a refused upload's connection is read from after the answer, before it is closed. */
+/** How long, and how much of, a refused upload's body is read and dropped before its connection goes. */
 const LINGER_MS = 5_000;
+const LINGER_MAX_BYTES = 16 * 1024 * 1024;
 
-function lingerAfterRefusal(raw: IncomingMessage, res: ServerResponse): void {
-  const close = (): void => {
-    const socket = raw.socket;
-    socket.end();
-    const timer = setTimeout(() => socket.destroy(), LINGER_MS);
-    timer.unref();
-    socket.once('close', () => clearTimeout(timer));
+function lingerAfterRefusal(raw: IncomingMessage, reply: FastifyReply): void {
+  void reply.header('connection', 'close');
+  const socket = raw.socket;
+  const deadline = setTimeout(() => socket.destroy(), LINGER_MS);
+  deadline.unref();
+  socket.once('close', () => clearTimeout(deadline));
+  // Node ends the socket of a `Connection: close` answer with `destroySoon`, which would destroy it
+  // as soon as the answer is written, body unread: end it instead (a FIN), and let the deadline or
+  // the bound destroy it.
+  socket.destroySoon = function (this: typeof socket) {
+    this.end();
   };
-  if (res.writableFinished) close();
-  else res.once('finish', close);
+  let dropped = 0;
+  raw.on('data', (chunk: Buffer) => {
+    dropped += chunk.length;
+    if (dropped > LINGER_MAX_BYTES) socket.destroy();
+  });
   raw.resume();
 }

@@ -194,6 +194,7 @@ describe('LocalObjectStorage served by filesRoutes', () => {
       socket.destroy();
     }
     expect(seen.received).toMatch(/^HTTP\/1\.1 403 /);
+    expect(seen.received).toMatch(/\r\nconnection: close\r\n/i);
     expect(seen.received).toContain('SIGNATURE_INVALID');
   });
 
@@ -212,6 +213,8 @@ describe('LocalObjectStorage served by filesRoutes', () => {
       failed: undefined,
       status: 'HTTP/1.1 403',
     });
+    // It is told not to send another request on this connection.
+    expect(seen.received).toMatch(/\r\nconnection: close\r\n/i);
   });
 
   it('answers refusals in the contract error shape', async () => {
