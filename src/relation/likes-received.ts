@@ -259,11 +259,14 @@ export class LikesReceivedPart implements UserCountPart {
       likesReceived += inspection.facts.like;
       favsReceived += inspection.facts.fav;
       // The highest one stands for all: recording it raises the post's mark over the rest.
-      if (inspection.seq > (marks.get(postId) ?? 0)) {
+      const mark = marks.get(postId) ?? 0;
+      if (inspection.seq > mark) {
         const eventId = eventIdOf(postId, inspection.seq);
+        // Every event of the post above the mark moves one of the two fields by one.
+        const span = inspection.seq - mark;
         unapplied.push(
-          { eventId, field: 'likesReceived', delta: null },
-          { eventId, field: 'favsReceived', delta: null },
+          { eventId, field: 'likesReceived', delta: null, span },
+          { eventId, field: 'favsReceived', delta: null, span },
         );
       }
     });

@@ -11,9 +11,9 @@ export type Progress = (message: string) => void;
  * What one check found: `ok` (the snapshot is the truth, less deltas still on their way), `missing`
  * (no snapshot; a read rebuilds it), `drift` (left alone, or with `fix` a rebuild that could not be
  * written), `healed` (drift, overwritten with the truth), `busy` (not known: deltas kept arriving
- * while it looked, or the fields moved by events whose deltas the database cannot tell differ while
- * those are on their way and nothing else does; checked again later: if the same events still wait
- * then, they were lost, and it is drift) or `unknown` (no such user).
+ * while it looked, or the fields moved by events whose deltas the database cannot tell are off by
+ * no more than those events on their way can make them, and nothing else differs; checked again
+ * later) or `unknown` (no such user).
  */
 export type CheckOutcome = 'ok' | 'missing' | 'drift' | 'healed' | 'busy' | 'unknown';
 
@@ -47,15 +47,13 @@ const LISTED = 1_000;
  * applied yet, the store says which of those are, so the comparison is exact: snapshot = truth minus
  * the deltas of included events not yet applied. Where the source knows such an event but not its
  * delta (likes and favourites received), the fields it moves cannot be judged while it is on its
- * way: if they differ (and nothing else does) the user is `busy`, unless every such event was
- * already waiting at the previous look (lost on its way: drift). The check is valid only if no delta was
+ * way: off by no more than those events can move them (and nothing else differing), the user is
+ * `busy`; further off, it is drift. The check is valid only if no delta was
  * applied while it looked (the user's version is read before and after). Healing is an overwriting
  * rebuild, which is exact against concurrent deltas (see `UserCounterService`).
  */
 export class UserCounterReconciler {
   private readonly recent = new Map<number, true>();
-  /** Per user, the events of unknown delta waiting at the last look that found them making a difference. */
-  private readonly unknownSeen = new Map<number, Set<string>>();
   private readonly options: UserReconcilerOptions;
 
   constructor(
@@ -86,30 +84,24 @@ export class UserCounterReconciler {
       const expected: UserCounts = { ...truth.counts };
       const pending = new Map<UserField, number>();
       const unknown = new Set<UserField>();
+      const spans = new Map<string, number>();
       for (const e of truth.unapplied) {
         if (applied.has(e.eventId)) continue;
-        if (e.delta === null) unknown.add(e.field);
-        else pending.set(e.field, (pending.get(e.field) ?? 0) + e.delta);
+        if (e.delta === null) {
+          unknown.add(e.field);
+          spans.set(e.eventId, e.span ?? Number.POSITIVE_INFINITY);
+        } else pending.set(e.field, (pending.get(e.field) ?? 0) + e.delta);
       }
       for (const [field, delta] of pending) expected[field] = Math.max(0, expected[field] - delta);
       const counts = after.counts;
       const differ = USER_FIELDS.filter((f) => !unknown.has(f) && counts[f] !== expected[f]);
-      const waiting = truth.unapplied
-        .filter((e) => e.delta === null && !applied.has(e.eventId))
-        .map((e) => e.eventId);
-      const seenBefore = this.unknownSeen.get(userId);
-      this.unknownSeen.delete(userId);
       if (differ.length === 0) {
-        if ([...unknown].every((f) => counts[f] === expected[f])) return 'ok';
-        // Likes or favourites received differ while events of theirs are on their way. Lag moves
-        // on: by the next look those are applied, or newer ones stand for them. Events still
-        // waiting, all of them, since the previous look were lost on their way (the last like of a
-        // quiet post, dropped before the log): drift, healed by a rewrite from the database (exact,
-        // and the events it counted are marked applied, so they are skipped if they come after all).
-        if (seenBefore === undefined || waiting.some((id) => !seenBefore.has(id))) {
-          this.rememberWaiting(userId, waiting);
-          return 'busy';
-        }
+        // Fields moved by events of unknown delta: each of those events stands for at most `span`
+        // events of one each, so the snapshot may be that far off the truth while they are on their
+        // way, and not further.
+        const off = [...unknown].reduce((sum, f) => sum + Math.abs(counts[f] - expected[f]), 0);
+        if (off === 0) return 'ok';
+        if (off <= [...spans.values()].reduce((sum, n) => sum + n, 0)) return 'busy';
       }
       this.metrics.driftFound.inc();
       if (!fix || !(await this.service.rebuild(userId, 'overwrite', 'drift'))?.written) return 'drift';
@@ -117,16 +109,6 @@ export class UserCounterReconciler {
       return 'healed';
     }
     return 'busy';
-  }
-
-  /** The events of unknown delta a user had waiting at the last look (bounded, oldest dropped). */
-  private rememberWaiting(userId: number, eventIds: readonly string[]): void {
-    this.unknownSeen.set(userId, new Set(eventIds));
-    while (this.unknownSeen.size > this.options.recentCapacity) {
-      const oldest = this.unknownSeen.keys().next();
-      if (oldest.done) break;
-      this.unknownSeen.delete(oldest.value);
-    }
   }
 
   /** Remembers users a batch moved, so the periodic run checks them first. */

@@ -14,9 +14,14 @@ export interface UnappliedEvent {
   /**
    * What the event moves `field` by, or null when the source cannot tell (a sequenced id standing
    * for every event of its source up to its seq, of which the database keeps no deltas). While such
-   * an event is not applied, `field` cannot be compared exactly: the reconciler answers `busy`.
+   * an event is not applied, `field` cannot be compared exactly (see `span`).
    */
   delta: number | null;
+  /**
+   * With a null delta: how many events, of one each, it stands for at most, over all the fields it
+   * is listed for (so the counts may be that far off while it is on its way, and no further).
+   */
+  span?: number;
 }
 
 /** One user's counts according to the database. */
