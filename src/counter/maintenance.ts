@@ -1,3 +1,4 @@
+import { recheckUnsettled } from '../platform/workers/recheck.js';
 import type { EventLog } from '../platform/eventlog/eventlog.js';
 import { parseCounterEvent } from './aggregator.js';
 import type { CounterMetrics } from './counter.metrics.js';
@@ -178,7 +179,7 @@ export async function verifyAll(
   recheckMs = 1_500,
 ): Promise<VerifyReport> {
   const report: VerifyReport = { checked: 0, busy: 0, drifted: [], fixed: 0 };
-  let busy: EntityRef[] = [];
+  const busy: EntityRef[] = [];
   const check = async (ref: EntityRef): Promise<boolean> => {
     const state = await store.inspect(ref);
     if (state.seq !== state.applied || state.pending) return false;
@@ -203,14 +204,10 @@ export async function verifyAll(
     cursor = page.cursor;
     progress(`verified ${report.checked} entities, ${report.drifted.length} drifted`);
   }
-  for (let round = 0; round < RECHECK_ROUNDS && busy.length > 0; round++) {
-    progress(`checking ${busy.length} busy entities again`);
-    await new Promise((resolve) => setTimeout(resolve, recheckMs));
-    const still: EntityRef[] = [];
-    for (const ref of busy) if (!(await check(ref))) still.push(ref);
-    busy = still;
-  }
-  report.busy += busy.length;
+  const unsettled = await recheckUnsettled(busy, { rounds: RECHECK_ROUNDS, pauseMs: recheckMs }, check, (n) =>
+    progress(`checking ${n} busy entities again`),
+  );
+  report.busy += unsettled.length;
   return report;
 }
 

@@ -1,4 +1,4 @@
-import { setTimeout as sleep } from 'node:timers/promises';
+import { recheckUnsettled } from '../platform/workers/recheck.js';
 import { USER_FIELDS, type UserCounts, type UserField } from './model.js';
 import type { UserCountSource } from './source.js';
 import type { UserCounterStore } from './store/user-counter-store.js';
@@ -71,8 +71,7 @@ export class UserCounterReconciler {
     for (let attempt = 0; attempt < CHECK_ATTEMPTS; attempt++) {
       const before = await this.store.inspect(userId);
       if (!before.counts) return 'missing';
-      const now = this.now();
-      const truth = await this.source.compute(userId, now);
+      const truth = await this.source.compute(userId, this.now());
       if (!truth) return 'unknown';
       const ids = [...new Set(truth.unapplied.map((e) => e.eventId))];
       const after = await this.store.inspect(userId, ids);
@@ -164,7 +163,7 @@ export class UserCounterReconciler {
       notFixed: 0,
       busyRewritten: 0,
     };
-    let busy: number[] = [];
+    const busy: number[] = [];
     const count = (userId: number, outcome: CheckOutcome) => {
       if (outcome === 'ok') report.ok++;
       else if (outcome === 'missing') report.missing++;
@@ -193,18 +192,18 @@ export class UserCounterReconciler {
       progress(tally());
     }
     const rechecking = busy.length > 0;
-    for (let round = 0; round < RECHECK_ROUNDS && busy.length > 0; round++) {
-      progress(`checking ${busy.length} busy users again`);
-      await sleep(this.options.recheckMs);
-      const still: number[] = [];
-      for (const userId of busy) {
+    const unsettled = await recheckUnsettled(
+      busy.splice(0),
+      { rounds: RECHECK_ROUNDS, pauseMs: this.options.recheckMs },
+      async (userId) => {
         const outcome = await this.check(userId, fix);
-        if (outcome === 'busy') still.push(userId);
-        else count(userId, outcome);
-      }
-      busy = still;
-    }
-    for (const userId of busy.splice(0)) {
+        if (outcome === 'busy') return false;
+        count(userId, outcome);
+        return true;
+      },
+      (n) => progress(`checking ${n} busy users again`),
+    );
+    for (const userId of unsettled) {
       listBusy(report, userId);
       if (fix && (await this.service.rebuild(userId, 'overwrite', 'admin'))?.written) report.busyRewritten++;
     }

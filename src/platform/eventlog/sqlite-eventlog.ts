@@ -224,13 +224,10 @@ export class SqliteEventLog implements EventLog {
     for (const { topic, consumed } of commits) {
       if (this.closed) break;
       if (Number(consumed) <= 0) continue;
-      const newest = await this.db.kysely
-        .selectFrom('event_log')
-        .select((eb) => eb.fn.max<number | null>('offset').as('last'))
-        .where('topic', '=', topic)
-        .executeTakeFirst();
-      if (newest?.last === null || newest?.last === undefined) continue;
-      const bound = Math.min(Number(consumed), Number(newest.last));
+      // Up to, not including, the newest record (which keeps the end offset) and the first unconsumed.
+      const end = Number((await this.endOffsets(topic)).get(0) ?? 0n);
+      if (end === 0) continue;
+      const bound = Math.min(Number(consumed), end - 1);
       // The oldest records first, a chunk at a time, up to the first one younger than the retention.
       // SQLite answers synchronously here, so the loop gives the event loop a turn between chunks:
       // requests are served while a long backlog goes.
