@@ -12,6 +12,7 @@ import {
 import type { UserCounterDelta } from '../user-counter/model.js';
 import type { UnappliedEvent, UserCountPart } from '../user-counter/source.js';
 import { sequencedEventId, type UserCounterStore } from '../user-counter/store/user-counter-store.js';
+import { PeriodicTask } from '../platform/workers/periodic.js';
 import type { RelationMetrics } from './relation.metrics.js';
 
 export const LIKES_RECEIVED_GROUP = 'user-likes-received';
@@ -79,6 +80,76 @@ export class LikesReceivedRepository {
     return found;
   }
 
+  /** The events of these posts set aside to wait for an earlier one, by post, in seq order. */
+  async parked(postIds: readonly string[]): Promise<Map<string, ParkedEvent[]>> {
+    const found = new Map<string, ParkedEvent[]>();
+    for (let i = 0; i < postIds.length; i += CHUNK) {
+      const rows = await this.db.kysely
+        .selectFrom('likes_received_parked')
+        .select(['post_id', 'seq', 'metric', 'delta', 'parked_at'])
+        .where('post_id', 'in', postIds.slice(i, i + CHUNK))
+        .orderBy('seq')
+        .execute();
+      for (const row of rows) {
+        const postId = String(row.post_id);
+        const event: ParkedEvent = {
+          seq: Number(row.seq),
+          metric: row.metric === 'fav' ? 'fav' : 'like',
+          delta: Number(row.delta),
+          parkedAt: Number(row.parked_at),
+        };
+        const list = found.get(postId);
+        if (list) list.push(event);
+        else found.set(postId, [event]);
+      }
+    }
+    return found;
+  }
+
+  /** Sets events aside (one already set aside keeps its first time). */
+  async park(rows: readonly (ParkedEvent & { postId: string })[]): Promise<void> {
+    const values = rows.map((r) => ({
+      post_id: r.postId,
+      seq: r.seq,
+      metric: r.metric,
+      delta: r.delta,
+      parked_at: r.parkedAt,
+    }));
+    for (let i = 0; i < values.length; i += CHUNK)
+      await this.db.kysely
+        .insertInto('likes_received_parked')
+        .values(values.slice(i, i + CHUNK))
+        .orIgnore()
+        .execute();
+  }
+
+  /** Forgets each post's events set aside at or below the given seq. */
+  async unpark(upTo: ReadonlyMap<string, number>): Promise<void> {
+    const entries = [...upTo];
+    for (let i = 0; i < entries.length; i += CHUNK / 2) {
+      const chunk = entries.slice(i, i + CHUNK / 2);
+      await this.db.kysely
+        .deleteFrom('likes_received_parked')
+        .where((eb) =>
+          eb.or(chunk.map(([postId, seq]) => eb.and([eb('post_id', '=', postId), eb('seq', '<=', seq)]))),
+        )
+        .execute();
+    }
+  }
+
+  /** Posts with an event set aside at or before `before` (oldest first, at most `limit`). */
+  async overdue(before: number, limit: number): Promise<string[]> {
+    const rows = await this.db.kysely
+      .selectFrom('likes_received_parked')
+      .select('post_id')
+      .where('parked_at', '<=', before)
+      .groupBy('post_id')
+      .orderBy((eb) => eb.fn.min('parked_at'))
+      .limit(limit)
+      .execute();
+    return rows.map((r) => String(r.post_id));
+  }
+
   /** Raises marks (never lowers them): one upsert statement per chunk of posts. */
   async raiseMarks(marks: ReadonlyMap<string, number>): Promise<void> {
     const rows = [...marks].map(([post_id, applied_seq]) => ({ post_id, applied_seq }));
@@ -99,21 +170,45 @@ export class LikesReceivedRepository {
   }
 }
 
+/** A post's counter event that came before an earlier one of the same post. */
+export interface ParkedEvent {
+  seq: number;
+  metric: 'like' | 'fav';
+  delta: number;
+  /** When it was first set aside. */
+  parkedAt: number;
+}
+
+/**
+ * How long a post's events wait for an earlier one that has not come before its author is rebuilt
+ * from the facts instead. Events of one post come out of order by milliseconds (two API processes
+ * publishing one hot post's likes); one that comes much later was let go by its publisher and is
+ * sent again by the counter repair job, or never, when the repair rebuilt the post instead.
+ */
+export const HOLE_WAIT_MS = 10_000;
+/** Posts whose wait ran out handled per sweep. */
+const SWEEP_LIMIT = 200;
+
 export interface LikesReceivedConsumerDeps {
   events: EventLog;
   repo: LikesReceivedRepository;
   store: UserCounterStore;
   metrics: RelationMetrics;
   /**
-   * A post's events skipped a seq: the author's counts are rebuilt from the facts (exact). A result
-   * with `written: false` (deltas kept landing meanwhile) fails the batch, to be delivered again.
+   * An earlier event of a post did not come within `holeWaitMs`: the author's counts are rebuilt
+   * from the facts (exact). With `written: false` (deltas kept landing meanwhile) or an error, the
+   * post's events wait on, and the rebuild is tried again later.
    */
   onGap: (authorId: number) => Promise<{ written: boolean } | null | void>;
   onError: (err: unknown) => void;
   /** Told which authors a batch moved (the user-counter reconciler checks them first). */
   onApplied?: (userIds: number[]) => void;
   now?: () => number;
+  holeWaitMs?: number;
 }
+
+/** An event of the batch or one set aside earlier (`parkedAt` set). */
+type Pending = Omit<ParkedEvent, 'parkedAt'> & { parkedAt: number | null };
 
 /**
  * The `user-likes-received` consumer: each like or favourite a post gains or loses moves its
@@ -122,20 +217,32 @@ export interface LikesReceivedConsumerDeps {
  * Idempotent twice over: deltas carry the counter event's sequenced id (`knowpost:<id>#<seq>`),
  * which the user-counter store applies once per author, keeping one mark per (author, post) in the
  * same atomic step as the counts; and each post has a mark in the database, the highest seq applied,
- * at or below which events are not even sent. Events of one post normally arrive in seq order. When they do
- * not — a seq was skipped because two API processes published one hot post's events in another
- * order — the skipped event will be at or below the mark when it comes, so it is dropped, and the
- * author's counts are rebuilt at once from the facts (the likes-received count part), which counts
- * it exactly. The rebuilds run before the batch's deltas and before it raises the database marks,
- * so a batch whose rebuild failed, or whose worker died, is delivered again and either finds the
- * same gaps or, with the late event now in it, none.
+ * at or below which events are not even sent.
+ *
+ * Each post's events are applied in seq order, with no seq skipped, so the marks mean "everything up
+ * to here is counted". Events of one post normally arrive in that order. When one arrives before an
+ * earlier one (two API processes published one hot post's events in another order), it and the
+ * post's later events are set aside in the database (`likes_received_parked`) and the batch goes on;
+ * when the missing one arrives, the post's events are applied from it on, in order. Nothing is
+ * rebuilt for that, and no batch waits. Should the missing one not come within `holeWaitMs` (its
+ * publisher let it go and the repair job rebuilt the post instead), the author is rebuilt from the
+ * facts, which count every event assigned so far, and the post's mark moves over what was set aside.
+ * A rebuild refused (deltas kept landing on the author) or failed leaves the events waiting and is
+ * tried again: by the next batch with the post, or by the sweep that looks for overdue posts.
+ *
+ * Crash safety: the store's deltas go first, then the database marks, then what is set aside, then
+ * what was set aside and is now applied is forgotten; a batch cut short anywhere is delivered again
+ * and finds each step done or to do.
  */
 export class LikesReceivedConsumer {
   private subscription: Subscription | undefined;
+  private sweeper: PeriodicTask | undefined;
   private readonly now: () => number;
+  private readonly holeWaitMs: number;
 
   constructor(private readonly deps: LikesReceivedConsumerDeps) {
     this.now = deps.now ?? Date.now;
+    this.holeWaitMs = deps.holeWaitMs ?? HOLE_WAIT_MS;
   }
 
   async start(): Promise<void> {
@@ -159,44 +266,86 @@ export class LikesReceivedConsumer {
       },
       onError: this.deps.onError,
     });
+    this.sweeper = new PeriodicTask(
+      'likes-received-holes',
+      Math.max(1_000, Math.floor(this.holeWaitMs / 2)),
+      () => this.sweep(),
+      (_name, err) => this.deps.onError(err),
+    );
+    this.sweeper.start();
   }
 
   async stop(): Promise<void> {
+    await this.sweeper?.stop();
+    this.sweeper = undefined;
     await this.subscription?.close();
     this.subscription = undefined;
   }
 
   /** Applies a batch of counter events; idempotent (exported for tests). */
   async apply(events: readonly CounterEvent[]): Promise<void> {
-    if (events.length === 0) return;
-    const { repo, metrics } = this.deps;
-    const byPost = new Map<string, CounterEvent[]>();
+    const byPost = new Map<string, Pending[]>();
     for (const e of events) {
+      const pending: Pending = { seq: e.seq, metric: e.metric, delta: e.delta, parkedAt: null };
       const list = byPost.get(e.entityId);
-      if (list) list.push(e);
-      else byPost.set(e.entityId, [e]);
+      if (list) list.push(pending);
+      else byPost.set(e.entityId, [pending]);
     }
+    await this.settle(byPost);
+  }
+
+  /**
+   * Handles the posts whose events have waited longer than `holeWaitMs` for an earlier one and
+   * have had no batch since; how many posts it looked at. Runs periodically in every worker.
+   */
+  async sweep(): Promise<number> {
+    const posts = await this.deps.repo.overdue(this.now() - this.holeWaitMs, SWEEP_LIMIT);
+    await this.settle(new Map(posts.map((id) => [id, []])));
+    return posts.length;
+  }
+
+  private async settle(byPost: ReadonlyMap<string, readonly Pending[]>): Promise<void> {
+    if (byPost.size === 0) return;
+    const { repo, metrics } = this.deps;
     const postIds = [...byPost.keys()];
-    const [authors, marks] = await Promise.all([repo.authorsOf(postIds), repo.marks(postIds)]);
+    const [authors, marks, parked] = await Promise.all([
+      repo.authorsOf(postIds),
+      repo.marks(postIds),
+      repo.parked(postIds),
+    ]);
+    const now = this.now();
 
     const deltas: UserCounterDelta[] = [];
+    /** Posts' marks to raise, and up to which seq each post's events set aside are forgotten. */
     const raised = new Map<string, number>();
-    const gaps = new Set<number>();
+    const forget = new Map<string, number>();
+    /** Per post, the events still waiting for an earlier one (seq order). */
+    const waiting = new Map<string, { author: number; events: Pending[] }>();
+    const overdueAuthors = new Set<number>();
     let skipped = 0;
     let unknown = 0;
-    for (const [postId, list] of byPost) {
+    for (const [postId, fresh] of byPost) {
+      const held = parked.get(postId) ?? [];
       const author = authors.get(postId);
       if (author === undefined) {
-        unknown += list.length;
+        unknown += fresh.length + held.length;
+        if (held.length > 0) forget.set(postId, Number.MAX_SAFE_INTEGER);
         continue;
       }
-      let mark = marks.get(postId) ?? 0;
-      for (const e of [...list].sort((x, y) => x.seq - y.seq)) {
+      const bySeq = new Map<number, Pending>();
+      for (const e of fresh) if (!bySeq.has(e.seq)) bySeq.set(e.seq, e);
+      for (const e of held) bySeq.set(e.seq, e); // keeps when it was first set aside
+      const ordered = [...bySeq.values()].sort((x, y) => x.seq - y.seq);
+      const start = marks.get(postId) ?? 0;
+      let mark = start;
+      let i = 0;
+      for (; i < ordered.length; i++) {
+        const e = ordered[i]!;
         if (e.seq <= mark) {
-          skipped++;
+          if (e.parkedAt === null) skipped++;
           continue;
         }
-        if (e.seq > mark + 1) gaps.add(author);
+        if (e.seq > mark + 1) break;
         deltas.push({
           eventId: eventIdOf(postId, e.seq),
           userId: author,
@@ -205,24 +354,53 @@ export class LikesReceivedConsumer {
         });
         mark = e.seq;
       }
-      if (mark > (marks.get(postId) ?? 0)) raised.set(postId, mark);
+      if (mark > start) raised.set(postId, mark);
+      if (held.length > 0) forget.set(postId, mark);
+      if (i < ordered.length) {
+        const rest = ordered.slice(i);
+        waiting.set(postId, { author, events: rest });
+        const since = Math.min(...rest.map((e) => e.parkedAt ?? now));
+        if (now - since >= this.holeWaitMs) overdueAuthors.add(author);
+      }
     }
-    // Rebuilds first. One that fails leaves the store as it was: the batch, delivered again, may
-    // bring the skipped event with it (no gap then), which deltas recorded already would mark as
-    // applied and lose. One that succeeds records the facts' seq of each of the author's posts, so
-    // the deltas below skip what it counted. And all before the marks move: a failed batch comes
-    // again and finds its gaps again.
-    for (const author of gaps) {
-      const rebuilt = await this.deps.onGap(author);
-      if (rebuilt && !rebuilt.written) throw new Error(`likes received of user ${author} not rebuilt yet`);
+
+    // Authors whose wait ran out are rebuilt from the facts before anything else moves: a rebuild
+    // counts every event assigned so far, so the post's mark may then pass over what waited (and the
+    // event missing, when it comes, is skipped).
+    const rebuilt = new Set<number>();
+    for (const author of overdueAuthors) {
+      try {
+        const result = await this.deps.onGap(author);
+        if (result && !result.written) metrics.likesReceivedEvents.inc({ outcome: 'rebuild-refused' });
+        else rebuilt.add(author);
+      } catch (err) {
+        this.deps.onError(err);
+      }
     }
+    const toPark: (ParkedEvent & { postId: string })[] = [];
+    let waitedOut = 0;
+    for (const [postId, { author, events }] of waiting) {
+      if (rebuilt.has(author)) {
+        const last = events[events.length - 1]!.seq;
+        raised.set(postId, last);
+        if (forget.has(postId)) forget.set(postId, last);
+        waitedOut += events.length;
+        continue;
+      }
+      for (const e of events) if (e.parkedAt === null) toPark.push({ ...e, postId, parkedAt: now });
+    }
+
     const result = await this.deps.store.apply(deltas, this.now());
     await repo.raiseMarks(raised);
+    await repo.park(toPark);
+    await repo.unpark(forget);
 
     metrics.likesReceivedEvents.inc({ outcome: 'applied' }, result.applied);
     if (result.skipped + skipped > 0)
       metrics.likesReceivedEvents.inc({ outcome: 'skipped' }, result.skipped + skipped);
     if (unknown > 0) metrics.likesReceivedEvents.inc({ outcome: 'unknown-post' }, unknown);
+    if (toPark.length > 0) metrics.likesReceivedEvents.inc({ outcome: 'parked' }, toPark.length);
+    if (waitedOut > 0) metrics.likesReceivedEvents.inc({ outcome: 'rebuilt-over' }, waitedOut);
     if (deltas.length > 0) this.deps.onApplied?.([...new Set(deltas.map((d) => d.userId))]);
   }
 }

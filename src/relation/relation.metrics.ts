@@ -57,7 +57,7 @@ export class RelationMetrics {
     });
     this.likesReceivedEvents = new Counter({
       name: 'zg_user_likes_received_events_total',
-      help: 'Counter events consumed by user-likes-received: applied, skipped, or without a known author',
+      help: 'Counter events consumed by user-likes-received: applied, skipped (applied already), unknown-post, malformed, parked (set aside behind an earlier event not come yet), rebuilt-over (set aside, then counted by a rebuild of the author), rebuild-refused (rebuilds tried for overdue events that deltas kept refusing)',
       labelNames: ['outcome'],
       registers,
     });

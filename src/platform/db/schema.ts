@@ -186,6 +186,14 @@ export interface UserCounterMarksTable {
   seq: number;
 }
 
+export interface LikesReceivedParkedTable {
+  post_id: string;
+  seq: number;
+  metric: string;
+  delta: number;
+  parked_at: number;
+}
+
 export interface LikesReceivedMarksTable {
   /** Snowflake as a decimal string (TEXT on SQLite, BIGINT UNSIGNED on MySQL). */
   post_id: string;
@@ -211,4 +219,5 @@ export interface Database {
   follower: FollowerTable;
   relation_unapplied: RelationUnappliedTable;
   likes_received_marks: LikesReceivedMarksTable;
+  likes_received_parked: LikesReceivedParkedTable;
 }
