@@ -22,7 +22,8 @@ const USAGE = `usage: zhiguang counters|users|relations <command> [options]
   counters rebuild [--entity T:ID]…   rebuild snapshots from facts (all entities, or the ones named)
   counters replay --yes               empty the counter store and rebuild it from counter-events,
                                       earliest record to the end captured at the start, then add
-                                      back the views read-events holds (stop writers first; toggles
+                                      back the views read-events holds up to where view-agg stopped
+                                      (stop API and worker processes first; toggles
                                       that never reached the log are published to it first; refused,
                                       changing nothing, when the log no longer holds its earliest events)
   counters flush                      fold all pending deltas into snapshots now

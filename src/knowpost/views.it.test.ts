@@ -141,15 +141,21 @@ describe.each<Profile>(['embedded', 'cluster'])('views pipeline (%s)', (profile)
     expect(await reads([ref(12)])).toEqual([null]);
   });
 
-  it('adds back what read-events holds after a replay emptied the store, likes untouched', async () => {
+  it('adds back what view-agg had consumed after a replay emptied the store, likes untouched, and leaves the rest to it', async () => {
     const posts = [ref(21), ref(22)];
     await rig.store.toggle(posts[0]!, 'like', 5, true, Date.now());
     await rig.store.rebuild(posts[0]!);
+    await rig.events.publish(VIEW_TOPIC, [{ key: 'x', value: 'not json' }]);
     const recorder = new ViewRecorder(rig.events, metrics, { maxItems: 4, flushMs: 20 });
     for (let i = 0; i < 9; i++) recorder.record(posts[i % 2]!.eid);
     await recorder.close();
-    await rig.events.publish(VIEW_TOPIC, [{ key: 'x', value: 'not json' }]);
     await until(async () => JSON.stringify(await reads(posts)) === '[5,4]');
+    // Every record consumed and committed, the malformed one too.
+    const end = await rig.events.endOffsets(VIEW_TOPIC);
+    await until(async () => {
+      const committed = await rig.events.committedOffsets(VIEW_GROUP, VIEW_TOPIC);
+      return [...end].every(([p, offset]) => offset === 0n || committed.get(p) === offset);
+    });
     await aggregator.stop();
 
     // What the counter replay leaves: the like back from its fact, the views gone.
@@ -158,11 +164,33 @@ describe.each<Profile>(['embedded', 'cluster'])('views pipeline (%s)', (profile)
     await rig.store.rebuild(posts[0]!);
     expect(await rig.store.readSnapshots(posts)).toEqual([[0, 1, 0, 0, 0], null]);
 
+    // Views published while the consumer was stopped: not applied before the replay, so the replay
+    // leaves them to the consumer, which adds them once it runs again.
+    const later = new ViewRecorder(rig.events, metrics, { maxItems: 100, flushMs: 20 });
+    for (let i = 0; i < 3; i++) later.record(posts[1]!.eid);
+    await later.close();
+
     const report = await replayViews(rig.events, rig.store, () => {});
     expect(report).toMatchObject({ views: 9, malformedViewRecords: 1 });
     expect(await rig.store.readSnapshots(posts)).toEqual([
       [5, 1, 0, 0, 0],
       [4, 0, 0, 0, 0],
     ]);
+    aggregator = new ViewAggregator(rig.events, rig.store, metrics, (err) => errors.push(err), {
+      maxBatch: 500,
+      maxWaitMs: 20,
+    });
+    await aggregator.start();
+    await until(async () => JSON.stringify(await reads(posts)) === '[5,7]');
+    await new Promise((r) => setTimeout(r, 200));
+    expect(await reads(posts)).toEqual([5, 7]);
+  });
+
+  it('adds back no views when view-agg never committed any', async () => {
+    await aggregator.stop();
+    const recorder = new ViewRecorder(rig.events, metrics, { maxItems: 100, flushMs: 20 });
+    recorder.record(ref(31).eid);
+    await recorder.close();
+    expect(await replayViews(rig.events, rig.store, () => {})).toMatchObject({ views: 0 });
   });
 });

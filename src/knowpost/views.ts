@@ -2,7 +2,7 @@ import { finishedWithin } from '../platform/workers/deadline.js';
 import { Counter, Gauge, type Registry } from 'prom-client';
 import { entityKey, isEntityId, isEntityType, type EntityRef, type EntityType } from '../counter/model.js';
 import type { CounterStore, ViewIncrement } from '../counter/store/counter-store.js';
-import type { EventLog, EventRecord, Subscription } from '../platform/eventlog/eventlog.js';
+import type { EndOffsets, EventLog, EventRecord, Subscription } from '../platform/eventlog/eventlog.js';
 import type { ViewSink } from './detail.service.js';
 
 /**
@@ -298,16 +298,25 @@ export interface ViewReplayReport {
 
 /**
  * Part of `zhiguang counters replay`: the counter replay empties the store, views included, so the
- * views `read-events` still holds, from its earliest record to where it ends when this starts, are
- * summed and added back to the snapshots. Writers must be stopped, as for the counter replay: a view
- * the running `view-agg` consumer applies meanwhile could count twice.
+ * views `read-events` still holds, from its earliest record up to where `view-agg` goes on reading
+ * (its committed offsets), are summed and added back to the snapshots; `view-agg` adds the records
+ * after those itself when it runs again, so none counts twice. Writers and workers must be stopped,
+ * as for the counter replay: a view the running `view-agg` consumer applies meanwhile could be lost.
  */
 export async function replayViews(
   events: EventLog,
   store: Pick<CounterStore, 'addViews'>,
   progress: (message: string) => void,
 ): Promise<ViewReplayReport> {
-  const until = await events.endOffsets(VIEW_TOPIC);
+  const [end, consumed] = await Promise.all([
+    events.endOffsets(VIEW_TOPIC),
+    events.committedOffsets(VIEW_GROUP, VIEW_TOPIC),
+  ]);
+  const until: EndOffsets = new Map();
+  for (const [partition, offset] of consumed) {
+    const last = end.get(partition);
+    until.set(partition, last !== undefined && last < offset ? last : offset);
+  }
   const sums = new Map<string, ViewIncrement>();
   const report: ViewReplayReport = { viewRecords: 0, views: 0, malformedViewRecords: 0 };
   await events.readRange(VIEW_TOPIC, until, async (batch) => {

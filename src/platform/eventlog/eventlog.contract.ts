@@ -317,6 +317,26 @@ export function defineEventLogContract(
       expect(perKey(got.records)).toEqual(perKey([...before, ...after]));
     });
 
+    it('tells where a group goes on reading: after what it committed, in end-offset terms', async () => {
+      const t = await newTopic();
+      const g = newGroup();
+      expect([...(await h.log.committedOffsets(g, t))]).toEqual([]);
+      const sent = records('c', 4, 3);
+      await h.log.publish(t, sent);
+      const got = collector();
+      const sub = await subscribe({ group: g, topics: [t], handler: got.handler });
+      await got.until(() => got.records.length >= sent.length);
+      await sub.close();
+      const end = await h.log.endOffsets(t);
+      const committed = await h.log.committedOffsets(g, t);
+      for (const [partition, offset] of end) if (offset > 0n) expect(committed.get(partition)).toBe(offset);
+      // Published after: not consumed, so neither committed nor read up to the committed offsets.
+      await h.log.publish(t, records('c2', 2, 2));
+      expect([...(await h.log.committedOffsets(g, t))]).toEqual([...committed]);
+      expect(perKey(await collectRange(h.log, t, committed))).toEqual(perKey(sent));
+      expect([...(await h.log.committedOffsets(newGroup(), t))]).toEqual([]);
+    });
+
     it('tells whether a topic still holds every record published to it', async () => {
       const t = await newTopic();
       expect(await h.log.holdsEveryRecord(t)).toBe(true);

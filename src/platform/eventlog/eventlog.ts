@@ -95,6 +95,12 @@ export interface EventLog {
   subscribe(options: SubscribeOptions): Promise<Subscription>;
   endOffsets(topic: string): Promise<EndOffsets>;
   /**
+   * Where a consumer group goes on reading the topic: per partition, the offset after the last
+   * record it committed (comparable with `endOffsets`). Partitions the group never committed on are
+   * left out, so a group that never ran gives an empty map.
+   */
+  committedOffsets(group: string, topic: string): Promise<EndOffsets>;
+  /**
    * Whether the topic still holds every record ever published to it (none removed by retention or by
    * hand), so a replay from its earliest record sees all of them. May answer false when it cannot
    * tell; a topic deleted and made anew looks whole.

@@ -241,6 +241,18 @@ export class KafkaEventLog implements EventLog {
     return new Map(partitions.map((offset, partition) => [partition, offset]));
   }
 
+  async committedOffsets(group: string, topic: string): Promise<EndOffsets> {
+    const name = this.name(topic);
+    const groups = await this.admin.listConsumerGroupOffsets({ groups: [this.name(group)] });
+    const committed: EndOffsets = new Map();
+    for (const { topics } of groups)
+      for (const t of topics)
+        if (t.name === name)
+          for (const p of t.partitions)
+            if (p.committedOffset >= 0n) committed.set(p.partitionIndex, p.committedOffset);
+    return committed;
+  }
+
   /**
    * Every partition still starts at offset 0. A topic deleted and made anew starts at 0 too: that
    * this cannot tell (nor would any offset).

@@ -152,6 +152,16 @@ export class SqliteEventLog implements EventLog {
     return new Map([[0, last === null || last === undefined ? 0n : BigInt(last) + 1n]]);
   }
 
+  async committedOffsets(group: string, topic: string): Promise<EndOffsets> {
+    const row = await this.db.kysely
+      .selectFrom('consumer_offsets')
+      .select('next_offset')
+      .where('group_id', '=', group)
+      .where('topic', '=', topic)
+      .executeTakeFirst();
+    return row ? new Map([[0, BigInt(row.next_offset)]]) : new Map();
+  }
+
   /**
    * Offsets here are global, so a topic's first one tells nothing: a keep-forever topic is never
    * pruned, and neither is one that no group committed on; any other may have been.

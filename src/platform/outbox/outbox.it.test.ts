@@ -89,6 +89,7 @@ class Recorder {
       },
       subscribe: unused,
       endOffsets: unused,
+      committedOffsets: unused,
       holdsEveryRecord: unused,
       readRange: unused,
       ping: async () => !this.down,
