@@ -85,8 +85,11 @@ describe(SessionStore.name, () => {
     const between = graced.takeRefresh(sid, 'rt-y', 1, ver);
     setTimeout(() => void kv.set('auth:rtu:rt-y', `${sid} ${now}`, DAY), 30);
     expect(await between).toBe('graced');
-    // Neither current nor rotated (lost, or never allowed): refused after a few brief reads.
-    expect(await graced.takeRefresh(sid, 'rt-x', 1, ver)).toBe('invalid');
+    // Neither current nor marked, in a family that has no current token on record (opened by an
+    // earlier release and not rotated since): refused after a few brief reads, the family going on.
+    const older = await graced.open(1);
+    expect(await graced.takeRefresh(older.sid, 'rt-x', 1, older.ver)).toBe('invalid');
+    expect(await graced.isActive(older.sid, 1, older.ver)).toBe(true);
     // A rotation refused because the session ended: its token is refused at once, not graced.
     await graced.allowRefresh(sid, 'rt-1');
     await graced.end(sid);
@@ -118,6 +121,26 @@ describe(SessionStore.name, () => {
     await kv.set('auth:rtu:old', other.sid, DAY);
     expect(await graced.takeRefresh(other.sid, 'old', 1, other.ver)).toBe('reused');
     expect(await graced.isActive(other.sid, 1, other.ver)).toBe(false);
+  });
+
+  it('tells a token rotated away long ago by the current one, keeping marks only for the grace', async () => {
+    const kv = createSqliteKv(db, { now: () => now });
+    const graced = new SessionStore(kv, 7 * DAY, 10_000, () => now);
+    const { sid, ver } = await graced.open(1);
+    for (let i = 0; i < 20; i++) {
+      await graced.allowRefresh(sid, `rt-${i}`);
+      expect(await graced.takeRefresh(sid, `rt-${i}`, 1, ver)).toBe('ok');
+      expect(await kv.ttl(`auth:rtu:rt-${i}`)).toBeLessThanOrEqual(70_000);
+      now += 15 * 60_000;
+    }
+    await graced.allowRefresh(sid, 'rt-20');
+    expect(await kv.get('auth:rtu:rt-3')).toBeNull();
+    expect(await graced.takeRefresh(sid, 'rt-20', 1, ver)).toBe('ok');
+    await graced.allowRefresh(sid, 'rt-21');
+    // A token of the session rotated hours ago, its mark long gone: a replay, which ends the session.
+    expect(await graced.takeRefresh(sid, 'rt-3', 1, ver)).toBe('reused');
+    expect(await graced.isActive(sid, 1, ver)).toBe(false);
+    expect(await graced.takeRefresh(sid, 'rt-21', 1, ver)).toBe('invalid');
   });
 
   it('does not bring back a session ended while its token was being rotated', async () => {

@@ -7,6 +7,12 @@ const REFUSED = 'refused';
 /** How often, and how far apart, a missing rotation mark is read (see `rotationMark`). */
 const MARK_READS = 4;
 const MARK_READ_GAP_MS = 25;
+/**
+ * How long a rotation mark outlives the grace. Past the grace a rotated token is told by the
+ * family's current token (`auth:cur`), so a session keeps a mark only for its last rotations, not
+ * one per rotation for a refresh-token lifetime.
+ */
+const MARK_SLACK_MS = 60_000;
 
 /**
  * Login sessions ("families" of refresh tokens) kept in the shared key-value store:
@@ -15,11 +21,14 @@ const MARK_READ_GAP_MS = 25;
  *   or from the last rotation; deleting it ends the session for access and refresh tokens alike.
  * - `auth:rt:{jti}`   → sid for the one refresh token of the family that may still be used.
  *   Rotation takes it with GETDEL, so of two concurrent refreshes exactly one wins.
- * - `auth:rtu:{jti}`  → `{sid} {rotatedAtMs}[ refused]` for refresh tokens rotated away; presenting
- *   one again is token theft or a replay, and ends the whole family, unless it comes within
- *   `reuseGraceMs` of the rotation: then it is the loser of two refreshes sent at once (two tabs of
- *   one browser sharing the tokens) or a retry after a lost answer ('graced'), and the winner's
- *   tokens stay good.
+ * - `auth:cur:{sid}`  → that token's jti. Every refresh token of a family was its current one once
+ *   (its sid is signed into it), so one that is not current any more was rotated away: presenting
+ *   it again is token theft or a replay, and ends the whole family…
+ * - `auth:rtu:{jti}`  → `{sid} {rotatedAtMs}[ refused]`, kept for `reuseGraceMs` and a minute after
+ *   a rotation: …unless it comes within `reuseGraceMs` of the rotation: then it is the loser of two
+ *   refreshes sent at once (two tabs of one browser sharing the tokens) or a retry after a lost
+ *   answer ('graced'), and the winner's tokens stay good. (Marks of earlier releases, kept for a
+ *   refresh-token lifetime, are read the same way.)
  * - `auth:rta:{jti}`  → the answer the rotation of `jti` gave, kept for `reuseGraceMs` so that a
  *   graced caller can be given it again. What is kept is opaque here (the service seals it).
  * - `auth:uv:{uid}`   → the user's session version. Tokens carry the version they were issued
@@ -51,6 +60,7 @@ export class SessionStore {
   /** Records `jti` as the family's current refresh token. */
   async allowRefresh(sid: string, jti: string): Promise<void> {
     await this.kv.set(`auth:rt:${jti}`, sid, this.refreshTtlMs);
+    await this.kv.set(`auth:cur:${sid}`, jti, this.refreshTtlMs);
   }
 
   /**
@@ -68,7 +78,13 @@ export class SessionStore {
     const taken = await this.kv.getDel(`auth:rt:${jti}`);
     if (taken === null) {
       const rotated = await this.rotationMark(jti);
-      if (rotated === null) return 'invalid';
+      if (rotated === null) {
+        // Rotated away longer ago than its mark is kept, when the family's current token is another.
+        const current = await this.kv.get(`auth:cur:${sid}`);
+        if (current === null || current === jti) return 'invalid';
+        await this.end(sid);
+        return 'reused';
+      }
       // Records written without a time (older releases) count as rotated long ago.
       const [, at = -Infinity, outcome] = rotated.split(' ');
       if (this.now() - Number(at) < this.reuseGraceMs) return outcome === REFUSED ? 'invalid' : 'graced';
@@ -77,7 +93,11 @@ export class SessionStore {
     }
     const rotatedAt = this.now();
     const mark = (outcome = '') =>
-      this.kv.set(`auth:rtu:${jti}`, `${sid} ${rotatedAt}${outcome && ` ${outcome}`}`, this.refreshTtlMs);
+      this.kv.set(
+        `auth:rtu:${jti}`,
+        `${sid} ${rotatedAt}${outcome && ` ${outcome}`}`,
+        this.reuseGraceMs + MARK_SLACK_MS,
+      );
     // With a grace, the token is marked at once: a caller presenting it meanwhile (the other tab)
     // then finds the rotation under way and waits for its answer. Without one, the family is checked
     // first: such a caller ends the family, and must not turn this winner's answer into a failure
