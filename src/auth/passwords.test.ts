@@ -1,4 +1,4 @@
-import { describe, expect, it } from 'vitest';
+import { describe, expect, it, vi } from 'vitest';
 import { PasswordHasher, meetsPasswordPolicy } from './passwords.js';
 
 describe(PasswordHasher.name, () => {
@@ -17,6 +17,18 @@ describe(PasswordHasher.name, () => {
     const b = await sut.hash('same-pass-1');
     expect(a).not.toBe(b);
     expect(await new PasswordHasher(11).verify('same-pass-1', a)).toBe(true);
+  });
+
+  it('checks a hash made at an earlier cost no faster than an unknown account is answered', async () => {
+    const raised = new PasswordHasher(11);
+    const burn = vi.spyOn(raised, 'burn');
+    const earlier = await sut.hash('dormant-pass-1');
+    expect(await raised.verify('wrong-pass-1', earlier)).toBe(false);
+    expect(await raised.verify('dormant-pass-1', earlier)).toBe(true);
+    expect(burn).toHaveBeenCalledTimes(2);
+    burn.mockClear();
+    expect(await raised.verify('dormant-pass-1', await raised.hash('dormant-pass-1'))).toBe(true);
+    expect(burn).not.toHaveBeenCalled();
   });
 
   it('refuses malformed stored hashes', async () => {

@@ -20,7 +20,18 @@ export class PasswordHasher {
     return `scrypt$${this.log2N}$${r}$${p}$${salt.toString('base64')}$${hash.toString('base64')}`;
   }
 
+  /**
+   * Whether the password matches. A hash made with other parameters (before the cost was raised) is
+   * checked alongside a burn at today's cost, so a dormant account's check lasts as long as an
+   * unknown account's burn and does not tell that the account exists.
+   */
   async verify(password: string, stored: string): Promise<boolean> {
+    const floor = this.needsRehash(stored) ? this.burn(password) : undefined;
+    const [matches] = await Promise.all([this.check(password, stored), floor]);
+    return matches;
+  }
+
+  private async check(password: string, stored: string): Promise<boolean> {
     const [scheme, n, r, p, salt, hash] = stored.split('$');
     if (scheme !== 'scrypt' || !n || !r || !p || !salt || !hash) return false;
     const expected = Buffer.from(hash, 'base64');
