@@ -37,7 +37,7 @@ function setup(shared = new NoSharedCache()) {
       loads.push([...ids]);
       return ids.flatMap((id) => (rows.has(id) ? [{ ...rows.get(id)! }] : []));
     },
-    feedPage: async () => ({ ids: [...rows.keys()], hasMore: false }),
+    feedIds: async (offset: number, limit: number) => [...rows.keys()].slice(offset, offset + limit),
     loadAuthors: async () => [],
   } as unknown as PostReadRepository;
   const cache = new PostCache({
@@ -57,6 +57,57 @@ describe(PostCache.name, () => {
     await cache.postsById(['1', '2']);
     await cache.postsById(['1', '2']);
     expect(loads).toEqual([['1', '2'], ['2']]);
+  });
+});
+
+describe('PostCache feed pages', () => {
+  function feedOf(length: number) {
+    const feed = Array.from({ length }, (_, i) => `p${i}`);
+    const queries: [number, number][] = [];
+    const repo = {
+      feedIds: async (offset: number, limit: number) => {
+        queries.push([offset, limit]);
+        return feed.slice(offset, offset + limit);
+      },
+    } as unknown as PostReadRepository;
+    const cache = new PostCache({
+      repo,
+      signer: new PostUrlSigner({ presignGet: async (k) => k }, 3600),
+      shared: new NoSharedCache(),
+      localTtlMs: 60_000,
+      localMaxEntries: 100,
+      sharedTtlMs: 60_000,
+    });
+    return { feed, queries, cache };
+  }
+
+  it('cuts every page of every size from blocks, with hasMore right at every edge', async () => {
+    for (const length of [0, 1, 49, 50, 51, 100, 237]) {
+      const { feed, cache } = feedOf(length);
+      for (let size = 1; size <= 50; size++) {
+        for (let page = 1; (page - 1) * size <= length + size; page++) {
+          const start = (page - 1) * size;
+          expect(await cache.feedPage(page, size), `${length} posts, page ${page} of ${size}`).toEqual({
+            ids: feed.slice(start, start + size),
+            hasMore: length > start + size,
+          });
+        }
+      }
+    }
+  });
+
+  it('keeps one key per block, whatever pages and sizes are asked for, and reads a page with one query', async () => {
+    const { queries, cache } = feedOf(1_000);
+    expect(await cache.feedPage(2, 30)).toMatchObject({ ids: expect.arrayContaining(['p30', 'p59']) });
+    expect(queries).toEqual([[0, 101]]); // blocks 0 and 1 at once
+    for (let size = 1; size <= 50; size++)
+      for (let page = 1; page * size <= 1_000; page++) await cache.feedPage(page, size);
+    // 20 blocks cover the 1,000 posts; each was read once.
+    expect(queries.length).toBeLessThanOrEqual(20);
+    queries.length = 0;
+    await cache.feedPage(1, 20);
+    await cache.feedPage(7, 13);
+    expect(queries).toEqual([]);
   });
 });
 

@@ -3,6 +3,7 @@ import { LruCache } from '../platform/cache/lru.js';
 import type { SharedCache } from '../platform/cache/shared-cache.js';
 import { SingleFlight } from '../platform/cache/single-flight.js';
 import { TieredCache } from '../platform/cache/tiered-cache.js';
+import { MAX_PAGE_SIZE } from './feed.schema.js';
 import type { PostChangeListener } from './post-events.js';
 import type { AuthorRow, IdPage, PostReadRepository } from './post-read.repository.js';
 import { isListed, type PostUrlSigner, type PostView } from './post-read.model.js';
@@ -11,6 +12,14 @@ import { isListed, type PostUrlSigner, type PostView } from './post-read.model.j
 export const POST_INVALIDATION_SCOPE = 'knowpost';
 
 const FEED_GUARD = 'feed';
+/**
+ * Feed pages are cut from blocks of this many ids at fixed offsets, and the blocks are what both
+ * tiers keep: whatever pages and sizes callers ask for, the feed's depth makes at most
+ * `FEED_DEPTH / FEED_BLOCK` keys, not one per page and size (which anyone could use to push the
+ * pages everyone reads out of the in-process tier).
+ */
+const FEED_BLOCK = MAX_PAGE_SIZE;
+const FEED_BLOCK_PREFIX = 'feed:block:';
 const postKey = (id: string) => `post:${id}`;
 
 export interface PostCacheOptions {
@@ -67,8 +76,8 @@ function decodePage(text: string): IdPage | null {
  *  - posts by id (two tiers), holding only published public posts: nothing a viewer may
  *    not see is ever stored where another viewer's request could read it, and nothing per viewer;
  *    other posts are loaded for each request;
- *  - pages of the public feed as lists of ids (two tiers), all under one guard, so a change to any
- *    post drops every page at once;
+ *  - the public feed as blocks of ids at fixed offsets (two tiers), from which pages are cut, all
+ *    under one guard, so a change to any post drops every block at once;
  *  - authors' public fields (in process only, short-lived: profile edits show within `localTtlMs`).
  * Readers still check each post's visibility on every hit (`mayRead`, `isListed`).
  */
@@ -131,14 +140,48 @@ export class PostCache {
     return (await this.postsById([id])).get(id);
   }
 
-  /** One page of the public feed: ids, newest first. */
+  /**
+   * One page of the public feed: ids, newest first (`size` at most `FEED_BLOCK`). Cut from the one or
+   * two blocks it spans; blocks not cached are read with one query.
+   */
   async feedPage(page: number, size: number): Promise<IdPage> {
-    const key = `feed:${page}:${size}`;
-    const found = await this.pages.get(
-      key,
-      async () => new Map([[key, await this.repo.feedPage(page, size)]]),
-    );
-    return found ?? { ids: [], hasMore: false };
+    if (!Number.isSafeInteger(size) || size < 1 || size > FEED_BLOCK)
+      throw new RangeError(`feed page size out of range: ${size}`);
+    const start = (page - 1) * size;
+    const first = Math.floor(start / FEED_BLOCK);
+    const last = Math.floor((start + size - 1) / FEED_BLOCK);
+    const keys: string[] = [];
+    for (let b = first; b <= last; b++) keys.push(`${FEED_BLOCK_PREFIX}${b}`);
+    const found = await this.pages.getMany(keys, async (missing) => {
+      const blocks = missing.map((k) => Number(k.slice(FEED_BLOCK_PREFIX.length))).sort((x, y) => x - y);
+      const lo = blocks[0]!;
+      const hi = blocks[blocks.length - 1]!;
+      const ids = await this.repo.feedIds(lo * FEED_BLOCK, (hi - lo + 1) * FEED_BLOCK + 1);
+      return new Map(
+        blocks.map((b) => {
+          const from = (b - lo) * FEED_BLOCK;
+          const block: IdPage = {
+            ids: ids.slice(from, from + FEED_BLOCK),
+            hasMore: ids.length > from + FEED_BLOCK,
+          };
+          return [`${FEED_BLOCK_PREFIX}${b}`, block];
+        }),
+      );
+    });
+    // The blocks' ids in a row, from the first block's start; a block not full is the feed's end.
+    const ids: string[] = [];
+    let more = false;
+    for (const key of keys) {
+      const block = found.get(key) ?? { ids: [], hasMore: false };
+      ids.push(...block.ids);
+      more = block.hasMore;
+      if (block.ids.length < FEED_BLOCK) break;
+    }
+    const from = start - first * FEED_BLOCK;
+    return {
+      ids: ids.slice(from, from + size),
+      hasMore: ids.length > from + size || (ids.length === from + size && more),
+    };
   }
 
   /** Public fields of these users; one query for those not cached in this process. */

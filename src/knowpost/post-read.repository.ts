@@ -49,6 +49,12 @@ export class PostReadRepository {
 
   /** Published public posts, newest first (publish time, then id). */
   async feedPage(page: number, size: number): Promise<IdPage> {
+    const ids = await this.feedIds((page - 1) * size, size + 1);
+    return { ids: ids.slice(0, size), hasMore: ids.length > size };
+  }
+
+  /** Ids of the public feed, newest first, from `offset` on, at most `limit`. */
+  async feedIds(offset: number, limit: number): Promise<string[]> {
     const rows = await this.db.kysely
       .selectFrom('knowposts')
       .select('id')
@@ -56,10 +62,10 @@ export class PostReadRepository {
       .where('visible', '=', 'public')
       .orderBy('publish_time', 'desc')
       .orderBy('id', 'desc')
-      .limit(size + 1)
-      .offset((page - 1) * size)
+      .limit(limit)
+      .offset(offset)
       .execute();
-    return toPage(rows, size);
+    return rows.map((r) => String(r.id));
   }
 
   /** The author's published posts of any visibility, top ones first, then newest first. */
