@@ -554,7 +554,7 @@ describe.each<Profile>(['embedded', 'cluster'])('reading posts against real stor
       .set({ visible: 'private' })
       .where('id', '=', id)
       .execute();
-    await announce({ id, authorId: author, kind: 'visibility', draft: false });
+    await announce({ id, authorId: author, kind: 'visibility', draft: false, unlisted: false });
 
     // The announcing process at once; the other as soon as the message arrives.
     await expect(a.details.detail(id, null)).rejects.toBeInstanceOf(NotFoundError);

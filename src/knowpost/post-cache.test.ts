@@ -112,7 +112,7 @@ describe('PostCache feed pages', () => {
 });
 
 describe(postCacheInvalidator.name, () => {
-  it('drops the post at once in this process and tells the others, but not for a draft', async () => {
+  it('drops the post at once in this process and tells the others, but not for a post never listed', async () => {
     const { rows, loads, cache } = setup();
     const bus = createLocalInvalidationBus();
     const heard: string[][] = [];
@@ -122,12 +122,21 @@ describe(postCacheInvalidator.name, () => {
       throw err;
     });
     expect((await cache.post('1'))?.title).toBe('post 1');
-    await sut({ id: '1', authorId: 1, kind: 'created', draft: true });
-    await sut({ id: '1', authorId: 1, kind: 'updated', draft: true });
-    await sut({ id: '1', authorId: 1, kind: 'deleted', draft: true });
+    const generation = cache.localGeneration;
+    await sut({ id: '1', authorId: 1, kind: 'created', draft: true, unlisted: true });
+    await sut({ id: '1', authorId: 1, kind: 'updated', draft: true, unlisted: true });
+    await sut({ id: '1', authorId: 1, kind: 'deleted', draft: true, unlisted: true });
+    // A private post edited or pinned: no cache holds it, no page lists it.
+    await sut({ id: '1', authorId: 1, kind: 'updated', draft: false, unlisted: true });
+    await sut({ id: '1', authorId: 1, kind: 'top', draft: false, unlisted: true });
     expect(heard).toEqual([]);
+    expect(cache.localGeneration).toBe(generation);
+    // Made visible to followers: who may see it changed, which every process must hear of.
+    await sut({ id: '1', authorId: 1, kind: 'visibility', draft: false, unlisted: true });
+    expect(heard).toEqual([['1']]);
+    heard.length = 0;
     rows.set('1', { ...row('1'), title: 'renamed' });
-    const pending = sut({ id: '1', authorId: 1, kind: 'updated', draft: false });
+    const pending = sut({ id: '1', authorId: 1, kind: 'updated', draft: false, unlisted: false });
     expect((await cache.post('1'))?.title).toBe('renamed');
     await pending;
     expect(heard).toEqual([['1']]);
@@ -155,9 +164,9 @@ describe(postCacheInvalidator.name, () => {
     };
     const errors: unknown[] = [];
     const sut = postCacheInvalidator(cache, bus, (err) => errors.push(err));
-    await sut({ id: '1', authorId: 1, kind: 'updated', draft: false });
+    await sut({ id: '1', authorId: 1, kind: 'updated', draft: false, unlisted: false });
     fail = true;
-    await sut({ id: '1', authorId: 1, kind: 'deleted', draft: false });
+    await sut({ id: '1', authorId: 1, kind: 'deleted', draft: false, unlisted: false });
     // Two keys each time (the post and the feed pages' guard).
     expect(order).toEqual([
       'shared dropped',
@@ -179,7 +188,7 @@ describe(postCacheInvalidator.name, () => {
     const { cache } = setup(broken);
     const errors: unknown[] = [];
     const sut = postCacheInvalidator(cache, createLocalInvalidationBus(), (err) => errors.push(err));
-    await sut({ id: '1', authorId: 1, kind: 'deleted', draft: false });
+    await sut({ id: '1', authorId: 1, kind: 'deleted', draft: false, unlisted: false });
     expect(errors).toHaveLength(1);
   });
 });

@@ -242,7 +242,8 @@ export class PostCache {
  * The listener the write side calls after each committed change: drops the post and the feed pages
  * from the shared tier, then announces the change on the bus, whose subscribers in every process
  * (this one synchronously) drop their in-process copies (see `subscribePostCache`). A change to a
- * draft (created, edited, deleted) changes nothing any cache holds.
+ * post that was not published and public before it nor is after it (a draft created, edited or
+ * deleted; a private post edited or pinned) changes nothing any cache holds.
  */
 export function postCacheInvalidator(
   cache: PostCache,
@@ -250,8 +251,10 @@ export function postCacheInvalidator(
   onError: (err: unknown) => void,
 ): PostChangeListener {
   return async (change) => {
-    // Drafts are never cached: their edits need not drop every feed page.
-    if (change.draft) return;
+    // Only published public posts are cached or listed: a change to another one, which it was
+    // before and still is after, need not drop every feed page. Except a change of who may see a
+    // published post: every process's entity directory (see `app.ts`) hears of it on the bus.
+    if (change.draft || (change.unlisted && change.kind !== 'visibility')) return;
     // This process first and synchronously, so its next read cannot be served the old post.
     cache.invalidateLocal([change.id]);
     // The shared tier before the announcement: a process that drops its copy on hearing it must not

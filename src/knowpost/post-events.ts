@@ -139,6 +139,11 @@ export interface PostChange {
    * posts held it or holds it now.
    */
   draft: boolean;
+  /**
+   * Neither before nor after the change was the post published and public (a draft, or a published
+   * post only some may read): no shared cache held it or holds it now, and no feed page lists it.
+   */
+  unlisted: boolean;
 }
 
 /** Told after a post change has committed. Must not throw; failures are the listener's to log. */

@@ -137,8 +137,8 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     expect(parseSnowflake(a).workerId).toBe(WORKER_ID);
     expect(await row(a)).toMatchObject({ author_id: AUTHOR, status: 'draft', visible: 'public' });
     expect(changes).toEqual([
-      { id: a, authorId: AUTHOR, kind: 'created', draft: true },
-      { id: b, authorId: AUTHOR, kind: 'created', draft: true },
+      { id: a, authorId: AUTHOR, kind: 'created', draft: true, unlisted: true },
+      { id: b, authorId: AUTHOR, kind: 'created', draft: true, unlisted: true },
     ]);
   });
 
@@ -270,7 +270,7 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
       content_size: good.size,
       content_sha256: good.sha256,
     });
-    expect(changes.at(-1)).toEqual({ id, authorId: AUTHOR, kind: 'updated', draft: true });
+    expect(changes.at(-1)).toEqual({ id, authorId: AUTHOR, kind: 'updated', draft: true, unlisted: true });
     // Readers get a copy of the bytes checked; the upload is gone.
     expect(await storage.head(confirmed)).toMatchObject({ size: good.size, contentType: 'text/markdown' });
     expect(await storage.head(good.objectKey)).toBeNull();
@@ -279,7 +279,7 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     // case the first one failed before it could).
     changes.length = 0;
     expect(await confirm({})).toBe('ok');
-    expect(changes).toEqual([{ id, authorId: AUTHOR, kind: 'updated', draft: true }]);
+    expect(changes).toEqual([{ id, authorId: AUTHOR, kind: 'updated', draft: true, unlisted: true }]);
     expect((await row(id)).content_key).toBe(confirmed);
     // Another body confirmed without being uploaded is not.
     expect(await confirm({ sha256: 'b'.repeat(64) })).toBe('409 OBJECT_NOT_UPLOADED');
@@ -425,7 +425,55 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     const id = await publishedPost(sut);
     changes.length = 0;
     await sut.confirmContent(AUTHOR, id, await upload(sut, id, 'a new body'));
-    expect(changes).toEqual([{ id, authorId: AUTHOR, kind: 'updated', draft: false }]);
+    expect(changes).toEqual([{ id, authorId: AUTHOR, kind: 'updated', draft: false, unlisted: false }]);
+  });
+
+  it('tells caches of an edit to a post nobody else may read as unlisted, unless it became public meanwhile', async () => {
+    const sut = newService();
+    const id = await publishedPost(sut);
+    await sut.setVisibility(AUTHOR, id, 'private');
+    changes.length = 0;
+    await sut.update(AUTHOR, id, { title: 'still private' });
+    await sut.setTop(AUTHOR, id, true);
+    expect(changes).toEqual([
+      { id, authorId: AUTHOR, kind: 'updated', draft: false, unlisted: true },
+      { id, authorId: AUTHOR, kind: 'top', draft: false, unlisted: true },
+    ]);
+    await sut.setVisibility(AUTHOR, id, 'public');
+    expect(changes.at(-1)).toEqual({
+      id,
+      authorId: AUTHOR,
+      kind: 'visibility',
+      draft: false,
+      unlisted: false,
+    });
+    await sut.setVisibility(AUTHOR, id, 'private');
+    expect(changes.at(-1)).toEqual({
+      id,
+      authorId: AUTHOR,
+      kind: 'visibility',
+      draft: false,
+      unlisted: false,
+    });
+
+    // Read as private, made public by another request before this edit's check after it: listed.
+    const posts = new PostRepository(backend.db);
+    const find = posts.find.bind(posts);
+    let reads = 0;
+    posts.find = async (...args: Parameters<typeof find>) => {
+      const found = await find(...args);
+      if (++reads === 1)
+        await backend.db.kysely
+          .updateTable('knowposts')
+          .set({ visible: 'public' })
+          .where('id', '=', id)
+          .execute();
+      return found;
+    };
+    const racing = new PostService({ ...serviceOptions(), posts });
+    await racing.update(AUTHOR, id, { title: 'public now' });
+    expect(reads).toBe(2);
+    expect(changes.at(-1)).toEqual({ id, authorId: AUTHOR, kind: 'updated', draft: false, unlisted: false });
   });
 
   it('moves a body confirmed at its upload key before a presign hands that key out again', async () => {
@@ -454,7 +502,7 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     expect(presigned.objectKey).toBe(legacy);
     const moved = (await row(id)).content_key!;
     expect(moved).toMatch(new RegExp(`^posts/${id}/body/[0-9a-f]{64}\\.md$`));
-    expect(changes).toEqual([{ id, authorId: AUTHOR, kind: 'updated', draft: false }]);
+    expect(changes).toEqual([{ id, authorId: AUTHOR, kind: 'updated', draft: false, unlisted: false }]);
     await storage.put(legacy, Buffer.from('replaced'), 'text/markdown');
     expect(Buffer.concat(await (await storage.get(moved))!.body.toArray())).toEqual(bytes);
   });
@@ -527,7 +575,7 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
       },
     ]);
     expect(changes.filter((c) => c.kind === 'published')).toEqual([
-      { id, authorId: AUTHOR, kind: 'published', draft: false },
+      { id, authorId: AUTHOR, kind: 'published', draft: false, unlisted: false },
     ]);
 
     // Someone else may see it now, but not change it.
@@ -538,7 +586,7 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     await sut.delete(AUTHOR, id);
     expect((await row(id)).status).toBe('deleted');
     expect((await outboxFor(id)).map((r) => r.event?.type)).toEqual(['published', 'unpublished']);
-    expect(changes.at(-1)).toEqual({ id, authorId: AUTHOR, kind: 'deleted', draft: false });
+    expect(changes.at(-1)).toEqual({ id, authorId: AUTHOR, kind: 'deleted', draft: false, unlisted: false });
 
     // Deleted stays deleted: publish says why, deleting again (a retried request) succeeds without
     // a second event, everything else no longer finds it.
@@ -619,7 +667,7 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     await sut.confirmContent(AUTHOR, id, await upload(sut, id));
     await sut.delete(AUTHOR, id);
     expect((await row(id)).status).toBe('deleted');
-    expect(changes.at(-1)).toEqual({ id, authorId: AUTHOR, kind: 'deleted', draft: true });
+    expect(changes.at(-1)).toEqual({ id, authorId: AUTHOR, kind: 'deleted', draft: true, unlisted: true });
     expect(await outboxFor(id)).toEqual([]);
     expect(await outcome(sut.publish(AUTHOR, id))).toBe('409 INVALID_STATE');
     expect(await outboxFor(id)).toEqual([]);
@@ -1128,7 +1176,7 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
       log: { warn: (obj: unknown) => void warned.push(obj) },
     });
     const id = await sut.createDraft(AUTHOR);
-    expect(changes).toEqual([{ id, authorId: AUTHOR, kind: 'created', draft: true }]);
+    expect(changes).toEqual([{ id, authorId: AUTHOR, kind: 'created', draft: true, unlisted: true }]);
     expect(warned).toHaveLength(1);
   });
 });

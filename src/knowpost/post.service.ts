@@ -35,6 +35,7 @@ import {
   storedImageKey,
   uploadTarget,
 } from './post-keys.js';
+import { isListed } from './post-read.model.js';
 import type { PostFields, PostRecord, PostRepository } from './post.repository.js';
 import type { ConfirmBody, PresignBody, PresignResponse, Visible } from './post.schema.js';
 
@@ -142,7 +143,7 @@ export class PostService {
       const id = this.ids.next();
       try {
         await this.posts.insertDraft(id, userId, now);
-        await this.announce({ id, authorId: userId, kind: 'created', draft: true });
+        await this.announce({ id, authorId: userId, kind: 'created', draft: true, unlisted: true });
         return id;
       } catch (err) {
         if (!(err instanceof UniqueViolationError) || attempt >= 2) throw err;
@@ -273,7 +274,7 @@ export class PostService {
       id: post.id,
       authorId: userId,
       kind: 'updated',
-      draft: await this.stillDraft(post),
+      ...(await this.stillHidden(post)),
     });
     // The upload, and a body this one replaced, are no longer read by anyone.
     await this.discard(post.id, [body.objectKey, ...replaced]);
@@ -364,7 +365,7 @@ export class PostService {
         id: post.id,
         authorId: post.authorId,
         kind: 'updated',
-        draft: await this.stillDraft(post),
+        ...(await this.stillHidden(post)),
       });
     }
   }
@@ -416,8 +417,8 @@ export class PostService {
     if (Object.values(rest).some((v) => v !== undefined)) kinds.push('updated');
     if (visible !== undefined) kinds.push('visibility');
     if (isTop !== undefined) kinds.push('top');
-    const draft = await this.stillDraft(post);
-    for (const kind of kinds) await this.announce({ id: post.id, authorId: userId, kind, draft });
+    const hidden = await this.stillHidden(post);
+    for (const kind of kinds) await this.announce({ id: post.id, authorId: userId, kind, ...hidden });
     if (requested !== undefined) {
       // Images the post showed and no longer does, and uploads now copied, are read by no one.
       const kept = new Set(stored.imgUrls);
@@ -482,7 +483,7 @@ export class PostService {
       const current = await this.posts.find(post.id);
       throw invalidState(current?.status ?? 'deleted');
     }
-    await this.announce({ id: post.id, authorId: userId, kind: 'published', draft: false });
+    await this.announce({ id: post.id, authorId: userId, kind: 'published', draft: false, unlisted: false });
   }
 
   /**
@@ -507,7 +508,9 @@ export class PostService {
         return true;
       });
       if (deleted) {
-        await this.announce({ id: post.id, authorId: userId, kind: 'deleted', draft: from === 'draft' });
+        // Who could read it just before is not known from the row read earlier: as listed unless a draft.
+        const draft = from === 'draft';
+        await this.announce({ id: post.id, authorId: userId, kind: 'deleted', draft, unlisted: draft });
         return;
       }
       // The post changed state in between (published or deleted meanwhile): judge it again.
@@ -622,11 +625,17 @@ export class PostService {
   }
 
   /**
-   * After a change to a post read as a draft: whether it still is one. A publish that committed
-   * before the change makes it a change to a published post; one after it announces itself.
+   * After a change to a post read as a draft, or as published but not public: whether it still is
+   * (`draft`, `unlisted`). A publish or a visibility change that committed before the change makes it
+   * a change to a published or listed post; one after it announces itself.
    */
-  private async stillDraft(before: PostRecord): Promise<boolean> {
-    return before.status === 'draft' && (await this.posts.find(before.id))?.status === 'draft';
+  private async stillHidden(before: PostRecord): Promise<Pick<PostChange, 'draft' | 'unlisted'>> {
+    if (isListed(before)) return { draft: false, unlisted: false };
+    const after = await this.posts.find(before.id);
+    return {
+      draft: before.status === 'draft' && after?.status === 'draft',
+      unlisted: !after || !isListed(after),
+    };
   }
 
   private async announce(change: PostChange): Promise<void> {
