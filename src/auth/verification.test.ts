@@ -131,6 +131,37 @@ describe(VerificationService.name, () => {
     expect(await errorCode(sut.verify('LOGIN', 'nobody@b.cd', wrong))).toBe('VERIFICATION_NOT_FOUND');
   });
 
+  it('takes about as long for an unknown account as deliveries lately took', async () => {
+    const waits: number[] = [];
+    let deliveryMs = 0;
+    const slow: CodeSender = {
+      send: async (message) => {
+        await new Promise((resolve) => setTimeout(resolve, deliveryMs));
+        await sender.send(message);
+      },
+    };
+    const timed = new VerificationService(
+      createSqliteKv(db, { now: () => now }),
+      slow,
+      () => now,
+      async (ms) => {
+        waits.push(ms);
+      },
+    );
+    // No delivery yet: nothing to be like.
+    await timed.send('LOGIN', 'EMAIL', 'ghost0@b.cd', false);
+    expect(waits).toEqual([]);
+    deliveryMs = 120;
+    await timed.send('LOGIN', 'EMAIL', 'real@b.cd', true);
+    await timed.send('LOGIN', 'EMAIL', 'ghost1@b.cd', false);
+    expect(waits).toHaveLength(1);
+    expect(waits[0]).toBeGreaterThanOrEqual(0.75 * 100);
+    expect(waits[0]).toBeLessThanOrEqual(1.25 * 400);
+    // Per channel: a phone number waits for what phone deliveries took.
+    await timed.send('LOGIN', 'PHONE', '13800000000', false);
+    expect(waits).toHaveLength(1);
+  });
+
   it('fails sends to unknown accounts while deliveries fail, as it fails them to real ones', async () => {
     sender.failNext = true;
     expect(await errorCode(sut.send('LOGIN', 'EMAIL', 'real@b.cd', true))).toBe('UNAVAILABLE');

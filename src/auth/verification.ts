@@ -1,4 +1,5 @@
 import { randomBytes, randomInt, timingSafeEqual } from 'node:crypto';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { AppError, RateLimitedError, UnavailableError } from '../platform/errors/errors.js';
 import type { KeyValueStore } from '../platform/kv/kv.js';
 import {
@@ -35,11 +36,18 @@ export class VerificationService {
    * next one that works.
    */
   private readonly failedAt = new Map<IdentifierType, number>();
+  /**
+   * How long deliveries that worked took here lately, per identifier type (a moving average): a
+   * send to an unknown account, which delivers nothing, takes about as long, so the time of the
+   * answer does not tell who is registered either.
+   */
+  private readonly deliveryMs = new Map<IdentifierType, number>();
 
   constructor(
     private readonly kv: KeyValueStore,
     private readonly sender: CodeSender,
     private readonly now: () => number = Date.now,
+    private readonly wait: (ms: number) => Promise<unknown> = sleep,
   ) {}
 
   /** Whether codes can be sent to identifiers of this type here at all. */
@@ -106,6 +114,13 @@ export class VerificationService {
     await this.kv.set(codeKey, code, ttlMs);
     await this.kv.delete(`vc:tries:${id}`);
     if (deliver) await this.deliver({ scene, identifierType, identifier, code }, id, true);
+    else await this.asLongAsADelivery(identifierType);
+  }
+
+  private async asLongAsADelivery(type: IdentifierType): Promise<void> {
+    const typical = this.deliveryMs.get(type);
+    // Spread like real deliveries are, around the average.
+    if (typical !== undefined && typical >= 1) await this.wait(typical * (0.75 + Math.random() * 0.5));
   }
 
   private async deliver(
@@ -114,7 +129,11 @@ export class VerificationService {
     fresh: boolean,
   ): Promise<void> {
     try {
+      const started = performance.now();
       await this.sender.send({ ...message, expireSeconds: CODE_TTL_SECONDS });
+      const took = performance.now() - started;
+      const before = this.deliveryMs.get(message.identifierType);
+      this.deliveryMs.set(message.identifierType, before === undefined ? took : before * 0.8 + took * 0.2);
       this.failedAt.delete(message.identifierType);
     } catch (err) {
       // A sign-up code to a refused recipient is left out: anyone may ask for one to an address of
