@@ -106,6 +106,7 @@ export class VerificationService {
     ) {
       await this.kv.expire(`vc:tries:${id}`, ttlMs);
       if (deliver) await this.deliver({ scene, identifierType, identifier, code: live }, id, false);
+      else await this.asLongAsADelivery(identifierType);
       return;
     }
     // An unknown account gets a value no code can match, so checking a code answers as it would for
