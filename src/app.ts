@@ -65,7 +65,7 @@ import { createUserCounters, forgetEarlierPostCounts } from './user-counter/user
 import { userCounterRoutes } from './user-counter/user-counter.routes.js';
 import { RelationRepository } from './relation/relation.repository.js';
 import { RelationMetrics } from './relation/relation.metrics.js';
-import { LikesReceivedConsumer, LikesReceivedRepository } from './relation/likes-received.js';
+import { HOLE_WAIT_MS, LikesReceivedConsumer, LikesReceivedRepository } from './relation/likes-received.js';
 import { relationUserCountParts } from './relation/user-count-parts.js';
 import { createRelations } from './relation/relations.js';
 import { relationRoutes } from './relation/relation.routes.js';
@@ -433,6 +433,8 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
     store: platform.userCounterStore,
     metrics: relations.metrics,
     onGap: (authorId) => userCounters.service.rebuild(authorId, 'overwrite', 'drift'),
+    // A publish let go is republished by the repair job within about its delay: waited for first.
+    holeWaitMs: Math.max(HOLE_WAIT_MS, 3 * config.counters.repairAfterMs),
     onApplied: (authorIds) => userCounters.reconciler.touched(authorIds),
     onError: (err) => workerError('user-likes-received', err),
     now,

@@ -262,6 +262,15 @@ describe.each<Dialect>(['sqlite', 'mariadb'])('likes received on %s', (dialect) 
         .execute()
     ).map((r) => `${String(r.post_id)}#${Number(r.seq)}`);
 
+  const holeRows = async () =>
+    (
+      await rig.db.kysely
+        .selectFrom('likes_received_holes')
+        .select(['post_id', 'tries'])
+        .orderBy('post_id')
+        .execute()
+    ).map((r) => `${String(r.post_id)} tries ${Number(r.tries)}`);
+
   it('sets events aside behind a skipped seq and applies them in order when it comes, with no rebuild', async () => {
     const author = await newUser();
     const post = await newPost(author);
@@ -281,6 +290,7 @@ describe.each<Dialect>(['sqlite', 'mariadb'])('likes received on %s', (dialect) 
     await rig.sut.apply([e2]);
     expect(await received(author)).toEqual({ likes: 3, favs: 1 });
     expect(await parkedRows()).toEqual([]);
+    expect(await holeRows()).toEqual([]);
     await rig.sut.apply([e1, e2, e3, e4]);
     expect(await received(author)).toEqual({ likes: 3, favs: 1 });
     expect(rig.gaps).toEqual([]);
@@ -320,7 +330,7 @@ describe.each<Dialect>(['sqlite', 'mariadb'])('likes received on %s', (dialect) 
     expect(rig.gaps).toEqual([author]);
   });
 
-  it('keeps the events waiting when the rebuild fails or is refused, and tries again', async () => {
+  it('keeps the events waiting when the rebuild fails or is refused, and tries again ever later', async () => {
     const author = await newUser();
     const post = await newPost(author);
     await received(author);
@@ -328,21 +338,49 @@ describe.each<Dialect>(['sqlite', 'mariadb'])('likes received on %s', (dialect) 
     await toggle(post, 'like', 2, true); // never delivered
     const e3 = await toggle(post, 'like', 3, true);
     await rig.sut.apply([e1, e3]);
+    expect(await holeRows()).toEqual([`${post} tries 0`]);
     rig.clock.skewMs = 10_001;
     rig.failing.gaps = 1;
     rig.failing.refused = 1;
-    await rig.sut.sweep(); // fails: reported, nothing thrown
+    expect(await rig.sut.sweep()).toBe(1); // fails: reported, nothing thrown
     expect(rig.errors.splice(0)).toMatchObject([{ message: expect.stringMatching(/injected/) }]);
-    // A batch with the post meanwhile is not held up either: its event waits behind the hole too.
+    expect(await holeRows()).toEqual([`${post} tries 1`]);
+    // A batch with the post meanwhile is not held up, and tries no rebuild before it is due again
+    // (20 s later): its event waits behind the hole too.
     const e4 = await toggle(post, 'fav', 4, true);
-    await rig.sut.apply([e4]); // refused
+    await rig.sut.apply([e4]);
+    expect(await rig.sut.sweep()).toBe(0);
     expect(await parkedRows()).toEqual([`${post}#3`, `${post}#4`]);
     expect(await received(author)).toEqual({ likes: 1, favs: 0 });
+    rig.clock.skewMs += 20_000;
+    expect(await rig.sut.sweep()).toBe(1); // refused
+    expect(await holeRows()).toEqual([`${post} tries 2`]);
+    rig.clock.skewMs += 38_000;
+    expect(await rig.sut.sweep()).toBe(0);
     expect(rig.gaps).toEqual([]);
-    await rig.sut.sweep();
+    rig.clock.skewMs += 2_001;
+    expect(await rig.sut.sweep()).toBe(1);
     expect(rig.gaps).toEqual([author]);
     expect(await received(author)).toEqual({ likes: 3, favs: 1 });
     expect(await parkedRows()).toEqual([]);
+    expect(await holeRows()).toEqual([]);
+  });
+
+  it('finds events set aside with no hole recorded (another consumer closed it meanwhile)', async () => {
+    const author = await newUser();
+    const post = await newPost(author);
+    await received(author);
+    await rig.sut.apply([await toggle(post, 'like', 1, true)]);
+    await toggle(post, 'like', 2, true); // never delivered
+    const e3 = await toggle(post, 'like', 3, true);
+    await new LikesReceivedRepository(rig.db).park([{ postId: post, seq: e3.seq, metric: 'like', delta: 1 }]);
+    expect(await rig.sut.sweep()).toBe(1);
+    expect(await holeRows()).toEqual([`${post} tries 0`]);
+    rig.clock.skewMs = 10_001;
+    expect(await rig.sut.sweep()).toBe(1);
+    expect(rig.gaps).toEqual([author]);
+    expect(await received(author)).toEqual({ likes: 3, favs: 0 });
+    expect(await holeRows()).toEqual([]);
   });
 
   it('counts the late event that comes after a refused rebuild, and what waited behind it', async () => {
@@ -406,12 +444,10 @@ describe.each<Dialect>(['sqlite', 'mariadb'])('likes received on %s', (dialect) 
 
   it('forgets events set aside for a post it does not know', async () => {
     const post = String(++nextPost);
-    await new LikesReceivedRepository(rig.db).park([
-      { postId: post, seq: 2, metric: 'like', delta: 1, parkedAt: Date.now() },
-    ]);
+    await new LikesReceivedRepository(rig.db).park([{ postId: post, seq: 2, metric: 'like', delta: 1 }]);
     expect(await parkedRows()).toEqual([`${post}#2`]);
-    rig.clock.skewMs = 10_001;
     expect(await rig.sut.sweep()).toBe(1);
+    expect(await holeRows()).toEqual([]);
     expect(await parkedRows()).toEqual([]);
     expect(rig.gaps).toEqual([]);
   });

@@ -86,7 +86,7 @@ export class LikesReceivedRepository {
     for (let i = 0; i < postIds.length; i += CHUNK) {
       const rows = await this.db.kysely
         .selectFrom('likes_received_parked')
-        .select(['post_id', 'seq', 'metric', 'delta', 'parked_at'])
+        .select(['post_id', 'seq', 'metric', 'delta'])
         .where('post_id', 'in', postIds.slice(i, i + CHUNK))
         .orderBy('seq')
         .execute();
@@ -96,7 +96,6 @@ export class LikesReceivedRepository {
           seq: Number(row.seq),
           metric: row.metric === 'fav' ? 'fav' : 'like',
           delta: Number(row.delta),
-          parkedAt: Number(row.parked_at),
         };
         const list = found.get(postId);
         if (list) list.push(event);
@@ -106,15 +105,9 @@ export class LikesReceivedRepository {
     return found;
   }
 
-  /** Sets events aside (one already set aside keeps its first time). */
+  /** Sets events aside (one set aside already stays as it is). */
   async park(rows: readonly (ParkedEvent & { postId: string })[]): Promise<void> {
-    const values = rows.map((r) => ({
-      post_id: r.postId,
-      seq: r.seq,
-      metric: r.metric,
-      delta: r.delta,
-      parked_at: r.parkedAt,
-    }));
+    const values = rows.map((r) => ({ post_id: r.postId, seq: r.seq, metric: r.metric, delta: r.delta }));
     for (let i = 0; i < values.length; i += CHUNK)
       await this.db.kysely
         .insertInto('likes_received_parked')
@@ -137,17 +130,65 @@ export class LikesReceivedRepository {
     }
   }
 
-  /** Posts with an event set aside at or before `before` (oldest first, at most `limit`). */
-  async overdue(before: number, limit: number): Promise<string[]> {
-    const rows = await this.db.kysely
-      .selectFrom('likes_received_parked')
+  /** Of these posts, those with events waiting: when their author's rebuild is due, and tries so far. */
+  async holes(postIds: readonly string[]): Promise<Map<string, Hole>> {
+    const found = new Map<string, Hole>();
+    for (let i = 0; i < postIds.length; i += CHUNK) {
+      const rows = await this.db.kysely
+        .selectFrom('likes_received_holes')
+        .select(['post_id', 'retry_at', 'tries'])
+        .where('post_id', 'in', postIds.slice(i, i + CHUNK))
+        .execute();
+      for (const row of rows)
+        found.set(String(row.post_id), { retryAt: Number(row.retry_at), tries: Number(row.tries) });
+    }
+    return found;
+  }
+
+  /** Records when each post's rebuild is (next) due; a post whose hole is recorded already is updated. */
+  async setHoles(holes: ReadonlyMap<string, Hole>): Promise<void> {
+    for (const [postId, hole] of holes) {
+      const insert = this.db.kysely
+        .insertInto('likes_received_holes')
+        .values({ post_id: postId, retry_at: hole.retryAt, tries: hole.tries });
+      if (this.db.dialect === 'mysql')
+        await insert.onDuplicateKeyUpdate({ retry_at: hole.retryAt, tries: hole.tries }).execute();
+      else
+        await insert
+          .onConflict((oc) => oc.column('post_id').doUpdateSet({ retry_at: hole.retryAt, tries: hole.tries }))
+          .execute();
+    }
+  }
+
+  async deleteHoles(postIds: readonly string[]): Promise<void> {
+    for (let i = 0; i < postIds.length; i += CHUNK)
+      await this.db.kysely
+        .deleteFrom('likes_received_holes')
+        .where('post_id', 'in', postIds.slice(i, i + CHUNK))
+        .execute();
+  }
+
+  /**
+   * Posts whose rebuild is due at `now` (the longest due first, at most `limit`), and posts with
+   * events set aside but no hole recorded (a consumer set them aside while another closed the hole).
+   */
+  async dueHoles(now: number, limit: number): Promise<string[]> {
+    const due = await this.db.kysely
+      .selectFrom('likes_received_holes')
       .select('post_id')
-      .where('parked_at', '<=', before)
-      .groupBy('post_id')
-      .orderBy((eb) => eb.fn.min('parked_at'))
+      .where('retry_at', '<=', now)
+      .orderBy('retry_at')
       .limit(limit)
       .execute();
-    return rows.map((r) => String(r.post_id));
+    const orphans = await this.db.kysely
+      .selectFrom('likes_received_parked as p')
+      .leftJoin('likes_received_holes as h', 'h.post_id', 'p.post_id')
+      .where('h.post_id', 'is', null)
+      .select('p.post_id')
+      .distinct()
+      .limit(limit)
+      .execute();
+    return [...new Set([...due, ...orphans].map((r) => String(r.post_id)))];
   }
 
   /** Raises marks (never lowers them): one upsert statement per chunk of posts. */
@@ -175,18 +216,25 @@ export interface ParkedEvent {
   seq: number;
   metric: 'like' | 'fav';
   delta: number;
-  /** When it was first set aside. */
-  parkedAt: number;
+}
+
+/** A post with events waiting: when its author's rebuild is (next) due, and how many were refused. */
+export interface Hole {
+  retryAt: number;
+  tries: number;
 }
 
 /**
  * How long a post's events wait for an earlier one that has not come before its author is rebuilt
- * from the facts instead. Events of one post come out of order by milliseconds (two API processes
- * publishing one hot post's likes); one that comes much later was let go by its publisher and is
- * sent again by the counter repair job, or never, when the repair rebuilt the post instead.
+ * from the facts instead (at least; see `LikesReceivedConsumerDeps.holeWaitMs`). Events of one post
+ * come out of order by milliseconds (two API processes publishing one hot post's likes); one that
+ * comes much later was let go by its publisher and is sent again by the counter repair job, or
+ * never, when the repair rebuilt the post instead.
  */
 export const HOLE_WAIT_MS = 10_000;
-/** Posts whose wait ran out handled per sweep. */
+/** The longest wait between two rebuilds tried for one post (each refusal doubles it). */
+const MAX_RETRY_MS = 600_000;
+/** Posts whose rebuild is due handled per sweep. */
 const SWEEP_LIMIT = 200;
 
 export interface LikesReceivedConsumerDeps {
@@ -197,18 +245,19 @@ export interface LikesReceivedConsumerDeps {
   /**
    * An earlier event of a post did not come within `holeWaitMs`: the author's counts are rebuilt
    * from the facts (exact). With `written: false` (deltas kept landing meanwhile) or an error, the
-   * post's events wait on, and the rebuild is tried again later.
+   * post's events wait on, and the rebuild is tried again later, each time twice as late.
    */
   onGap: (authorId: number) => Promise<{ written: boolean } | null | void>;
   onError: (err: unknown) => void;
   /** Told which authors a batch moved (the user-counter reconciler checks them first). */
   onApplied?: (userIds: number[]) => void;
   now?: () => number;
+  /** `HOLE_WAIT_MS` by default; longer when the counter repair job waits longer before it republishes. */
   holeWaitMs?: number;
 }
 
-/** An event of the batch or one set aside earlier (`parkedAt` set). */
-type Pending = Omit<ParkedEvent, 'parkedAt'> & { parkedAt: number | null };
+/** An event of the batch, or one set aside earlier (`parked`). */
+type Pending = ParkedEvent & { parked: boolean };
 
 /**
  * The `user-likes-received` consumer: each like or favourite a post gains or loses moves its
@@ -228,11 +277,14 @@ type Pending = Omit<ParkedEvent, 'parkedAt'> & { parkedAt: number | null };
  * publisher let it go and the repair job rebuilt the post instead), the author is rebuilt from the
  * facts, which count every event assigned so far, and the post's mark moves over what was set aside.
  * A rebuild refused (deltas kept landing on the author) or failed leaves the events waiting and is
- * tried again: by the next batch with the post, or by the sweep that looks for overdue posts.
+ * tried again twice as late each time (up to 10 minutes apart; `likes_received_holes` keeps when),
+ * by the next batch with the post or by the sweep that looks for posts whose rebuild is due.
  *
- * Crash safety: the store's deltas go first, then the database marks, then what is set aside, then
- * what was set aside and is now applied is forgotten; a batch cut short anywhere is delivered again
- * and finds each step done or to do.
+ * Crash safety: the store's deltas go first, then the database marks, then the post's hole, then
+ * what is set aside, then what was set aside and is now applied is forgotten, then holes closed; a
+ * batch cut short anywhere is delivered again and finds each step done or to do. Events set aside
+ * with no hole recorded (a hole closed by one consumer while another set events aside) are found
+ * by the sweep too.
  */
 export class LikesReceivedConsumer {
   private subscription: Subscription | undefined;
@@ -286,7 +338,7 @@ export class LikesReceivedConsumer {
   async apply(events: readonly CounterEvent[]): Promise<void> {
     const byPost = new Map<string, Pending[]>();
     for (const e of events) {
-      const pending: Pending = { seq: e.seq, metric: e.metric, delta: e.delta, parkedAt: null };
+      const pending: Pending = { seq: e.seq, metric: e.metric, delta: e.delta, parked: false };
       const list = byPost.get(e.entityId);
       if (list) list.push(pending);
       else byPost.set(e.entityId, [pending]);
@@ -295,11 +347,12 @@ export class LikesReceivedConsumer {
   }
 
   /**
-   * Handles the posts whose events have waited longer than `holeWaitMs` for an earlier one and
-   * have had no batch since; how many posts it looked at. Runs periodically in every worker.
+   * Handles the posts whose author's rebuild is due (their events waited for an earlier one longer
+   * than `holeWaitMs`, or since the last refusal) and that have had no batch since; how many posts
+   * it looked at. Runs periodically in every worker.
    */
   async sweep(): Promise<number> {
-    const posts = await this.deps.repo.overdue(this.now() - this.holeWaitMs, SWEEP_LIMIT);
+    const posts = await this.deps.repo.dueHoles(this.now(), SWEEP_LIMIT);
     await this.settle(new Map(posts.map((id) => [id, []])));
     return posts.length;
   }
@@ -308,10 +361,11 @@ export class LikesReceivedConsumer {
     if (byPost.size === 0) return;
     const { repo, metrics } = this.deps;
     const postIds = [...byPost.keys()];
-    const [authors, marks, parked] = await Promise.all([
+    const [authors, marks, parked, holes] = await Promise.all([
       repo.authorsOf(postIds),
       repo.marks(postIds),
       repo.parked(postIds),
+      repo.holes(postIds),
     ]);
     const now = this.now();
 
@@ -321,7 +375,7 @@ export class LikesReceivedConsumer {
     const forget = new Map<string, number>();
     /** Per post, the events still waiting for an earlier one (seq order). */
     const waiting = new Map<string, { author: number; events: Pending[] }>();
-    const overdueAuthors = new Set<number>();
+    const dueAuthors = new Set<number>();
     let skipped = 0;
     let unknown = 0;
     for (const [postId, fresh] of byPost) {
@@ -334,7 +388,7 @@ export class LikesReceivedConsumer {
       }
       const bySeq = new Map<number, Pending>();
       for (const e of fresh) if (!bySeq.has(e.seq)) bySeq.set(e.seq, e);
-      for (const e of held) bySeq.set(e.seq, e); // keeps when it was first set aside
+      for (const e of held) bySeq.set(e.seq, { ...e, parked: true });
       const ordered = [...bySeq.values()].sort((x, y) => x.seq - y.seq);
       const start = marks.get(postId) ?? 0;
       let mark = start;
@@ -342,7 +396,7 @@ export class LikesReceivedConsumer {
       for (; i < ordered.length; i++) {
         const e = ordered[i]!;
         if (e.seq <= mark) {
-          if (e.parkedAt === null) skipped++;
+          if (!e.parked) skipped++;
           continue;
         }
         if (e.seq > mark + 1) break;
@@ -357,10 +411,9 @@ export class LikesReceivedConsumer {
       if (mark > start) raised.set(postId, mark);
       if (held.length > 0) forget.set(postId, mark);
       if (i < ordered.length) {
-        const rest = ordered.slice(i);
-        waiting.set(postId, { author, events: rest });
-        const since = Math.min(...rest.map((e) => e.parkedAt ?? now));
-        if (now - since >= this.holeWaitMs) overdueAuthors.add(author);
+        waiting.set(postId, { author, events: ordered.slice(i) });
+        const hole = holes.get(postId);
+        if (hole && hole.retryAt <= now) dueAuthors.add(author);
       }
     }
 
@@ -368,7 +421,7 @@ export class LikesReceivedConsumer {
     // counts every event assigned so far, so the post's mark may then pass over what waited (and the
     // event missing, when it comes, is skipped).
     const rebuilt = new Set<number>();
-    for (const author of overdueAuthors) {
+    for (const author of dueAuthors) {
       try {
         const result = await this.deps.onGap(author);
         if (result && !result.written) metrics.likesReceivedEvents.inc({ outcome: 'rebuild-refused' });
@@ -378,6 +431,7 @@ export class LikesReceivedConsumer {
       }
     }
     const toPark: (ParkedEvent & { postId: string })[] = [];
+    const setHoles = new Map<string, Hole>();
     let waitedOut = 0;
     for (const [postId, { author, events }] of waiting) {
       if (rebuilt.has(author)) {
@@ -387,13 +441,27 @@ export class LikesReceivedConsumer {
         waitedOut += events.length;
         continue;
       }
-      for (const e of events) if (e.parkedAt === null) toPark.push({ ...e, postId, parkedAt: now });
+      for (const e of events)
+        if (!e.parked) toPark.push({ seq: e.seq, metric: e.metric, delta: e.delta, postId });
+      const hole = holes.get(postId);
+      if (!hole) setHoles.set(postId, { retryAt: now + this.holeWaitMs, tries: 0 });
+      else if (dueAuthors.has(author) && hole.retryAt <= now) {
+        // Refused or failed: tried again later, each time twice as late.
+        const tries = hole.tries + 1;
+        setHoles.set(postId, { retryAt: now + Math.min(this.holeWaitMs * 2 ** tries, MAX_RETRY_MS), tries });
+      }
     }
+    const closed = [...holes.keys()].filter(
+      (postId) => !waiting.has(postId) || rebuilt.has(waiting.get(postId)!.author),
+    );
 
     const result = await this.deps.store.apply(deltas, this.now());
     await repo.raiseMarks(raised);
+    // The hole first: a post with events set aside always has one, so the sweep finds it.
+    await repo.setHoles(setHoles);
     await repo.park(toPark);
     await repo.unpark(forget);
+    await repo.deleteHoles(closed);
 
     metrics.likesReceivedEvents.inc({ outcome: 'applied' }, result.applied);
     if (result.skipped + skipped > 0)

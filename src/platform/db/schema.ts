@@ -191,7 +191,12 @@ export interface LikesReceivedParkedTable {
   seq: number;
   metric: string;
   delta: number;
-  parked_at: number;
+}
+
+export interface LikesReceivedHolesTable {
+  post_id: string;
+  retry_at: number;
+  tries: number;
 }
 
 export interface LikesReceivedMarksTable {
@@ -220,4 +225,5 @@ export interface Database {
   relation_unapplied: RelationUnappliedTable;
   likes_received_marks: LikesReceivedMarksTable;
   likes_received_parked: LikesReceivedParkedTable;
+  likes_received_holes: LikesReceivedHolesTable;
 }
