@@ -1,4 +1,5 @@
 import { randomBytes, scrypt as scryptCb, timingSafeEqual, type ScryptOptions } from 'node:crypto';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { promisify } from 'node:util';
 
 const scrypt = promisify<string, Buffer, number, ScryptOptions, Buffer>(scryptCb);
@@ -10,25 +11,46 @@ const KEY_LENGTH = 32;
  * without breaking existing hashes.
  */
 export class PasswordHasher {
-  constructor(private readonly log2N: number) {}
+  /** How long a hash at today's parameters took here lately (a moving average); none measured yet. */
+  private typicalMs: number | undefined;
+
+  constructor(
+    private readonly log2N: number,
+    private readonly wait: (ms: number) => Promise<unknown> = sleep,
+  ) {}
 
   async hash(password: string): Promise<string> {
     const salt = randomBytes(16);
     const r = 8; // `needsRehash` knows these two
     const p = 1;
-    const hash = await this.derive(password, salt, this.log2N, r, p);
+    const hash = await this.timed(() => this.derive(password, salt, this.log2N, r, p));
     return `scrypt$${this.log2N}$${r}$${p}$${salt.toString('base64')}$${hash.toString('base64')}`;
   }
 
   /**
-   * Whether the password matches. A hash made with other parameters (before the cost was raised) is
-   * checked alongside a burn at today's cost, so a dormant account's check lasts as long as an
-   * unknown account's burn and does not tell that the account exists.
+   * Whether the password matches. A hash made with other parameters (before the cost was raised)
+   * is answered no sooner than one at today's cost, which an unknown account's burn takes: waiting
+   * out the difference, or burning once when no time was measured yet. So a dormant account's check
+   * does not tell that the account exists.
    */
   async verify(password: string, stored: string): Promise<boolean> {
-    const floor = this.needsRehash(stored) ? this.burn(password) : undefined;
-    const [matches] = await Promise.all([this.check(password, stored), floor]);
+    if (!this.needsRehash(stored)) return this.timed(() => this.check(password, stored));
+    const started = performance.now();
+    const matches = await this.check(password, stored);
+    if (this.typicalMs === undefined) await this.burn(password);
+    else {
+      const left = this.typicalMs - (performance.now() - started);
+      if (left > 0) await this.wait(left);
+    }
     return matches;
+  }
+
+  private async timed<T>(work: () => Promise<T>): Promise<T> {
+    const started = performance.now();
+    const result = await work();
+    const took = performance.now() - started;
+    this.typicalMs = this.typicalMs === undefined ? took : this.typicalMs * 0.8 + took * 0.2;
+    return result;
   }
 
   private async check(password: string, stored: string): Promise<boolean> {
@@ -47,7 +69,7 @@ export class PasswordHasher {
 
   /** Spends the same time as a real check, so an unknown account is not told apart by timing. */
   async burn(password: string): Promise<void> {
-    await this.derive(password, Buffer.alloc(16), this.log2N, 8, 1);
+    await this.timed(() => this.derive(password, Buffer.alloc(16), this.log2N, 8, 1));
   }
 
   private derive(password: string, salt: Buffer, log2N: number, r: number, p: number): Promise<Buffer> {
