@@ -109,6 +109,20 @@ describe('PostCache feed pages', () => {
     await cache.feedPage(7, 13);
     expect(queries).toEqual([]);
   });
+
+  it('cuts a page from one read when one of its blocks was not cached, not from blocks of two moments', async () => {
+    const { feed, queries, cache } = feedOf(200);
+    expect((await cache.feedPage(1, 50)).ids).toEqual(feed.slice(0, 50));
+    // A post published whose announcement has not reached this process yet.
+    feed.unshift('new');
+    const page = await cache.feedPage(2, 30); // block 0 cached, block 1 not
+    expect(queries).toEqual([
+      [0, 51],
+      [0, 101],
+    ]);
+    expect(page.ids).toEqual(feed.slice(30, 60));
+    expect(new Set(page.ids).size).toBe(30);
+  });
 });
 
 describe(postCacheInvalidator.name, () => {

@@ -142,7 +142,7 @@ export class PostCache {
 
   /**
    * One page of the public feed: ids, newest first (`size` at most `FEED_BLOCK`). Cut from the one or
-   * two blocks it spans; blocks not cached are read with one query.
+   * two blocks it spans; when any is not cached, all of them are read with one query.
    */
   async feedPage(page: number, size: number): Promise<IdPage> {
     if (!Number.isSafeInteger(size) || size < 1 || size > FEED_BLOCK)
@@ -152,22 +152,20 @@ export class PostCache {
     const last = Math.floor((start + size - 1) / FEED_BLOCK);
     const keys: string[] = [];
     for (let b = first; b <= last; b++) keys.push(`${FEED_BLOCK_PREFIX}${b}`);
-    const found = await this.pages.getMany(keys, async (missing) => {
-      const blocks = missing.map((k) => Number(k.slice(FEED_BLOCK_PREFIX.length))).sort((x, y) => x - y);
-      const lo = blocks[0]!;
-      const hi = blocks[blocks.length - 1]!;
-      const ids = await this.repo.feedIds(lo * FEED_BLOCK, (hi - lo + 1) * FEED_BLOCK + 1);
-      return new Map(
-        blocks.map((b) => {
-          const from = (b - lo) * FEED_BLOCK;
-          const block: IdPage = {
-            ids: ids.slice(from, from + FEED_BLOCK),
-            hasMore: ids.length > from + FEED_BLOCK,
-          };
-          return [`${FEED_BLOCK_PREFIX}${b}`, block];
+    // Blocks not cached are read together with the page's others, and the page is cut from that one
+    // read: two blocks cached at different moments may disagree at their edge.
+    let read: Map<string, IdPage> | undefined;
+    const cached = await this.pages.getMany(keys, async () => {
+      const ids = await this.repo.feedIds(first * FEED_BLOCK, keys.length * FEED_BLOCK + 1);
+      read = new Map(
+        keys.map((key, i) => {
+          const from = i * FEED_BLOCK;
+          return [key, { ids: ids.slice(from, from + FEED_BLOCK), hasMore: ids.length > from + FEED_BLOCK }];
         }),
       );
+      return read;
     });
+    const found = read ?? cached;
     // The blocks' ids in a row, from the first block's start; a block not full is the feed's end.
     const ids: string[] = [];
     let more = false;
