@@ -502,6 +502,40 @@ describe.each<Dialect>(['sqlite', 'mariadb'])('relations on %s', (dialect) => {
     expect(await tableRows(rig.db, 'follower')).toEqual(await tableRows(rig.db, 'following'));
   });
 
+  it('never puts back a follower row from a truth read before an unfollow whose own sync ran first', async () => {
+    const [a, b] = [await rig.newUser(), await rig.newUser()];
+    await sut.follow(a, b);
+    const pair = { fromUserId: a, toUserId: b };
+    // A rebuild's sync that has read the pair as followed, and is held there.
+    const slow = new RelationRepository(rig.db, new OutboxWriter());
+    let held: () => void = () => {};
+    const reading = new Promise<void>((resolve) => {
+      slow.afterTruthRead = async () => {
+        slow.afterTruthRead = undefined;
+        resolve();
+        await new Promise<void>((release) => (held = release));
+      };
+    });
+    const rebuild = slow.syncPairs([pair]);
+    await reading;
+    // Meanwhile the unfollow commits and its event's sync runs (each may have to wait for the rebuild).
+    const settled = (p: Promise<unknown>) => Promise.race([p, new Promise((r) => setTimeout(r, 300))]);
+    const unfollow = rig.db.kysely
+      .deleteFrom('following')
+      .where('from_user_id', '=', a)
+      .where('to_user_id', '=', b)
+      .execute();
+    await settled(unfollow);
+    const projector = unfollow.then(() =>
+      new RelationRepository(rig.db, new OutboxWriter()).syncPairs([pair]),
+    );
+    await settled(projector);
+    held();
+    await Promise.all([rebuild, unfollow, projector]);
+    expect(await tableRows(rig.db, 'following')).toEqual([]);
+    expect(await tableRows(rig.db, 'follower')).toEqual([]);
+  });
+
   it('rebuilds counters exactly while events are still on their way', async () => {
     const [a, b, c] = [await rig.newUser(), await rig.newUser(), await rig.newUser()];
     await sut.follow(a, b);

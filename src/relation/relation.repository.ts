@@ -1,4 +1,4 @@
-import type { ExpressionBuilder, Kysely, Transaction } from 'kysely';
+import { sql, type ExpressionBuilder, type Kysely, type Transaction } from 'kysely';
 import type { Db } from '../platform/db/database.js';
 import type { Database } from '../platform/db/schema.js';
 import { sampleUserIds, userIdsAfter } from '../profile/users.repository.js';
@@ -74,6 +74,9 @@ export class RelationRepository {
   private readonly changes: GroupCommit<RelationChange, RelationEvent | null>;
 
   /** `onCommit` is told how many follow/unfollow requests each transaction carried. */
+  /** Tests only: awaited inside a sync's transaction once it read the truth. */
+  afterTruthRead: (() => Promise<void>) | undefined;
+
   constructor(
     private readonly db: Db,
     private readonly outbox: OutboxWriter,
@@ -494,7 +497,7 @@ export class RelationRepository {
   }
 
   private async syncChunk(trx: Q, pairs: Pair[]): Promise<PairSync[]> {
-    const truthRows = await trx
+    const truthQuery = trx
       .selectFrom('following')
       .select(['from_user_id', 'to_user_id', 'created_at'])
       .where((eb) =>
@@ -503,8 +506,16 @@ export class RelationRepository {
           'in',
           pairs.map((p) => eb.tuple(p.fromUserId, p.toUserId)),
         ),
-      )
-      .execute();
+      );
+    // On MariaDB a plain read is the transaction's snapshot: an unfollow that commits after it, and
+    // whose own sync runs before this one commits, would find its follower row put back from a
+    // truth already gone. A locking read sees the latest rows and holds them (and the gaps where
+    // absent pairs go) until this commits, so such a change waits for it, and its sync comes after.
+    // SQLite runs one write transaction at a time.
+    const truthRows = await (
+      this.db.dialect === 'mysql' ? truthQuery.modifyEnd(sql`lock in share mode`) : truthQuery
+    ).execute();
+    await this.afterTruthRead?.();
     const mirrorRows = await trx
       .selectFrom('follower')
       .select(['from_user_id', 'to_user_id', 'created_at'])
