@@ -310,19 +310,24 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     // once the first one has deleted it.
     let firstDone!: () => void;
     const first = new Promise<void>((resolve) => (firstDone = resolve));
+    let atHead!: () => void;
+    const secondRead = new Promise<void>((resolve) => (atHead = resolve));
     let waited = false;
     const gated: typeof storage = Object.create(storage) as typeof storage;
     gated.head = async (key) => {
       if (key === body.objectKey && !waited) {
         waited = true;
+        atHead();
         await first;
       }
       return storage.head(key);
     };
-    const a = outcome(newService().confirmContent(AUTHOR, id, body));
     const b = outcome(
       new PostService({ ...serviceOptions(), storage: gated }).confirmContent(AUTHOR, id, body),
     );
+    // The second has read the post (it is at the upload) before the first one starts.
+    await secondRead;
+    const a = outcome(newService().confirmContent(AUTHOR, id, body));
     expect(await a).toBe('ok');
     firstDone();
     expect(await b).toBe('ok');
