@@ -31,7 +31,12 @@ import { SqliteUserCounterStore } from '../user-counter/store/sqlite-user-counte
 import { DEFAULT_RETENTION_MS, type UserCounterStore } from '../user-counter/store/user-counter-store.js';
 import { UserCounterMetrics } from '../user-counter/user-counter.metrics.js';
 import { UserCounterService } from '../user-counter/user-counter.service.js';
-import { LikesReceivedConsumer, LikesReceivedPart, LikesReceivedRepository } from './likes-received.js';
+import {
+  LikesReceivedConsumer,
+  LikesReceivedPart,
+  LikesReceivedRepository,
+  type LikesReceivedConsumerDeps,
+} from './likes-received.js';
 import { RelationMetrics } from './relation.metrics.js';
 
 type Dialect = 'sqlite' | 'mariadb';
@@ -364,6 +369,85 @@ describe.each<Dialect>(['sqlite', 'mariadb'])('likes received on %s', (dialect) 
     expect(await received(author)).toEqual({ likes: 3, favs: 1 });
     expect(await parkedRows()).toEqual([]);
     expect(await holeRows()).toEqual([]);
+  });
+
+  /** Another consumer of the rig's database and store (another worker, say). */
+  const consumer = (deps: Pick<LikesReceivedConsumerDeps, 'onGap'> & Partial<LikesReceivedConsumerDeps>) =>
+    new LikesReceivedConsumer({
+      events: undefined as unknown as EventLog,
+      repo: new LikesReceivedRepository(rig.db),
+      store: rig.store,
+      metrics: new RelationMetrics(new Registry()),
+      onError: (err) => rig.errors.push(err),
+      ...deps,
+    });
+
+  it('gives each new gap a wait of its own: events that keep coming a batch late cause no rebuild', async () => {
+    const author = await newUser();
+    const post = await newPost(author);
+    await received(author);
+    const e: CounterEvent[] = [];
+    for (let u = 1; u <= 7; u++) e.push(await toggle(post, 'like', u, true));
+    await rig.sut.apply([e[0]!, e[2]!]);
+    rig.clock.skewMs += 11_000;
+    await rig.sut.apply([e[1]!, e[3]!, e[5]!]); // 2 fills the first gap; 6 waits for 5
+    expect(await holeRows()).toEqual([`${post} tries 0`]);
+    rig.clock.skewMs += 9_000;
+    expect(await rig.sut.sweep()).toBe(0); // the wait runs from the new gap
+    rig.clock.skewMs += 2_000;
+    await rig.sut.apply([e[4]!, e[6]!]);
+    expect(rig.gaps).toEqual([]);
+    expect(await received(author)).toEqual({ likes: 7, favs: 0 });
+    expect(await holeRows()).toEqual([]);
+    expect(await parkedRows()).toEqual([]);
+  });
+
+  it('does not read a long wait again for every batch that only adds to it', async () => {
+    const author = await newUser();
+    const post = await newPost(author);
+    await received(author);
+    const reads: string[][] = [];
+    const repo = new LikesReceivedRepository(rig.db);
+    const parked = repo.parked.bind(repo);
+    repo.parked = async (postIds) => {
+      reads.push([...postIds]);
+      return parked(postIds);
+    };
+    const sut = consumer({ repo, onGap: () => rig.service.rebuild(author, 'overwrite', 'drift') });
+    const e: CounterEvent[] = [];
+    for (let u = 1; u <= 6; u++) e.push(await toggle(post, 'like', u, true));
+    await sut.apply([e[0]!, e[2]!]); // 3 waits for 2
+    reads.length = 0;
+    await sut.apply([e[3]!]);
+    await sut.apply([e[4]!, e[2]!]);
+    expect(reads).toEqual([[], []]);
+    expect(await parkedRows()).toEqual([`${post}#3`, `${post}#4`, `${post}#5`]);
+    await sut.apply([e[1]!, e[5]!]); // the next seq: what waited is read and applied
+    expect(reads.at(-1)).toEqual([post]);
+    expect(await received(author)).toEqual({ likes: 6, favs: 0 });
+    expect(await parkedRows()).toEqual([]);
+  });
+
+  it("lets one worker's sweep take a due post, not every worker's", async () => {
+    const author = await newUser();
+    const post = await newPost(author);
+    await received(author);
+    await rig.sut.apply([await toggle(post, 'like', 1, true)]);
+    await toggle(post, 'like', 2, true); // never delivered
+    await rig.sut.apply([await toggle(post, 'like', 3, true)]);
+    let rebuilds = 0;
+    const worker = () =>
+      consumer({
+        onGap: async () => {
+          rebuilds++;
+          return { written: false };
+        },
+        now: () => Date.now() + 10_001,
+      });
+    const swept = await Promise.all([worker().sweep(), worker().sweep(), worker().sweep()]);
+    expect(swept.sort()).toEqual([0, 0, 1]);
+    expect(rebuilds).toBe(1);
+    expect(await holeRows()).toEqual([`${post} tries 1`]);
   });
 
   it('finds events set aside with no hole recorded (another consumer closed it meanwhile)', async () => {

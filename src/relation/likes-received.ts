@@ -107,7 +107,9 @@ export class LikesReceivedRepository {
 
   /** Sets events aside (one set aside already stays as it is). */
   async park(rows: readonly (ParkedEvent & { postId: string })[]): Promise<void> {
-    const values = rows.map((r) => ({ post_id: r.postId, seq: r.seq, metric: r.metric, delta: r.delta }));
+    const values = [...rows]
+      .sort((x, y) => compareIds(x.postId, y.postId) || x.seq - y.seq)
+      .map((r) => ({ post_id: r.postId, seq: r.seq, metric: r.metric, delta: r.delta }));
     for (let i = 0; i < values.length; i += CHUNK)
       await this.db.kysely
         .insertInto('likes_received_parked')
@@ -118,7 +120,7 @@ export class LikesReceivedRepository {
 
   /** Forgets each post's events set aside at or below the given seq. */
   async unpark(upTo: ReadonlyMap<string, number>): Promise<void> {
-    const entries = [...upTo];
+    const entries = [...upTo].sort(([x], [y]) => compareIds(x, y));
     for (let i = 0; i < entries.length; i += CHUNK / 2) {
       const chunk = entries.slice(i, i + CHUNK / 2);
       await this.db.kysely
@@ -145,19 +147,51 @@ export class LikesReceivedRepository {
     return found;
   }
 
-  /** Records when each post's rebuild is (next) due; a post whose hole is recorded already is updated. */
-  async setHoles(holes: ReadonlyMap<string, Hole>): Promise<void> {
+  /**
+   * Records when each post's rebuild is due: `replace` overwrites a hole recorded already (a new gap
+   * after progress), otherwise one recorded already stays as it is.
+   */
+  async putHoles(holes: ReadonlyMap<string, Hole>, replace: boolean): Promise<void> {
     for (const [postId, hole] of holes) {
       const insert = this.db.kysely
         .insertInto('likes_received_holes')
         .values({ post_id: postId, retry_at: hole.retryAt, tries: hole.tries });
-      if (this.db.dialect === 'mysql')
+      if (!replace) await insert.orIgnore().execute();
+      else if (this.db.dialect === 'mysql')
         await insert.onDuplicateKeyUpdate({ retry_at: hole.retryAt, tries: hole.tries }).execute();
       else
         await insert
           .onConflict((oc) => oc.column('post_id').doUpdateSet({ retry_at: hole.retryAt, tries: hole.tries }))
           .execute();
     }
+  }
+
+  /** After a refused or failed rebuild: the next try, unless another consumer moved the hole on meanwhile. */
+  async backOff(postId: string, from: Hole, to: Hole): Promise<void> {
+    await this.db.kysely
+      .updateTable('likes_received_holes')
+      .set({ retry_at: to.retryAt, tries: to.tries })
+      .where('post_id', '=', postId)
+      .where('tries', '=', from.tries)
+      .execute();
+  }
+
+  /**
+   * Takes due holes for this caller: moves each one's due time to `until` if it is still the one
+   * read, so other workers' sweeps pass it over; the posts taken.
+   */
+  async claimHoles(due: readonly { postId: string; retryAt: number }[], until: number): Promise<string[]> {
+    const taken: string[] = [];
+    for (const { postId, retryAt } of due) {
+      const result = await this.db.kysely
+        .updateTable('likes_received_holes')
+        .set({ retry_at: until })
+        .where('post_id', '=', postId)
+        .where('retry_at', '=', retryAt)
+        .executeTakeFirst();
+      if (Number(result.numUpdatedRows) > 0) taken.push(postId);
+    }
+    return taken;
   }
 
   async deleteHoles(postIds: readonly string[]): Promise<void> {
@@ -168,19 +202,21 @@ export class LikesReceivedRepository {
         .execute();
   }
 
-  /**
-   * Posts whose rebuild is due at `now` (the longest due first, at most `limit`), and posts with
-   * events set aside but no hole recorded (a consumer set them aside while another closed the hole).
-   */
-  async dueHoles(now: number, limit: number): Promise<string[]> {
-    const due = await this.db.kysely
+  /** Posts whose rebuild is due at `now`, with their due time (the longest due first, at most `limit`). */
+  async dueHoles(now: number, limit: number): Promise<{ postId: string; retryAt: number }[]> {
+    const rows = await this.db.kysely
       .selectFrom('likes_received_holes')
-      .select('post_id')
+      .select(['post_id', 'retry_at'])
       .where('retry_at', '<=', now)
       .orderBy('retry_at')
       .limit(limit)
       .execute();
-    const orphans = await this.db.kysely
+    return rows.map((r) => ({ postId: String(r.post_id), retryAt: Number(r.retry_at) }));
+  }
+
+  /** Posts with events set aside but no hole (one consumer closed it while another set events aside). */
+  async orphans(limit: number): Promise<string[]> {
+    const rows = await this.db.kysely
       .selectFrom('likes_received_parked as p')
       .leftJoin('likes_received_holes as h', 'h.post_id', 'p.post_id')
       .where('h.post_id', 'is', null)
@@ -188,12 +224,14 @@ export class LikesReceivedRepository {
       .distinct()
       .limit(limit)
       .execute();
-    return [...new Set([...due, ...orphans].map((r) => String(r.post_id)))];
+    return rows.map((r) => String(r.post_id));
   }
 
   /** Raises marks (never lowers them): one upsert statement per chunk of posts. */
   async raiseMarks(marks: ReadonlyMap<string, number>): Promise<void> {
-    const rows = [...marks].map(([post_id, applied_seq]) => ({ post_id, applied_seq }));
+    const rows = [...marks]
+      .sort(([x], [y]) => compareIds(x, y))
+      .map(([post_id, applied_seq]) => ({ post_id, applied_seq }));
     for (let i = 0; i < rows.length; i += CHUNK) {
       const insert = this.db.kysely.insertInto('likes_received_marks').values(rows.slice(i, i + CHUNK));
       if (this.db.dialect === 'mysql') {
@@ -278,7 +316,11 @@ type Pending = ParkedEvent & { parked: boolean };
  * facts, which count every event assigned so far, and the post's mark moves over what was set aside.
  * A rebuild refused (deltas kept landing on the author) or failed leaves the events waiting and is
  * tried again twice as late each time (up to 10 minutes apart; `likes_received_holes` keeps when),
- * by the next batch with the post or by the sweep that looks for posts whose rebuild is due.
+ * by the next batch with the post or by the sweep that looks for posts whose rebuild is due (a
+ * sweep takes each such post from the other workers' sweeps first). Each gap gets its own wait: a
+ * post whose mark moved on and that waits again, for a later seq, starts a new one. What waits is
+ * read only when it may move (the batch brings the next seq, or the rebuild is due), not again by
+ * every batch that only adds to it.
  *
  * Crash safety: the store's deltas go first, then the database marks, then the post's hole, then
  * what is set aside, then what was set aside and is now applied is forgotten, then holes closed; a
@@ -348,26 +390,53 @@ export class LikesReceivedConsumer {
 
   /**
    * Handles the posts whose author's rebuild is due (their events waited for an earlier one longer
-   * than `holeWaitMs`, or since the last refusal) and that have had no batch since; how many posts
-   * it looked at. Runs periodically in every worker.
+   * than `holeWaitMs`, or since the last refusal) and that have had no batch since, taking each from
+   * the other workers' sweeps first; and posts with events set aside but no hole. How many posts it
+   * looked at. Runs periodically in every worker.
    */
   async sweep(): Promise<number> {
-    const posts = await this.deps.repo.dueHoles(this.now(), SWEEP_LIMIT);
-    await this.settle(new Map(posts.map((id) => [id, []])));
+    const { repo } = this.deps;
+    const now = this.now();
+    const due = await repo.dueHoles(now, SWEEP_LIMIT);
+    const taken = await repo.claimHoles(due, now + this.holeWaitMs);
+    const orphans = await repo.orphans(SWEEP_LIMIT);
+    const posts = [...new Set([...taken, ...orphans])];
+    await this.settle(new Map(posts.map((id) => [id, []])), new Set(taken));
     return posts.length;
   }
 
-  private async settle(byPost: ReadonlyMap<string, readonly Pending[]>): Promise<void> {
+  /**
+   * Applies what can be applied of these posts' events (given, and set aside earlier). `due`: posts
+   * whose rebuild is due whatever their hole says (taken by a sweep).
+   */
+  private async settle(
+    byPost: ReadonlyMap<string, readonly Pending[]>,
+    due: ReadonlySet<string> = new Set(),
+  ): Promise<void> {
     if (byPost.size === 0) return;
     const { repo, metrics } = this.deps;
-    const postIds = [...byPost.keys()];
-    const [authors, marks, parked, holes] = await Promise.all([
+    // In id order, so that every statement below takes its row locks in one order (no deadlocks
+    // between a batch and a sweep on two posts).
+    const postIds = [...byPost.keys()].sort(compareIds);
+    const [authors, marks, holes] = await Promise.all([
       repo.authorsOf(postIds),
       repo.marks(postIds),
-      repo.parked(postIds),
       repo.holes(postIds),
     ]);
     const now = this.now();
+    const isDue = (postId: string): boolean => {
+      const hole = holes.get(postId);
+      return due.has(postId) || (hole !== undefined && hole.retryAt <= now);
+    };
+    // Events set aside are read only for posts they may move now: a post without a hole (normally
+    // none are set aside), one whose batch brings the next seq, or one whose rebuild is due. A hot
+    // post's long wait is not read again by every batch.
+    const parked = await repo.parked(
+      postIds.filter((postId) => {
+        const next = (marks.get(postId) ?? 0) + 1;
+        return !holes.has(postId) || isDue(postId) || byPost.get(postId)!.some((e) => e.seq === next);
+      }),
+    );
 
     const deltas: UserCounterDelta[] = [];
     /** Posts' marks to raise, and up to which seq each post's events set aside are forgotten. */
@@ -378,7 +447,8 @@ export class LikesReceivedConsumer {
     const dueAuthors = new Set<number>();
     let skipped = 0;
     let unknown = 0;
-    for (const [postId, fresh] of byPost) {
+    for (const postId of postIds) {
+      const fresh = byPost.get(postId)!;
       const held = parked.get(postId) ?? [];
       const author = authors.get(postId);
       if (author === undefined) {
@@ -412,8 +482,8 @@ export class LikesReceivedConsumer {
       if (held.length > 0) forget.set(postId, mark);
       if (i < ordered.length) {
         waiting.set(postId, { author, events: ordered.slice(i) });
-        const hole = holes.get(postId);
-        if (hole && hole.retryAt <= now) dueAuthors.add(author);
+        // A post that moved on waits for a later seq now: a new gap, with a wait of its own.
+        if (mark === start && isDue(postId)) dueAuthors.add(author);
       }
     }
 
@@ -431,34 +501,46 @@ export class LikesReceivedConsumer {
       }
     }
     const toPark: (ParkedEvent & { postId: string })[] = [];
-    const setHoles = new Map<string, Hole>();
+    const opened = new Map<string, Hole>();
+    const renewed = new Map<string, Hole>();
+    const backOff: { postId: string; from: Hole; to: Hole }[] = [];
+    const closed: string[] = [];
     let waitedOut = 0;
-    for (const [postId, { author, events }] of waiting) {
-      if (rebuilt.has(author)) {
-        const last = events[events.length - 1]!.seq;
-        raised.set(postId, last);
-        if (forget.has(postId)) forget.set(postId, last);
-        waitedOut += events.length;
+    for (const postId of postIds) {
+      const hole = holes.get(postId);
+      const wait = waiting.get(postId);
+      if (!wait || rebuilt.has(wait.author)) {
+        if (wait) {
+          const last = wait.events[wait.events.length - 1]!.seq;
+          raised.set(postId, last);
+          if (forget.has(postId)) forget.set(postId, last);
+          waitedOut += wait.events.length;
+        }
+        if (hole) closed.push(postId);
         continue;
       }
-      for (const e of events)
+      for (const e of wait.events)
         if (!e.parked) toPark.push({ seq: e.seq, metric: e.metric, delta: e.delta, postId });
-      const hole = holes.get(postId);
-      if (!hole) setHoles.set(postId, { retryAt: now + this.holeWaitMs, tries: 0 });
-      else if (dueAuthors.has(author) && hole.retryAt <= now) {
+      const fresh: Hole = { retryAt: now + this.holeWaitMs, tries: 0 };
+      if (raised.has(postId)) renewed.set(postId, fresh);
+      else if (!hole) opened.set(postId, fresh);
+      else if (dueAuthors.has(wait.author)) {
         // Refused or failed: tried again later, each time twice as late.
         const tries = hole.tries + 1;
-        setHoles.set(postId, { retryAt: now + Math.min(this.holeWaitMs * 2 ** tries, MAX_RETRY_MS), tries });
+        backOff.push({
+          postId,
+          from: hole,
+          to: { retryAt: now + Math.min(this.holeWaitMs * 2 ** tries, MAX_RETRY_MS), tries },
+        });
       }
     }
-    const closed = [...holes.keys()].filter(
-      (postId) => !waiting.has(postId) || rebuilt.has(waiting.get(postId)!.author),
-    );
 
     const result = await this.deps.store.apply(deltas, this.now());
     await repo.raiseMarks(raised);
-    // The hole first: a post with events set aside always has one, so the sweep finds it.
-    await repo.setHoles(setHoles);
+    // The hole before what waits: a post with events set aside has one, so the sweep finds it.
+    await repo.putHoles(opened, false);
+    await repo.putHoles(renewed, true);
+    for (const b of backOff) await repo.backOff(b.postId, b.from, b.to);
     await repo.park(toPark);
     await repo.unpark(forget);
     await repo.deleteHoles(closed);
@@ -471,6 +553,11 @@ export class LikesReceivedConsumer {
     if (waitedOut > 0) metrics.likesReceivedEvents.inc({ outcome: 'rebuilt-over' }, waitedOut);
     if (deltas.length > 0) this.deps.onApplied?.([...new Set(deltas.map((d) => d.userId))]);
   }
+}
+
+/** Orders decimal ids as numbers. */
+function compareIds(a: string, b: string): number {
+  return a.length - b.length || (a < b ? -1 : a > b ? 1 : 0);
 }
 
 /**
