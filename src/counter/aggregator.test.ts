@@ -22,6 +22,13 @@ describe(parseCounterEvent.name, () => {
       JSON.stringify({ ...event, metric: 'read' }),
       JSON.stringify({ ...event, delta: 2 }),
       JSON.stringify({ ...event, seq: 0 }),
+      // Well-formed JSON the stores would refuse: no entity or user they take.
+      JSON.stringify({ ...event, entityType: 'user' }),
+      JSON.stringify({ ...event, entityId: 'abc' }),
+      JSON.stringify({ ...event, entityId: '' }),
+      JSON.stringify({ ...event, userId: -1 }),
+      JSON.stringify({ ...event, userId: 1.5 }),
+      JSON.stringify({ ...event, userId: '7' }),
     ])
       expect(parseCounterEvent(value), value).toBeNull();
   });

@@ -4,7 +4,7 @@ import {
   type Subscription,
 } from '../platform/eventlog/eventlog.js';
 import type { CounterMetrics } from './counter.metrics.js';
-import { COUNTER_TOPIC, FIELD_INDEX, type CounterEvent } from './model.js';
+import { COUNTER_TOPIC, FIELD_INDEX, parseEntityKey, type CounterEvent } from './model.js';
 import type { CounterStore } from './store/counter-store.js';
 
 export const COUNTER_GROUP = 'counter-agg';
@@ -19,12 +19,17 @@ export function parseCounterEvent(value: string): CounterEvent | null {
     if (
       typeof e.entityType === 'string' &&
       typeof e.entityId === 'string' &&
+      // An entity and a user the stores take: a record they would refuse (in a replay, after the
+      // store was emptied) is malformed here already.
+      parseEntityKey(`${e.entityType}:${e.entityId}`) !== null &&
       (e.metric === 'like' || e.metric === 'fav') &&
       (e.delta === 1 || e.delta === -1) &&
       typeof e.seq === 'number' &&
       Number.isSafeInteger(e.seq) &&
       e.seq > 0 &&
-      typeof e.userId === 'number'
+      typeof e.userId === 'number' &&
+      Number.isSafeInteger(e.userId) &&
+      e.userId >= 0
     ) {
       // The field follows from the metric; a record naming another is not trusted with it.
       return { ...(e as CounterEvent), idx: FIELD_INDEX[e.metric] };

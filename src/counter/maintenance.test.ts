@@ -165,12 +165,14 @@ describe(replayAll.name, () => {
           records: [
             record('{not json', 0n),
             record(JSON.stringify(eventFor(post(1), 'like', 5, 1, 1, 0)), 1n),
+            // JSON the store would refuse once emptied: malformed before anything is touched.
+            record(JSON.stringify({ ...eventFor(post(2), 'like', 6, 1, 1, 0), userId: -1 }), 2n),
           ],
         });
       },
     } as unknown as EventLog;
     const report = await replayAll(store as unknown as CounterStore, log, () => undefined);
-    expect(report).toEqual({ published: 0, events: 1, malformed: 1, facts: 1, entities: 1 });
+    expect(report).toEqual({ published: 0, events: 1, malformed: 2, facts: 1, entities: 1 });
     expect(store.rebuiltWith.get(post(1).eid)).toBe(1);
   });
 
