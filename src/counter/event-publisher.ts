@@ -36,7 +36,9 @@ export class CounterEventPublisher {
     private readonly events: EventLog,
     private readonly store: CounterStore,
     private readonly hooks: PublisherHooks = {},
-    private readonly options = { lingerMs: 20, maxBatch: 1000, maxBuffered: 100_000, maxBackoffMs: 5_000 },
+    // Back-off at most 2 s: counts must be exact again within 5 s of the log coming back (invariant
+    // 5), after the next attempt, the aggregator's batch and a flush.
+    private readonly options = { lingerMs: 20, maxBatch: 1000, maxBuffered: 100_000, maxBackoffMs: 2_000 },
   ) {}
 
   enqueue(event: CounterEvent): void {
