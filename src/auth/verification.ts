@@ -15,6 +15,10 @@ const SEND_INTERVAL_MS = 60_000;
 const DAILY_LIMIT = 10;
 const MAX_ATTEMPTS = 5;
 const DAY_MS = 86_400_000;
+/** Recent delivery times per identifier type that the wait for unknown accounts draws from. */
+const DELIVERY_SAMPLES = 32;
+/** That wait before this process has timed a delivery of the kind. */
+const FIRST_DELIVERY_MS = 500;
 /** How long after a failed delivery a send to an unknown account fails too, as a real one would. */
 const OUTAGE_MS = 30_000;
 
@@ -37,11 +41,11 @@ export class VerificationService {
    */
   private readonly failedAt = new Map<IdentifierType, number>();
   /**
-   * How long deliveries that worked took here lately, per identifier type (a moving average): a
-   * send to an unknown account, which delivers nothing, takes about as long, so the time of the
-   * answer does not tell who is registered either.
+   * How long the last deliveries that worked took here, per identifier type: a send to an unknown
+   * account, which delivers nothing, waits as long as one of them drawn at random (their spread,
+   * long tail included), so the time of the answer does not tell who is registered either.
    */
-  private readonly deliveryMs = new Map<IdentifierType, number>();
+  private readonly deliveryMs = new Map<IdentifierType, number[]>();
 
   constructor(
     private readonly kv: KeyValueStore,
@@ -119,9 +123,8 @@ export class VerificationService {
   }
 
   private async asLongAsADelivery(type: IdentifierType): Promise<void> {
-    const typical = this.deliveryMs.get(type);
-    // Spread like real deliveries are, around the average.
-    if (typical !== undefined && typical >= 1) await this.wait(typical * (0.75 + Math.random() * 0.5));
+    const times = this.deliveryMs.get(type);
+    await this.wait(times && times.length > 0 ? times[randomInt(times.length)]! : FIRST_DELIVERY_MS);
   }
 
   private async deliver(
@@ -132,9 +135,10 @@ export class VerificationService {
     try {
       const started = performance.now();
       await this.sender.send({ ...message, expireSeconds: CODE_TTL_SECONDS });
-      const took = performance.now() - started;
-      const before = this.deliveryMs.get(message.identifierType);
-      this.deliveryMs.set(message.identifierType, before === undefined ? took : before * 0.8 + took * 0.2);
+      const times = this.deliveryMs.get(message.identifierType) ?? [];
+      times.push(performance.now() - started);
+      if (times.length > DELIVERY_SAMPLES) times.shift();
+      this.deliveryMs.set(message.identifierType, times);
       this.failedAt.delete(message.identifierType);
     } catch (err) {
       // A sign-up code to a refused recipient is left out: anyone may ask for one to an address of

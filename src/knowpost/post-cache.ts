@@ -153,7 +153,9 @@ export class PostCache {
     const keys: string[] = [];
     for (let b = first; b <= last; b++) keys.push(`${FEED_BLOCK_PREFIX}${b}`);
     // Blocks not cached are read together with the page's others, and the page is cut from that one
-    // read: two blocks cached at different moments may disagree at their edge.
+    // read: two blocks cached at different moments may disagree at their edge. (A page whose missing
+    // block another request is loading joins that load and mixes it with its cached block; the
+    // feed's guard drops both at the next change.)
     let read: Map<string, IdPage> | undefined;
     const cached = await this.pages.getMany(keys, async () => {
       const ids = await this.repo.feedIds(first * FEED_BLOCK, keys.length * FEED_BLOCK + 1);

@@ -428,6 +428,41 @@ describe.each<Dialect>(['sqlite', 'mariadb'])('likes received on %s', (dialect) 
     expect(await parkedRows()).toEqual([]);
   });
 
+  it('keeps a hole and its wait when a batch brings only repeats of what was applied', async () => {
+    const author = await newUser();
+    const post = await newPost(author);
+    await received(author);
+    const e1 = await toggle(post, 'like', 1, true);
+    await toggle(post, 'like', 2, true); // never delivered
+    await rig.sut.apply([e1, await toggle(post, 'like', 3, true)]);
+    rig.clock.skewMs = 10_001;
+    rig.failing.refused = 1;
+    await rig.sut.sweep();
+    expect(await holeRows()).toEqual([`${post} tries 1`]);
+    await rig.sut.apply([e1]); // a repeat (a republished event, a redelivered batch)
+    expect(await holeRows()).toEqual([`${post} tries 1`]);
+    expect(await parkedRows()).toEqual([`${post}#3`]);
+    expect(await rig.sut.sweep()).toBe(0);
+  });
+
+  it('reports a post whose author was refused a rebuild four times, once', async () => {
+    const author = await newUser();
+    const post = await newPost(author);
+    await received(author);
+    await rig.sut.apply([await toggle(post, 'like', 1, true)]);
+    await toggle(post, 'like', 2, true); // never delivered
+    await rig.sut.apply([await toggle(post, 'like', 3, true)]);
+    rig.failing.refused = 5;
+    for (const wait of [10_001, 20_001, 40_001, 80_001, 160_001]) {
+      rig.clock.skewMs += wait;
+      expect(await rig.sut.sweep()).toBe(1);
+    }
+    expect(await holeRows()).toEqual([`${post} tries 5`]);
+    expect(rig.errors.splice(0)).toMatchObject([
+      { message: expect.stringMatching(new RegExp(`post ${post} has waited .* through 4 refused`)) },
+    ]);
+  });
+
   it("lets one worker's sweep take a due post, not every worker's", async () => {
     const author = await newUser();
     const post = await newPost(author);

@@ -272,6 +272,8 @@ export interface Hole {
 export const HOLE_WAIT_MS = 10_000;
 /** The longest wait between two rebuilds tried for one post (each refusal doubles it). */
 const MAX_RETRY_MS = 600_000;
+/** After this many refused or failed rebuilds of one post's author, it is reported (once). */
+const TRIES_TO_TELL = 4;
 /** Posts whose rebuild is due handled per sweep. */
 const SWEEP_LIMIT = 200;
 
@@ -431,12 +433,12 @@ export class LikesReceivedConsumer {
     // Events set aside are read only for posts they may move now: a post without a hole (normally
     // none are set aside), one whose batch brings the next seq, or one whose rebuild is due. A hot
     // post's long wait is not read again by every batch.
-    const parked = await repo.parked(
-      postIds.filter((postId) => {
-        const next = (marks.get(postId) ?? 0) + 1;
-        return !holes.has(postId) || isDue(postId) || byPost.get(postId)!.some((e) => e.seq === next);
-      }),
-    );
+    const read = postIds.filter((postId) => {
+      const next = (marks.get(postId) ?? 0) + 1;
+      return !holes.has(postId) || isDue(postId) || byPost.get(postId)!.some((e) => e.seq === next);
+    });
+    const parked = await repo.parked(read);
+    const wasRead = new Set(read);
 
     const deltas: UserCounterDelta[] = [];
     /** Posts' marks to raise, and up to which seq each post's events set aside are forgotten. */
@@ -516,7 +518,9 @@ export class LikesReceivedConsumer {
           if (forget.has(postId)) forget.set(postId, last);
           waitedOut += wait.events.length;
         }
-        if (hole) closed.push(postId);
+        // Only when what waited was read: a post whose events set aside were not (a batch of
+        // repeats only) keeps its hole, and its wait.
+        if (hole && wasRead.has(postId)) closed.push(postId);
         continue;
       }
       for (const e of wait.events)
@@ -535,12 +539,22 @@ export class LikesReceivedConsumer {
       }
     }
 
+    // A new gap's wait before the mark that makes it one moves: a batch cut short after the mark
+    // and delivered again must not find the old gap's (due) timer.
+    await repo.putHoles(renewed, true);
     const result = await this.deps.store.apply(deltas, this.now());
     await repo.raiseMarks(raised);
     // The hole before what waits: a post with events set aside has one, so the sweep finds it.
     await repo.putHoles(opened, false);
-    await repo.putHoles(renewed, true);
-    for (const b of backOff) await repo.backOff(b.postId, b.from, b.to);
+    for (const b of backOff) {
+      await repo.backOff(b.postId, b.from, b.to);
+      if (b.to.tries === TRIES_TO_TELL)
+        this.deps.onError(
+          new Error(
+            `likes received: post ${b.postId} has waited for a missing event through ${b.to.tries} refused or failed rebuilds of its author; they go on, ever further apart`,
+          ),
+        );
+    }
     await repo.park(toPark);
     await repo.unpark(forget);
     await repo.deleteHoles(closed);

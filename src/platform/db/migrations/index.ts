@@ -147,15 +147,16 @@ const sqlite: Record<string, Step> = {
   ),
   // A post's counter events that came before an earlier one of the same post: they wait here until
   // the missing one arrives (or its author is rebuilt from the facts); per such post, when that
-  // rebuild is (next) due and how many were tried.
+  // rebuild is (next) due and how many were tried. (IF NOT EXISTS: MariaDB commits each statement
+  // of a migration on its own, so one cut short is run again whole.)
   '0014_likes_received_parked': exec(
-    `CREATE TABLE likes_received_parked (
+    `CREATE TABLE IF NOT EXISTS likes_received_parked (
        post_id TEXT NOT NULL, seq INTEGER NOT NULL, metric TEXT NOT NULL, delta INTEGER NOT NULL,
        PRIMARY KEY (post_id, seq)) WITHOUT ROWID`,
-    `CREATE TABLE likes_received_holes (
+    `CREATE TABLE IF NOT EXISTS likes_received_holes (
        post_id TEXT NOT NULL PRIMARY KEY, retry_at INTEGER NOT NULL, tries INTEGER NOT NULL
      ) WITHOUT ROWID`,
-    `CREATE INDEX likes_received_holes_retry ON likes_received_holes (retry_at)`,
+    `CREATE INDEX IF NOT EXISTS likes_received_holes_retry ON likes_received_holes (retry_at)`,
   ),
 };
 
@@ -247,11 +248,11 @@ const mysql: Record<string, Step> = {
        ADD COLUMN public_crossings TEXT NOT NULL DEFAULT '[]'`,
   ),
   '0014_likes_received_parked': exec(
-    `CREATE TABLE likes_received_parked (
+    `CREATE TABLE IF NOT EXISTS likes_received_parked (
        post_id BIGINT UNSIGNED NOT NULL, seq BIGINT NOT NULL, metric VARCHAR(8) NOT NULL,
        delta TINYINT NOT NULL, PRIMARY KEY (post_id, seq)
      ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin`,
-    `CREATE TABLE likes_received_holes (
+    `CREATE TABLE IF NOT EXISTS likes_received_holes (
        post_id BIGINT UNSIGNED NOT NULL PRIMARY KEY, retry_at BIGINT NOT NULL, tries INT NOT NULL,
        KEY likes_received_holes_retry (retry_at)
      ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin`,
