@@ -143,13 +143,56 @@ describe(withoutMetadata.name, () => {
     expect(out.readUInt32LE(4)).toBe(out.length - 8);
   });
 
-  it('refuses a container that does not hold together, and leaves a GIF as it is', () => {
+  it('refuses a container that does not hold together', () => {
     const cut = jpeg(6).subarray(0, 30);
     expect(withoutMetadata(cut, 'image/jpeg')).toBeNull();
     expect(
       withoutMetadata(Buffer.from([0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a, 0, 0]), 'image/png'),
     ).toBeNull();
-    const gif = Buffer.from('GIF89a....', 'latin1');
-    expect(withoutMetadata(gif, 'image/gif')).toBe(gif);
+    expect(withoutMetadata(Buffer.from('GIF89a....', 'latin1'), 'image/gif')).toBeNull();
+    expect(withoutMetadata(gifOf([gifImage]).subarray(0, 30), 'image/gif')).toBeNull();
+  });
+
+  it('drops comments and application extensions from a GIF, but the loop of an animation', () => {
+    const loop = Buffer.concat([
+      Buffer.from([0x21, 0xff, 11]),
+      Buffer.from('NETSCAPE2.0', 'latin1'),
+      Buffer.from([3, 1, 0, 0, 0]),
+    ]);
+    const xmp = Buffer.concat([
+      Buffer.from([0x21, 0xff, 11]),
+      Buffer.from('XMP DataXMP', 'latin1'),
+      Buffer.from([12]),
+      Buffer.from('<gps>31.2N</', 'latin1'),
+      Buffer.from([0]),
+    ]);
+    const comment = Buffer.concat([
+      Buffer.from([0x21, 0xfe, 9]),
+      Buffer.from('Shanghai!', 'latin1'),
+      Buffer.from([0]),
+    ]);
+    const control = Buffer.from([0x21, 0xf9, 4, 0, 10, 0, 0, 0]);
+    const source = Buffer.concat([
+      gifOf([loop, xmp, comment, control, gifImage, comment, control, gifImage]),
+      Buffer.from('trailing', 'latin1'),
+    ]);
+    const out = withoutMetadata(source, 'image/gif')!;
+    expect(out).toEqual(gifOf([loop, control, gifImage, control, gifImage]));
+    expect(out.toString('latin1')).not.toMatch(/XMP|gps|Shanghai|trailing/);
   });
 });
+
+/** A 1×1 image: descriptor with a local colour table of 2 entries, LZW minimum code size, data. */
+const gifImage = Buffer.from([
+  0x2c, 0, 0, 0, 0, 1, 0, 1, 0, 0x80, 0, 0, 0, 255, 255, 255, 2, 2, 0x44, 0x01, 0,
+]);
+
+/** A GIF89a with a global colour table of 2 entries, then `blocks`, then the trailer. */
+function gifOf(blocks: Buffer[]): Buffer {
+  const header = Buffer.concat([
+    Buffer.from('GIF89a', 'latin1'),
+    Buffer.from([1, 0, 1, 0, 0x80, 0, 0]),
+    Buffer.from([0, 0, 0, 255, 255, 255]),
+  ]);
+  return Buffer.concat([header, ...blocks, Buffer.from([0x3b])]);
+}

@@ -11,7 +11,8 @@
  * - PNG: the `eXIf`, `tEXt`, `zTXt`, `iTXt` and `tIME` chunks go (an orientation with them).
  * - WebP: the `EXIF` and `XMP ` chunks go (an orientation with them), and the header's flags for
  *   them are cleared.
- * - GIF carries no such standard block and stays as it is.
+ * - GIF: comment extensions go, and so do application extensions (XMP is one) but the looping one
+ *   of animations (`NETSCAPE2.0`, `ANIMEXTS1.0`); nothing after the trailer is kept.
  *
  * Only the containers are read (never the pixels): a file whose structure does not hold together is
  * refused (null), since no viewer would show it either.
@@ -21,6 +22,7 @@ export function withoutMetadata(bytes: Buffer, type: string): Buffer | null {
     if (type === 'image/jpeg') return jpeg(bytes);
     if (type === 'image/png') return png(bytes);
     if (type === 'image/webp') return webp(bytes);
+    if (type === 'image/gif') return gif(bytes);
     return bytes;
   } catch {
     return null;
@@ -177,4 +179,56 @@ function webp(bytes: Buffer): Buffer {
   const body = Buffer.concat(parts);
   header.writeUInt32LE(4 + body.length, 4);
   return Buffer.concat([header, body]);
+}
+
+/** Application extensions that make animations loop: the only ones kept. */
+const GIF_KEPT_APPLICATIONS = new Set(['NETSCAPE2.0', 'ANIMEXTS1.0']);
+
+function gif(bytes: Buffer): Buffer {
+  const signature = bytes.subarray(0, 6).toString('latin1');
+  need(signature === 'GIF87a' || signature === 'GIF89a');
+  need(bytes.length >= 13);
+  // Header and logical screen descriptor, with the global colour table when the flags say so.
+  const flags = bytes[10]!;
+  let at = 13 + (flags & 0x80 ? 3 * 2 ** ((flags & 0x07) + 1) : 0);
+  need(at <= bytes.length);
+  const parts: Buffer[] = [bytes.subarray(0, at)];
+  /** Where the data sub-blocks starting at `from` end (after their zero-length terminator). */
+  const subBlocksEnd = (from: number): number => {
+    let i = from;
+    for (;;) {
+      need(i < bytes.length);
+      const size = bytes[i]!;
+      i += 1 + size;
+      if (size === 0) return i;
+    }
+  };
+  for (;;) {
+    need(at < bytes.length);
+    const introducer = bytes[at]!;
+    if (introducer === 0x3b) {
+      parts.push(bytes.subarray(at, at + 1));
+      return Buffer.concat(parts);
+    }
+    if (introducer === 0x2c) {
+      // Image descriptor, local colour table, LZW minimum code size, image data.
+      need(at + 10 <= bytes.length);
+      const local = bytes[at + 9]!;
+      const data = at + 10 + (local & 0x80 ? 3 * 2 ** ((local & 0x07) + 1) : 0) + 1;
+      const end = subBlocksEnd(data);
+      parts.push(bytes.subarray(at, end));
+      at = end;
+      continue;
+    }
+    need(introducer === 0x21 && at + 2 <= bytes.length);
+    const label = bytes[at + 1]!;
+    const end = subBlocksEnd(at + 2);
+    let kept = label !== 0xfe;
+    if (label === 0xff) {
+      const size = bytes[at + 2]!;
+      kept = size === 11 && GIF_KEPT_APPLICATIONS.has(bytes.subarray(at + 3, at + 14).toString('latin1'));
+    }
+    if (kept) parts.push(bytes.subarray(at, end));
+    at = end;
+  }
 }

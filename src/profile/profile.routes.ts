@@ -54,7 +54,7 @@ export function profileRoutes(deps: ProfileRouteDeps) {
             'Content-Type must be some image/* type, application/octet-stream, binary/octet-stream or none. ' +
             'Up to 20 uploads per user per hour (429 past that); the avatar replaced is deleted. ' +
             'What a photo records of where and how it was taken (EXIF, XMP, IPTC, comments, data after a ' +
-            "JPEG's end; a JPEG's EXIF orientation stays) is removed before it is published; a file whose structure does not hold " +
+            "JPEG's end or a GIF's trailer; a JPEG's EXIF orientation stays) is removed before it is published; a file whose structure does not hold " +
             'together is a 400.',
           response: { 200: ProfileResponse, ...errorResponses(400, 401, 413, 429) },
         },
