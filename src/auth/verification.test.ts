@@ -5,7 +5,9 @@ import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { migrate, openSqlite, type Db } from '../platform/db/database.js';
 import { createSqliteKv } from '../platform/kv/create.js';
 import { RecipientRefusedError, type CodeMessage, type CodeSender } from './code-sender/code-sender.js';
-import { VerificationService } from './verification.js';
+import { CODE_TTL_SECONDS, VerificationService } from './verification.js';
+
+const CODE_TTL_MS = CODE_TTL_SECONDS * 1000;
 
 class RecordingSender implements CodeSender {
   readonly sent: CodeMessage[] = [];
@@ -165,6 +167,47 @@ describe(VerificationService.name, () => {
     // Per channel: no phone delivery was timed.
     await timed.send('LOGIN', 'PHONE', '13800000000', false);
     expect(waits.at(-1)).toBe(500);
+  });
+
+  it('counts every try at a new code against it, also one that overlapped the send', async () => {
+    const kv = createSqliteKv(db, { now: () => now });
+    // Holds the next check between its first and its second step.
+    let hold: { steps: number; release: Promise<void>; reached: () => void } | undefined;
+    const held = Object.create(kv) as typeof kv;
+    const step = async <T>(run: () => Promise<T>): Promise<T> => {
+      if (hold && ++hold.steps === 2) {
+        const { release, reached } = hold;
+        hold = undefined;
+        reached();
+        await release;
+      }
+      return run();
+    };
+    held.get = (key) => step(() => kv.get(key));
+    held.incr = (key, by, ttl) => step(() => kv.incr(key, by, ttl));
+    const timed = new VerificationService(
+      held,
+      sender,
+      () => now,
+      async () => undefined,
+    );
+    await timed.send('LOGIN', 'EMAIL', 'real@b.cd', true);
+    now += CODE_TTL_MS + 1; // the code expired: the next send makes a new one
+
+    let release!: () => void;
+    let reached!: () => void;
+    const atSecondStep = new Promise<void>((resolve) => (reached = resolve));
+    hold = { steps: 0, release: new Promise<void>((resolve) => (release = resolve)), reached };
+    const overlapping = errorCode(timed.verify('LOGIN', 'real@b.cd', '000000'));
+    await atSecondStep;
+    await timed.send('LOGIN', 'EMAIL', 'real@b.cd', true);
+    release();
+    const wrong = sender.last() === '000001' ? '000002' : '000001';
+    const outcomes = [await overlapping];
+    for (let i = 0; i < 6; i++) outcomes.push(await errorCode(timed.verify('LOGIN', 'real@b.cd', wrong)));
+    // At most five tries are compared with the new code, the overlapping one among them if it was.
+    expect(outcomes.filter((o) => o === 'VERIFICATION_MISMATCH').length).toBeLessThanOrEqual(5);
+    expect(outcomes.at(-1)).toBe('VERIFICATION_TOO_MANY_ATTEMPTS');
   });
 
   it('fails sends to unknown accounts while deliveries fail, as it fails them to real ones', async () => {

@@ -116,8 +116,10 @@ export class VerificationService {
     // An unknown account gets a value no code can match, so checking a code answers as it would for
     // a registered one.
     const code = deliver ? String(randomInt(0, 1_000_000)).padStart(6, '0') : unmatchable();
-    await this.kv.set(codeKey, code, ttlMs);
+    // The tries go before the new code comes, and a check reads the code before it counts its try:
+    // every try at the new code is counted against it, even one that overlaps this send.
     await this.kv.delete(`vc:tries:${id}`);
+    await this.kv.set(codeKey, code, ttlMs);
     if (deliver) await this.deliver({ scene, identifierType, identifier, code }, id, true);
     else await this.asLongAsADelivery(identifierType);
   }
@@ -156,6 +158,8 @@ export class VerificationService {
   /** Consumes the code when it matches; throws the contract's verification errors otherwise. */
   async verify(scene: Scene, identifier: string, code: string): Promise<void> {
     const id = `${scene}:${identifier}`;
+    // Read before the try is counted (see `send`).
+    const stored = await this.kv.get(`vc:code:${id}`);
     const tries = await this.kv.incr(`vc:tries:${id}`, 1, CODE_TTL_SECONDS * 1000);
     if (tries > MAX_ATTEMPTS) {
       await this.kv.delete(`vc:code:${id}`);
@@ -165,7 +169,6 @@ export class VerificationService {
         'VERIFICATION_TOO_MANY_ATTEMPTS',
       );
     }
-    const stored = await this.kv.get(`vc:code:${id}`);
     if (stored === null)
       throw new VerificationError('VERIFICATION_NOT_FOUND', 'No valid code; ask for a new one');
     if (!sameCode(stored, code)) throw new VerificationError('VERIFICATION_MISMATCH', 'The code is wrong');
