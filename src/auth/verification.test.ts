@@ -210,6 +210,74 @@ describe(VerificationService.name, () => {
     expect(outcomes.at(-1)).toBe('VERIFICATION_TOO_MANY_ATTEMPTS');
   });
 
+  it('does not take a used-up code while a send replaces it', async () => {
+    const kv = createSqliteKv(db, { now: () => now });
+    let holdSet: { release: Promise<void>; reached: () => void } | undefined;
+    const held = Object.create(kv) as typeof kv;
+    held.set = async (key, value, ttl) => {
+      if (holdSet && key.startsWith('vc:code:')) {
+        const { release, reached } = holdSet;
+        holdSet = undefined;
+        reached();
+        await release;
+      }
+      return kv.set(key, value, ttl);
+    };
+    const timed = new VerificationService(
+      held,
+      sender,
+      () => now,
+      async () => undefined,
+    );
+    await timed.send('LOGIN', 'EMAIL', 'real@b.cd', true);
+    const used = sender.last();
+    const wrong = used === '000000' ? '000001' : '000000';
+    for (let i = 0; i < 5; i++) await timed.verify('LOGIN', 'real@b.cd', wrong).catch(() => undefined);
+    now += 61_000;
+    let release!: () => void;
+    let reached!: () => void;
+    const atSet = new Promise<void>((resolve) => (reached = resolve));
+    holdSet = { release: new Promise<void>((resolve) => (release = resolve)), reached };
+    const sending = timed.send('LOGIN', 'EMAIL', 'real@b.cd', true);
+    await atSet; // the used-up code is being replaced
+    expect(await errorCode(timed.verify('LOGIN', 'real@b.cd', used))).not.toBe('ok');
+    release();
+    await sending;
+  });
+
+  it('answers an unknown account as a real one while deliveries fail, also afterwards', async () => {
+    const timed = new VerificationService(
+      createSqliteKv(db, { now: () => now }),
+      sender,
+      () => now,
+      async () => undefined,
+    );
+    const wrong = '000000';
+    for (const [who, real] of [
+      ['real@b.cd', true],
+      ['ghost@b.cd', false],
+    ] as const) {
+      await timed.send('LOGIN', 'EMAIL', who, real);
+      for (let i = 0; i < 5; i++) await timed.verify('LOGIN', who, wrong).catch(() => undefined);
+    }
+    now += 61_000;
+    const answers: string[] = [];
+    for (const [who, real] of [
+      ['real@b.cd', true],
+      ['ghost@b.cd', false],
+    ] as const) {
+      sender.failNext = real;
+      answers.push(await errorCode(timed.send('LOGIN', 'EMAIL', who, real)));
+      answers.push(await errorCode(timed.verify('LOGIN', who, wrong)));
+    }
+    expect(answers).toEqual([
+      'UNAVAILABLE',
+      'VERIFICATION_NOT_FOUND',
+      'UNAVAILABLE',
+      'VERIFICATION_NOT_FOUND',
+    ]);
+  });
+
   it('fails sends to unknown accounts while deliveries fail, as it fails them to real ones', async () => {
     sender.failNext = true;
     expect(await errorCode(sut.send('LOGIN', 'EMAIL', 'real@b.cd', true))).toBe('UNAVAILABLE');

@@ -31,7 +31,7 @@ export class VerificationError extends AppError {
 /**
  * Six-digit codes per (scene, identifier): 5 minutes of life, one send per 60 s, 10 sends a day,
  * 5 attempts. Attempts are counted with an atomic increment *before* the comparison, so parallel
- * guesses cannot get past the limit; the code dies at the limit. The daily limit is checked before
+ * guesses cannot get past the limit; past it the code is refused until a send replaces it. The daily limit is checked before
  * the send interval is claimed, so a refused send does not start an interval either.
  */
 export class VerificationService {
@@ -46,6 +46,8 @@ export class VerificationService {
    * long tail included), so the time of the answer does not tell who is registered either.
    */
   private readonly deliveryMs = new Map<IdentifierType, number[]>();
+  /** The same for deliveries that failed: how long an unknown account's send fails in an outage. */
+  private readonly failedMs = new Map<IdentifierType, number[]>();
 
   constructor(
     private readonly kv: KeyValueStore,
@@ -89,12 +91,6 @@ export class VerificationService {
       );
     }
     await this.kv.incr(dailyKey, 1, DAY_MS + 3_600_000);
-    // While deliveries fail, a send to an unknown account fails as one to a real account does, so an
-    // outage of the mail server or SMS webhook does not tell who is registered.
-    if (!deliver && this.now() - (this.failedAt.get(identifierType) ?? -Infinity) < OUTAGE_MS) {
-      await this.kv.delete(`vc:gap:${id}`);
-      throw undelivered();
-    }
 
     const codeKey = `vc:code:${id}`;
     const ttlMs = CODE_TTL_SECONDS * 1000;
@@ -110,23 +106,36 @@ export class VerificationService {
     ) {
       await this.kv.expire(`vc:tries:${id}`, ttlMs);
       if (deliver) await this.deliver({ scene, identifierType, identifier, code: live }, id, false);
-      else await this.asLongAsADelivery(identifierType);
+      else await this.asIfDelivered(identifierType, id, false);
       return;
     }
     // An unknown account gets a value no code can match, so checking a code answers as it would for
     // a registered one.
     const code = deliver ? String(randomInt(0, 1_000_000)).padStart(6, '0') : unmatchable();
-    // The tries go before the new code comes, and a check reads the code before it counts its try:
-    // every try at the new code is counted against it, even one that overlaps this send.
+    // The old code and its tries go before the new code comes, and a check reads the code before it
+    // counts its try: every try at the new code is counted against it, even one that overlaps this
+    // send, and the old one cannot be tried again with its tries cleared.
+    await this.kv.delete(codeKey);
     await this.kv.delete(`vc:tries:${id}`);
     await this.kv.set(codeKey, code, ttlMs);
     if (deliver) await this.deliver({ scene, identifierType, identifier, code }, id, true);
-    else await this.asLongAsADelivery(identifierType);
+    else await this.asIfDelivered(identifierType, id, true);
   }
 
-  private async asLongAsADelivery(type: IdentifierType): Promise<void> {
-    const times = this.deliveryMs.get(type);
+  /**
+   * What a delivery to a real account would have done, for an unknown one: wait as long as one of
+   * the last deliveries of the kind took, and while deliveries fail, fail as they do (after as long
+   * as a failed one took, withdrawing a new value and freeing the interval), so neither the answer
+   * nor its time tells who is registered.
+   */
+  private async asIfDelivered(type: IdentifierType, id: string, fresh: boolean): Promise<void> {
+    const failing = this.now() - (this.failedAt.get(type) ?? -Infinity) < OUTAGE_MS;
+    const times = (failing ? this.failedMs : this.deliveryMs).get(type);
     await this.wait(times && times.length > 0 ? times[randomInt(times.length)]! : FIRST_DELIVERY_MS);
+    if (!failing) return;
+    if (fresh) await this.kv.delete(`vc:code:${id}`);
+    await this.kv.delete(`vc:gap:${id}`);
+    throw undelivered();
   }
 
   private async deliver(
@@ -134,15 +143,13 @@ export class VerificationService {
     id: string,
     fresh: boolean,
   ): Promise<void> {
+    const started = performance.now();
     try {
-      const started = performance.now();
       await this.sender.send({ ...message, expireSeconds: CODE_TTL_SECONDS });
-      const times = this.deliveryMs.get(message.identifierType) ?? [];
-      times.push(performance.now() - started);
-      if (times.length > DELIVERY_SAMPLES) times.shift();
-      this.deliveryMs.set(message.identifierType, times);
+      remember(this.deliveryMs, message.identifierType, performance.now() - started);
       this.failedAt.delete(message.identifierType);
     } catch (err) {
+      remember(this.failedMs, message.identifierType, performance.now() - started);
       // A sign-up code to a refused recipient is left out: anyone may ask for one to an address of
       // their choosing, and an outage mode switched on at will would tell unknown accounts from real
       // ones. Any failure to reach a registered account counts (a relay refusing every recipient).
@@ -162,7 +169,8 @@ export class VerificationService {
     const stored = await this.kv.get(`vc:code:${id}`);
     const tries = await this.kv.incr(`vc:tries:${id}`, 1, CODE_TTL_SECONDS * 1000);
     if (tries > MAX_ATTEMPTS) {
-      await this.kv.delete(`vc:code:${id}`);
+      // The code stays, refused by its count, until a send replaces it: deleting it here could take
+      // the one a send just stored, when this try was counted before that send cleared the tries.
       throw new RateLimitedError(
         'Too many wrong codes; ask for a new one',
         undefined,
@@ -203,4 +211,12 @@ function sameCode(a: string, b: string): boolean {
 
 function secondsUntil(ms: number): number {
   return Math.max(1, Math.ceil(ms / 1000));
+}
+
+/** Adds a time to a kind's last `DELIVERY_SAMPLES`. */
+function remember(times: Map<IdentifierType, number[]>, type: IdentifierType, ms: number): void {
+  const last = times.get(type) ?? [];
+  last.push(ms);
+  if (last.length > DELIVERY_SAMPLES) last.shift();
+  times.set(type, last);
 }
