@@ -180,6 +180,38 @@ describe(withoutMetadata.name, () => {
     expect(out).toEqual(gifOf([loop, control, gifImage, control, gifImage]));
     expect(out.toString('latin1')).not.toMatch(/XMP|gps|Shanghai|trailing/);
   });
+
+  it('keeps only the loop count of a loop extension, drops extensions it does not know, and ends a GIF without a trailer', () => {
+    const loopWithMore = Buffer.concat([
+      Buffer.from([0x21, 0xff, 11]),
+      Buffer.from('NETSCAPE2.0', 'latin1'),
+      Buffer.from([3, 1, 0, 0, 6]),
+      Buffer.from('SECRET', 'latin1'),
+      Buffer.from([0]),
+    ]);
+    const unknown = Buffer.concat([
+      Buffer.from([0x21, 0x99, 4]),
+      Buffer.from('where', 'latin1').subarray(0, 4),
+      Buffer.from([0]),
+    ]);
+    const text = Buffer.from([0x21, 0x01, 0]);
+    const out = withoutMetadata(gifOf([loopWithMore, unknown, text, gifImage]), 'image/gif')!;
+    expect(out).toEqual(
+      gifOf([
+        Buffer.concat([
+          Buffer.from([0x21, 0xff, 11]),
+          Buffer.from('NETSCAPE2.0', 'latin1'),
+          Buffer.from([3, 1, 0, 0, 0]),
+        ]),
+        text,
+        gifImage,
+      ]),
+    );
+    const noTrailer = gifOf([gifImage]).subarray(0, -1);
+    expect(withoutMetadata(noTrailer, 'image/gif')).toEqual(gifOf([gifImage]));
+    // Without an image it is not a picture.
+    expect(withoutMetadata(gifOf([]).subarray(0, -1), 'image/gif')).toBeNull();
+  });
 });
 
 /** A 1×1 image: descriptor with a local colour table of 2 entries, LZW minimum code size, data. */

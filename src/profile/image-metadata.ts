@@ -11,8 +11,10 @@
  * - PNG: the `eXIf`, `tEXt`, `zTXt`, `iTXt` and `tIME` chunks go (an orientation with them).
  * - WebP: the `EXIF` and `XMP ` chunks go (an orientation with them), and the header's flags for
  *   them are cleared.
- * - GIF: comment extensions go, and so do application extensions (XMP is one) but the looping one
- *   of animations (`NETSCAPE2.0`, `ANIMEXTS1.0`); nothing after the trailer is kept.
+ * - GIF: only images, graphic control and plain text extensions are kept, and of application
+ *   extensions the loop count of animations (`NETSCAPE2.0`, `ANIMEXTS1.0`); comments, XMP, colour
+ *   profiles and any other extension go, and nothing after the trailer is kept (a file that ends
+ *   after an image without one gets one).
  *
  * Only the containers are read (never the pixels): a file whose structure does not hold together is
  * refused (null), since no viewer would show it either.
@@ -138,7 +140,8 @@ const PNG_DROPPED = new Set(['eXIf', 'tEXt', 'zTXt', 'iTXt', 'tIME']);
 
 function png(bytes: Buffer): Buffer {
   need(bytes.length >= 8);
-  const parts: Buffer[] = [bytes.subarray(0, 8)];
+  const out = new Kept(bytes);
+  out.keep(0, 8);
   let at = 8;
   for (;;) {
     need(at + 12 <= bytes.length);
@@ -146,11 +149,11 @@ function png(bytes: Buffer): Buffer {
     const type = bytes.subarray(at + 4, at + 8).toString('latin1');
     const end = at + 12 + length;
     need(end <= bytes.length);
-    if (!PNG_DROPPED.has(type)) parts.push(bytes.subarray(at, end));
+    if (!PNG_DROPPED.has(type)) out.keep(at, end);
     at = end;
     if (type === 'IEND') break;
   }
-  return Buffer.concat(parts);
+  return out.result();
 }
 
 const WEBP_DROPPED = new Set(['EXIF', 'XMP ']);
@@ -181,8 +184,10 @@ function webp(bytes: Buffer): Buffer {
   return Buffer.concat([header, body]);
 }
 
-/** Application extensions that make animations loop: the only ones kept. */
-const GIF_KEPT_APPLICATIONS = new Set(['NETSCAPE2.0', 'ANIMEXTS1.0']);
+/** Application extensions that make animations loop: the only ones kept (their loop count alone). */
+const GIF_LOOP_APPLICATIONS = new Set(['NETSCAPE2.0', 'ANIMEXTS1.0']);
+/** Extensions kept: graphic control (frame timing, transparency) and plain text (drawn text). */
+const GIF_KEPT_EXTENSIONS = new Set([0xf9, 0x01]);
 
 function gif(bytes: Buffer): Buffer {
   const signature = bytes.subarray(0, 6).toString('latin1');
@@ -192,7 +197,8 @@ function gif(bytes: Buffer): Buffer {
   const flags = bytes[10]!;
   let at = 13 + (flags & 0x80 ? 3 * 2 ** ((flags & 0x07) + 1) : 0);
   need(at <= bytes.length);
-  const parts: Buffer[] = [bytes.subarray(0, at)];
+  const out = new Kept(bytes);
+  out.keep(0, at);
   /** Where the data sub-blocks starting at `from` end (after their zero-length terminator). */
   const subBlocksEnd = (from: number): number => {
     let i = from;
@@ -203,12 +209,15 @@ function gif(bytes: Buffer): Buffer {
       if (size === 0) return i;
     }
   };
+  let images = 0;
   for (;;) {
+    // Some encoders end the file after its last image without the trailer; viewers show it.
+    if (at === bytes.length && images > 0) return out.result(Buffer.of(0x3b));
     need(at < bytes.length);
     const introducer = bytes[at]!;
     if (introducer === 0x3b) {
-      parts.push(bytes.subarray(at, at + 1));
-      return Buffer.concat(parts);
+      out.keep(at, at + 1);
+      return out.result();
     }
     if (introducer === 0x2c) {
       // Image descriptor, local colour table, LZW minimum code size, image data.
@@ -216,19 +225,64 @@ function gif(bytes: Buffer): Buffer {
       const local = bytes[at + 9]!;
       const data = at + 10 + (local & 0x80 ? 3 * 2 ** ((local & 0x07) + 1) : 0) + 1;
       const end = subBlocksEnd(data);
-      parts.push(bytes.subarray(at, end));
+      out.keep(at, end);
+      images++;
       at = end;
       continue;
     }
     need(introducer === 0x21 && at + 2 <= bytes.length);
     const label = bytes[at + 1]!;
     const end = subBlocksEnd(at + 2);
-    let kept = label !== 0xfe;
-    if (label === 0xff) {
-      const size = bytes[at + 2]!;
-      kept = size === 11 && GIF_KEPT_APPLICATIONS.has(bytes.subarray(at + 3, at + 14).toString('latin1'));
+    if (GIF_KEPT_EXTENSIONS.has(label)) out.keep(at, end);
+    else if (
+      label === 0xff &&
+      bytes[at + 2] === 11 &&
+      GIF_LOOP_APPLICATIONS.has(bytes.subarray(at + 3, at + 14).toString('latin1'))
+    ) {
+      // The identifier and the first sub-block (the loop count); nothing else it may carry.
+      const first = at + 14;
+      need(first < end);
+      const firstEnd = first + 1 + bytes[first]!;
+      need(firstEnd <= end);
+      out.keep(at, firstEnd);
+      if (bytes[first] !== 0) out.add(Buffer.of(0));
     }
-    if (kept) parts.push(bytes.subarray(at, end));
     at = end;
+  }
+}
+
+/**
+ * What is kept of a file: ranges of it in order, and bytes added between them, written into one
+ * buffer at the end (adjacent ranges as one), so a file of a million tiny blocks costs a copy, not a
+ * million buffers.
+ */
+class Kept {
+  private readonly parts: (readonly [number, number] | Buffer)[] = [];
+  private length = 0;
+
+  constructor(private readonly bytes: Buffer) {}
+
+  keep(start: number, end: number): void {
+    const last = this.parts[this.parts.length - 1];
+    if (last && !Buffer.isBuffer(last) && last[1] === start)
+      this.parts[this.parts.length - 1] = [last[0], end];
+    else this.parts.push([start, end]);
+    this.length += end - start;
+  }
+
+  add(extra: Buffer): void {
+    this.parts.push(extra);
+    this.length += extra.length;
+  }
+
+  result(tail?: Buffer): Buffer {
+    if (tail) this.add(tail);
+    const out = Buffer.allocUnsafe(this.length);
+    let w = 0;
+    for (const part of this.parts) {
+      if (Buffer.isBuffer(part)) w += part.copy(out, w);
+      else w += this.bytes.copy(out, w, part[0], part[1]);
+    }
+    return out;
   }
 }
