@@ -4,6 +4,7 @@ import { join } from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { migrate, openSqlite, type Db } from '../platform/db/database.js';
 import { createSqliteKv } from '../platform/kv/create.js';
+import type { KeyValueStore } from '../platform/kv/kv.js';
 import { RecipientRefusedError, type CodeMessage, type CodeSender } from './code-sender/code-sender.js';
 import { CODE_TTL_SECONDS, VerificationService } from './verification.js';
 
@@ -43,6 +44,15 @@ describe(VerificationService.name, () => {
     sut = new VerificationService(createSqliteKv(db, { now: () => now }), sender, () => now);
   });
   afterEach(async () => db.close());
+
+  /** A service over `kv` (the test's store by default) whose waits for unknown accounts pass at once. */
+  const unwaited = (kv: KeyValueStore = createSqliteKv(db, { now: () => now })) =>
+    new VerificationService(
+      kv,
+      sender,
+      () => now,
+      async () => undefined,
+    );
 
   const errorCode = (p: Promise<unknown>) =>
     p.then(
@@ -185,12 +195,7 @@ describe(VerificationService.name, () => {
     };
     held.get = (key) => step(() => kv.get(key));
     held.incr = (key, by, ttl) => step(() => kv.incr(key, by, ttl));
-    const timed = new VerificationService(
-      held,
-      sender,
-      () => now,
-      async () => undefined,
-    );
+    const timed = unwaited(held);
     await timed.send('LOGIN', 'EMAIL', 'real@b.cd', true);
     now += CODE_TTL_MS + 1; // the code expired: the next send makes a new one
 
@@ -223,12 +228,7 @@ describe(VerificationService.name, () => {
       }
       return kv.set(key, value, ttl);
     };
-    const timed = new VerificationService(
-      held,
-      sender,
-      () => now,
-      async () => undefined,
-    );
+    const timed = unwaited(held);
     await timed.send('LOGIN', 'EMAIL', 'real@b.cd', true);
     const used = sender.last();
     const wrong = used === '000000' ? '000001' : '000000';
@@ -246,12 +246,7 @@ describe(VerificationService.name, () => {
   });
 
   it('answers an unknown account as a real one while deliveries fail, also afterwards', async () => {
-    const timed = new VerificationService(
-      createSqliteKv(db, { now: () => now }),
-      sender,
-      () => now,
-      async () => undefined,
-    );
+    const timed = unwaited();
     const wrong = '000000';
     for (const [who, real] of [
       ['real@b.cd', true],

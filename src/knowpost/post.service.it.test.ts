@@ -444,22 +444,17 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
       { id, authorId: AUTHOR, kind: 'updated', draft: false, unlisted: true },
       { id, authorId: AUTHOR, kind: 'top', draft: false, unlisted: true },
     ]);
-    await sut.setVisibility(AUTHOR, id, 'public');
-    expect(changes.at(-1)).toEqual({
-      id,
-      authorId: AUTHOR,
-      kind: 'visibility',
-      draft: false,
-      unlisted: false,
-    });
-    await sut.setVisibility(AUTHOR, id, 'private');
-    expect(changes.at(-1)).toEqual({
-      id,
-      authorId: AUTHOR,
-      kind: 'visibility',
-      draft: false,
-      unlisted: false,
-    });
+    // Public before or after: listed.
+    for (const visible of ['public', 'private'] as const) {
+      await sut.setVisibility(AUTHOR, id, visible);
+      expect(changes.at(-1)).toEqual({
+        id,
+        authorId: AUTHOR,
+        kind: 'visibility',
+        draft: false,
+        unlisted: false,
+      });
+    }
 
     // Read as private, made public by another request before this edit's check after it: listed.
     const posts = new PostRepository(backend.db);
