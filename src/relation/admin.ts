@@ -11,7 +11,8 @@ import { RelationRepository } from './relation.repository.js';
 import { relationUserCountParts } from './user-count-parts.js';
 
 export const RELATIONS_USAGE = `  relations verify [--fix]            compare every user's follower projection, followings/followers counters
-                                      and cached lists with the following table; --fix heals what differs
+                                      and cached lists with the following table (what differs is checked
+                                      again 2 s later); --fix heals what differs both times
   relations rebuild                   re-derive the follower projection, every user's counters and the list
                                       caches from the following table`;
 

@@ -1,10 +1,21 @@
 import type { InvalidationBus } from '../platform/cache/invalidation-bus.js';
 import type { ListCache } from './list-cache/list-cache.js';
-import { hasDrift, type RelationReconciler } from './reconciler.js';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { hasDrift, type RelationDrift, type RelationReconciler } from './reconciler.js';
 import type { Pair, RelationRepository } from './relation.repository.js';
 import { FIRST_PAGE_SCOPE } from './relation.service.js';
 
 export type Progress = (message: string) => void;
+
+/** Longer than a follow takes from its commit to the projection and counters (p99 well under 1 s). */
+export const VERIFY_SETTLE_MS = 2_000;
+
+export interface VerifyOptions {
+  now?: () => number;
+  pageSize?: number;
+  /** Wait before users that look drifted are checked again. */
+  settleMs?: number;
+}
 
 export interface RelationVerifyReport {
   checked: number;
@@ -25,14 +36,16 @@ export interface RelationVerifyReport {
   oldestInFlightMs: number | null;
 }
 
-/** `zhiguang relations verify [--fix]`: every user, page by page. */
+/**
+ * `zhiguang relations verify [--fix]`: every user, page by page; a page's users that look drifted
+ * are checked again after `settleMs`, and only what both checks found is reported (and healed).
+ */
 export async function verifyRelations(
   repo: RelationRepository,
   reconciler: RelationReconciler,
   fix: boolean,
   progress: Progress,
-  now: () => number = Date.now,
-  pageSize = 500,
+  { now = Date.now, pageSize = 500, settleMs = VERIFY_SETTLE_MS }: VerifyOptions = {},
 ): Promise<RelationVerifyReport> {
   const report: RelationVerifyReport = {
     checked: 0,
@@ -50,12 +63,19 @@ export async function verifyRelations(
   for (;;) {
     const page = await repo.userIdsAfter(after, pageSize);
     if (page.length === 0) break;
+    const suspects: RelationDrift[] = [];
     for (const userId of page) {
       const drift = await reconciler.check(userId);
       report.checked++;
+      if (hasDrift(drift)) suspects.push(drift);
+    }
+    // What a follow committing during a check looks like passes: only drift found twice counts.
+    if (suspects.length > 0) await sleep(settleMs);
+    for (const first of suspects) {
+      const drift = await reconciler.recheck(first);
       if (!hasDrift(drift)) continue;
       report.driftedUsers++;
-      if (report.drifted.length < 1000) report.drifted.push(userId);
+      if (report.drifted.length < 1000) report.drifted.push(drift.userId);
       report.projectionPairs += drift.projection.length;
       if (drift.counters.length > 0) report.counterUsers++;
       report.cacheLists += drift.caches.length;

@@ -129,10 +129,19 @@ export class RelationReconciler {
     return drift;
   }
 
-  /** Heals what `drift` names (idempotent; each step derives from the truth, not from `drift`'s numbers). */
   /**
-   * Heals what `check` found; false when the user's counters could not be rewritten (changes kept
-   * landing while they were rebuilt: the next round, or a read, tries again).
+   * Checks a user again and keeps what both checks found: a follow that committed while the first
+   * check walked the tables shows up once, as drift it is not.
+   */
+  async recheck(first: RelationDrift): Promise<RelationDrift> {
+    return confirm(first, await this.check(first.userId));
+  }
+
+  /**
+   * Heals what `check` found (idempotent; each step derives from the truth, not from `drift`'s
+   * numbers); false when the user's counters could not be rewritten (changes kept landing while they
+   * were rebuilt) or other processes could not be told to drop their first followers page: the next
+   * round, or a read, tries again.
    */
   async heal(drift: RelationDrift): Promise<boolean> {
     const { repo, metrics } = this.deps;
@@ -153,7 +162,10 @@ export class RelationReconciler {
       lists.push({ owner: drift.userId, kind: 'followers' });
     if (lists.length > 0) {
       await this.deps.lists.invalidate(lists);
-      await this.deps.bus.publish(FIRST_PAGE_SCOPE, [String(drift.userId)]).catch(() => undefined);
+      // Other processes not told keep their first page of the user's followers: not healed yet.
+      await this.deps.bus.publish(FIRST_PAGE_SCOPE, [String(drift.userId)]).catch(() => {
+        complete = false;
+      });
       if (drift.caches.length > 0) metrics.driftHealed.inc({ kind: 'cache' }, drift.caches.length);
     }
     return complete;
@@ -180,7 +192,7 @@ export class RelationReconciler {
     let drifted = 0;
     let healed = 0;
     for (const first of suspects) {
-      const confirmed = confirm(first, await this.check(first.userId));
+      const confirmed = await this.recheck(first);
       if (!hasDrift(confirmed)) continue;
       this.count(confirmed);
       drifted++;

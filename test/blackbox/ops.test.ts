@@ -158,7 +158,10 @@ describe('the admin command line', () => {
       }
 
       const found = await runCli(env, ['counters', 'verify']);
-      expect([found.code, found.json]).toMatchObject([3, { checked: 1, drifted: ['knowpost:5'], fixed: 0 }]);
+      expect([found.code, found.json]).toMatchObject([
+        3,
+        { checked: 1, driftedEntities: 1, drifted: ['knowpost:5'], fixed: 0 },
+      ]);
       const fixed = await runCli(env, ['counters', 'verify', '--fix']);
       expect([fixed.code, fixed.json]).toMatchObject([
         3,
