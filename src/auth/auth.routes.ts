@@ -1,9 +1,9 @@
-import { isIP } from 'node:net';
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import { Type } from 'typebox';
 import { BadRequestError, NotFoundError } from '../platform/errors/errors.js';
 import { errorResponses } from '../platform/http/schemas.js';
+import { clientAddress } from '../platform/http/server.js';
 import type { UsersRepository } from '../profile/users.repository.js';
 import { toAuthUser } from '../profile/user.presenter.js';
 import type { AuthGuards } from './auth.guard.js';
@@ -31,7 +31,7 @@ export interface AuthRouteDeps {
 
 const context = (request: FastifyRequest): RequestContext => ({
   // What a trusted proxy forwarded is text; only an address keys a rate limit or enters the audit.
-  ip: isIP(request.ip) !== 0 ? request.ip : (request.socket.remoteAddress ?? null),
+  ip: clientAddress(request),
   userAgent: request.headers['user-agent'] ?? null,
 });
 

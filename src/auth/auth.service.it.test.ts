@@ -1,6 +1,8 @@
 import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
+import { connect, type AddressInfo } from 'node:net';
 import { join } from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
 import pino from 'pino';
 import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { buildApp, type App } from '../app.js';
@@ -410,6 +412,15 @@ describe('client addresses behind a trusted proxy', () => {
     expect((await login('2001:db8:1:3::a')).statusCode).toBe(401);
   });
 
+  it('limits the /64s of one IPv6 /48 together, at four clients’ allowance', async () => {
+    const statuses: number[] = [];
+    for (let net = 0; net < 5; net++)
+      for (const host of ['a', 'b']) statuses.push((await login(`2001:db8:2:${net}::${host}`)).statusCode);
+    // The limit is 2 per client: 8 for the network, whichever of its /64s they come from.
+    expect(statuses).toEqual([401, 401, 401, 401, 401, 401, 401, 401, 429, 429]);
+    expect((await login('2001:db8:3:1::a')).statusCode).toBe(401);
+  });
+
   it('limits code checks per client, across accounts and apart from sends and sign-ins', async () => {
     const check = (url: string, identifier: string, extra: Record<string, unknown>) =>
       app.http.inject({
@@ -428,6 +439,61 @@ describe('client addresses behind a trusted proxy', () => {
     expect(statuses).toEqual([400, 400, 429, 429]);
     // Password sign-ins from the same client are counted apart.
     expect((await login('198.51.100.60')).statusCode).toBe(401);
+  });
+});
+
+describe('requests whose connection was reset', () => {
+  let app: App;
+  let port = 0;
+
+  beforeAll(async () => {
+    const dataDir = mkdtempSync(join(tmpdir(), 'zg-auth-reset-'));
+    const config = loadConfig({
+      ZG_DATA_DIR: dataDir,
+      ZG_PASSWORD_HASH_COST: '10',
+      PORT: '0',
+      ZG_AUTH_IP_LIMIT: '3',
+    });
+    app = await buildApp(config, { logger: pino({ level: 'silent' }) });
+    await app.http.listen({ host: '127.0.0.1', port: 0 });
+    port = (app.http.server.address() as AddressInfo).port;
+  });
+  afterAll(async () => app?.close());
+
+  /** Sends a whole send-code request and resets the connection at once, reading no answer. */
+  const sendAndReset = (identifier: string) =>
+    new Promise<void>((resolve, reject) => {
+      const body = JSON.stringify({ scene: 'REGISTER', identifierType: 'EMAIL', identifier });
+      const socket = connect(port, '127.0.0.1', () => {
+        socket.write(
+          `POST /api/v1/auth/send-code HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n` +
+            `Content-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`,
+          () => {
+            socket.resetAndDestroy();
+            resolve();
+          },
+        );
+      });
+      socket.on('error', reject);
+    });
+
+  it('counts them against the address they came from', async () => {
+    const statuses = async () =>
+      (
+        await fetch(`http://127.0.0.1:${port}/api/v1/auth/send-code`, {
+          method: 'POST',
+          headers: { 'content-type': 'application/json' },
+          body: JSON.stringify({
+            scene: 'REGISTER',
+            identifierType: 'EMAIL',
+            identifier: 'last@example.test',
+          }),
+        })
+      ).status;
+    for (let i = 0; i < 3; i++) await sendAndReset(`reset${i}@example.test`);
+    // The reset requests are handled all the same; give them the time.
+    await sleep(300);
+    expect(await statuses()).toBe(429);
   });
 });
 

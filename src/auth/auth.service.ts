@@ -15,7 +15,7 @@ import type { RateLimiter } from '../platform/ratelimit/ratelimit.js';
 import type { UserRow, UsersRepository } from '../profile/users.repository.js';
 import type { Authenticator } from './authenticator.js';
 import type { IdentifierType, Scene } from './code-sender/code-sender.js';
-import { rateLimitSubject } from './client-address.js';
+import { NETWORK_ALLOWANCE, rateLimitNetwork, rateLimitSubject } from './client-address.js';
 import { normalizeIdentifier } from './identifiers.js';
 import { openAnswer, sealAnswer } from './kept-answers.js';
 import type { LoginAttempt, LoginAuditRepository } from './login-audit.repository.js';
@@ -414,16 +414,29 @@ export class AuthService {
   }
 
   private async limitIp(action: string, ctx: RequestContext): Promise<void> {
-    if (!ctx.ip) return;
-    const decision = await this.limiter.hit(
-      `auth:${action}:ip:${rateLimitSubject(ctx.ip)}`,
+    // Requests whose address is not known share one allowance: never none.
+    const client = await this.limiter.hit(
+      `auth:${action}:ip:${ctx.ip ? rateLimitSubject(ctx.ip) : '-'}`,
       this.limits.perIp,
       this.limits.windowMs,
     );
-    if (!decision.allowed)
+    if (!client.allowed)
       throw new RateLimitedError(
         'Too many requests from this address; try again later',
-        decision.retryAfterMs / 1000,
+        client.retryAfterMs / 1000,
+      );
+    // An IPv6 client moving from /64 to /64 of its network meets the network's allowance.
+    const network = ctx.ip ? rateLimitNetwork(ctx.ip) : null;
+    if (!network) return;
+    const shared = await this.limiter.hit(
+      `auth:${action}:net:${network}`,
+      this.limits.perIp * NETWORK_ALLOWANCE,
+      this.limits.windowMs,
+    );
+    if (!shared.allowed)
+      throw new RateLimitedError(
+        'Too many requests from this network; try again later',
+        shared.retryAfterMs / 1000,
       );
   }
 

@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { rateLimitSubject } from './client-address.js';
+import { rateLimitNetwork, rateLimitSubject } from './client-address.js';
 
 describe(rateLimitSubject.name, () => {
   it('names an IPv4 client by its address', () => {
@@ -21,5 +21,16 @@ describe(rateLimitSubject.name, () => {
     expect(rateLimitSubject('2001:db8:aa:bc::1')).not.toBe(subject);
     expect(rateLimitSubject('::1')).toBe('0:0:0:0::/64');
     expect(rateLimitSubject('2001:db8::')).toBe('2001:db8:0:0::/64');
+  });
+});
+
+describe(rateLimitNetwork.name, () => {
+  it('names an IPv6 client’s /48, and no network for IPv4 clients', () => {
+    expect(rateLimitNetwork('2001:db8:aa:bb::1')).toBe('2001:db8:aa::/48');
+    expect(rateLimitNetwork('2001:0DB8:00aa:ffff:1:2:3:4%eth0')).toBe('2001:db8:aa::/48');
+    expect(rateLimitNetwork('2001:db8:ab::1')).toBe('2001:db8:ab::/48');
+    expect(rateLimitNetwork('203.0.113.7')).toBeNull();
+    expect(rateLimitNetwork('::ffff:203.0.113.7')).toBeNull();
+    expect(rateLimitNetwork('not an address')).toBeNull();
   });
 });

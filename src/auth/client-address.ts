@@ -20,6 +20,25 @@ export function rateLimitSubject(ip: string): string {
     .join(':')}::/64`;
 }
 
+/**
+ * The network an IPv6 client's /64 lies in, commonly handed to one subscriber whole (a /48; a /56
+ * at least): its many /64s share a higher allowance (see `NETWORK_ALLOWANCE`). Null for IPv4
+ * clients (an IPv4-mapped address included) and for what is not an address.
+ */
+export function rateLimitNetwork(ip: string): string | null {
+  const address = ip.replace(/%.*$/, '');
+  if (!isIPv6(address)) return null;
+  const groups = expandIPv6(address);
+  if (groups.slice(0, 5).every((g) => g === 0) && groups[5] === 0xffff) return null;
+  return `${groups
+    .slice(0, 3)
+    .map((g) => g.toString(16))
+    .join(':')}::/48`;
+}
+
+/** How many clients' allowances an IPv6 /48 gets together. */
+export const NETWORK_ALLOWANCE = 4;
+
 /** The eight 16-bit groups of a valid IPv6 address (with `::` and a dotted IPv4 tail resolved). */
 function expandIPv6(address: string): number[] {
   const [head = '', tail] = address.split('::');

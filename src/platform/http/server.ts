@@ -1,9 +1,11 @@
 import { randomUUID } from 'node:crypto';
+import { isIP } from 'node:net';
 import Fastify, {
   LogController,
   type FastifyBaseLogger,
   type FastifyInstance,
   type FastifyReply,
+  type FastifyRequest,
   type FastifyServerOptions,
   type FastifySchemaCompiler,
 } from 'fastify';
@@ -131,6 +133,23 @@ function acceptEmptyBodies(app: FastifyInstance): void {
   app.addContentTypeParser('text/plain', { parseAs: 'string' }, refuse('Plain-text'));
 }
 
+/**
+ * Each connection's peer as it was when the connection was accepted. A socket that the client has
+ * reset no longer knows its peer, and neither does a request read from it before the reset.
+ */
+const peers = new WeakMap<object, string>();
+
+/**
+ * The address that sent a request: the one Fastify resolved (through trusted proxies), or else the
+ * connection's peer, also once the connection is gone; null only for a connection this server did
+ * not accept (an injected request without an address).
+ */
+export function clientAddress(request: FastifyRequest): string | null {
+  if (isIP(request.ip) !== 0) return request.ip;
+  const socket = request.socket;
+  return socket.remoteAddress ?? peers.get(socket) ?? null;
+}
+
 /** Fastify with the plumbing every route relies on; features register their routes on it. */
 export async function createHttpServer(options: HttpServerOptions): Promise<FastifyInstance> {
   // Typed as Fastify's base logger so the instance keeps Fastify's default generics.
@@ -172,6 +191,9 @@ export async function createHttpServer(options: HttpServerOptions): Promise<Fast
       : plainDecimalNumbers(schema, validators.text.compile(schema)),
   );
 
+  app.server.on('connection', (socket: { remoteAddress?: string }) => {
+    if (socket.remoteAddress) peers.set(socket, socket.remoteAddress);
+  });
   acceptEmptyBodies(app);
   installErrorHandling(app);
   // Once closing, requests still arriving on open connections are turned away: the client should
