@@ -1,5 +1,6 @@
 import { createHash, createPrivateKey } from 'node:crypto';
 import { readFileSync } from 'node:fs';
+import { setTimeout as sleep } from 'node:timers/promises';
 import type { FastifyInstance } from 'fastify';
 import type { Logger } from 'pino';
 import { AuthService } from './auth/auth.service.js';
@@ -82,6 +83,9 @@ export interface App {
   /** Graceful: stop accepting, finish in-flight requests, drain workers, close connections. */
   close(): Promise<void>;
 }
+
+/** The longest wait between two attempts to start the event log's consumers while it is out of reach. */
+const CONSUMER_START_RETRY_MAX_MS = 5_000;
 
 export interface BuildOptions {
   logger?: Logger;
@@ -458,26 +462,79 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
           postCacheConsumer,
         ];
 
+  // The event log's consumers join their groups once its topics exist; the other workers (the relay,
+  // periodic tasks) need nothing at start and ride out an outage themselves.
+  const consumers = workers.filter((worker) => worker !== relay && !(worker instanceof PeriodicTask));
+  const others = workers.filter((worker) => !consumers.includes(worker));
+  const ensureTopics = () =>
+    platform.events.ensureTopics(
+      [...new Set([COUNTER_TOPIC, POST_TOPIC, VIEW_TOPIC, ...userCounters.topics, ...relations.topics])],
+      { keepForever: [COUNTER_TOPIC] },
+    );
+  const stopping = new AbortController();
+  let lateStart: Promise<void> = Promise.resolve();
+  /** Makes the topics (unless made) and starts the consumers not started yet, until all are. */
+  const startConsumersLater = async (pending: (typeof workers)[number][], topicsMade: boolean) => {
+    let failures = 0;
+    while (pending.length > 0) {
+      const wait = Math.min(CONSUMER_START_RETRY_MAX_MS, 1_000 * 2 ** Math.min(failures, 8));
+      await sleep(wait, undefined, { signal: stopping.signal }).catch(() => undefined);
+      if (stopping.signal.aborted) return;
+      try {
+        if (!topicsMade) await ensureTopics();
+        topicsMade = true;
+        while (pending.length > 0 && !stopping.signal.aborted) {
+          await pending[0]!.start();
+          pending.shift();
+        }
+      } catch (err) {
+        failures++;
+        // The first failure and then one a minute or so, not one per attempt.
+        if (failures % 12 === 1)
+          log.warn(
+            { err, failures },
+            'the event log is still out of reach; its consumers start once it is back',
+          );
+      }
+    }
+    if (!stopping.signal.aborted) log.info('event-log consumers started');
+  };
+
   return {
     config,
     http,
     platform,
     log,
     async start() {
-      const ensureTopics = () =>
-        platform.events.ensureTopics(
-          [...new Set([COUNTER_TOPIC, POST_TOPIC, VIEW_TOPIC, ...userCounters.topics, ...relations.topics])],
-          { keepForever: [COUNTER_TOPIC] },
-        );
-      if (config.role === 'api') {
-        // An API process rides out a Kafka outage, also one under way when it starts: what it
-        // publishes meanwhile waits for the workers' repair, and the workers make the topics.
-        await ensureTopics().catch((err: unknown) => {
-          log.warn({ err }, 'Kafka unreachable at start; serving without it until it is back');
-        });
-      } else await ensureTopics();
+      // Every process rides out a Kafka outage, also one under way when it starts: an API process's
+      // toggles wait in the counter store for the repair, follows in the outbox, and a worker's
+      // consumers start once the log is back (the periodic tasks, repair included, at once).
+      const topicsMade = await ensureTopics().then(
+        () => true,
+        (err: unknown) => {
+          log.warn(
+            { err },
+            consumers.length > 0
+              ? 'Kafka unreachable at start; serving and running the periodic tasks without it, and starting its consumers once it is back'
+              : 'Kafka unreachable at start; serving without it until it is back',
+          );
+          return false;
+        },
+      );
       const address = await http.listen({ host: config.host, port: config.port });
-      for (const worker of workers) await worker.start();
+      for (const worker of others) await worker.start();
+      const pending = [...consumers];
+      if (topicsMade) {
+        try {
+          while (pending.length > 0) {
+            await pending[0]!.start();
+            pending.shift();
+          }
+        } catch (err) {
+          log.warn({ err }, 'an event-log consumer could not join its group; trying again in the background');
+        }
+      }
+      if (pending.length > 0) lateStart = startConsumersLater(pending, topicsMade);
       log.info({ address, profile: config.profile, role: config.role }, 'zhiguang started');
       return address;
     },
@@ -486,6 +543,9 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
     },
     async close() {
       draining = true;
+      // A consumer starting late finishes its attempt first, so that it is stopped below.
+      stopping.abort();
+      await lateStart;
       await http.close();
       outboxWake.close();
       // Side by side, and the publisher for a bounded time: what it leaves is in the store's records.

@@ -1,0 +1,110 @@
+/**
+ * A process of the cluster profile started while Kafka is down (a deploy or a restart during an
+ * outage): it serves, runs its periodic tasks, and starts the event log's consumers once the broker
+ * is back, without being restarted.
+ */
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { openMysql } from '../../src/platform/db/database.js';
+import {
+  clusterDeployment,
+  PrivateKafka,
+  signUpByPhone,
+  startNode,
+  type Deployment,
+  type NodeProcess,
+  type PhoneUser,
+} from '../fault/processes.js';
+import { eventually } from './harness.js';
+
+async function metric(node: NodeProcess, name: string): Promise<number> {
+  const text = await (await fetch(`${node.baseUrl}/metrics`)).text();
+  return text
+    .split('\n')
+    .filter((l) => l.startsWith(name))
+    .reduce((sum, l) => sum + Number(l.slice(l.lastIndexOf(' ') + 1)), 0);
+}
+
+describe('a process started while Kafka is down (cluster profile, a private broker)', () => {
+  let kafka: PrivateKafka | undefined;
+  let deployment: Deployment | undefined;
+  let node: NodeProcess | undefined;
+
+  beforeAll(async () => {
+    kafka = await PrivateKafka.start();
+    deployment = await clusterDeployment(kafka.brokers);
+    await kafka.down();
+  }, 240_000);
+
+  afterAll(async () => {
+    await node?.stop();
+    await kafka?.destroy();
+    await deployment?.dispose();
+  }, 120_000);
+
+  const like = async (user: PhoneUser, postId: string) => {
+    const res = await fetch(`${node!.baseUrl}/api/v1/action/like`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', authorization: `Bearer ${user.token}` },
+      body: JSON.stringify({ entityType: 'knowpost', entityId: postId }),
+    });
+    return [res.status, await res.json()] as const;
+  };
+  const likes = async (postId: string) => {
+    const res = await fetch(`${node!.baseUrl}/api/v1/counter/knowpost/${postId}`);
+    return ((await res.json()) as { counts: { like: number } }).counts.like;
+  };
+
+  it('serves and takes likes, and starts its consumers once the broker is back', async () => {
+    // Before, the process ended at start ("zhiguang failed to start").
+    node = await startNode(deployment!.env, 'all');
+    expect(node.lines.some((l) => String(l.msg).startsWith('Kafka unreachable at start'))).toBe(true);
+
+    const users = await signUpByPhone([node], 2, 30_000, 1);
+    expect(users).toHaveLength(2);
+    const postId = String(BigInt(Date.now()) * 1_000_000n);
+    const db = await openMysql(deployment!.mysqlUrl!, 1);
+    try {
+      const now = Date.now();
+      await db.kysely
+        .insertInto('knowposts')
+        .values({
+          id: postId,
+          author_id: users[0]!.id,
+          status: 'published',
+          visible: 'public',
+          created_at: now,
+          updated_at: now,
+        })
+        .execute();
+    } finally {
+      await db.close();
+    }
+    expect(await like(users[0]!, postId)).toEqual([200, { changed: true, liked: true }]);
+    // Not published: the repair job, running already, counts it from the facts.
+    expect(
+      await eventually(
+        () => likes(postId),
+        (n) => n === 1,
+        15_000,
+      ),
+    ).toBe(1);
+
+    await kafka!.up();
+    await node.waitForLine((l) => l.msg === 'event-log consumers started', 60_000);
+    expect(await like(users[1]!, postId)).toEqual([200, { changed: true, liked: true }]);
+    // Through the log this time: published, consumed and folded by this very process.
+    const consumed = () =>
+      Promise.all([
+        metric(node!, 'zg_counter_events_consumed_total{outcome="applied"}'),
+        metric(node!, 'zg_counter_events_consumed_total{outcome="skipped"}'),
+      ]).then(([applied, skipped]) => applied + skipped);
+    expect(await eventually(consumed, (n) => n > 0, 30_000)).toBeGreaterThan(0);
+    expect(
+      await eventually(
+        () => likes(postId),
+        (n) => n === 2,
+        10_000,
+      ),
+    ).toBe(2);
+  }, 240_000);
+});
