@@ -23,12 +23,13 @@ const USAGE = `usage: zhiguang counters|users|relations <command> [options]
                                       on their way again after a flush interval and 0.5 s, at least
                                       1.5 s, twice); --fix rebuilds the drifted ones
   counters rebuild [--entity T:ID]…   rebuild snapshots from facts (all entities, or the ones named)
-  counters replay --yes               empty the counter store and rebuild it from counter-events,
+  counters replay --yes [--force]     empty the counter store and rebuild it from counter-events,
                                       earliest record to the end captured at the start, then add
                                       back the views read-events holds up to where view-agg stopped
                                       (stop API and worker processes first; toggles
                                       that never reached the log are published to it first; refused,
-                                      changing nothing, when the log no longer holds its earliest events)
+                                      changing nothing, when the log no longer holds its earliest events,
+                                      or, unless --force, when the store holds changes the log does not)
   counters flush                      fold all pending deltas into snapshots now
 ${USERS_USAGE}
 ${RELATIONS_USAGE}
@@ -43,7 +44,7 @@ Configuration comes from the environment, as for the server (see .env.example).`
 const COMMAND_OPTIONS: Record<string, readonly string[]> = {
   'counters verify': ['fix'],
   'counters rebuild': ['entity'],
-  'counters replay': ['yes'],
+  'counters replay': ['yes', 'force'],
   'counters flush': [],
   'users verify': ['fix'],
   'relations verify': ['fix'],
@@ -77,6 +78,7 @@ async function main(argv: string[]): Promise<number> {
       options: {
         fix: { type: 'boolean' },
         yes: { type: 'boolean' },
+        force: { type: 'boolean' },
         entity: { type: 'string', multiple: true },
         help: { type: 'boolean', short: 'h' },
       },
@@ -194,7 +196,9 @@ async function main(argv: string[]): Promise<number> {
     } else if (command === 'rebuild') {
       summary = { rebuilt: await rebuildAll(platform.counterStore, refs, progress) };
     } else if (command === 'replay') {
-      const counters = await replayAll(platform.counterStore, platform.events, progress);
+      const counters = await replayAll(platform.counterStore, platform.events, progress, {
+        force: values.force ?? false,
+      });
       summary = { ...counters, ...(await replayViews(platform.events, platform.counterStore, progress)) };
     } else {
       summary = { folded: await flushPending(platform.counterStore, metrics, 512, 1_000_000) };

@@ -54,8 +54,19 @@ class RecordingStore {
   maxInFlight = 0;
   resets = 0;
 
+  /** Entities the store holds before the replay, with their seq. */
+  readonly held = new Map<string, number>();
+
   async staleUnpublished(): Promise<StaleEvent[]> {
     return [];
+  }
+
+  async scanEntities(): Promise<{ refs: EntityRef[]; cursor: string | null }> {
+    return { refs: [...this.held.keys()].map((eid) => ({ etype: 'knowpost', eid })), cursor: null };
+  }
+
+  async inspect(ref: EntityRef): Promise<{ seq: number }> {
+    return { seq: this.held.get(ref.eid) ?? 0 };
   }
 
   async reset(): Promise<void> {
@@ -174,6 +185,43 @@ describe(replayAll.name, () => {
     const report = await replayAll(store as unknown as CounterStore, log, () => undefined);
     expect(report).toEqual({ published: 0, events: 1, malformed: 2, facts: 1, entities: 1 });
     expect(store.rebuiltWith.get(post(1).eid)).toBe(1);
+  });
+
+  it('refuses, leaving the store as it is, when the store holds changes the log does not, unless forced', async () => {
+    const log = new FakeLog();
+    log.append(0, [eventFor(post(1), 'like', 5, 1, 1, 0), eventFor(post(1), 'like', 6, 1, 2, 0)]);
+    const store = new RecordingStore();
+    // post 1 as far as the log (and one change behind it: a restored backup); post 2 unknown to it.
+    store.held.set(post(1).eid, 2);
+    store.held.set(post(3).eid, 1);
+    store.facts.set('kept', eventFor(post(2), 'like', 6, 1, 1, 0));
+    store.held.set(post(2).eid, 4);
+    await expect(
+      replayAll(store as unknown as CounterStore, log as unknown as EventLog, () => undefined),
+    ).rejects.toThrow(
+      /2 entities have a higher seq than the log holds \(knowpost:1003 at seq 1, the log up to 0, knowpost:1002 at seq 4, the log up to 0\)/,
+    );
+    expect(store.resets).toBe(0);
+    expect([...store.facts.keys()]).toEqual(['kept']);
+
+    // As far as the log, or behind it: replayed.
+    store.held.delete(post(2).eid);
+    store.held.delete(post(3).eid);
+    store.held.set(post(1).eid, 1);
+    expect(
+      await replayAll(store as unknown as CounterStore, log as unknown as EventLog, () => undefined),
+    ).toMatchObject({ events: 2, facts: 2 });
+
+    // Forced: replayed all the same.
+    const forced = new RecordingStore();
+    forced.held.set(post(2).eid, 4);
+    const report = await replayAll(
+      forced as unknown as CounterStore,
+      log as unknown as EventLog,
+      () => undefined,
+      { force: true },
+    );
+    expect([forced.resets, report.facts]).toEqual([1, 2]);
   });
 
   it('refuses, leaving the store as it is, when the log no longer holds its earliest events', async () => {

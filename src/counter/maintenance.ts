@@ -259,7 +259,7 @@ export async function replayAll(
   store: CounterStore,
   events: EventLog,
   progress: Progress,
-  now: () => number = Date.now,
+  { now = Date.now, force = false }: ReplayOptions = {},
 ): Promise<ReplayReport> {
   if (!(await events.holdsEveryRecord(COUNTER_TOPIC))) {
     throw new Error(
@@ -271,6 +271,8 @@ export async function replayAll(
   const published = await publishWaiting(store, events, now() + 1, progress);
   const until = await events.endOffsets(COUNTER_TOPIC);
   const finals = new Map<string, Record<FactMetric, Map<number, CounterEvent>>>();
+  /** The highest seq the log holds of each entity. */
+  const logged = new Map<string, number>();
   const report: ReplayReport = { published, events: 0, malformed: 0, facts: 0, entities: 0 };
   await events.readRange(
     COUNTER_TOPIC,
@@ -289,11 +291,22 @@ export async function replayAll(
         const byUser = entity[event.metric];
         const known = byUser.get(event.userId);
         if (!known || known.seq < event.seq) byUser.set(event.userId, event);
+        if ((logged.get(key) ?? 0) < event.seq) logged.set(key, event.seq);
       }
       progress(`read ${report.events} events`);
     },
     REPLAY_CHUNK,
   );
+  const ahead = await changesNotLogged(store, logged, progress);
+  logged.clear();
+  if (ahead.entities > 0 && !force) {
+    throw new Error(
+      `the counter store holds changes ${COUNTER_TOPIC} does not: ${ahead.entities} entities have a higher ` +
+        `seq than the log holds (${ahead.examples.join(', ')}). Either the log read is not this ` +
+        "store's (another ZG_KAFKA_PREFIX or broker), or toggles are still being made (stop every API and " +
+        'worker process first). A replay would lose those changes. Nothing was changed; --force replays all the same.',
+    );
+  }
   // Emptied only once the whole log is read: a read that fails leaves the store as it was.
   await store.reset();
 
@@ -373,6 +386,44 @@ async function publishWaiting(
     progress(`published ${published} toggles that had not reached the log`);
     if (waiting.length < UNPUBLISHED_BATCH) return published;
   }
+}
+
+export interface ReplayOptions {
+  now?: () => number;
+  /** Replays even when the store holds changes the log does not (they are lost). */
+  force?: boolean;
+}
+
+/**
+ * Entities whose seq in the store is above the highest the log holds of them (none at all for an
+ * entity the log does not name): changes a replay would lose. Their number and a few of them.
+ */
+async function changesNotLogged(
+  store: CounterStore,
+  logged: ReadonlyMap<string, number>,
+  progress: Progress,
+): Promise<{ entities: number; examples: string[] }> {
+  const found = { entities: 0, examples: [] as string[] };
+  let checked = 0;
+  let cursor: string | null = '';
+  while (cursor !== null) {
+    const page: { refs: EntityRef[]; cursor: string | null } = await store.scanEntities(cursor, 500);
+    for (const chunk of chunked(page.refs, REBUILD_CHUNK)) {
+      const states = await Promise.all(chunk.map((ref) => store.inspect(ref)));
+      states.forEach((state, i) => {
+        const key = entityKey(chunk[i]!);
+        const inLog = logged.get(key) ?? 0;
+        if (state.seq <= inLog) return;
+        found.entities++;
+        if (found.examples.length < 5)
+          found.examples.push(`${key} at seq ${state.seq}, the log up to ${inLog}`);
+      });
+    }
+    checked += page.refs.length;
+    cursor = page.cursor;
+    if (checked > 0) progress(`compared ${checked} entities of the store with the log`);
+  }
+  return found;
 }
 
 interface ReplayChunk {

@@ -560,6 +560,16 @@ describe('counters under faults (cluster profile: API and worker processes, a pr
   it('counters replay with the writers stopped rebuilds the same facts and counts from the log', async () => {
     const expected = toggler.expected();
     await Promise.all([api!.stop(), worker!.stop()]);
+    // Pointed at a log that is not this store's (another topic prefix: an empty log), it refuses.
+    const elsewhere = await runCli({ ...env(), ZG_KAFKA_PREFIX: `${env().ZG_KAFKA_PREFIX}other.` }, [
+      'counters',
+      'replay',
+      '--yes',
+    ]);
+    expect([elsewhere.code, elsewhere.stderr]).toEqual([
+      1,
+      expect.stringContaining(`counter store holds changes counter-events does not: ${POSTS} entities`),
+    ]);
     const t0 = Date.now();
     const replay = await runCli(env(), ['counters', 'replay', '--yes'], 120_000);
     timings.replayMs = Date.now() - t0;
