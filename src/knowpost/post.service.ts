@@ -356,7 +356,13 @@ export class PostService {
     const extension = contentExtension(post.id, uploadKey);
     if (extension === undefined || post.contentEtag === null || post.contentSha256 === null) return;
     const key = confirmedContentKey(post.id, extension);
-    if (!(await this.storage.copy(uploadKey, key, post.contentEtag))) {
+    // The ETag as the store gives it (the post keeps it normalised): the copy's condition.
+    const upload = await this.storage.head(uploadKey);
+    if (
+      upload === null ||
+      normalizeEtag(upload.etag) !== normalizeEtag(post.contentEtag) ||
+      !(await this.storage.copy(uploadKey, key, upload.etag))
+    ) {
       this.log?.warn({ post: post.id, key: uploadKey }, 'a post body no longer matches what was confirmed');
       return;
     }

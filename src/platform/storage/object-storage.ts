@@ -64,7 +64,8 @@ export interface ObjectStorage {
   delete(key: string): Promise<void>;
   /**
    * Copies `from` to `to` inside the store (no bytes through the caller), content type included,
-   * only while `from` still has the ETag `ifEtag` (quoted or not). Resolves to the copy, or to null
+   * only while `from` still has the ETag `ifEtag` (quoted or not; as `head` or `get` gave it, since
+   * some stores compare its case too). Resolves to the copy, or to null
    * when `from` is missing or now holds other bytes; nothing is written then. Replaces `to`.
    */
   copy(from: string, to: string, ifEtag: string): Promise<StoredObject | null>;

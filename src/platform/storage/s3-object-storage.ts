@@ -19,7 +19,6 @@ import {
   assertPresignExpiry,
   assertSafeKey,
   keyBelow,
-  normalizeEtag,
   type ListedObject,
   type ObjectStorage,
   type PresignedPut,
@@ -138,7 +137,11 @@ export class S3ObjectStorage implements ObjectStorage {
   async copy(from: string, to: string, ifEtag: string): Promise<StoredObject | null> {
     assertSafeKey(from);
     assertSafeKey(to);
-    const etag = `"${normalizeEtag(ifEtag)}"`;
+    // As the store wrote it (some write hex in capitals, and compare case and all), quoted.
+    const etag = `"${ifEtag
+      .trim()
+      .replace(/^W\//i, '')
+      .replace(/^"(.*)"$/, '$1')}"`;
     try {
       await this.client.send(
         new CopyObjectCommand({

@@ -1,0 +1,42 @@
+import { createServer, type IncomingHttpHeaders, type Server } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { S3ObjectStorage } from './s3-object-storage.js';
+
+describe(S3ObjectStorage.name, () => {
+  let server: Server;
+  const seen: IncomingHttpHeaders[] = [];
+  let storage: S3ObjectStorage;
+
+  beforeAll(async () => {
+    // A store that refuses every copy's condition, as one would whose ETag is now another.
+    server = createServer((req, res) => {
+      seen.push(req.headers);
+      req.resume();
+      res.writeHead(412, { 'content-type': 'application/xml' });
+      res.end('<?xml version="1.0"?><Error><Code>PreconditionFailed</Code><Message>no</Message></Error>');
+    });
+    await new Promise<void>((ok) => server.listen(0, '127.0.0.1', ok));
+    storage = new S3ObjectStorage({
+      endpoint: `http://127.0.0.1:${(server.address() as AddressInfo).port}`,
+      region: 'us-east-1',
+      bucket: 'b',
+      accessKeyId: 'k',
+      secretAccessKey: 's',
+      forcePathStyle: true,
+    });
+  });
+  afterAll(() => new Promise<void>((ok) => server.close(() => ok())));
+
+  it('conditions a copy on the ETag as the store gave it, case included, quoted', async () => {
+    for (const given of [
+      '"9B2CF535F27731C974343645A3985328"',
+      'W/"9B2CF535F27731C974343645A3985328"',
+      ' 9B2CF535F27731C974343645A3985328 ',
+    ])
+      expect(await storage.copy('posts/1/a.md', 'posts/1/b.md', given)).toBeNull();
+    expect(seen.map((h) => h['x-amz-copy-source-if-match'])).toEqual(
+      Array(3).fill('"9B2CF535F27731C974343645A3985328"'),
+    );
+  });
+});
