@@ -103,6 +103,41 @@ describe(withoutMetadata.name, () => {
     expect(out.toString('latin1')).not.toContain('MotionPhoto');
   });
 
+  it('keeps of a JPEG’s other APP segments a JFIF header without its thumbnail, ICC profile parts and Adobe’s', () => {
+    const thumbnail = Buffer.alloc(2 * 1 * 3, 0x7f); // 2×1 RGB: what the original showed
+    const jfif = Buffer.concat([Buffer.from('JFIF\0\x01\x02\x01\0\x48\0\x48\x02\x01', 'latin1'), thumbnail]);
+    const icc = Buffer.from('ICC_PROFILE\0\x01\x01profile bytes', 'latin1');
+    const adobe = Buffer.from('Adobe\0\x64\0\0\0\0\x01', 'latin1');
+    const tables = segment(0xdb, Buffer.alloc(65, 1));
+    const scan = Buffer.concat([
+      segment(0xda, Buffer.from([1, 1, 0, 0, 0x3f, 0])),
+      Buffer.from([0x12, 0xff, 0xd9]),
+    ]);
+    const source = Buffer.concat([
+      Buffer.from([0xff, 0xd8]),
+      segment(0xe0, jfif),
+      segment(0xe0, Buffer.concat([Buffer.from('JFXX\0\x10', 'latin1'), Buffer.from(SECRET, 'latin1')])),
+      segment(0xe2, icc),
+      segment(0xe2, Buffer.from(`FPXR\0${SECRET}`, 'latin1')),
+      segment(0xe2, Buffer.from(`MPF\0${SECRET}`, 'latin1')),
+      segment(0xee, adobe),
+      segment(0xee, Buffer.from(SECRET, 'latin1')),
+      tables,
+      scan,
+    ]);
+    expect(withoutMetadata(source, 'image/jpeg')).toEqual(
+      Buffer.concat([
+        Buffer.from([0xff, 0xd8]),
+        // Same version, units and densities; no thumbnail.
+        segment(0xe0, Buffer.from('JFIF\0\x01\x02\x01\0\x48\0\x48\0\0', 'latin1')),
+        segment(0xe2, icc),
+        segment(0xee, adobe),
+        tables,
+        scan,
+      ]),
+    );
+  });
+
   it('drops an upright JPEG’s EXIF entirely', () => {
     const out = withoutMetadata(jpeg(1), 'image/jpeg')!;
     expect(out.includes(Buffer.from('Exif', 'latin1'))).toBe(false);

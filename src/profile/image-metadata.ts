@@ -4,8 +4,10 @@
  * every picture, and an avatar is served to anyone.
  *
  * - JPEG: every APPn segment and comment goes, also between the scans of a progressive file, but
- *   APP0 (JFIF), APP2 (the ICC colour profile; not the index of further pictures) and APP14 (Adobe:
- *   how the colours are encoded); nothing after the end of the image is kept (motion photos append
+ *   a JFIF header (APP0; without the thumbnail it may carry, which can show the uncropped
+ *   original), ICC colour profile parts (APP2) and the Adobe segment (APP14: how the colours are
+ *   encoded), each known by its identifier; so JFXX thumbnails, FlashPix data and the index of
+ *   further pictures (MPF) go. Nothing after the end of the image is kept (motion photos append
  *   a video there). An EXIF orientation other than upright comes back as a minimal EXIF holding
  *   only it, so a photo taken sideways still shows upright.
  * - PNG: the `eXIf`, `tEXt`, `zTXt`, `iTXt` and `tIME` chunks go (an orientation with them).
@@ -37,7 +39,14 @@ function need(condition: boolean): void {
   if (!condition) throw new Malformed();
 }
 
-const JPEG_KEPT_APP = new Set([0xe0, 0xe2, 0xee]);
+/** The APPn segments kept, by marker and the identifier their payload starts with. */
+const JPEG_KEPT_APP = new Map([
+  [0xe0, 'JFIF\0'],
+  [0xe2, 'ICC_PROFILE\0'],
+  [0xee, 'Adobe'],
+]);
+/** A JFIF header's payload up to its thumbnail: identifier, version, units, densities, thumbnail size. */
+const JFIF_HEADER = 14;
 
 function jpeg(bytes: Buffer): Buffer {
   need(bytes[0] === 0xff && bytes[1] === 0xd8);
@@ -68,9 +77,14 @@ function jpeg(bytes: Buffer): Buffer {
     let end = markerAt + 1 + length;
     const isApp = marker >= 0xe0 && marker <= 0xef;
     if (marker === 0xe1) orientation = exifOrientation(bytes.subarray(markerAt + 3, end)) ?? orientation;
-    // APP2 also carries the index of further pictures (MPF), each with its own metadata.
-    const isMpf =
-      marker === 0xe2 && bytes.subarray(markerAt + 3, markerAt + 7).toString('latin1') === 'MPF\0';
+    const id = JPEG_KEPT_APP.get(marker);
+    const kept =
+      (!isApp && marker !== 0xfe) ||
+      (id !== undefined &&
+        bytes
+          .subarray(markerAt + 3, end)
+          .toString('latin1')
+          .startsWith(id));
     if (marker === 0xda) {
       // Start of scan: its entropy-coded data runs to the next marker that is neither a stuffed
       // 0xFF00 nor a restart marker.
@@ -83,8 +97,16 @@ function jpeg(bytes: Buffer): Buffer {
       }
       need(end < bytes.length);
     }
-    if (((!isApp && marker !== 0xfe) || JPEG_KEPT_APP.has(marker)) && !isMpf)
-      parts.push(bytes.subarray(markerAt - 1, end));
+    if (marker === 0xe0 && kept) {
+      // A JFIF header as it is, but without a thumbnail (none of a header too short to say).
+      if (length - 2 >= JFIF_HEADER) {
+        const header = Buffer.from(bytes.subarray(markerAt - 1, markerAt + 3 + JFIF_HEADER));
+        header.writeUInt16BE(2 + JFIF_HEADER, 2);
+        header[2 + 2 + JFIF_HEADER - 2] = 0;
+        header[2 + 2 + JFIF_HEADER - 1] = 0;
+        parts.push(header);
+      }
+    } else if (kept) parts.push(bytes.subarray(markerAt - 1, end));
     at = end;
   }
   if (orientation !== 1) {

@@ -51,7 +51,8 @@ export function profileRoutes(deps: ProfileRouteDeps) {
           description:
             'multipart/form-data with one field `file`: a PNG, JPEG, GIF or WebP image of at most ' +
             "ZG_AVATAR_MAX_BYTES (5 MiB by default; 413 over that), judged by its bytes: the part's " +
-            'Content-Type must be some image/* type, application/octet-stream, binary/octet-stream or none. ' +
+            'Content-Type must be some image/* type, application/octet-stream, binary/octet-stream, text/plain ' +
+            '(what a part without one reads as) or none. ' +
             'Up to 20 uploads per user per hour (429 past that); the avatar replaced is deleted. ' +
             'What a photo records of where and how it was taken (EXIF, XMP, IPTC, comments, data after a ' +
             "JPEG's end or a GIF's trailer; a JPEG's EXIF orientation stays) is removed before it is published; a file whose structure does not hold " +

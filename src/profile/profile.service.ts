@@ -20,8 +20,11 @@ type Patch = Static<typeof ProfilePatchBody>;
 /** Each upload stores a new object, so they are counted: enough to try a few pictures, not to fill a disk. */
 export const AVATAR_UPLOADS_PER_HOUR = 20;
 
-/** What clients send for a file whose type they do not know. */
-const GENERIC_TYPES = new Set(['application/octet-stream', 'binary/octet-stream', '']);
+/**
+ * What clients send for a file whose type they do not know; `text/plain` is what a multipart part
+ * without a Content-Type reads as (RFC 7578's default), the way many HTTP libraries send files.
+ */
+const GENERIC_TYPES = new Set(['application/octet-stream', 'binary/octet-stream', 'text/plain', '']);
 
 const IMAGE_TYPES: { type: string; ext: string; magic: (b: Buffer) => boolean }[] = [
   {

@@ -225,6 +225,20 @@ describe.each<ProfileName>(['embedded', 'cluster'])('profiles (%s profile)', (pr
     });
     expect(sniffed.status).toBe(200);
     expect((await fetch(sniffed.body.avatar)).headers.get('content-type')).toBe('image/png');
+    // Nor does one that sends the part with no Content-Type at all (multipart reads that as text/plain).
+    const boundary = 'zg-avatar-untyped';
+    const bare = Buffer.concat([
+      Buffer.from(`--${boundary}\r\nContent-Disposition: form-data; name="file"; filename="me"\r\n\r\n`),
+      PNG,
+      Buffer.from(`\r\n--${boundary}--\r\n`),
+    ]);
+    const unnamed = await client.call('POST', '/api/v1/profile/avatar', {
+      token: user.accessToken,
+      raw: bare,
+      headers: { 'content-type': `multipart/form-data; boundary=${boundary}` },
+    });
+    expect([unnamed.status, unnamed.body.code]).toEqual([200, undefined]);
+    expect((await fetch(unnamed.body.avatar)).headers.get('content-type')).toBe('image/png');
 
     // A PNG saved under a .jpg name is declared as a JPEG by the browser: the bytes decide here too.
     const misnamed = new FormData();
