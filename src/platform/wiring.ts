@@ -167,7 +167,10 @@ async function createEmbedded(config: Config, log: Logger): Promise<Platform> {
   const closers: (() => Promise<void>)[] = [() => db.close()];
   try {
     await migrate(db);
-    const events = new SqliteEventLog(db);
+    const events = new SqliteEventLog(db, {
+      onPruneError: (err) =>
+        log.warn({ err }, 'the event log could not delete its old records; it tries again in 5 minutes'),
+    });
     closers.unshift(() => events.close());
     const codeSender = await codeSenders(config, log, false);
     closers.unshift(async () => codeSender.close());

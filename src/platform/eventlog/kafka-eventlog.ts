@@ -714,8 +714,13 @@ class KafkaSubscription implements Subscription {
         }
         onProgress();
       }
-      await commitHandled();
-      await committed();
+      // Leaving because of `close`: a commit that fails now is said (its records come again).
+      try {
+        await commitHandled();
+        await committed();
+      } catch (err) {
+        this.report(err);
+      }
     } catch (err) {
       await committing;
       throw err;

@@ -260,6 +260,18 @@ describe(`${SqliteEventLog.name} retention`, () => {
     await delay(80);
     expect(prune.mock.calls.length).toBe(calls);
   });
+
+  it('tells of a periodic prune that failed, and tries again at the next interval', async () => {
+    const { db } = await newDb();
+    const failures: unknown[] = [];
+    const sut = newLog(db, { pruneIntervalMs: 20, onPruneError: (err) => failures.push(err) });
+    const prune = vi.spyOn(sut, 'prune').mockRejectedValue(new Error('database is locked'));
+    await sut.ensureTopics(['views']);
+    const deadline = Date.now() + 5_000;
+    while (failures.length < 2 && Date.now() < deadline) await delay(10);
+    expect(failures.slice(0, 2)).toEqual([new Error('database is locked'), new Error('database is locked')]);
+    expect(prune.mock.calls.length).toBeGreaterThanOrEqual(2);
+  });
 });
 
 function delay(ms: number): Promise<void> {

@@ -23,6 +23,8 @@ export interface SqliteEventLogOptions {
   pruneChunk?: number;
   /** The clock records are stamped with and aged by. */
   now?: () => number;
+  /** Told of a periodic prune that failed (the next one tries again). */
+  onPruneError?: (err: unknown) => void;
 }
 
 // Four bound values a row; stays well below SQLite's limit on variables per statement.
@@ -60,6 +62,7 @@ export class SqliteEventLog implements EventLog {
   private readonly pruneIntervalMs: number;
   private readonly pruneChunk: number;
   private readonly now: () => number;
+  private readonly onPruneError: (err: unknown) => void;
   private pruneTimer: NodeJS.Timeout | undefined;
   private pruning: Promise<number> | undefined;
   private closed = false;
@@ -75,6 +78,7 @@ export class SqliteEventLog implements EventLog {
     this.pruneIntervalMs = options.pruneIntervalMs ?? DEFAULT_PRUNE_INTERVAL_MS;
     this.pruneChunk = Math.max(1, options.pruneChunk ?? DEFAULT_PRUNE_CHUNK);
     this.now = options.now ?? Date.now;
+    this.onPruneError = options.onPruneError ?? (() => undefined);
   }
 
   /**
@@ -93,7 +97,13 @@ export class SqliteEventLog implements EventLog {
     if (!this.closed && this.pruneTimer === undefined && this.pruneIntervalMs > 0) {
       this.pruneTimer = setInterval(() => {
         // A failed run (say, the file busy past the timeout) deletes nothing; the next one retries.
-        this.prune().catch(() => undefined);
+        this.prune().catch((err: unknown) => {
+          try {
+            this.onPruneError(err);
+          } catch {
+            // A failing reporter must not become an unhandled rejection.
+          }
+        });
       }, this.pruneIntervalMs);
       this.pruneTimer.unref();
     }

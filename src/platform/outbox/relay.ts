@@ -108,6 +108,7 @@ export class OutboxRelay {
   private async round(): Promise<RoundResult> {
     let error: Error | undefined;
     let published = 0;
+    let oldest = Infinity;
     const handed = await this.options.store.claim(this.batchSize, async (rows) => {
       const done: number[] = [];
       for (const [topic, group] of byTopic(rows)) {
@@ -121,21 +122,24 @@ export class OutboxRelay {
           error = err instanceof Error ? err : new Error('publish failed', { cause: err });
           break;
         }
-        for (const r of group) done.push(r.id);
-      }
-      published = done.length;
-      if (published > 0) {
-        const oldest = Math.min(...rows.map((r) => r.createdAt));
-        this.stats.published += published;
-        this.stats.lastPublishedAt = this.now();
-        try {
-          this.options.onPublished?.(published, Math.max(0, this.now() - oldest));
-        } catch {
-          // Metrics must not fail a round.
+        for (const r of group) {
+          done.push(r.id);
+          oldest = Math.min(oldest, r.createdAt);
         }
       }
+      published = done.length;
       return done;
     });
+    // Counted once the rows are gone (a failed delete publishes them again), and aged by those published.
+    if (published > 0) {
+      this.stats.published += published;
+      this.stats.lastPublishedAt = this.now();
+      try {
+        this.options.onPublished?.(published, Math.max(0, this.now() - oldest));
+      } catch {
+        // Metrics must not fail a round.
+      }
+    }
     return error === undefined
       ? { published, full: handed >= this.batchSize }
       : { published, full: false, error };

@@ -1,0 +1,44 @@
+import { describe, expect, it } from 'vitest';
+import type { EventLog } from '../eventlog/eventlog.js';
+import type { OutboxRow, OutboxStore } from './outbox.js';
+import { OutboxRelay } from './relay.js';
+
+const row = (id: number, topic: string, createdAt: number): OutboxRow => ({
+  id,
+  topic,
+  key: String(id),
+  payload: '{}',
+  createdAt,
+});
+
+describe(OutboxRelay.name, () => {
+  it('counts rows published only once they are deleted, and ages a round by the rows it published', async () => {
+    const rows = [row(1, 'a', 900), row(2, 'b', 100), row(3, 'b', 150)];
+    let deletes = 0;
+    const store: OutboxStore = {
+      claim: async (_limit: number, work: (rows: OutboxRow[]) => Promise<number[]>) => {
+        const done = await work(rows);
+        // The first delete fails (a lost connection): the rows stay, and are published again.
+        if (deletes++ === 0) throw new Error('delete failed');
+        return done.length;
+      },
+    };
+    const events = {
+      // Topic b's publish fails: its rows (the older ones) wait for a later round.
+      publish: async (topic: string) => {
+        if (topic === 'b') throw new Error('log down');
+      },
+    } as unknown as EventLog;
+    const reported: [number, number][] = [];
+    const relay = new OutboxRelay({
+      store,
+      events,
+      now: () => 1_000,
+      onPublished: (n, age) => reported.push([n, age]),
+    });
+    await expect(relay.runOnce()).rejects.toThrow('delete failed');
+    expect([reported, relay.stats.published]).toEqual([[], 0]);
+    await relay.runOnce().catch(() => undefined);
+    expect([reported, relay.stats.published]).toEqual([[[1, 100]], 1]);
+  });
+});
