@@ -161,8 +161,8 @@ async function main(argv: string[]): Promise<number> {
 
   const config = loadConfig(process.env);
   const log = createLogger(config.logLevel === 'info' ? 'warn' : config.logLevel);
-  // The replay refills Redis, so it sets the deployment's mark there if it finds none.
-  const platform = await createPlatform(config, log, { markRedis: command === 'replay' });
+  // The replay refills Redis: once done, it sets the deployment's mark and seals (see sealCounters).
+  const platform = await createPlatform(config, log, { replaying: command === 'replay' });
   const metrics = new CounterMetrics(new Registry());
   const started = Date.now();
   try {
@@ -199,6 +199,8 @@ async function main(argv: string[]): Promise<number> {
       const counters = await replayAll(platform.counterStore, platform.events, progress, {
         force: values.force ?? false,
       });
+      // The facts are back: likes and favourites are taken again.
+      await platform.sealCounters();
       summary = { ...counters, ...(await replayViews(platform.events, platform.counterStore, progress)) };
     } else {
       summary = { folded: await flushPending(platform.counterStore, metrics, 512, 1_000_000) };

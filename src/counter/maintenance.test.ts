@@ -69,6 +69,12 @@ class RecordingStore {
     return { seq: this.held.get(ref.eid) ?? 0 };
   }
 
+  seals = 0;
+
+  async seal(): Promise<void> {
+    this.seals++;
+  }
+
   async reset(): Promise<void> {
     this.resets++;
     this.facts.clear();

@@ -353,6 +353,8 @@ export async function replayAll(
   await rebuild(spanning);
   report.entities = rebuilt;
   progress(`rebuilt ${rebuilt} entities`);
+  // The reset unsealed the store (toggles were refused meanwhile): its facts are whole again.
+  await store.seal();
   return report;
 }
 

@@ -14,7 +14,7 @@ import {
   checkRedisEviction,
   clusterRedisOptions,
   keepDataPrivate,
-  reportEmptyRedis,
+  sealCounters,
   SUBSCRIBER_OPTIONS,
   watchRedisDataLoss,
 } from './wiring.js';
@@ -100,64 +100,106 @@ describe('the counter groups of a deployment', () => {
   });
 });
 
-describe('a Redis without the data of a deployment that has users', () => {
-  it('is reported at error level, and a new deployment is not', async () => {
-    const { log, messages } = capturingLog();
-    const { db, dispose } = await openTempSqlite();
-    try {
-      await reportEmptyRedis(db, 'zg:', log);
-      expect(messages).toEqual([]);
-      await db.kysely.insertInto('users').values(userRow()).execute();
-      await reportEmptyRedis(db, 'zg:', log);
-      expect(messages.map((m) => [m.level, m.msg.split(':')[0]])).toEqual([
-        [50, 'Redis holds no data of this deployment'],
-      ]);
-      expect(messages[0]!.msg).toContain('counters replay --yes');
-    } finally {
-      await dispose();
-    }
-  });
-});
-
 describe('the start-up check of Redis', () => {
-  /** Runs `body` with a Redis client, a fresh prefix and a database that has a user. */
+  /** Runs `body` with a Redis client, a fresh prefix, a store on it and a database (with a user: `users`). */
   async function withDeployment(
+    users: boolean,
     body: (d: {
       redis: Redis;
       prefix: string;
       db: Db;
+      store: RedisCounterStore;
       log: Logger;
-      messages: { level: number }[];
+      messages: { level: number; msg: string }[];
     }) => Promise<void>,
   ): Promise<void> {
     const redis = new Redis(services.redisUrl());
     const prefix = `${uniqueName('startcheck')}:`;
     const { db, dispose } = await openTempSqlite();
+    const store = new RedisCounterStore(redis, { prefix, groups: 8, requireSeal: true });
     try {
-      await db.kysely.insertInto('users').values(userRow()).execute();
-      await body({ redis, prefix, db, ...capturingLog() });
+      if (users) await db.kysely.insertInto('users').values(userRow()).execute();
+      await body({ redis, prefix, db, store, ...capturingLog() });
     } finally {
-      await redis.del(`${prefix}meta:counter-groups`);
+      await store.reset();
+      await redis.del(`${prefix}meta:counter-groups`, `${prefix}meta:counter-sealed`);
       await redis.quit();
       await dispose().catch(() => undefined);
     }
   }
+  const ref = { etype: 'knowpost', eid: '7300000000000000011' } as const;
+  const like = (store: RedisCounterStore, user = 1) => store.toggle(ref, 'like', user, true, Date.now());
 
-  it('takes back a mark it set when the report cannot be made, so the next process reports', async () => {
-    await withDeployment(async ({ redis, prefix, db, log, messages }) => {
-      await db.close();
-      await expect(checkRedisAtStart(redis, db, prefix, 64, true, log)).rejects.toThrow();
-      expect(await redis.exists(`${prefix}meta:counter-groups`)).toBe(0);
+  it('marks and seals a new deployment (no users yet), which then takes likes', async () => {
+    await withDeployment(false, async ({ redis, prefix, db, store, log, messages }) => {
+      await expect(like(store)).rejects.toThrow(/being restored/);
+      await checkRedisAtStart(redis, db, prefix, 8, store, { markRedis: true }, log);
       expect(messages).toEqual([]);
+      expect(await redis.get(`${prefix}meta:counter-groups`)).toBe('8');
+      expect(await redis.get(`${prefix}meta:counter-sealed`)).toBe('1');
+      expect((await like(store)).changed).toBe(true);
     });
   });
 
-  it('reports once, by the process that set the mark', async () => {
-    await withDeployment(async ({ redis, prefix, db, log, messages }) => {
-      await checkRedisAtStart(redis, db, prefix, 64, true, log);
-      await checkRedisAtStart(redis, db, prefix, 64, true, log);
-      expect(messages.map((m) => m.level)).toEqual([50]);
-      expect(await redis.get(`${prefix}meta:counter-groups`)).toBe('64');
+  it('seals once a deployment whose Redis kept its data but whose groups were never sealed', async () => {
+    await withDeployment(true, async ({ redis, prefix, db, store, log, messages }) => {
+      await redis.set(`${prefix}meta:counter-groups`, '8');
+      // An admin command does not write.
+      await checkRedisAtStart(redis, db, prefix, 8, store, { markRedis: false }, log);
+      await expect(like(store)).rejects.toThrow(/being restored/);
+      await checkRedisAtStart(redis, db, prefix, 8, store, { markRedis: true }, log);
+      expect(messages).toEqual([]);
+      expect((await like(store)).changed).toBe(true);
+    });
+  });
+
+  it('reports a Redis that lost the data of a deployment with users, and leaves it unmarked and unsealed until the replay', async () => {
+    await withDeployment(true, async ({ redis, prefix, db, store, log, messages }) => {
+      await checkRedisAtStart(redis, db, prefix, 8, store, { markRedis: true }, log);
+      await checkRedisAtStart(redis, db, prefix, 8, store, { markRedis: true }, log);
+      expect(messages.map((m) => [m.level, m.msg.split(':')[0]])).toEqual([
+        [50, 'Redis holds no data of this deployment'],
+        [50, 'Redis holds no data of this deployment'],
+      ]);
+      expect(messages[0]!.msg).toContain('counters replay --yes');
+      expect(await redis.exists(`${prefix}meta:counter-groups`, `${prefix}meta:counter-sealed`)).toBe(0);
+      await expect(like(store)).rejects.toMatchObject({ status: 503, code: 'UNAVAILABLE' });
+      // The replay itself says nothing of it, and once done marks and seals the deployment.
+      await checkRedisAtStart(redis, db, prefix, 8, store, { markRedis: false, replaying: true }, log);
+      expect(messages).toHaveLength(2);
+      await sealCounters(redis, prefix, 8, store);
+      expect((await like(store)).changed).toBe(true);
+      await checkRedisAtStart(redis, db, prefix, 8, store, { markRedis: true }, log);
+      expect(messages).toHaveLength(2);
+    });
+  });
+
+  it('refuses likes in a group that lost its keys after it was sealed, and a reset unseals every group', async () => {
+    await withDeployment(false, async ({ redis, prefix, db, store, log }) => {
+      const told: number[] = [];
+      const watched = new RedisCounterStore(redis, {
+        prefix,
+        groups: 8,
+        requireSeal: true,
+        onUnsealed: (group) => told.push(group),
+      });
+      await checkRedisAtStart(redis, db, prefix, 8, store, { markRedis: true }, log);
+      expect((await like(watched)).changed).toBe(true);
+      // As a failed-over shard would: the group's keys are gone, the other groups' are not.
+      const group = watched.groupOf(ref);
+      await redis.del(watched.groupKey('seq', group), watched.factKey(ref, 'like', false));
+      await expect(like(watched, 2)).rejects.toThrow(/being restored/);
+      expect(told).toEqual([group]);
+      const elsewhere = Array.from(
+        { length: 40 },
+        (_, i) => ({ etype: 'knowpost', eid: String(9000 + i) }) as const,
+      ).find((r) => watched.groupOf(r) !== group)!;
+      expect((await watched.toggle(elsewhere, 'like', 1, true, Date.now())).changed).toBe(true);
+      // The sentinel is no entity.
+      const scanned = await watched.scanEntities('', 100);
+      expect(scanned.refs.map((r) => r.eid)).toEqual([elsewhere.eid]);
+      await watched.reset();
+      await expect(watched.toggle(elsewhere, 'like', 2, true, Date.now())).rejects.toThrow(/being restored/);
     });
   });
 });
@@ -194,26 +236,27 @@ describe('the start-up check of Redis’ eviction policy', () => {
 });
 
 describe('the data-loss watch of a Redis connection', () => {
-  /** A connection that emits what it is told to and answers `SET … NX` as `answers` says. */
-  function fakeConnection(answers: (() => Promise<string | null>)[]) {
+  /** A connection that emits what it is told to and answers `EXISTS` as `answers` says. */
+  function fakeConnection(answers: (() => Promise<number>)[]) {
     const connection = Object.assign(new EventEmitter(), {
-      sets: 0,
-      set: () => answers[connection.sets++]!(),
+      checks: 0,
+      exists: () => answers[connection.checks++]!(),
     });
     return connection;
   }
   const settle = () => new Promise((resolve) => setTimeout(resolve, 10));
 
-  it('checks again at the next reconnection when a check failed', async () => {
+  it('says so after a reconnection that finds the mark gone, and checks again when a check failed', async () => {
     const connection = fakeConnection([
       () => Promise.reject(new Error('Connection is closed.')),
-      () => Promise.resolve('OK'),
-      () => Promise.resolve(null),
+      () => Promise.resolve(0),
+      () => Promise.resolve(0),
+      () => Promise.resolve(1),
     ]);
     const { log, messages } = capturingLog();
-    watchRedisDataLoss(connection as unknown as Redis, 'zg:', 64, log);
+    watchRedisDataLoss(connection as unknown as Redis, 'zg:', log);
     connection.emit('ready');
-    expect(connection.sets).toBe(0);
+    expect(connection.checks).toBe(0);
     connection.emit('close');
     connection.emit('ready');
     await settle();
@@ -221,14 +264,20 @@ describe('the data-loss watch of a Redis connection', () => {
     // No close in between: the failed check is made again all the same, and finds the data gone.
     connection.emit('ready');
     await settle();
-    expect(connection.sets).toBe(2);
+    expect(connection.checks).toBe(2);
     expect(messages.map((m) => m.level)).toEqual([40, 50]);
-    // Found again after a later reconnection: nothing to say.
+    expect(messages[1]!.msg).toContain('counters replay --yes');
+    // Still gone after the next reconnection (nothing set it back): said again.
     connection.emit('close');
     connection.emit('ready');
     await settle();
-    expect(connection.sets).toBe(3);
-    expect(messages).toHaveLength(2);
+    expect(messages.map((m) => m.level)).toEqual([40, 50, 50]);
+    // Back (a replay ran): nothing to say.
+    connection.emit('close');
+    connection.emit('ready');
+    await settle();
+    expect(connection.checks).toBe(4);
+    expect(messages).toHaveLength(3);
   });
 });
 

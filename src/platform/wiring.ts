@@ -47,6 +47,8 @@ export interface Platform {
   outboxStore: OutboxStore;
   storage: ObjectStorage;
   counterStore: CounterStore;
+  /** After a replay brought the counter facts back: takes likes and favourites again (see `sealCounters`). */
+  sealCounters(): Promise<void>;
   userCounterStore: UserCounterStore;
   /** Cached following/followers lists (cluster: Redis sorted sets; embedded: in process). */
   relationLists: ListCache;
@@ -65,11 +67,12 @@ export interface PlatformOptions {
   /** Whether the process serves HTTP (a server, not an admin command): start-up warnings of what it serves. */
   serves?: boolean;
   /**
-   * Cluster: whether a missing mark of the deployment in Redis is set (see `checkCounterGroups`);
-   * by default only servers set it. An admin command that finds none reports the lost data and
-   * leaves the mark for the servers to find missing too, except the replay, which refills Redis.
+   * Cluster: whether the deployment's mark and seals are set where a first start (or a release
+   * before seals) leaves them missing (see `checkRedisAtStart`); by default only servers set them.
    */
   markRedis?: boolean;
+  /** Cluster: the replay, which brings lost data back, does not report it lost. */
+  replaying?: boolean;
 }
 
 export async function createPlatform(
@@ -79,7 +82,13 @@ export async function createPlatform(
 ): Promise<Platform> {
   return config.profile === 'embedded'
     ? createEmbedded(config, log)
-    : createCluster(config, log, options.serves ?? false, options.markRedis ?? options.serves ?? false);
+    : createCluster(
+        config,
+        log,
+        options.serves ?? false,
+        options.markRedis ?? options.serves ?? false,
+        options.replaying ?? false,
+      );
 }
 
 function localStorage(config: Config): ObjectStorage {
@@ -184,6 +193,7 @@ async function createEmbedded(config: Config, log: Logger): Promise<Platform> {
       outboxStore: new SqliteOutboxStore(db),
       storage: localStorage(config),
       counterStore: new SqliteCounterStore(db),
+      sealCounters: async () => undefined,
       userCounterStore: new SqliteUserCounterStore(db),
       relationLists: new MemoryListCache({
         ttlMs: config.relations.listCacheTtlMs,
@@ -276,18 +286,19 @@ export function watchRedisConnection(redis: Redis, log: Logger, name: string): v
 }
 
 const REDIS_DATA_LOST =
-  'Redis holds no data of this deployment: likes and favourites read as zero and users must sign in ' +
-  'again; if it lost its data, stop API and worker processes and run `zhiguang counters replay --yes` ' +
-  'to rebuild the counts from counter-events';
+  'Redis holds no data of this deployment: likes and favourites are refused (503) until their facts are ' +
+  'back, and users must sign in again; run `zhiguang counters replay --yes` to rebuild the facts and ' +
+  'counts from counter-events';
 
 /**
  * Tells when Redis comes back from a lost connection without its data (restarted without
  * persistence, or failed over to an empty replica): the mark `checkCounterGroups` left is gone. The
  * facts behind likes and favourites and the sessions went with it; nothing here can bring them back,
- * so the process says so at error level, with what to run, and sets the mark again. The first
- * process to set it says so, once per loss (see also `reportEmptyRedis`).
+ * so the process says so at error level, with what to run, once per loss. The mark stays missing
+ * (as do the groups' seals, so toggles are refused) until the replay sets it: a process started
+ * meanwhile finds it missing too, and says so (see `checkRedisAtStart`).
  */
-export function watchRedisDataLoss(redis: Redis, prefix: string, groups: number, log: Logger): void {
+export function watchRedisDataLoss(redis: Redis, prefix: string, log: Logger): void {
   const key = `${prefix}meta:counter-groups`;
   let lost = false;
   redis.on('close', () => void (lost = true));
@@ -295,9 +306,9 @@ export function watchRedisDataLoss(redis: Redis, prefix: string, groups: number,
     if (!lost) return;
     lost = false;
     redis
-      .set(key, String(groups), 'NX')
-      .then((set) => {
-        if (set === 'OK') log.error({ prefix }, REDIS_DATA_LOST);
+      .exists(key)
+      .then((found) => {
+        if (found === 0) log.error({ prefix }, REDIS_DATA_LOST);
       })
       .catch((err: unknown) => {
         // Checked again at the next reconnection.
@@ -307,14 +318,28 @@ export function watchRedisDataLoss(redis: Redis, prefix: string, groups: number,
   });
 }
 
+/** Whether the deployment has users, that is, had data in Redis. */
+async function hasUsers(db: Db): Promise<boolean> {
+  return (await db.kysely.selectFrom('users').select('id').limit(1).executeTakeFirst()) !== undefined;
+}
+
+/** Set once every counter group of the deployment was sealed (see `RedisCounterStore.seal`). */
+const sealedKey = (prefix: string) => `${prefix}meta:counter-sealed`;
+
 /**
- * A process that finds no mark in Redis at start while the database already has users is one that
- * started after Redis lost its data, before any connected process noticed: it says so, as
- * `watchRedisDataLoss` would have.
+ * Records that Redis holds the deployment's counter facts: the groups' mark (`checkCounterGroups`),
+ * every group's seal, then the deployment's. At a deployment's first start, and by the replay once
+ * it brought the facts back.
  */
-export async function reportEmptyRedis(db: Db, prefix: string, log: Logger): Promise<void> {
-  const user = await db.kysely.selectFrom('users').select('id').limit(1).executeTakeFirst();
-  if (user) log.error({ prefix }, REDIS_DATA_LOST);
+export async function sealCounters(
+  redis: Redis,
+  prefix: string,
+  groups: number,
+  store: Pick<CounterStore, 'seal'>,
+): Promise<void> {
+  await checkCounterGroups(redis, prefix, groups, true);
+  await store.seal();
+  await redis.set(sealedKey(prefix), '1');
 }
 
 /**
@@ -344,26 +369,33 @@ export async function checkCounterGroups(
 }
 
 /**
- * Checks the counter groups' mark at start (`checkCounterGroups`) and, when there was none, whether
- * the deployment already has users (`reportEmptyRedis`). A mark this process set stays only once
- * that is answered: otherwise the next process to start would find it and report nothing.
+ * Checks the counter groups' mark at start (`checkCounterGroups`). Found: Redis holds the
+ * deployment's data; a deployment whose groups were never sealed (made by a release before seals)
+ * is sealed now. Missing while the database has users: Redis lost its data; said at error level
+ * (unless `replaying`: the replay is what brings it back), and nothing is set, so every process
+ * finds it missing until the replay. Missing in a deployment without users: its first start, which
+ * sets the mark and seals the groups. Only a process that `markRedis` writes.
  */
 export async function checkRedisAtStart(
   redis: Redis,
   db: Db,
   prefix: string,
   groups: number,
-  markRedis: boolean,
+  store: Pick<CounterStore, 'seal'>,
+  options: { markRedis: boolean; replaying?: boolean },
   log: Logger,
 ): Promise<void> {
-  const mark = await checkCounterGroups(redis, prefix, groups, markRedis);
-  if (mark === 'found') return;
-  try {
-    await reportEmptyRedis(db, prefix, log);
-  } catch (err) {
-    if (mark === 'created') await redis.del(`${prefix}meta:counter-groups`);
-    throw err;
+  const mark = await checkCounterGroups(redis, prefix, groups, false);
+  if (mark !== 'missing') {
+    if (options.markRedis && (await redis.exists(sealedKey(prefix))) === 0)
+      await sealCounters(redis, prefix, groups, store);
+    return;
   }
+  if (await hasUsers(db)) {
+    if (!options.replaying) log.error({ prefix }, REDIS_DATA_LOST);
+    return;
+  }
+  if (options.markRedis) await sealCounters(redis, prefix, groups, store);
 }
 
 /**
@@ -428,6 +460,7 @@ async function createCluster(
   log: Logger,
   serves: boolean,
   markRedis: boolean,
+  replaying: boolean,
 ): Promise<Platform> {
   const closers: (() => Promise<void>)[] = [];
   try {
@@ -442,8 +475,32 @@ async function createCluster(
     );
     watchRedisConnection(redis, log, 'commands');
     closers.unshift(async () => void (await redis.quit().catch(() => redis.disconnect())));
-    await checkRedisAtStart(redis, db, config.redisPrefix, config.counters.groups, markRedis, log);
-    watchRedisDataLoss(redis, config.redisPrefix, config.counters.groups, log);
+    const { RedisCounterStore } = await import('../counter/store/redis-counter-store.js');
+    let unsealedToldAt = Number.NEGATIVE_INFINITY;
+    const counterStore = new RedisCounterStore(redis, {
+      prefix: config.redisPrefix,
+      groups: config.counters.groups,
+      requireSeal: true,
+      onUnsealed: (group) => {
+        if (Date.now() - unsealedToldAt < 60_000) return;
+        unsealedToldAt = Date.now();
+        log.error(
+          { prefix: config.redisPrefix, group },
+          'a like or favourite was refused: counter group holds no facts (Redis lost them, or a replay is under way); ' +
+            'they are refused until `zhiguang counters replay --yes` brings them back',
+        );
+      },
+    });
+    await checkRedisAtStart(
+      redis,
+      db,
+      config.redisPrefix,
+      config.counters.groups,
+      counterStore,
+      { markRedis, replaying },
+      log,
+    );
+    watchRedisDataLoss(redis, config.redisPrefix, log);
     await checkRedisEviction(redis, log);
     // A subscribed connection can run no other command, so the bus gets one of its own (and closes it).
     const invalidation = await createRedisInvalidationBus({
@@ -469,7 +526,6 @@ async function createCluster(
     const { MysqlOutboxStore } = await import('./outbox/mysql-outbox-store.js');
     const storage = await s3Storage(config, log);
     closers.unshift(async () => storage.close());
-    const { RedisCounterStore } = await import('../counter/store/redis-counter-store.js');
     const { RedisUserCounterStore } = await import('../user-counter/store/redis-user-counter-store.js');
     const { RedisListCache } = await import('../relation/list-cache/redis-list-cache.js');
 
@@ -485,10 +541,8 @@ async function createCluster(
       events,
       outboxStore: new MysqlOutboxStore(db),
       storage,
-      counterStore: new RedisCounterStore(redis, {
-        prefix: config.redisPrefix,
-        groups: config.counters.groups,
-      }),
+      counterStore,
+      sealCounters: () => sealCounters(redis, config.redisPrefix, config.counters.groups, counterStore),
       userCounterStore: new RedisUserCounterStore(redis, {
         prefix: config.redisPrefix,
         groups: config.counters.groups,

@@ -32,6 +32,8 @@ export interface Delivered {
 
 export interface Server {
   profile: ProfileName;
+  /** The server's environment (for the admin commands of its deployment). */
+  env: Record<string, string>;
   baseUrl: string;
   /** The RS256 private key the server signs with (to forge tokens in security tests). */
   privateKeyPem: string;
@@ -250,6 +252,7 @@ export async function startServer(
 
   return {
     profile,
+    env,
     baseUrl: address,
     privateKeyPem,
     issuer,

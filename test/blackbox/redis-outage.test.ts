@@ -8,6 +8,7 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { runCli } from '../fault/processes.js';
 import { Client, eventually, freePort, signUp, startServer, type Server, type SignedUp } from './harness.js';
 
 const COMMAND_TIMEOUT_MS = 500;
@@ -130,8 +131,20 @@ describe('a cluster server while its Redis is down', () => {
       ),
     ).toBe(200);
     const again = await signUp(server, client);
+    // The facts of likes went with it: likes are refused, not counted from nothing, until a replay.
+    const refused = await like(again.accessToken);
+    expect([refused.status, refused.body?.code]).toEqual([503, 'UNAVAILABLE']);
+    expect(refused.body?.message).toContain('being restored');
+    const replay = await runCli(server.env, ['counters', 'replay', '--yes'], 60_000);
+    expect([replay.code, replay.json]).toMatchObject([0, { command: 'counters replay', entities: 1 }]);
     expect((await like(again.accessToken)).body).toEqual({ changed: true, liked: true });
-    expect((await client.call('GET', `/api/v1/counter/knowpost/${postId}`)).status).toBe(200);
+    // The like made before the loss is back, with the new one.
+    const counted = await eventually(
+      async () => (await client.call('GET', `/api/v1/counter/knowpost/${postId}`)).body?.counts?.like,
+      (n) => n === 2,
+      5_000,
+    );
+    expect(counted).toBe(2);
 
     // The loss and the return are told once each, not once per reconnection attempt.
     const told = server.logLines().map((line) => line.msg);

@@ -124,6 +124,12 @@ export interface CounterStore {
   sampleEntities(limit: number): Promise<EntityRef[]>;
   reset(): Promise<void>;
   replayFacts(events: readonly CounterEvent[]): Promise<void>;
+  /**
+   * Records that the store holds its facts. Cluster: a store that can lose them (Redis coming back
+   * empty) refuses toggles where they are gone, with a 503, until a replay has brought them back and
+   * sealed it again; a reset unseals. Embedded: nothing to record (facts live in the database).
+   */
+  seal(): Promise<void>;
   /** Overwrites (or with null deletes) a snapshot's raw bytes; for tests and repair tools only. */
   writeRawSnapshot(ref: EntityRef, bytes: Buffer | null): Promise<void>;
 }

@@ -18,6 +18,7 @@ import {
   type EntityType,
   type FactMetric,
 } from '../model.js';
+import { UnavailableError } from '../../platform/errors/errors.js';
 import { decodeSnapshot } from '../snapshot.js';
 import type {
   CounterStore,
@@ -45,7 +46,21 @@ export interface RedisCounterStoreOptions {
    * all of their keys; otherwise every script stays within one group's slot, one per group.
    */
   singleNode?: boolean;
+  /**
+   * Whether a toggle needs its group sealed (see `seal`): true in a deployment, where a group whose
+   * keys are gone lost its facts (Redis came back empty) and takes no toggles until a replay brings
+   * them back and seals it again. Off by default, so that a store on fresh keys works at once.
+   */
+  requireSeal?: boolean;
+  /** Told of each toggle refused because its group is not sealed. */
+  onUnsealed?: (group: number) => void;
 }
+
+/**
+ * The field of each group's seq hash that `seal` sets: a group without it has lost its keys (or was
+ * emptied by a replay's reset) since it was sealed. Not an entity: no entity field is `~`.
+ */
+export const SEAL_FIELD = '~';
 
 export const DEFAULT_GROUPS = 4096;
 export const DEFAULT_SPARSE_MAX = 500;
@@ -262,8 +277,12 @@ end
 // Fact change, seq increment and the unpublished record in one step: an event exists exactly when
 // its change does. KEYS: like-or-fav set, its sharded hash, seq, unpublished.
 // ARGV: entity field, event id prefix, uid, shard, offset, on, sparseMax, now, the record's tail
-// after the event id (see unpublishedToken).
+// after the event id (see unpublishedToken), '1' when the group must be sealed. Replies {-1, 0}
+// when it must be and is not: its facts are gone, so nothing is changed or answered from them.
 const TOGGLE_LUA = `${SHARDED_LUA}
+if ARGV[10] == '1' and redis.call('HEXISTS', KEYS[3], '${SEAL_FIELD}') == 0 then
+  return {-1, 0}
+end
 if set_fact(KEYS[1], KEYS[2], ARGV[3], ARGV[4], tonumber(ARGV[5]), ARGV[6] == '1', tonumber(ARGV[7])) == 0 then
   return {0, 0}
 end
@@ -669,6 +688,8 @@ export class RedisCounterStore implements CounterStore {
   private sweptUnpublished = false;
   private unpubSweepFrom = 0;
   private readonly unpubKey: string;
+  private readonly requireSeal: boolean;
+  private readonly onUnsealed: (group: number) => void;
 
   constructor(
     private readonly redis: Redis,
@@ -690,6 +711,8 @@ export class RedisCounterStore implements CounterStore {
     defineScript(redis, CMD.replay, 3, REPLAY_LUA);
     this.flagsScript = defineScript<ScriptCall>(redis, CMD.flags, null, FLAGS_LUA);
     this.singleNode = options.singleNode ?? true;
+    this.requireSeal = options.requireSeal ?? false;
+    this.onUnsealed = options.onUnsealed ?? (() => undefined);
     this.countScript = defineScript<ScriptCall>(redis, CMD.count, 4, COUNT_LUA);
     defineScript(redis, CMD.apply, 4, APPLY_LUA);
     defineScript(redis, CMD.fold, 4, FOLD_LUA);
@@ -774,7 +797,14 @@ export class RedisCounterStore implements CounterStore {
       this.sparseMax,
       now,
       tokenTail(metric, userId, on ? 1 : -1, now),
+      this.requireSeal ? '1' : '0',
     )) as [number, number];
+    if (reply[0] === -1) {
+      this.onUnsealed(group);
+      throw new UnavailableError(
+        'Likes and favourites are being restored after a data loss; try again later',
+      );
+    }
     if (reply[0] !== 1) return { changed: false, state: on, event: null, published: false };
     // Once more if the first attempt failed; failing again, the sweep of staleUnpublished finds the group.
     if (!(await indexed)) await this.indexUnpublished(group, now);
@@ -784,6 +814,19 @@ export class RedisCounterStore implements CounterStore {
       event: eventFor(ref, metric, userId, on ? 1 : -1, reply[1], now),
       published: false,
     };
+  }
+
+  /**
+   * Marks every group as holding its facts (see `SEAL_FIELD`): at a deployment's first start, once
+   * at the first start of a release that checks seals, and after a replay brought the facts back.
+   */
+  async seal(): Promise<void> {
+    for (let from = 0; from < this.groups; from += SCAN_CHUNK) {
+      const pipeline = this.redis.pipeline();
+      for (let g = from; g < Math.min(this.groups, from + SCAN_CHUNK); g++)
+        pipeline.hset(this.groupKey('seq', g), SEAL_FIELD, '1');
+      await execPipeline(pipeline);
+    }
   }
 
   async flags(userId: number, refs: readonly EntityRef[]): Promise<Flags[]> {

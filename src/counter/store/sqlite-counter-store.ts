@@ -449,6 +449,9 @@ export class SqliteCounterStore implements CounterStore {
     return rows.map((r) => ({ etype: r.etype as EntityType, eid: r.eid }));
   }
 
+  /** Facts are rows of the database itself: never lost apart from it. */
+  async seal(): Promise<void> {}
+
   async reset(): Promise<void> {
     await this.exclusive(() => {
       for (const table of ['counter_facts', 'counter_entities', 'counter_pending', 'counter_snapshots']) {
