@@ -143,6 +143,64 @@ describe('KafkaEventLog commitIntervalMs', () => {
   });
 });
 
+describe('KafkaEventLog handler failures', () => {
+  it('hands a failed batch again on the same stream, without joining the group again', async () => {
+    const prefix = `${uniqueName('t')}.`;
+    const log = new KafkaEventLog({
+      brokers: services.kafkaBrokers(),
+      prefix,
+      partitions: 2,
+      clientId: 'zg-handler-failures',
+      sessionTimeoutMs: 6_000,
+      heartbeatIntervalMs: 500,
+      retryBackoffMs: { min: 50, max: 100 },
+    });
+    let joins = 0;
+    const create = log.createConsumer.bind(log);
+    log.createConsumer = (...args) => {
+      const consumer = create(...args);
+      consumer.on('consumer:group:join', () => void joins++);
+      return consumer;
+    };
+    try {
+      await log.ensureTopics(['t']);
+      const errors: unknown[] = [];
+      const handled: string[] = [];
+      let failures = 0;
+      const sub = await log.subscribe({
+        group: 'g',
+        topics: ['t'],
+        maxBatch: 50,
+        maxWaitMs: 10,
+        onError: (err) => errors.push(err),
+        handler: async (batch) => {
+          // A store out of reach for a while: every batch fails until the fifth try.
+          if (failures < 5) {
+            failures++;
+            throw new Error('redis down');
+          }
+          handled.push(...batch.records.map((r) => r.value));
+        },
+      });
+      const joined = joins;
+      expect(joined).toBeGreaterThan(0);
+      const records = Array.from({ length: 20 }, (_, i) => ({ key: `k${i % 4}`, value: String(i) }));
+      await log.publish('t', records);
+      const deadline = Date.now() + 15_000;
+      while (new Set(handled).size < records.length && Date.now() < deadline) await delay(20);
+      expect(new Set(handled).size).toBe(records.length);
+      expect(errors.filter((e) => (e as Error).message === 'redis down')).toHaveLength(5);
+      // Five failures, and not one JoinGroup more (each would rebalance the whole group).
+      expect(joins).toBe(joined);
+      await sub.close();
+    } finally {
+      await log.deleteGroups(['g']).catch(() => undefined);
+      await log.deleteTopics(['t']);
+      await log.close();
+    }
+  });
+});
+
 describe('KafkaEventLog ensureTopics', () => {
   it('keeps every record of the topics named to keep forever, also of a topic created before', async () => {
     const prefix = `${uniqueName('t')}.`;

@@ -572,7 +572,8 @@ class KafkaSubscription implements Subscription {
           if (this.closing) break;
           const handlerFailed = err instanceof HandlerFailed;
           this.report(handlerFailed ? err.cause : err);
-          // A failed handler only needs a fresh stream; anything else may have left the consumer broken.
+          // A handler that failed as its consumer did: the consumer is made anew (see `open`); a
+          // failure of anything else may have left it broken.
           await this.teardown(!handlerFailed);
           const wait = Math.min(
             this.log.settings.retryBackoffMs.max,
@@ -699,11 +700,11 @@ class KafkaSubscription implements Subscription {
           if (commitDue()) await commitHandled();
           continue;
         }
+        let closed = false;
         for (const [topic, records] of groupByTopic(messages)) {
-          try {
-            await this.options.handler({ topic: this.log.unprefix(topic), records: this.delivered(records) });
-          } catch (err) {
-            throw new HandlerFailed(err);
+          if (!(await this.handle(topic, records))) {
+            closed = true;
+            break;
           }
           for (const m of records) {
             const key = `${m.topic}:${m.partition}`;
@@ -712,6 +713,7 @@ class KafkaSubscription implements Subscription {
           }
           if (commitDue()) await commitHandled();
         }
+        if (closed) break;
         onProgress();
       }
       // Leaving because of `close`: a commit that fails now is said (its records come again).
@@ -724,6 +726,35 @@ class KafkaSubscription implements Subscription {
     } catch (err) {
       await committing;
       throw err;
+    }
+  }
+
+  /**
+   * Hands records to the handler until it takes them. A failure is reported and the same records
+   * are handed again after a back-off, on the same stream: a new stream would make the consumer join
+   * its group again, which, coming from the group's leader, rebalances every member, so a Redis or
+   * database outage would stop the whole group every second. Resolves false when the subscription
+   * closes meanwhile (the records stay uncommitted); throws when the consumer itself failed, for
+   * `run` to make a new one.
+   */
+  private async handle(topic: string, records: StringMessage[]): Promise<boolean> {
+    const batch = { topic: this.log.unprefix(topic), records: this.delivered(records) };
+    for (let failures = 0; ; failures++) {
+      try {
+        await this.options.handler(batch);
+        return true;
+      } catch (err) {
+        if (this.closing) return false;
+        if (this.consumerFailed) throw new HandlerFailed(err);
+        this.report(err);
+      }
+      await this.sleeper.sleep(
+        Math.min(
+          this.log.settings.retryBackoffMs.max,
+          this.log.settings.retryBackoffMs.min * 2 ** Math.min(failures, 16),
+        ),
+      );
+      if (this.closing) return false;
     }
   }
 
