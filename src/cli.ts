@@ -26,8 +26,9 @@ const USAGE = `usage: zhiguang counters|users|relations <command> [options]
   counters replay --yes [--force]     empty the counter store and rebuild it from counter-events,
                                       earliest record to the end captured at the start, then add
                                       back the views read-events holds up to where view-agg stopped
-                                      (stop API and worker processes first; toggles
-                                      that never reached the log are published to it first; refused,
+                                      (stop worker processes first; likes are refused while
+                                      it runs; toggles that never reached the log are published
+                                      to it first; refused,
                                       changing nothing, when the log no longer holds its earliest events,
                                       or, unless --force, when the store holds changes the log does not)
   counters flush                      fold all pending deltas into snapshots now

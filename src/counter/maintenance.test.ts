@@ -69,10 +69,16 @@ class RecordingStore {
     return { seq: this.held.get(ref.eid) ?? 0 };
   }
 
-  seals = 0;
+  /** Calls of `seal` and `unseal`, in order: `seal` with its groups ('all' without), `unseal`. */
+  readonly sealing: (string | number[])[] = [];
 
-  async seal(): Promise<void> {
-    this.seals++;
+  async seal(groups?: readonly number[]): Promise<void> {
+    this.sealing.push(groups ? [...groups] : 'all');
+  }
+
+  async unseal(): Promise<number[]> {
+    this.sealing.push('unseal');
+    return [3, 5];
   }
 
   async reset(): Promise<void> {
@@ -209,6 +215,8 @@ describe(replayAll.name, () => {
     );
     expect(store.resets).toBe(0);
     expect([...store.facts.keys()]).toEqual(['kept']);
+    // Toggles were refused while it looked, and are taken again where they were.
+    expect(store.sealing).toEqual(['unseal', [3, 5]]);
 
     // As far as the log, or behind it: replayed.
     store.held.delete(post(2).eid);
@@ -217,6 +225,8 @@ describe(replayAll.name, () => {
     expect(
       await replayAll(store as unknown as CounterStore, log as unknown as EventLog, () => undefined),
     ).toMatchObject({ events: 2, facts: 2 });
+    // Refused from before the log was read until the facts were whole again: then taken everywhere.
+    expect(store.sealing).toEqual(['unseal', [3, 5], 'unseal', 'all']);
 
     // Forced: replayed all the same.
     const forced = new RecordingStore();

@@ -252,8 +252,9 @@ export interface ReplayReport {
  * the final state, whatever order the log holds them in. The surviving facts are replayed entity by
  * entity (an entity's like facts, then its fav facts, next to each other), several chunks at a time;
  * each fact is a distinct (entity, metric, user) and seq counters only ever rise to a maximum, so the
- * result does not depend on how the chunks interleave. Writers should be stopped while it runs: a
- * toggle made during the replay, after the captured end, may be overwritten.
+ * result does not depend on how the chunks interleave. Toggles are refused while it runs (the store
+ * is unsealed first and sealed once whole), so none can fall after the captured end and be lost;
+ * workers should still be stopped (their folds and views would race with the rebuild).
  */
 export async function replayAll(
   store: CounterStore,
@@ -267,95 +268,111 @@ export async function replayAll(
         'would empty the store of the likes and favourites they hold. Nothing was changed.',
     );
   }
-  // Records strictly older than the time given: + 1 takes those of this very millisecond too.
-  const published = await publishWaiting(store, events, now() + 1, progress);
-  const until = await events.endOffsets(COUNTER_TOPIC);
-  const finals = new Map<string, Record<FactMetric, Map<number, CounterEvent>>>();
-  /** The highest seq the log holds of each entity. */
-  const logged = new Map<string, number>();
-  const report: ReplayReport = { published, events: 0, malformed: 0, facts: 0, entities: 0 };
-  await events.readRange(
-    COUNTER_TOPIC,
-    until,
-    async (batch) => {
-      for (const record of batch.records) {
-        const event = parseCounterEvent(record.value);
-        if (!event) {
-          report.malformed++;
-          continue;
+  // From here on toggles are refused (503), so none can fall after the end captured below and be
+  // lost to the reset; they are taken again once the store is whole (or, should the replay stop
+  // before the reset, where they were before).
+  const sealed = await store.unseal();
+  let emptied = false;
+  try {
+    return await replayUnsealed();
+  } catch (err) {
+    if (!emptied) await store.seal(sealed);
+    throw err;
+  }
+
+  async function replayUnsealed(): Promise<ReplayReport> {
+    // Records strictly older than the time given: + 1 takes those of this very millisecond too.
+    const published = await publishWaiting(store, events, now() + 1, progress);
+    const until = await events.endOffsets(COUNTER_TOPIC);
+    const finals = new Map<string, Record<FactMetric, Map<number, CounterEvent>>>();
+    /** The highest seq the log holds of each entity. */
+    const logged = new Map<string, number>();
+    const report: ReplayReport = { published, events: 0, malformed: 0, facts: 0, entities: 0 };
+    await events.readRange(
+      COUNTER_TOPIC,
+      until,
+      async (batch) => {
+        for (const record of batch.records) {
+          const event = parseCounterEvent(record.value);
+          if (!event) {
+            report.malformed++;
+            continue;
+          }
+          report.events++;
+          const key = `${event.entityType}:${event.entityId}`;
+          let entity = finals.get(key);
+          if (!entity) finals.set(key, (entity = { like: new Map(), fav: new Map() }));
+          const byUser = entity[event.metric];
+          const known = byUser.get(event.userId);
+          if (!known || known.seq < event.seq) byUser.set(event.userId, event);
+          if ((logged.get(key) ?? 0) < event.seq) logged.set(key, event.seq);
         }
-        report.events++;
-        const key = `${event.entityType}:${event.entityId}`;
-        let entity = finals.get(key);
-        if (!entity) finals.set(key, (entity = { like: new Map(), fav: new Map() }));
-        const byUser = entity[event.metric];
-        const known = byUser.get(event.userId);
-        if (!known || known.seq < event.seq) byUser.set(event.userId, event);
-        if ((logged.get(key) ?? 0) < event.seq) logged.set(key, event.seq);
-      }
-      progress(`read ${report.events} events`);
-    },
-    REPLAY_CHUNK,
-  );
-  const ahead = await changesNotLogged(store, logged, progress);
-  logged.clear();
-  if (ahead.entities > 0 && !force) {
-    throw new Error(
-      `the counter store holds changes ${COUNTER_TOPIC} does not: ${ahead.entities} entities have a higher ` +
-        `seq than the log holds (${ahead.examples.join(', ')}). Either the log read is not this ` +
-        "store's (another ZG_KAFKA_PREFIX or broker), or toggles are still being made (stop every API and " +
-        'worker process first). A replay would lose those changes. Nothing was changed; --force replays all the same.',
+        progress(`read ${report.events} events`);
+      },
+      REPLAY_CHUNK,
     );
-  }
-  // Emptied only once the whole log is read: a read that fails leaves the store as it was.
-  await store.reset();
-
-  // Chunks of whole entities, so an entity can be rebuilt as soon as its chunk is replayed (while
-  // other chunks are still being replayed); only an entity with more facts than a chunk holds spans
-  // several and waits for the end.
-  const chunks: ReplayChunk[] = [];
-  const spanning: EntityRef[] = [];
-  let current: ReplayChunk = { facts: [], complete: [] };
-  const close = (): void => {
-    if (current.facts.length > 0) chunks.push(current);
-    current = { facts: [], complete: [] };
-  };
-  for (const [key, byMetric] of finals) {
-    const ref = parseEntityKey(key);
-    const count = byMetric.like.size + byMetric.fav.size;
-    if (current.facts.length + count > REPLAY_CHUNK) close();
-    for (const metric of FACT_METRICS) {
-      for (const event of byMetric[metric].values()) {
-        if (current.facts.length >= REPLAY_CHUNK) close();
-        current.facts.push(event);
-      }
+    const ahead = await changesNotLogged(store, logged, progress);
+    logged.clear();
+    if (ahead.entities > 0 && !force) {
+      throw new Error(
+        `the counter store holds changes ${COUNTER_TOPIC} does not: ${ahead.entities} entities have a higher ` +
+          `seq than the log holds (${ahead.examples.join(', ')}). Either the log read is not this ` +
+          "store's (another ZG_KAFKA_PREFIX or broker), or toggles are still being made (by processes of a " +
+          'release that does not refuse them during a replay: stop them). A replay would lose those changes. ' +
+          'Nothing was changed; --force replays all the same.',
+      );
     }
-    if (ref) (count > REPLAY_CHUNK ? spanning : current.complete).push(ref);
-    report.facts += count;
-  }
-  close();
-  finals.clear();
+    // Emptied only once the whole log is read: a read that fails leaves the store as it was.
+    emptied = true;
+    await store.reset();
 
-  let replayed = 0;
-  let rebuilt = 0;
-  const rebuild = async (refs: readonly EntityRef[]): Promise<void> => {
-    await forEachConcurrently(chunked(refs, REBUILD_CHUNK), 1, (part) =>
-      Promise.all(part.map((ref) => store.rebuild(ref))),
-    );
-    rebuilt += refs.length;
-  };
-  await forEachConcurrently(chunks, REPLAY_CONCURRENCY, async (chunk) => {
-    await store.replayFacts(chunk.facts);
-    replayed += chunk.facts.length;
-    await rebuild(chunk.complete);
-    progress(`replayed ${replayed} of ${report.facts} facts, rebuilt ${rebuilt} entities`);
-  });
-  await rebuild(spanning);
-  report.entities = rebuilt;
-  progress(`rebuilt ${rebuilt} entities`);
-  // The reset unsealed the store (toggles were refused meanwhile): its facts are whole again.
-  await store.seal();
-  return report;
+    // Chunks of whole entities, so an entity can be rebuilt as soon as its chunk is replayed (while
+    // other chunks are still being replayed); only an entity with more facts than a chunk holds spans
+    // several and waits for the end.
+    const chunks: ReplayChunk[] = [];
+    const spanning: EntityRef[] = [];
+    let current: ReplayChunk = { facts: [], complete: [] };
+    const close = (): void => {
+      if (current.facts.length > 0) chunks.push(current);
+      current = { facts: [], complete: [] };
+    };
+    for (const [key, byMetric] of finals) {
+      const ref = parseEntityKey(key);
+      const count = byMetric.like.size + byMetric.fav.size;
+      if (current.facts.length + count > REPLAY_CHUNK) close();
+      for (const metric of FACT_METRICS) {
+        for (const event of byMetric[metric].values()) {
+          if (current.facts.length >= REPLAY_CHUNK) close();
+          current.facts.push(event);
+        }
+      }
+      if (ref) (count > REPLAY_CHUNK ? spanning : current.complete).push(ref);
+      report.facts += count;
+    }
+    close();
+    finals.clear();
+
+    let replayed = 0;
+    let rebuilt = 0;
+    const rebuild = async (refs: readonly EntityRef[]): Promise<void> => {
+      await forEachConcurrently(chunked(refs, REBUILD_CHUNK), 1, (part) =>
+        Promise.all(part.map((ref) => store.rebuild(ref))),
+      );
+      rebuilt += refs.length;
+    };
+    await forEachConcurrently(chunks, REPLAY_CONCURRENCY, async (chunk) => {
+      await store.replayFacts(chunk.facts);
+      replayed += chunk.facts.length;
+      await rebuild(chunk.complete);
+      progress(`replayed ${replayed} of ${report.facts} facts, rebuilt ${rebuilt} entities`);
+    });
+    await rebuild(spanning);
+    report.entities = rebuilt;
+    progress(`rebuilt ${rebuilt} entities`);
+    // Its facts are whole again: toggles are taken.
+    await store.seal();
+    return report;
+  }
 }
 
 /**

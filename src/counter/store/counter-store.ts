@@ -125,11 +125,14 @@ export interface CounterStore {
   reset(): Promise<void>;
   replayFacts(events: readonly CounterEvent[]): Promise<void>;
   /**
-   * Records that the store holds its facts. Cluster: a store that can lose them (Redis coming back
-   * empty) refuses toggles where they are gone, with a 503, until a replay has brought them back and
-   * sealed it again; a reset unseals. Embedded: nothing to record (facts live in the database).
+   * Records that the store holds its facts (in the given groups, by default all). Cluster: a store
+   * that can lose them (Redis coming back empty) refuses toggles where they are gone, with a 503,
+   * until a replay has brought them back and sealed it again; a reset unseals. Embedded: nothing to
+   * record (facts live in the database).
    */
-  seal(): Promise<void>;
+  seal(groups?: readonly number[]): Promise<void>;
+  /** Refuses toggles from now on (a replay under way); the groups that were sealed, for `seal`. */
+  unseal(): Promise<number[]>;
   /** Overwrites (or with null deletes) a snapshot's raw bytes; for tests and repair tools only. */
   writeRawSnapshot(ref: EntityRef, bytes: Buffer | null): Promise<void>;
 }

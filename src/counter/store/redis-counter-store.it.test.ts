@@ -62,6 +62,26 @@ describe('RedisCounterStore (cluster specifics)', () => {
       ? ((bytes[offset >> 3]! >> (7 - (offset & 7))) & 1) === 1
       : Array.from({ length: bytes.length / 2 }, (_, i) => bytes.readUInt16BE(i * 2)).includes(offset);
 
+  it('refuses toggles in groups not sealed, and unseals and seals again the groups it is told', async () => {
+    const store = open({ groups: 4, requireSeal: true });
+    const refs = ['7300000000000000001', '7300000000000000002', '7300000000000000003', '7300000000000000004']
+      .map(post)
+      .filter((r, i, all) => all.findIndex((o) => store.groupOf(o) === store.groupOf(r)) === i);
+    expect(refs.length).toBeGreaterThan(1);
+    const toggle = (ref: EntityRef, user: number) => store.toggle(ref, 'like', user, true, NOW);
+    await expect(toggle(refs[0]!, 1)).rejects.toThrow(/being restored/);
+    await store.seal([store.groupOf(refs[0]!)]);
+    expect((await toggle(refs[0]!, 1)).changed).toBe(true);
+    await expect(toggle(refs[1]!, 1)).rejects.toThrow(/being restored/);
+    // Nothing was changed by the refused ones.
+    expect(await store.factCounts(refs[1]!)).toEqual({ like: 0, fav: 0 });
+    expect(await store.unseal()).toEqual([store.groupOf(refs[0]!)]);
+    await expect(toggle(refs[0]!, 2)).rejects.toThrow(/being restored/);
+    await store.seal();
+    for (const ref of refs) expect((await toggle(ref, 3)).changed).toBe(true);
+    expect((await store.unseal()).length).toBe(4);
+  });
+
   it('converts sparse → sharded packed → bitmap and keeps membership exact throughout', async () => {
     const store = open({ groups: 16, sparseMax: 20 });
     const ref = post('7300000000000000001');

@@ -820,13 +820,26 @@ export class RedisCounterStore implements CounterStore {
    * Marks every group as holding its facts (see `SEAL_FIELD`): at a deployment's first start, once
    * at the first start of a release that checks seals, and after a replay brought the facts back.
    */
-  async seal(): Promise<void> {
-    for (let from = 0; from < this.groups; from += SCAN_CHUNK) {
+  async seal(groups?: readonly number[]): Promise<void> {
+    const all = groups ?? Array.from({ length: this.groups }, (_, g) => g);
+    for (let from = 0; from < all.length; from += SCAN_CHUNK) {
       const pipeline = this.redis.pipeline();
-      for (let g = from; g < Math.min(this.groups, from + SCAN_CHUNK); g++)
+      for (const g of all.slice(from, from + SCAN_CHUNK))
         pipeline.hset(this.groupKey('seq', g), SEAL_FIELD, '1');
       await execPipeline(pipeline);
     }
+  }
+
+  async unseal(): Promise<number[]> {
+    const sealed: number[] = [];
+    for (let from = 0; from < this.groups; from += SCAN_CHUNK) {
+      const pipeline = this.redis.pipeline();
+      const end = Math.min(this.groups, from + SCAN_CHUNK);
+      for (let g = from; g < end; g++) pipeline.hdel(this.groupKey('seq', g), SEAL_FIELD);
+      const removed = (await execPipeline(pipeline)) as number[];
+      removed.forEach((n, i) => n > 0 && sealed.push(from + i));
+    }
+    return sealed;
   }
 
   async flags(userId: number, refs: readonly EntityRef[]): Promise<Flags[]> {
