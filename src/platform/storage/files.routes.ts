@@ -123,7 +123,7 @@ export function filesRoutes(storage: ObjectStorage) {
             const declared = request.headers['content-length'];
             if (declared !== undefined && Number(declared) > check.maxBytes)
               throw new PayloadTooLargeError(`The upload exceeds its limit of ${check.maxBytes} bytes`);
-            const stored = await local.write(key, raw, check.contentType, check.maxBytes);
+            const stored = await local.write(key, raw, check.contentType, check.maxBytes, check.expiresAt);
             const exposed = reply.getHeader('access-control-expose-headers');
             if (typeof exposed === 'string')
               void reply.header('access-control-expose-headers', `${exposed}, ETag`);

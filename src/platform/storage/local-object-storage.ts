@@ -11,7 +11,7 @@ import { mkdir, readdir, readFile, rename, rm, stat, writeFile } from 'node:fs/p
 import { dirname, join, sep } from 'node:path';
 import { PassThrough, Transform, type Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
-import { PayloadTooLargeError } from '../errors/errors.js';
+import { AppError, PayloadTooLargeError } from '../errors/errors.js';
 import {
   assertContentType,
   assertPresignExpiry,
@@ -35,7 +35,16 @@ export interface LocalObjectStorageOptions {
   signingKey?: string | Buffer;
   /** Clock of the signer, in ms; tests move it. */
   now?: () => number;
+  /**
+   * How long after its URL expired an upload that started in time may still take to finish (30
+   * minutes by default): one still running then is cut off, so none can land after the post's
+   * checks for late uploads ended (they go on until the expiry plus the upload retention, an hour at
+   * least), and a client dripping its body cannot hold a connection and a file for good.
+   */
+  uploadFinishMs?: number;
 }
+
+export const DEFAULT_UPLOAD_FINISH_MS = 30 * 60_000;
 
 /** Query parameters of a signed upload URL as they arrive (any may be missing or forged). */
 export interface UploadQuery {
@@ -80,6 +89,7 @@ const committing = new Map<string, Promise<unknown>>();
 export class LocalObjectStorage implements ObjectStorage {
   private readonly signingKey: Buffer;
   private readonly now: () => number;
+  private readonly uploadFinishMs: number;
 
   constructor(
     private readonly root: string,
@@ -91,6 +101,7 @@ export class LocalObjectStorage implements ObjectStorage {
     if (this.signingKey.length < MIN_SIGNING_KEY_BYTES)
       throw new Error(`the storage signing key must have at least ${MIN_SIGNING_KEY_BYTES} bytes`);
     this.now = options.now ?? Date.now;
+    this.uploadFinishMs = options.uploadFinishMs ?? DEFAULT_UPLOAD_FINISH_MS;
   }
 
   async put(key: string, body: Buffer, contentType: string): Promise<StoredObject> {
@@ -114,10 +125,18 @@ export class LocalObjectStorage implements ObjectStorage {
 
   /**
    * Stores what `source` yields, at most `maxBytes` of it, all or nothing. Beyond the limit it throws
-   * `PayloadTooLargeError` and keeps nothing. `source` is never destroyed (for a request, that would
-   * reset the connection before the client reads the answer): on failure the rest of it is discarded.
+   * `PayloadTooLargeError` and keeps nothing; an upload through a URL expiring at `expiresAt` (in
+   * seconds) still running `uploadFinishMs` after that is cut off with a 408 and keeps nothing.
+   * `source` is never destroyed (for a request, that would reset the connection before the client
+   * reads the answer): on failure the rest of it is discarded.
    */
-  async write(key: string, source: Readable, contentType: string, maxBytes: number): Promise<StoredObject> {
+  async write(
+    key: string,
+    source: Readable,
+    contentType: string,
+    maxBytes: number,
+    expiresAt?: number,
+  ): Promise<StoredObject> {
     const path = this.pathOf(key);
     await mkdir(dirname(path), { recursive: true });
     const tmp = tmpPathOf(path);
@@ -129,6 +148,16 @@ export class LocalObjectStorage implements ObjectStorage {
       if (!source.readableEnded) input.destroy(new Error('the upload was cut off'));
     };
     source.once('error', onError).once('close', onClose).pipe(input);
+    const late =
+      expiresAt === undefined
+        ? undefined
+        : setTimeout(
+            () =>
+              input.destroy(
+                new AppError('REQUEST_TIMEOUT', 'The upload did not finish in time; start it again', 408),
+              ),
+            Math.max(0, expiresAt * 1000 + this.uploadFinishMs - this.now()),
+          );
     try {
       await pipeline(input, limit.stream, createWriteStream(tmp, { flags: 'wx' }));
       const meta: StoredObject = { size: limit.size(), etag: limit.etag(), contentType };
@@ -140,6 +169,7 @@ export class LocalObjectStorage implements ObjectStorage {
       await rm(tmp, { force: true });
       throw err;
     } finally {
+      clearTimeout(late);
       source.off('error', onError).off('close', onClose);
     }
   }

@@ -30,7 +30,7 @@ interface LocalServer extends ObjectStorageFixture {
  * listening, so the routes get one instance and the test another with the real base URL: both share
  * the directory, the secret and the clock, as two processes of one deployment would.
  */
-async function startLocal(): Promise<LocalServer> {
+async function startLocal(options: { uploadFinishMs?: number } = {}): Promise<LocalServer> {
   const root = mkdtempSync(join(tmpdir(), 'zg-storage-'));
   const signingKey = randomBytes(32);
   let now = Date.now();
@@ -42,7 +42,9 @@ async function startLocal(): Promise<LocalServer> {
   // The real server's parsers and CORS, to show the upload route is not affected by them.
   await app.register(cors, { origin: true, exposedHeaders: ['X-Request-Id'] });
   await app.register(multipart, { limits: { fileSize: 1024 } });
-  await app.register(filesRoutes(new LocalObjectStorage(root, 'http://unused.invalid/files', clock)));
+  await app.register(
+    filesRoutes(new LocalObjectStorage(root, 'http://unused.invalid/files', { ...clock, ...options })),
+  );
   await app.listen({ host: '127.0.0.1', port: 0 });
   const address = app.server.address();
   if (address === null || typeof address === 'string') throw new Error('no TCP address');
@@ -196,6 +198,41 @@ describe('LocalObjectStorage served by filesRoutes', () => {
     expect(seen.received).toMatch(/^HTTP\/1\.1 403 /);
     expect(seen.received).toMatch(/\r\nconnection: close\r\n/i);
     expect(seen.received).toContain('SIGNATURE_INVALID');
+  });
+
+  it('cuts off an upload still running once its URL has expired and the time to finish has passed', async () => {
+    await server.cleanup();
+    server = await startLocal({ uploadFinishMs: 300 });
+    const k = key('body.md');
+    const signed = await server.sut.presignPut(k, {
+      contentType: 'text/markdown',
+      maxBytes: 1024,
+      expiresInSeconds: 1,
+    });
+    const url = new URL(signed.url);
+    const socket = connect({ port: Number(url.port), host: url.hostname });
+    let received = '';
+    socket.on('data', (chunk: Buffer) => (received += chunk.toString('utf8')));
+    socket.on('error', () => undefined);
+    await new Promise<void>((resolve) => socket.once('connect', () => resolve()));
+    // Started in time, then one byte every 100 ms: it would take minutes.
+    socket.write(
+      `PUT ${url.pathname}${url.search} HTTP/1.1\r\nHost: x\r\nContent-Type: text/markdown\r\nContent-Length: 1024\r\n\r\na`,
+    );
+    const dripping = setInterval(() => {
+      if (!socket.destroyed) socket.write('a');
+    }, 100);
+    try {
+      const deadline = Date.now() + 5_000;
+      while (!received.startsWith('HTTP/1.1') && Date.now() < deadline) await sleep(20);
+    } finally {
+      clearInterval(dripping);
+      socket.destroy();
+    }
+    expect(received).toMatch(/^HTTP\/1\.1 408 /);
+    expect(received).toContain('REQUEST_TIMEOUT');
+    expect(await server.sut.head(k)).toBeNull();
+    expect(filesUnder(server.root)).toEqual([]);
   });
 
   it('lets a refused client that sends its whole body before reading read the answer', async () => {
