@@ -3,9 +3,17 @@ import { BUMP_MARK_LUA, defineScript, execPipeline, type ScriptCall } from '../k
 import type { CacheFill, CacheRead, CacheSlot, SharedCache } from './shared-cache.js';
 
 // A value is stored as "<generation>|<value>" and read only while its guard still has that
-// generation, so moving the guard hides every value under it without finding them.
+// generation, so moving the guard hides every value under it without finding them. A guard that is
+// missing (never made, expired, or lost with Redis' data) is made with a generation of the clock:
+// values stored under a generation it had before it went can never be read again (no fixed
+// generation such as 0 comes back). KEYS: guard, value. ARGV: the guard's ttl (ms).
 const GET_LUA = `
-local g = redis.call('GET', KEYS[1]) or '0'
+local g = redis.call('GET', KEYS[1])
+if not g then
+  local t = redis.call('TIME')
+  g = t[1] .. string.format('%06d', tonumber(t[2]))
+  redis.call('SET', KEYS[1], g, 'PX', ARGV[1])
+end
 local v = redis.call('GET', KEYS[2])
 if v then
   local sep = string.find(v, '|', 1, true)
@@ -14,7 +22,7 @@ end
 return {g}
 `;
 const FILL_LUA = `
-local g = redis.call('GET', KEYS[1]) or '0'
+local g = redis.call('GET', KEYS[1])
 if g ~= ARGV[1] then return 0 end
 redis.call('SET', KEYS[2], g .. '|' .. ARGV[2], 'PX', ARGV[3])
 return 1
@@ -33,9 +41,9 @@ export interface RedisSharedCacheOptions {
   /** Prefix of every key (the deployment's Redis prefix). */
   prefix: string;
   /**
-   * How long a guard's generation is kept after it last moved. Fills are capped at half of it; a
-   * value that outlives its guard stays hidden, since a forgotten generation reads as 0 and moves on
-   * to a value of the clock, never to one it had.
+   * How long a guard's generation is kept after it was made or last moved. Fills are capped at half
+   * of it; a value that outlives its guard stays hidden, since a guard made again takes a value of
+   * the clock, never one it had.
    */
   guardTtlMs?: number;
 }
@@ -75,7 +83,7 @@ export class RedisSharedCache implements SharedCache {
     // Plain calls, not a pipeline of their own: auto-pipelining sends them in one write together
     // with whatever other requests asked for in the same tick.
     const replies = (await Promise.all(
-      slots.map((slot) => this.getScript(this.genKey(slot.guard), this.valueKey(slot))),
+      slots.map((slot) => this.getScript(this.genKey(slot.guard), this.valueKey(slot), this.guardTtlMs)),
     )) as [string, string?][];
     return replies.map(([gen, value]) => ({ gen: String(gen), value: value ?? null }));
   }

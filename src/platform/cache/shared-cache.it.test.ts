@@ -73,6 +73,23 @@ describe('RedisSharedCache keys', () => {
     expect(after!.gen).not.toBe(r!.gen);
   });
 
+  it('never shows a value again once its guard was lost, also one filled before any invalidation', async () => {
+    const sut = createRedisSharedCache(redis, prefix);
+    const slot = { key: 'post:2', guard: 'post:2' };
+    // Filled while the post was public, before its guard ever moved.
+    const [first] = await sut.get([slot]);
+    await sut.fill([{ ...slot, gen: first!.gen, value: 'public v1' }], 10_000);
+    expect((await sut.get([slot]))[0]!.value).toBe('public v1');
+    // Made private: hidden.
+    await sut.invalidate(['post:2']);
+    expect((await sut.get([slot]))[0]!.value).toBeNull();
+    // The guard is lost (evicted, or a failover to a replica that had not seen it): still hidden.
+    await redis.del(`${prefix}c:{post:2}`);
+    const [lost] = await sut.get([slot]);
+    expect(lost!.value).toBeNull();
+    expect(lost!.gen).not.toBe(first!.gen);
+  });
+
   it('refuses guards that would break the hash tag', async () => {
     const sut = createRedisSharedCache(redis, prefix);
     await expect(sut.get([{ key: 'k', guard: 'a}b' }])).rejects.toThrow(RangeError);
