@@ -6,6 +6,7 @@ import {
   mkdirSync,
   readFileSync,
   writeFileSync,
+  type Dirent,
 } from 'node:fs';
 import { mkdir, readdir, readFile, rename, rm, stat, writeFile } from 'node:fs/promises';
 import { dirname, join, sep } from 'node:path';
@@ -75,7 +76,10 @@ const MIN_SIGNING_KEY_BYTES = 32;
 const DIGITS = /^\d{1,15}$/;
 const SIGNATURE = /^[A-Za-z0-9_-]{43}$/;
 
-/** The commit in progress per object path, of every instance in the process (see `commit`). */
+/** A temporary file untouched this long belongs to a write that stopped (see `listPrefix`). */
+const STALE_WRITE_MS = 3_600_000;
+
+/** The commit or delete in progress per object path, of every instance in the process (see `commit`). */
 const committing = new Map<string, Promise<unknown>>();
 
 /**
@@ -197,8 +201,12 @@ export class LocalObjectStorage implements ObjectStorage {
 
   async delete(key: string): Promise<void> {
     const path = this.pathOf(key);
-    await rm(path, { force: true });
-    await rm(`${path}.meta.json`, { force: true });
+    // In turn with commits to the path: one between a commit's two renames would leave bytes
+    // without metadata, which no read could serve and no delete by listing would find.
+    await this.inTurn(path, async () => {
+      await rm(path, { force: true });
+      await rm(`${path}.meta.json`, { force: true });
+    });
   }
 
   async copy(from: string, to: string, ifEtag: string): Promise<StoredObject | null> {
@@ -228,43 +236,62 @@ export class LocalObjectStorage implements ObjectStorage {
   }
 
   async deletePrefix(prefix: string): Promise<number> {
-    const objects = (await this.objectNames(prefix)).length;
+    const { objects } = await this.entriesUnder(prefix);
     await rm(this.pathOf(prefix), { recursive: true, force: true });
-    return objects;
+    return objects.length;
   }
 
+  /**
+   * Also lists what a process that died mid-write left: bytes without metadata and metadata without
+   * bytes (listed by their key, so a delete removes them), and removes temporary files of writes
+   * that stopped an hour ago or more (a running upload writes to its own all along).
+   */
   async listPrefix(prefix: string): Promise<ListedObject[]> {
     const dir = this.pathOf(prefix);
+    const { objects, temporary } = await this.entriesUnder(prefix);
+    const stale = this.now() - STALE_WRITE_MS;
+    await Promise.all(
+      temporary.map(async (name) => {
+        const info = await stat(join(dir, name)).catch(() => null);
+        if (info && info.mtimeMs < stale) await rm(join(dir, name), { force: true });
+      }),
+    );
     const listed = await Promise.all(
-      (await this.objectNames(prefix)).map(async (name) => {
-        try {
-          const info = await stat(join(dir, name));
-          return [
-            { key: `${prefix}/${name.split(sep).join('/')}`, lastModified: info.mtimeMs, size: info.size },
-          ];
-        } catch (err) {
-          // Deleted since the directory was read, or its sidecar is written and its bytes not yet.
-          if ((err as NodeJS.ErrnoException).code === 'ENOENT') return [];
-          throw err;
-        }
+      objects.map(async (name) => {
+        const path = join(dir, name);
+        // The bytes, or else the metadata (bytes not written yet, or lost).
+        const info =
+          (await stat(path).catch(() => null)) ?? (await stat(`${path}.meta.json`).catch(() => null));
+        // Gone since the directory was read.
+        if (!info) return [];
+        return [
+          { key: `${prefix}/${name.split(sep).join('/')}`, lastModified: info.mtimeMs, size: info.size },
+        ];
       }),
     );
     return listed.flat();
   }
 
-  /** The objects under `{prefix}/`, as paths relative to it (each has its metadata sidecar). */
-  private async objectNames(prefix: string): Promise<string[]> {
-    let entries: string[];
+  /** The objects under `{prefix}/` (paths relative to it), whole or not, and temporary files. */
+  private async entriesUnder(prefix: string): Promise<{ objects: string[]; temporary: string[] }> {
+    let entries: Dirent[];
     try {
-      entries = await readdir(this.pathOf(prefix), { recursive: true });
+      entries = await readdir(this.pathOf(prefix), { recursive: true, withFileTypes: true });
     } catch (err) {
       const code = (err as NodeJS.ErrnoException).code;
-      if (code === 'ENOENT' || code === 'ENOTDIR') return [];
+      if (code === 'ENOENT' || code === 'ENOTDIR') return { objects: [], temporary: [] };
       throw err;
     }
-    return entries
-      .filter((name) => name.endsWith('.meta.json'))
-      .map((name) => name.slice(0, -'.meta.json'.length));
+    const base = this.pathOf(prefix);
+    const objects = new Set<string>();
+    const temporary: string[] = [];
+    for (const entry of entries) {
+      if (!entry.isFile()) continue;
+      const name = join(entry.parentPath, entry.name).slice(base.length + 1);
+      if (name.endsWith('.tmp') || name.endsWith('.tmp.meta')) temporary.push(name);
+      else objects.add(name.endsWith('.meta.json') ? name.slice(0, -'.meta.json'.length) : name);
+    }
+    return { objects: [...objects], temporary };
   }
 
   async presignPut(key: string, options: PresignPutOptions): Promise<PresignedPut> {
@@ -361,9 +388,14 @@ export class LocalObjectStorage implements ObjectStorage {
    * to one path take turns (in this process, which the embedded profile's storage belongs to), so
    * two uploads to one key cannot leave one's bytes with the other's metadata.
    */
-  private async commit(path: string, tmp: string, meta: StoredObject): Promise<void> {
+  private commit(path: string, tmp: string, meta: StoredObject): Promise<void> {
+    return this.inTurn(path, () => this.commitNow(path, tmp, meta));
+  }
+
+  /** Runs `work` once the commits and deletes of `path` queued before it are done. */
+  private async inTurn(path: string, work: () => Promise<void>): Promise<void> {
     const before = committing.get(path) ?? Promise.resolve();
-    const mine = before.then(() => this.commitNow(path, tmp, meta));
+    const mine = before.then(work);
     const settled = mine.catch(() => undefined);
     committing.set(path, settled);
     try {

@@ -1,5 +1,14 @@
 import { createHash, randomBytes } from 'node:crypto';
-import { mkdtempSync, readdirSync, readFileSync, rmSync, statSync } from 'node:fs';
+import {
+  mkdirSync,
+  mkdtempSync,
+  readdirSync,
+  readFileSync,
+  rmSync,
+  statSync,
+  utimesSync,
+  writeFileSync,
+} from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { connect } from 'node:net';
@@ -233,6 +242,39 @@ describe('LocalObjectStorage served by filesRoutes', () => {
     expect(received).toContain('REQUEST_TIMEOUT');
     expect(await server.sut.head(k)).toBeNull();
     expect(filesUnder(server.root)).toEqual([]);
+  });
+
+  it('lists what a write that died left, so it can be deleted, and removes its stale temporary files', async () => {
+    const post = `posts/${randomBytes(4).toString('hex')}`;
+    await server.sut.put(`${post}/whole.png`, Buffer.from('png'), 'image/png');
+    const dir = join(server.root, post);
+    mkdirSync(join(dir, 'images'), { recursive: true });
+    // Bytes whose metadata never came, metadata whose bytes never came, and temporary files.
+    writeFileSync(join(dir, 'images', 'bytes-only.png'), 'x');
+    writeFileSync(join(dir, 'meta-only.md.meta.json'), '{}');
+    const stale = join(dir, 'images', 'dead.png.a1b2c3d4e5f6.tmp');
+    const fresh = join(dir, 'running.md.a1b2c3d4e5f7.tmp');
+    writeFileSync(stale, 'half');
+    writeFileSync(`${stale}.meta`, '{}');
+    writeFileSync(fresh, 'half');
+    const hourAgo = (Date.now() - 3_700_000) / 1000;
+    utimesSync(stale, hourAgo, hourAgo);
+    utimesSync(`${stale}.meta`, hourAgo, hourAgo);
+
+    const listed = await server.sut.listPrefix(post);
+    expect(listed.map((o) => o.key).sort()).toEqual(
+      [`${post}/images/bytes-only.png`, `${post}/meta-only.md`, `${post}/whole.png`].sort(),
+    );
+    // The stale temporary files went; the running write's stays.
+    expect(filesUnder(dir).filter((f) => f.endsWith('.tmp') || f.endsWith('.tmp.meta'))).toEqual([
+      'running.md.a1b2c3d4e5f7.tmp',
+    ]);
+    for (const o of listed) if (!o.key.endsWith('whole.png')) await server.sut.delete(o.key);
+    expect(filesUnder(dir).sort()).toEqual([
+      'running.md.a1b2c3d4e5f7.tmp',
+      'whole.png',
+      'whole.png.meta.json',
+    ]);
   });
 
   it('lets a refused client that sends its whole body before reading read the answer', async () => {
