@@ -197,9 +197,15 @@ async function main(argv: string[]): Promise<number> {
     } else if (command === 'rebuild') {
       summary = { rebuilt: await rebuildAll(platform.counterStore, refs, progress) };
     } else if (command === 'replay') {
+      // A first Ctrl-C (or SIGTERM) before the store is emptied stops it, changing nothing (toggles
+      // are taken again); a second one ends the process at once.
+      const stop = new AbortController();
+      const onSignal = () => stop.abort(new Error('replay stopped by a signal; nothing was changed'));
+      process.once('SIGINT', onSignal).once('SIGTERM', onSignal);
       const counters = await replayAll(platform.counterStore, platform.events, progress, {
         force: values.force ?? false,
-      });
+        signal: stop.signal,
+      }).finally(() => process.off('SIGINT', onSignal).off('SIGTERM', onSignal));
       // The facts are back: likes and favourites are taken again.
       await platform.sealCounters();
       summary = { ...counters, ...(await replayViews(platform.events, platform.counterStore, progress)) };

@@ -26,12 +26,14 @@ class FakeLog {
     until: EndOffsets,
     handler: (batch: Batch) => Promise<void>,
     maxBatch = 500,
+    from?: EndOffsets,
   ): Promise<void> {
     for (const [partition, end] of until) {
-      const records = this.partitions[partition]!.slice(0, Number(end)).map((e, offset) => ({
+      const start = Number(from?.get(partition) ?? 0n);
+      const records = this.partitions[partition]!.slice(start, Number(end)).map((e, i) => ({
         topic,
         partition,
-        offset: BigInt(offset),
+        offset: BigInt(start + i),
         key: entityKey({ etype: e.entityType, eid: e.entityId }),
         value: JSON.stringify(e),
         timestamp: e.ts,
@@ -61,8 +63,15 @@ class RecordingStore {
     return [];
   }
 
+  /** Whether `sampleEntities` leaves out what the store holds (a sample that finds nothing). */
+  sampleMisses = false;
+
   async scanEntities(): Promise<{ refs: EntityRef[]; cursor: string | null }> {
     return { refs: [...this.held.keys()].map((eid) => ({ etype: 'knowpost', eid })), cursor: null };
+  }
+
+  async sampleEntities(): Promise<EntityRef[]> {
+    return this.sampleMisses ? [] : (await this.scanEntities()).refs;
   }
 
   async inspect(ref: EntityRef): Promise<{ seq: number }> {
@@ -174,7 +183,15 @@ describe(replayAll.name, () => {
     const log = {
       holdsEveryRecord: () => Promise.resolve(true),
       endOffsets: () => Promise.resolve(new Map([[0, 2n]])),
-      readRange: async (_t: string, _u: EndOffsets, handler: (b: Batch) => Promise<void>) => {
+      readRange: async (
+        _t: string,
+        _u: EndOffsets,
+        handler: (b: Batch) => Promise<void>,
+        _max?: number,
+        from?: EndOffsets,
+      ) => {
+        // Nothing was published after the end first read.
+        if (from) return;
         const record = (value: string, offset: bigint) => ({
           topic: COUNTER_TOPIC,
           partition: 0,
@@ -215,8 +232,28 @@ describe(replayAll.name, () => {
     );
     expect(store.resets).toBe(0);
     expect([...store.facts.keys()]).toEqual(['kept']);
-    // Toggles were refused while it looked, and are taken again where they were.
-    expect(store.sealing).toEqual(['unseal', [3, 5]]);
+    // Told by the sample, before toggles were ever refused.
+    expect(store.sealing).toEqual([]);
+    // Told by the whole store once toggles are refused (the sample missed): taken again where they were.
+    store.sampleMisses = true;
+    await expect(
+      replayAll(store as unknown as CounterStore, log as unknown as EventLog, () => undefined),
+    ).rejects.toThrow(/2 entities have a higher seq than the log holds/);
+    expect([store.resets, store.sealing]).toEqual([0, ['unseal', [3, 5]]]);
+    // Stopped (Ctrl-C) after toggles were refused and before the reset: likewise.
+    const stop = new AbortController();
+    store.held.delete(post(2).eid);
+    store.held.delete(post(3).eid);
+    store.sealing.length = 0;
+    const stopping = { ...store, unseal: async () => (stop.abort(), store.unseal()) };
+    Object.setPrototypeOf(stopping, RecordingStore.prototype);
+    await expect(
+      replayAll(stopping as unknown as CounterStore, log as unknown as EventLog, () => undefined, {
+        signal: stop.signal,
+      }),
+    ).rejects.toThrow(/abort/i);
+    expect([store.resets, store.sealing]).toEqual([0, ['unseal', [3, 5]]]);
+    store.sealing.length = 0;
 
     // As far as the log, or behind it: replayed.
     store.held.delete(post(2).eid);
@@ -225,8 +262,8 @@ describe(replayAll.name, () => {
     expect(
       await replayAll(store as unknown as CounterStore, log as unknown as EventLog, () => undefined),
     ).toMatchObject({ events: 2, facts: 2 });
-    // Refused from before the log was read until the facts were whole again: then taken everywhere.
-    expect(store.sealing).toEqual(['unseal', [3, 5], 'unseal', 'all']);
+    // Refused from before the last of the log was read until the facts were whole again: then taken everywhere.
+    expect(store.sealing).toEqual(['unseal', 'all']);
 
     // Forced: replayed all the same.
     const forced = new RecordingStore();

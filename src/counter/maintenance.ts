@@ -1,5 +1,5 @@
 import { recheckUnsettled } from '../platform/workers/recheck.js';
-import type { EventLog } from '../platform/eventlog/eventlog.js';
+import type { Batch, EventLog } from '../platform/eventlog/eventlog.js';
 import { parseCounterEvent } from './aggregator.js';
 import type { CounterMetrics } from './counter.metrics.js';
 import { counterRecord } from './event-publisher.js';
@@ -260,7 +260,7 @@ export async function replayAll(
   store: CounterStore,
   events: EventLog,
   progress: Progress,
-  { now = Date.now, force = false }: ReplayOptions = {},
+  { now = Date.now, force = false, signal }: ReplayOptions = {},
 ): Promise<ReplayReport> {
   if (!(await events.holdsEveryRecord(COUNTER_TOPIC))) {
     throw new Error(
@@ -268,111 +268,107 @@ export async function replayAll(
         'would empty the store of the likes and favourites they hold. Nothing was changed.',
     );
   }
-  // From here on toggles are refused (503), so none can fall after the end captured below and be
-  // lost to the reset; they are taken again once the store is whole (or, should the replay stop
-  // before the reset, where they were before).
+  // Records strictly older than the time given: + 1 takes those of this very millisecond too.
+  const published = await publishWaiting(store, events, now() + 1, progress);
+  const until = await events.endOffsets(COUNTER_TOPIC);
+  const finals = new Map<string, Record<FactMetric, Map<number, CounterEvent>>>();
+  /** The highest seq the log holds of each entity. */
+  const logged = new Map<string, number>();
+  const report: ReplayReport = { published, events: 0, malformed: 0, facts: 0, entities: 0 };
+  const fold = async (batch: Batch): Promise<void> => {
+    signal?.throwIfAborted();
+    for (const record of batch.records) {
+      const event = parseCounterEvent(record.value);
+      if (!event) {
+        report.malformed++;
+        continue;
+      }
+      report.events++;
+      const key = `${event.entityType}:${event.entityId}`;
+      let entity = finals.get(key);
+      if (!entity) finals.set(key, (entity = { like: new Map(), fav: new Map() }));
+      const byUser = entity[event.metric];
+      const known = byUser.get(event.userId);
+      if (!known || known.seq < event.seq) byUser.set(event.userId, event);
+      if ((logged.get(key) ?? 0) < event.seq) logged.set(key, event.seq);
+    }
+    progress(`read ${report.events} events`);
+  };
+  await events.readRange(COUNTER_TOPIC, until, fold, REPLAY_CHUNK);
+  // A log that is not this store's at all (another prefix or broker) is told before anything
+  // changes, by a sample of the store; the whole store is compared once toggles are refused.
+  const strays = await changesNotLogged(store, logged, progress, await store.sampleEntities(SAMPLE_CHECKED));
+  if (strays.entities > 0 && !force) throw notThisLog(strays);
+
+  // From here on toggles are refused (503): none can fall after the end read and be lost to the
+  // reset. What was toggled while the log was read is published and read now; then the store is
+  // compared with the whole log. Should the replay stop before its reset (an error, a refusal,
+  // Ctrl-C), the groups that were sealed are sealed again; killed outright, it leaves toggles
+  // refused until a replay completes.
   const sealed = await store.unseal();
   let emptied = false;
   try {
-    return await replayUnsealed();
+    report.published += await publishWaiting(store, events, now() + 1, progress);
+    const end = await events.endOffsets(COUNTER_TOPIC);
+    await events.readRange(COUNTER_TOPIC, end, fold, REPLAY_CHUNK, until);
+    const ahead = await changesNotLogged(store, logged, progress, null, signal);
+    logged.clear();
+    if (ahead.entities > 0 && !force) throw notThisLog(ahead);
+    signal?.throwIfAborted();
+    // Emptied only once the whole log is read: a read that fails leaves the store as it was.
+    emptied = true;
+    await store.reset();
   } catch (err) {
     if (!emptied) await store.seal(sealed);
     throw err;
   }
 
-  async function replayUnsealed(): Promise<ReplayReport> {
-    // Records strictly older than the time given: + 1 takes those of this very millisecond too.
-    const published = await publishWaiting(store, events, now() + 1, progress);
-    const until = await events.endOffsets(COUNTER_TOPIC);
-    const finals = new Map<string, Record<FactMetric, Map<number, CounterEvent>>>();
-    /** The highest seq the log holds of each entity. */
-    const logged = new Map<string, number>();
-    const report: ReplayReport = { published, events: 0, malformed: 0, facts: 0, entities: 0 };
-    await events.readRange(
-      COUNTER_TOPIC,
-      until,
-      async (batch) => {
-        for (const record of batch.records) {
-          const event = parseCounterEvent(record.value);
-          if (!event) {
-            report.malformed++;
-            continue;
-          }
-          report.events++;
-          const key = `${event.entityType}:${event.entityId}`;
-          let entity = finals.get(key);
-          if (!entity) finals.set(key, (entity = { like: new Map(), fav: new Map() }));
-          const byUser = entity[event.metric];
-          const known = byUser.get(event.userId);
-          if (!known || known.seq < event.seq) byUser.set(event.userId, event);
-          if ((logged.get(key) ?? 0) < event.seq) logged.set(key, event.seq);
-        }
-        progress(`read ${report.events} events`);
-      },
-      REPLAY_CHUNK,
-    );
-    const ahead = await changesNotLogged(store, logged, progress);
-    logged.clear();
-    if (ahead.entities > 0 && !force) {
-      throw new Error(
-        `the counter store holds changes ${COUNTER_TOPIC} does not: ${ahead.entities} entities have a higher ` +
-          `seq than the log holds (${ahead.examples.join(', ')}). Either the log read is not this ` +
-          "store's (another ZG_KAFKA_PREFIX or broker), or toggles are still being made (by processes of a " +
-          'release that does not refuse them during a replay: stop them). A replay would lose those changes. ' +
-          'Nothing was changed; --force replays all the same.',
-      );
-    }
-    // Emptied only once the whole log is read: a read that fails leaves the store as it was.
-    emptied = true;
-    await store.reset();
-
-    // Chunks of whole entities, so an entity can be rebuilt as soon as its chunk is replayed (while
-    // other chunks are still being replayed); only an entity with more facts than a chunk holds spans
-    // several and waits for the end.
-    const chunks: ReplayChunk[] = [];
-    const spanning: EntityRef[] = [];
-    let current: ReplayChunk = { facts: [], complete: [] };
-    const close = (): void => {
-      if (current.facts.length > 0) chunks.push(current);
-      current = { facts: [], complete: [] };
-    };
-    for (const [key, byMetric] of finals) {
-      const ref = parseEntityKey(key);
-      const count = byMetric.like.size + byMetric.fav.size;
-      if (current.facts.length + count > REPLAY_CHUNK) close();
-      for (const metric of FACT_METRICS) {
-        for (const event of byMetric[metric].values()) {
-          if (current.facts.length >= REPLAY_CHUNK) close();
-          current.facts.push(event);
-        }
+  // Chunks of whole entities, so an entity can be rebuilt as soon as its chunk is replayed (while
+  // other chunks are still being replayed); only an entity with more facts than a chunk holds spans
+  // several and waits for the end.
+  const chunks: ReplayChunk[] = [];
+  const spanning: EntityRef[] = [];
+  let current: ReplayChunk = { facts: [], complete: [] };
+  const close = (): void => {
+    if (current.facts.length > 0) chunks.push(current);
+    current = { facts: [], complete: [] };
+  };
+  for (const [key, byMetric] of finals) {
+    const ref = parseEntityKey(key);
+    const count = byMetric.like.size + byMetric.fav.size;
+    if (current.facts.length + count > REPLAY_CHUNK) close();
+    for (const metric of FACT_METRICS) {
+      for (const event of byMetric[metric].values()) {
+        if (current.facts.length >= REPLAY_CHUNK) close();
+        current.facts.push(event);
       }
-      if (ref) (count > REPLAY_CHUNK ? spanning : current.complete).push(ref);
-      report.facts += count;
     }
-    close();
-    finals.clear();
-
-    let replayed = 0;
-    let rebuilt = 0;
-    const rebuild = async (refs: readonly EntityRef[]): Promise<void> => {
-      await forEachConcurrently(chunked(refs, REBUILD_CHUNK), 1, (part) =>
-        Promise.all(part.map((ref) => store.rebuild(ref))),
-      );
-      rebuilt += refs.length;
-    };
-    await forEachConcurrently(chunks, REPLAY_CONCURRENCY, async (chunk) => {
-      await store.replayFacts(chunk.facts);
-      replayed += chunk.facts.length;
-      await rebuild(chunk.complete);
-      progress(`replayed ${replayed} of ${report.facts} facts, rebuilt ${rebuilt} entities`);
-    });
-    await rebuild(spanning);
-    report.entities = rebuilt;
-    progress(`rebuilt ${rebuilt} entities`);
-    // Its facts are whole again: toggles are taken.
-    await store.seal();
-    return report;
+    if (ref) (count > REPLAY_CHUNK ? spanning : current.complete).push(ref);
+    report.facts += count;
   }
+  close();
+  finals.clear();
+
+  let replayed = 0;
+  let rebuilt = 0;
+  const rebuild = async (refs: readonly EntityRef[]): Promise<void> => {
+    await forEachConcurrently(chunked(refs, REBUILD_CHUNK), 1, (part) =>
+      Promise.all(part.map((ref) => store.rebuild(ref))),
+    );
+    rebuilt += refs.length;
+  };
+  await forEachConcurrently(chunks, REPLAY_CONCURRENCY, async (chunk) => {
+    await store.replayFacts(chunk.facts);
+    replayed += chunk.facts.length;
+    await rebuild(chunk.complete);
+    progress(`replayed ${replayed} of ${report.facts} facts, rebuilt ${rebuilt} entities`);
+  });
+  await rebuild(spanning);
+  report.entities = rebuilt;
+  progress(`rebuilt ${rebuilt} entities`);
+  // Its facts are whole again: toggles are taken.
+  await store.seal();
+  return report;
 }
 
 /**
@@ -411,6 +407,21 @@ export interface ReplayOptions {
   now?: () => number;
   /** Replays even when the store holds changes the log does not (they are lost). */
   force?: boolean;
+  /** Stops the replay, changing nothing, until it empties the store (not after). */
+  signal?: AbortSignal;
+}
+
+/** Entities of the store compared with the log before toggles are refused. */
+const SAMPLE_CHECKED = 500;
+
+function notThisLog(ahead: { entities: number; examples: string[] }): Error {
+  return new Error(
+    `the counter store holds changes ${COUNTER_TOPIC} does not: ${ahead.entities} entities have a higher ` +
+      `seq than the log holds (${ahead.examples.join(', ')}). Either the log read is not this ` +
+      "store's (another ZG_KAFKA_PREFIX or broker), or toggles are still being made (by processes of a " +
+      'release that does not refuse them during a replay: stop them). A replay would lose those changes. ' +
+      'Nothing was changed; --force replays all the same.',
+  );
 }
 
 /**
@@ -421,12 +432,17 @@ async function changesNotLogged(
   store: CounterStore,
   logged: ReadonlyMap<string, number>,
   progress: Progress,
+  only: readonly EntityRef[] | null = null,
+  signal?: AbortSignal,
 ): Promise<{ entities: number; examples: string[] }> {
   const found = { entities: 0, examples: [] as string[] };
   let checked = 0;
   let cursor: string | null = '';
   while (cursor !== null) {
-    const page: { refs: EntityRef[]; cursor: string | null } = await store.scanEntities(cursor, 500);
+    signal?.throwIfAborted();
+    const page: { refs: EntityRef[]; cursor: string | null } = only
+      ? { refs: [...only], cursor: null }
+      : await store.scanEntities(cursor, 500);
     for (const chunk of chunked(page.refs, REBUILD_CHUNK)) {
       const states = await Promise.all(chunk.map((ref) => store.inspect(ref)));
       states.forEach((state, i) => {

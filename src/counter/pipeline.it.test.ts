@@ -829,12 +829,18 @@ describe.each<Profile>(['embedded', 'cluster'])('counter pipeline (%s profile)',
     await expectExact(rig, refs, model);
     const flagsBefore = await Promise.all([1, 2, 3, 40, 79].map((u) => rig.store.flags(u, refs)));
     const seqBefore = await Promise.all(refs.map(async (r) => (await rig.store.inspect(r)).seq));
-    // Something writes to the log after replay captured the end: it must not be replayed.
+    // A toggle's event reaches the log while the replay reads it: it is read too (with what came
+    // after the first end, read once toggles are refused). Something written after the last end
+    // was captured is not replayed.
+    const during = eventFor(refs[2]!, 'like', 424_241, 1, seqBefore[2]! + 1, Date.now());
+    model.apply(refs[2]!, 'like', 424_241, true);
     const late = eventFor(refs[0]!, 'like', 424_242, 1, 1_000_000, Date.now());
+    let captures = 0;
     const events = intercept(rig.events, {
       endOffsets: async (topic: string) => {
         const end = await rig.events.endOffsets(topic);
-        await rig.events.publish(COUNTER_TOPIC, [{ key: entityKey(refs[0]!), value: JSON.stringify(late) }]);
+        const [ref, written] = ++captures === 1 ? [refs[2]!, during] : [refs[0]!, late];
+        await rig.events.publish(COUNTER_TOPIC, [{ key: entityKey(ref), value: JSON.stringify(written) }]);
         return end;
       },
     });
@@ -844,12 +850,15 @@ describe.each<Profile>(['embedded', 'cluster'])('counter pipeline (%s profile)',
     expect(await rig.store.factCounts(refs[0]!)).toEqual({ like: 0, fav: 0 });
 
     const report = await replayAll(rig.store, events, () => undefined);
-    expect(report).toMatchObject({ events: changes, malformed: 0, entities: refs.length });
+    expect(captures).toBe(2);
+    expect(report).toMatchObject({ events: changes + 1, malformed: 0, entities: refs.length });
     await expectExact(rig, refs, model);
     expect(await Promise.all([1, 2, 3, 40, 79].map((u) => rig.store.flags(u, refs)))).toEqual(flagsBefore);
+    expect((await rig.store.flags(424_241, [refs[2]!]))[0]).toEqual({ like: true, fav: false });
     expect((await rig.store.flags(424_242, [refs[0]!]))[0]).toEqual({ like: false, fav: false });
     const states = await Promise.all(refs.map((r) => rig.store.inspect(r)));
-    expect(states.map((s) => [s.seq, s.applied, s.pending])).toEqual(seqBefore.map((s) => [s, s, false]));
+    const seqAfter = seqBefore.map((s, i) => (i === 2 ? s + 1 : s));
+    expect(states.map((s) => [s.seq, s.applied, s.pending])).toEqual(seqAfter.map((s) => [s, s, false]));
     // New changes number above the replayed ones, so the aggregator counts them.
     const next = await rig.toggle(refs[1]!, 'fav', 9_999, true);
     model.apply(refs[1]!, 'fav', 9_999, true);

@@ -310,6 +310,10 @@ export function defineEventLogContract(
       for (const b of batches) expect(b.records.length).toBeLessThanOrEqual(5);
       // again, with the rest published: same answer
       expect(perKey(await collectRange(h.log, t, end))).toEqual(perKey(before));
+      // and from the end captured then to the end now: exactly the rest
+      const tail: DeliveredRecord[] = [];
+      await h.log.readRange(t, await h.log.endOffsets(t), async (b) => void tail.push(...b.records), 4, end);
+      expect(perKey(tail)).toEqual(perKey(after));
 
       const got = collector();
       await subscribe({ group: newGroup(), topics: [t], handler: got.handler });

@@ -201,6 +201,71 @@ describe('KafkaEventLog handler failures', () => {
   });
 });
 
+describe('KafkaEventLog handler failures and rebalances', () => {
+  it('hands a failed batch again only for the partitions the member still holds', async () => {
+    const prefix = `${uniqueName('t')}.`;
+    const settings = {
+      brokers: services.kafkaBrokers(),
+      prefix,
+      partitions: 4,
+      sessionTimeoutMs: 6_000,
+      heartbeatIntervalMs: 300,
+      retryBackoffMs: { min: 100, max: 100 },
+    };
+    const first = new KafkaEventLog({ ...settings, clientId: 'zg-retry-a' });
+    const second = new KafkaEventLog({ ...settings, clientId: 'zg-retry-b' });
+    try {
+      await first.ensureTopics(['t']);
+      const byFirst: string[] = [];
+      const bySecond: string[] = [];
+      let failing = true;
+      let tries = 0;
+      const a = await first.subscribe({
+        group: 'g',
+        topics: ['t'],
+        maxBatch: 100,
+        maxWaitMs: 10,
+        handler: async (batch) => {
+          tries++;
+          // Redis is down for this member until the group has been rebalanced.
+          if (failing) throw new Error('redis down');
+          byFirst.push(...batch.records.map((r) => `${r.partition}:${r.value}`));
+        },
+      });
+      const records = Array.from({ length: 40 }, (_, i) => ({ key: `k${i}`, value: String(i) }));
+      await first.publish('t', records);
+      const deadline = Date.now() + 30_000;
+      while (tries < 2 && Date.now() < deadline) await delay(20);
+      expect(tries).toBeGreaterThanOrEqual(2);
+      // A second member joins: the group splits the partitions while the first retries its batch.
+      const b = await second.subscribe({
+        group: 'g',
+        topics: ['t'],
+        maxBatch: 100,
+        maxWaitMs: 10,
+        handler: async (batch) => {
+          bySecond.push(...batch.records.map((r) => `${r.partition}:${r.value}`));
+        },
+      });
+      while (bySecond.length === 0 && Date.now() < deadline) await delay(20);
+      expect(bySecond.length).toBeGreaterThan(0);
+      failing = false;
+      while (new Set([...byFirst, ...bySecond]).size < records.length && Date.now() < deadline)
+        await delay(20);
+      expect(new Set([...byFirst, ...bySecond]).size).toBe(records.length);
+      // No partition was handled by both: the first let go of those handed to the second.
+      const partitions = (handled: string[]) => new Set(handled.map((h) => h.split(':')[0]));
+      const shared = [...partitions(byFirst)].filter((p) => partitions(bySecond).has(p));
+      expect(shared).toEqual([]);
+      await Promise.all([a.close(), b.close()]);
+    } finally {
+      await first.deleteGroups(['g']).catch(() => undefined);
+      await first.deleteTopics(['t']);
+      await Promise.all([first.close(), second.close()]);
+    }
+  });
+});
+
 describe('KafkaEventLog ensureTopics', () => {
   it('keeps every record of the topics named to keep forever, also of a topic created before', async () => {
     const prefix = `${uniqueName('t')}.`;

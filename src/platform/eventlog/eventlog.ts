@@ -107,14 +107,16 @@ export interface EventLog {
    */
   holdsEveryRecord(topic: string): Promise<boolean>;
   /**
-   * Reads every record from the earliest retained one up to (excluding) `until`, in batches,
-   * in partition order, independent of any consumer group.
+   * Reads every record from the earliest retained one (or, per partition, from the offset `from`
+   * gives, end offsets captured earlier) up to (excluding) `until`, in batches, in partition order,
+   * independent of any consumer group.
    */
   readRange(
     topic: string,
     until: EndOffsets,
     handler: (batch: Batch) => Promise<void>,
     maxBatch?: number,
+    from?: EndOffsets,
   ): Promise<void>;
   /** Can the log be reached now (for /readyz). */
   ping(): Promise<boolean>;

@@ -280,6 +280,7 @@ export class KafkaEventLog implements EventLog {
     until: EndOffsets,
     handler: (batch: Batch) => Promise<void>,
     maxBatch = 500,
+    from?: EndOffsets,
   ): Promise<void> {
     const name = this.name(topic);
     const reader = this.readerConsumer();
@@ -288,7 +289,9 @@ export class KafkaEventLog implements EventLog {
       [];
     const positions = new Map<number, bigint>();
     for (const [partition, end] of [...until].sort((a, b) => a[0] - b[0])) {
-      const start = earliest[partition] ?? 0n;
+      const oldest = earliest[partition] ?? 0n;
+      const wanted = from?.get(partition) ?? 0n;
+      const start = wanted > oldest ? wanted : oldest;
       if (start < end) positions.set(partition, start);
     }
     if (positions.size === 0) return;
@@ -701,8 +704,9 @@ class KafkaSubscription implements Subscription {
           continue;
         }
         let closed = false;
-        for (const [topic, records] of groupByTopic(messages)) {
-          if (!(await this.handle(topic, records))) {
+        for (const [topic, delivered] of groupByTopic(messages)) {
+          const records = await this.handle(topic, delivered);
+          if (records === null) {
             closed = true;
             break;
           }
@@ -733,18 +737,25 @@ class KafkaSubscription implements Subscription {
    * Hands records to the handler until it takes them. A failure is reported and the same records
    * are handed again after a back-off, on the same stream: a new stream would make the consumer join
    * its group again, which, coming from the group's leader, rebalances every member, so a Redis or
-   * database outage would stop the whole group every second. Resolves false when the subscription
-   * closes meanwhile (the records stay uncommitted); throws when the consumer itself failed, for
-   * `run` to make a new one.
+   * database outage would stop the whole group every second. A retry hands over only the records
+   * of partitions this member still holds: the group may have handed the others to another member
+   * meanwhile (which reads them from the last commit). Resolves to the records handled, or null
+   * when the subscription closes meanwhile (the records stay uncommitted); throws when the consumer
+   * itself failed, for `run` to make a new one.
    */
-  private async handle(topic: string, records: StringMessage[]): Promise<boolean> {
-    const batch = { topic: this.log.unprefix(topic), records: this.delivered(records) };
+  private async handle(topic: string, delivered: StringMessage[]): Promise<StringMessage[] | null> {
+    let records = delivered;
     for (let failures = 0; ; failures++) {
+      if (failures > 0) {
+        const held = this.heldPartitions();
+        if (held) records = records.filter((m) => held.has(`${m.topic}:${m.partition}`));
+        if (records.length === 0) return records;
+      }
       try {
-        await this.options.handler(batch);
-        return true;
+        await this.options.handler({ topic: this.log.unprefix(topic), records: this.delivered(records) });
+        return records;
       } catch (err) {
-        if (this.closing) return false;
+        if (this.closing) return null;
         if (this.consumerFailed) throw new HandlerFailed(err);
         this.report(err);
       }
@@ -754,8 +765,15 @@ class KafkaSubscription implements Subscription {
           this.log.settings.retryBackoffMs.min * 2 ** Math.min(failures, 16),
         ),
       );
-      if (this.closing) return false;
+      if (this.closing) return null;
     }
+  }
+
+  /** `topic:partition` of each partition the consumer holds now; null when it cannot tell. */
+  private heldPartitions(): Set<string> | null {
+    const assignments = this.consumer?.assignments;
+    if (!assignments) return null;
+    return new Set(assignments.flatMap((a) => a.partitions.map((p) => `${a.topic}:${p}`)));
   }
 
   private delivered(records: StringMessage[]): DeliveredRecord[] {

@@ -190,10 +190,11 @@ export class SqliteEventLog implements EventLog {
     until: EndOffsets,
     handler: (batch: Batch) => Promise<void>,
     maxBatch = 500,
+    from?: EndOffsets,
   ): Promise<void> {
     const end = until.get(0);
     if (end === undefined || end <= 0n) return;
-    let next = 0;
+    let next = Number(from?.get(0) ?? 0n);
     for (;;) {
       const rows = await this.db.kysely
         .selectFrom('event_log')
