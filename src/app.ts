@@ -311,13 +311,16 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
 
   // A process that serves the API rides out a Kafka outage (toggles wait in the counter store for
   // the repair, views are retried, follows wait in the outbox): Kafka down leaves it in rotation.
+  // A worker is ready once its consumers read the event log (they start late when it was out of
+  // reach at start, and never when something else keeps them from joining their groups).
+  let consumersStarted = false;
   await http.register(
     opsRoutes(
       metrics,
-      platform.readiness,
+      { ...platform.readiness, consumers: async () => consumersStarted },
       () => draining,
       config.metricsToken,
-      new Set(config.role === 'worker' ? [] : ['kafka']),
+      new Set(config.role === 'worker' ? [] : ['kafka', 'consumers']),
     ),
   );
   if (config.role !== 'worker') {
@@ -497,7 +500,9 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
           );
       }
     }
-    if (!stopping.signal.aborted) log.info('event-log consumers started');
+    if (stopping.signal.aborted) return;
+    consumersStarted = true;
+    log.info('event-log consumers started');
   };
 
   return {
@@ -535,6 +540,7 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
         }
       }
       if (pending.length > 0) lateStart = startConsumersLater(pending, topicsMade);
+      else consumersStarted = true;
       log.info({ address, profile: config.profile, role: config.role }, 'zhiguang started');
       return address;
     },
@@ -543,9 +549,9 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
     },
     async close() {
       draining = true;
-      // A consumer starting late finishes its attempt first, so that it is stopped below.
+      // Consumers starting late stop trying; one whose attempt is under way is ended with the event
+      // log's connections below (closing them does not wait for the attempt).
       stopping.abort();
-      await lateStart;
       await http.close();
       outboxWake.close();
       // Side by side, and the publisher for a bounded time: what it leaves is in the store's records.
@@ -553,6 +559,9 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
       // Side by side: each commits what it handled; one slow to leave its group holds up no other.
       const stopped = await Promise.allSettled(workers.map((worker) => worker.stop()));
       await platform.close();
+      await lateStart;
+      // One that got started after all the same (its attempt ended just then) stops now.
+      await Promise.allSettled(consumers.map((worker) => worker.stop()));
       for (const result of stopped) if (result.status === 'rejected') throw result.reason;
     },
   };

@@ -58,6 +58,12 @@ describe('a process started while Kafka is down (cluster profile, a private brok
     // Before, the process ended at start ("zhiguang failed to start").
     node = await startNode(deployment!.env, 'all');
     expect(node.lines.some((l) => String(l.msg).startsWith('Kafka unreachable at start'))).toBe(true);
+    // In rotation (it serves the API), and says what it cannot do yet.
+    const degraded = await fetch(`${node.baseUrl}/readyz`);
+    expect([degraded.status, await degraded.json()]).toMatchObject([
+      200,
+      { status: 'degraded', checks: { kafka: 'down', consumers: 'down', redis: 'ok' } },
+    ]);
 
     const users = await signUpByPhone([node], 2, 30_000, 1);
     expect(users).toHaveLength(2);
@@ -91,6 +97,8 @@ describe('a process started while Kafka is down (cluster profile, a private brok
 
     await kafka!.up();
     await node.waitForLine((l) => l.msg === 'event-log consumers started', 60_000);
+    const ready = await fetch(`${node.baseUrl}/readyz`);
+    expect([ready.status, await ready.json()]).toMatchObject([200, { status: 'ok' }]);
     expect(await like(users[1]!, postId)).toEqual([200, { changed: true, liked: true }]);
     // Through the log this time: published, consumed and folded by this very process.
     const consumed = () =>

@@ -22,7 +22,8 @@ describe.each<ProfileName>(['embedded', 'cluster'])('operations (%s profile)', (
     expect((await client.call('GET', '/healthz')).body).toEqual({ status: 'ok' });
     const ready = await client.call('GET', '/readyz');
     expect(ready.status).toBe(200);
-    const expected = profile === 'embedded' ? ['database'] : ['database', 'kafka', 'redis'];
+    const expected =
+      profile === 'embedded' ? ['consumers', 'database'] : ['consumers', 'database', 'kafka', 'redis'];
     expect(Object.keys(ready.body.checks).sort()).toEqual(expected);
     expect(Object.values(ready.body.checks).every((s) => s === 'ok')).toBe(true);
   });
