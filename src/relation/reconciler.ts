@@ -162,13 +162,31 @@ export class RelationReconciler {
       lists.push({ owner: drift.userId, kind: 'followers' });
     if (lists.length > 0) {
       await this.deps.lists.invalidate(lists);
-      // Other processes not told keep their first page of the user's followers: not healed yet.
-      await this.deps.bus.publish(FIRST_PAGE_SCOPE, [String(drift.userId)]).catch(() => {
-        complete = false;
-      });
+      // Other processes not told keep their first page of the user's followers: not healed yet, and
+      // no later check would find it (the lists are right now), so each round tells them again first.
+      if (!(await this.announce([drift.userId]))) complete = false;
       if (drift.caches.length > 0) metrics.driftHealed.inc({ kind: 'cache' }, drift.caches.length);
     }
     return complete;
+  }
+
+  /** Users whose healed lists other processes could not be told of yet. */
+  private readonly unannounced = new Set<number>();
+
+  /** Tells other processes to drop these users' first followers pages (a few tries); whether it did. */
+  private async announce(userIds: readonly number[]): Promise<boolean> {
+    for (let attempt = 0; attempt < 3; attempt++) {
+      if (attempt > 0) await sleep(200 * attempt);
+      try {
+        await this.deps.bus.publish(FIRST_PAGE_SCOPE, userIds.map(String));
+        for (const id of userIds) this.unannounced.delete(id);
+        return true;
+      } catch {
+        // Tried again, then left for the next round.
+      }
+    }
+    for (const id of userIds) this.unannounced.add(id);
+    return false;
   }
 
   /**
@@ -176,6 +194,7 @@ export class RelationReconciler {
    * what both checks found. Resolves with what it did.
    */
   async runOnce(): Promise<{ checked: number; drifted: number; healed: number }> {
+    if (this.unannounced.size > 0) await this.announce([...this.unannounced]);
     const sample = [...this.recent].slice(-this.deps.sampleSize).reverse();
     for (const id of sample) this.recent.delete(id);
     if (sample.length < this.deps.sampleSize) {
