@@ -412,13 +412,25 @@ describe('client addresses behind a trusted proxy', () => {
     expect((await login('2001:db8:1:3::a')).statusCode).toBe(401);
   });
 
-  it('limits the /64s of one IPv6 /48 together, at four clients’ allowance', async () => {
+  it('limits code checks from the /64s of one IPv6 /48 together, at sixteen clients’ allowance', async () => {
+    let n = 0;
+    const check = (forwardedFor: string) =>
+      app.http.inject({
+        method: 'POST',
+        url: '/api/v1/auth/login',
+        payload: { identifierType: 'EMAIL', identifier: `net${n++}@example.test`, code: '123456' },
+        remoteAddress: '10.1.1.1',
+        headers: { 'x-forwarded-for': forwardedFor },
+      });
     const statuses: number[] = [];
-    for (let net = 0; net < 5; net++)
-      for (const host of ['a', 'b']) statuses.push((await login(`2001:db8:2:${net}::${host}`)).statusCode);
-    // The limit is 2 per client: 8 for the network, whichever of its /64s they come from.
-    expect(statuses).toEqual([401, 401, 401, 401, 401, 401, 401, 401, 429, 429]);
-    expect((await login('2001:db8:3:1::a')).statusCode).toBe(401);
+    for (let net = 0; net < 17; net++)
+      for (const host of ['a', 'b']) statuses.push((await check(`2001:db8:2:${net}::${host}`)).statusCode);
+    // The limit is 2 per client: 32 for the network, whichever of its /64s they come from.
+    expect(statuses.slice(0, 32).every((s) => s !== 429)).toBe(true);
+    expect(statuses.slice(32)).toEqual([429, 429]);
+    expect((await check('2001:db8:3:1::a')).statusCode).not.toBe(429);
+    // Password sign-ins are not limited per network (they are per identifier too).
+    expect((await login('2001:db8:2:99::a')).statusCode).toBe(401);
   });
 
   it('limits code checks per client, across accounts and apart from sends and sign-ins', async () => {

@@ -425,8 +425,9 @@ export class AuthService {
         'Too many requests from this address; try again later',
         client.retryAfterMs / 1000,
       );
-    // An IPv6 client moving from /64 to /64 of its network meets the network's allowance.
-    const network = ctx.ip ? rateLimitNetwork(ctx.ip) : null;
+    // An IPv6 client moving from /64 to /64 of its network meets the network's allowance: for what
+    // costs a delivery or guesses a code (password sign-ins have limits per identifier too).
+    const network = ctx.ip && action !== 'login' ? rateLimitNetwork(ctx.ip) : null;
     if (!network) return;
     const shared = await this.limiter.hit(
       `auth:${action}:net:${network}`,

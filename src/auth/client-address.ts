@@ -36,8 +36,11 @@ export function rateLimitNetwork(ip: string): string | null {
     .join(':')}::/48`;
 }
 
-/** How many clients' allowances an IPv6 /48 gets together. */
-export const NETWORK_ALLOWANCE = 4;
+/**
+ * How many clients' allowances an IPv6 /48 gets together: enough for the many subscribers a mobile
+ * or cloud provider may put in one, far below the 65,536 /64s one holder of a /48 could rotate through.
+ */
+export const NETWORK_ALLOWANCE = 16;
 
 /** The eight 16-bit groups of a valid IPv6 address (with `::` and a dotted IPv4 tail resolved). */
 function expandIPv6(address: string): number[] {
