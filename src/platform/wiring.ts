@@ -318,6 +318,14 @@ export function watchRedisDataLoss(redis: Redis, prefix: string, log: Logger): v
   });
 }
 
+/** Whether any like or favourite ever reached the database's likes-received marks. */
+async function likesWereMade(db: Db): Promise<boolean> {
+  return (
+    (await db.kysely.selectFrom('likes_received_marks').select('post_id').limit(1).executeTakeFirst()) !==
+    undefined
+  );
+}
+
 /** Whether the deployment has users, that is, had data in Redis. */
 async function hasUsers(db: Db): Promise<boolean> {
   return (await db.kysely.selectFrom('users').select('id').limit(1).executeTakeFirst()) !== undefined;
@@ -381,14 +389,18 @@ export async function checkRedisAtStart(
   db: Db,
   prefix: string,
   groups: number,
-  store: Pick<CounterStore, 'seal'>,
+  store: Pick<CounterStore, 'seal' | 'holdsChanges'>,
   options: { markRedis: boolean; replaying?: boolean },
   log: Logger,
 ): Promise<void> {
   const mark = await checkCounterGroups(redis, prefix, groups, false);
   if (mark !== 'missing') {
-    if (options.markRedis && (await redis.exists(sealedKey(prefix))) === 0)
+    if (!options.markRedis || (await redis.exists(sealedKey(prefix))) === 1) return;
+    // Marked, never sealed: made by a release before seals, or a process of one set the mark again
+    // after a loss. Sealed only where Redis visibly keeps the changes, or where none were ever made.
+    if ((await store.holdsChanges()) || !(await likesWereMade(db)))
       await sealCounters(redis, prefix, groups, store);
+    else if (!options.replaying) log.error({ prefix }, REDIS_DATA_LOST);
     return;
   }
   if (await hasUsers(db)) {

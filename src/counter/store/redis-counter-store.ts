@@ -830,6 +830,16 @@ export class RedisCounterStore implements CounterStore {
     }
   }
 
+  async holdsChanges(): Promise<boolean> {
+    for (let from = 0; from < this.groups; from += SCAN_CHUNK) {
+      const pipeline = this.redis.pipeline();
+      for (let g = from; g < Math.min(this.groups, from + SCAN_CHUNK); g++)
+        pipeline.exists(this.groupKey('seq', g));
+      if (((await execPipeline(pipeline)) as number[]).some((n) => n > 0)) return true;
+    }
+    return false;
+  }
+
   async unseal(): Promise<number[]> {
     const sealed: number[] = [];
     for (let from = 0; from < this.groups; from += SCAN_CHUNK) {
