@@ -84,11 +84,13 @@ export function counterRoutes(deps: { counters: CounterService; guards: AuthGuar
             description:
               'Likes, unlikes, favourites and unfavourites together: at most ZG_COUNTER_TOGGLE_LIMIT per user ' +
               'per minute in each API process (300 by default; 429 past that, changing nothing). A post the ' +
-              'caller may not see is 404.',
+              'caller may not see is 404. 503 UNAVAILABLE, changing nothing, while Redis is unreachable, and ' +
+              'on the cluster profile from a loss of its data until `zhiguang counters replay` has brought the ' +
+              'likes back (also while a replay runs).',
             body: ActionBody,
             response: {
               200: metric === 'like' ? LikeResponse : FavResponse,
-              ...errorResponses(400, 401, 404, 429),
+              ...errorResponses(400, 401, 404, 429, 503),
             },
           },
         },
