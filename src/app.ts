@@ -549,8 +549,8 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
     },
     async close() {
       draining = true;
-      // Consumers starting late stop trying; one whose attempt is under way is ended with the event
-      // log's connections below (closing them does not wait for the attempt).
+      // Consumers starting late stop trying; an attempt under way is waited for after everything
+      // else has closed, for a few seconds at most (its join may take longer while Kafka is away).
       stopping.abort();
       await http.close();
       outboxWake.close();
@@ -559,7 +559,9 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
       // Side by side: each commits what it handled; one slow to leave its group holds up no other.
       const stopped = await Promise.allSettled(workers.map((worker) => worker.stop()));
       await platform.close();
-      await lateStart;
+      let waited: NodeJS.Timeout | undefined;
+      await Promise.race([lateStart, new Promise((resolve) => (waited = setTimeout(resolve, 5_000)))]);
+      clearTimeout(waited);
       // One that got started after all the same (its attempt ended just then) stops now.
       await Promise.allSettled(consumers.map((worker) => worker.stop()));
       for (const result of stopped) if (result.status === 'rejected') throw result.reason;

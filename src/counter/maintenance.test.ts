@@ -265,6 +265,25 @@ describe(replayAll.name, () => {
     // Refused from before the last of the log was read until the facts were whole again: then taken everywhere.
     expect(store.sealing).toEqual(['unseal', 'all']);
 
+    // A toggle made while the log is read (toggles are still taken then): its event comes after the
+    // end first captured, and the store's seq is above the log's as first read. Not a stray.
+    const live = new RecordingStore();
+    live.held.set(post(1).eid, 2);
+    let reads = 0;
+    const readingLog = Object.assign(Object.create(log) as FakeLog, {
+      readRange: async (...args: Parameters<EventLog['readRange']>) => {
+        if (reads++ === 0) {
+          log.append(0, [eventFor(post(1), 'like', 7, 1, 3, 0)]);
+          live.held.set(post(1).eid, 3);
+        }
+        await log.readRange(...args);
+      },
+    });
+    expect(
+      await replayAll(live as unknown as CounterStore, readingLog as unknown as EventLog, () => undefined),
+    ).toMatchObject({ events: 3, facts: 3 });
+    expect([reads, live.resets]).toEqual([2, 1]);
+
     // Forced: replayed all the same.
     const forced = new RecordingStore();
     forced.held.set(post(2).eid, 4);
@@ -274,7 +293,7 @@ describe(replayAll.name, () => {
       () => undefined,
       { force: true },
     );
-    expect([forced.resets, report.facts]).toEqual([1, 2]);
+    expect([forced.resets, report.facts]).toEqual([1, 3]);
   });
 
   it('refuses, leaving the store as it is, when the log no longer holds its earliest events', async () => {

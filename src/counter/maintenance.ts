@@ -268,6 +268,12 @@ export async function replayAll(
         'would empty the store of the likes and favourites they hold. Nothing was changed.',
     );
   }
+  // A sample of the store as it is before the log is captured: every change it holds is then in
+  // the log read below (or published by the next line), whatever is toggled meanwhile.
+  const sample = await store.sampleEntities(SAMPLE_CHECKED);
+  const sampled = await Promise.all(
+    sample.map(async (ref) => ({ ref, seq: (await store.inspect(ref)).seq })),
+  );
   // Records strictly older than the time given: + 1 takes those of this very millisecond too.
   const published = await publishWaiting(store, events, now() + 1, progress);
   const until = await events.endOffsets(COUNTER_TOPIC);
@@ -297,7 +303,7 @@ export async function replayAll(
   await events.readRange(COUNTER_TOPIC, until, fold, REPLAY_CHUNK);
   // A log that is not this store's at all (another prefix or broker) is told before anything
   // changes, by a sample of the store; the whole store is compared once toggles are refused.
-  const strays = await changesNotLogged(store, logged, progress, await store.sampleEntities(SAMPLE_CHECKED));
+  const strays = await changesNotLogged(store, logged, progress, sampled);
   if (strays.entities > 0 && !force) throw notThisLog(strays);
 
   // From here on toggles are refused (503): none can fall after the end read and be lost to the
@@ -308,7 +314,8 @@ export async function replayAll(
   const sealed = await store.unseal();
   let emptied = false;
   try {
-    report.published += await publishWaiting(store, events, now() + 1, progress);
+    // Every record left, however recent its clock made it: no toggle can add one now.
+    report.published += await publishWaiting(store, events, Number.MAX_SAFE_INTEGER, progress);
     const end = await events.endOffsets(COUNTER_TOPIC);
     await events.readRange(COUNTER_TOPIC, end, fold, REPLAY_CHUNK, until);
     const ahead = await changesNotLogged(store, logged, progress, null, signal);
@@ -432,7 +439,7 @@ async function changesNotLogged(
   store: CounterStore,
   logged: ReadonlyMap<string, number>,
   progress: Progress,
-  only: readonly EntityRef[] | null = null,
+  only: readonly { ref: EntityRef; seq: number }[] | null = null,
   signal?: AbortSignal,
 ): Promise<{ entities: number; examples: string[] }> {
   const found = { entities: 0, examples: [] as string[] };
@@ -441,10 +448,12 @@ async function changesNotLogged(
   while (cursor !== null) {
     signal?.throwIfAborted();
     const page: { refs: EntityRef[]; cursor: string | null } = only
-      ? { refs: [...only], cursor: null }
+      ? { refs: only.map((s) => s.ref), cursor: null }
       : await store.scanEntities(cursor, 500);
     for (const chunk of chunked(page.refs, REBUILD_CHUNK)) {
-      const states = await Promise.all(chunk.map((ref) => store.inspect(ref)));
+      const states = only
+        ? only.filter((s) => chunk.includes(s.ref))
+        : await Promise.all(chunk.map((ref) => store.inspect(ref)));
       states.forEach((state, i) => {
         const key = entityKey(chunk[i]!);
         const inLog = logged.get(key) ?? 0;

@@ -153,23 +153,27 @@ describe('the start-up check of Redis', () => {
     });
   });
 
-  it('seals a marked deployment never sealed only where Redis keeps its changes or none were made', async () => {
+  it('seals a marked deployment never sealed unless Redis is behind the database', async () => {
     await withDeployment(true, async ({ redis, prefix, db, store, log, messages }) => {
       await redis.set(`${prefix}meta:counter-groups`, '8');
-      // Likes were made (the database says so) and Redis keeps none of them: a loss behind a mark
-      // set again by a process of an earlier release.
-      await db.kysely.insertInto('likes_received_marks').values({ post_id: '1', applied_seq: 3 }).execute();
+      // The database has applied the post's changes up to seq 3; Redis numbers them from 1 again
+      // (a process of an earlier release took a toggle after a loss and set the mark again).
+      await db.kysely
+        .insertInto('likes_received_marks')
+        .values({ post_id: ref.eid, applied_seq: 3 })
+        .execute();
+      const unguarded = new RedisCounterStore(redis, { prefix, groups: 8 });
+      expect((await unguarded.toggle(ref, 'like', 9, true, Date.now())).changed).toBe(true);
       await checkRedisAtStart(redis, db, prefix, 8, store, { markRedis: true }, log);
       expect(messages.map((m) => [m.level, m.msg.split(':')[0]])).toEqual([
         [50, 'Redis holds no data of this deployment'],
       ]);
       await expect(like(store)).rejects.toThrow(/being restored/);
-      // Redis keeps changes (a release before seals, its data whole): sealed.
-      const unguarded = new RedisCounterStore(redis, { prefix, groups: 8 });
-      expect((await unguarded.toggle(ref, 'like', 9, true, Date.now())).changed).toBe(true);
+      // Redis as far as the database (a release before seals, its data whole): sealed.
+      for (const user of [10, 11]) await unguarded.toggle(ref, 'like', user, true, Date.now());
       await checkRedisAtStart(redis, db, prefix, 8, store, { markRedis: true }, log);
       expect(messages).toHaveLength(1);
-      expect((await like(store)).changed).toBe(true);
+      expect((await like(store, 12)).changed).toBe(true);
     });
   });
 

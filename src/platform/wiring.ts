@@ -318,12 +318,22 @@ export function watchRedisDataLoss(redis: Redis, prefix: string, log: Logger): v
   });
 }
 
-/** Whether any like or favourite ever reached the database's likes-received marks. */
-async function likesWereMade(db: Db): Promise<boolean> {
-  return (
-    (await db.kysely.selectFrom('likes_received_marks').select('post_id').limit(1).executeTakeFirst()) !==
-    undefined
+/**
+ * Whether Redis lost counter changes the database knows of: the likes-received marks record, per
+ * post, the highest change seq applied, which the store's seq of the post (it numbers every change)
+ * is never below while it keeps its data. Checked on the posts with the most changes.
+ */
+async function countsBehindDatabase(db: Db, store: Pick<CounterStore, 'inspect'>): Promise<boolean> {
+  const marks = await db.kysely
+    .selectFrom('likes_received_marks')
+    .select(['post_id', 'applied_seq'])
+    .orderBy('applied_seq', 'desc')
+    .limit(200)
+    .execute();
+  const seqs = await Promise.all(
+    marks.map(async (m) => (await store.inspect({ etype: 'knowpost', eid: String(m.post_id) })).seq),
   );
+  return marks.some((m, i) => seqs[i]! < Number(m.applied_seq));
 }
 
 /** Whether the deployment has users, that is, had data in Redis. */
@@ -379,7 +389,7 @@ export async function checkCounterGroups(
 /**
  * Checks the counter groups' mark at start (`checkCounterGroups`). Found: Redis holds the
  * deployment's data; a deployment whose groups were never sealed (made by a release before seals)
- * is sealed now. Missing while the database has users: Redis lost its data; said at error level
+ * is sealed now, unless Redis is behind the database (a loss the mark does not show). Missing while the database has users: Redis lost its data; said at error level
  * (unless `replaying`: the replay is what brings it back), and nothing is set, so every process
  * finds it missing until the replay. Missing in a deployment without users: its first start, which
  * sets the mark and seals the groups. Only a process that `markRedis` writes.
@@ -389,7 +399,7 @@ export async function checkRedisAtStart(
   db: Db,
   prefix: string,
   groups: number,
-  store: Pick<CounterStore, 'seal' | 'holdsChanges'>,
+  store: Pick<CounterStore, 'seal' | 'inspect'>,
   options: { markRedis: boolean; replaying?: boolean },
   log: Logger,
 ): Promise<void> {
@@ -397,9 +407,9 @@ export async function checkRedisAtStart(
   if (mark !== 'missing') {
     if (!options.markRedis || (await redis.exists(sealedKey(prefix))) === 1) return;
     // Marked, never sealed: made by a release before seals, or a process of one set the mark again
-    // after a loss. Sealed only where Redis visibly keeps the changes, or where none were ever made.
-    if ((await store.holdsChanges()) || !(await likesWereMade(db)))
-      await sealCounters(redis, prefix, groups, store);
+    // after a loss (or Redis came back from an old backup). Sealed unless Redis is behind the
+    // database on the posts with the most changes.
+    if (!(await countsBehindDatabase(db, store))) await sealCounters(redis, prefix, groups, store);
     else if (!options.replaying) log.error({ prefix }, REDIS_DATA_LOST);
     return;
   }

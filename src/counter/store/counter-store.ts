@@ -133,8 +133,6 @@ export interface CounterStore {
   seal(groups?: readonly number[]): Promise<void>;
   /** Refuses toggles from now on (a replay under way); the groups that were sealed, for `seal`. */
   unseal(): Promise<number[]>;
-  /** Whether the store keeps any entity's changes (a seq): some fact was ever toggled and kept. */
-  holdsChanges(): Promise<boolean>;
   /** Overwrites (or with null deletes) a snapshot's raw bytes; for tests and repair tools only. */
   writeRawSnapshot(ref: EntityRef, bytes: Buffer | null): Promise<void>;
 }

@@ -830,24 +830,25 @@ export class RedisCounterStore implements CounterStore {
     }
   }
 
-  async holdsChanges(): Promise<boolean> {
-    for (let from = 0; from < this.groups; from += SCAN_CHUNK) {
-      const pipeline = this.redis.pipeline();
-      for (let g = from; g < Math.min(this.groups, from + SCAN_CHUNK); g++)
-        pipeline.exists(this.groupKey('seq', g));
-      if (((await execPipeline(pipeline)) as number[]).some((n) => n > 0)) return true;
-    }
-    return false;
-  }
-
+  /** The groups sealed now are read first, so a failure half-way seals them again before it is told. */
   async unseal(): Promise<number[]> {
     const sealed: number[] = [];
     for (let from = 0; from < this.groups; from += SCAN_CHUNK) {
       const pipeline = this.redis.pipeline();
       const end = Math.min(this.groups, from + SCAN_CHUNK);
-      for (let g = from; g < end; g++) pipeline.hdel(this.groupKey('seq', g), SEAL_FIELD);
-      const removed = (await execPipeline(pipeline)) as number[];
-      removed.forEach((n, i) => n > 0 && sealed.push(from + i));
+      for (let g = from; g < end; g++) pipeline.hexists(this.groupKey('seq', g), SEAL_FIELD);
+      ((await execPipeline(pipeline)) as number[]).forEach((n, i) => n > 0 && sealed.push(from + i));
+    }
+    try {
+      for (let from = 0; from < sealed.length; from += SCAN_CHUNK) {
+        const pipeline = this.redis.pipeline();
+        for (const g of sealed.slice(from, from + SCAN_CHUNK))
+          pipeline.hdel(this.groupKey('seq', g), SEAL_FIELD);
+        await execPipeline(pipeline);
+      }
+    } catch (err) {
+      await this.seal(sealed).catch(() => undefined);
+      throw err;
     }
     return sealed;
   }

@@ -456,13 +456,6 @@ export class SqliteCounterStore implements CounterStore {
     return [];
   }
 
-  async holdsChanges(): Promise<boolean> {
-    return (
-      (await this.kysely.selectFrom('counter_entities').select('eid').limit(1).executeTakeFirst()) !==
-      undefined
-    );
-  }
-
   async reset(): Promise<void> {
     await this.exclusive(() => {
       for (const table of ['counter_facts', 'counter_entities', 'counter_pending', 'counter_snapshots']) {

@@ -737,7 +737,7 @@ class KafkaSubscription implements Subscription {
    * Hands records to the handler until it takes them. A failure is reported and the same records
    * are handed again after a back-off, on the same stream: a new stream would make the consumer join
    * its group again, which, coming from the group's leader, rebalances every member, so a Redis or
-   * database outage would stop the whole group every second. A retry hands over only the records
+   * database outage would stop the whole group every second. Each try hands over only the records
    * of partitions this member still holds: the group may have handed the others to another member
    * meanwhile (which reads them from the last commit). Resolves to the records handled, or null
    * when the subscription closes meanwhile (the records stay uncommitted); throws when the consumer
@@ -746,11 +746,11 @@ class KafkaSubscription implements Subscription {
   private async handle(topic: string, delivered: StringMessage[]): Promise<StringMessage[] | null> {
     let records = delivered;
     for (let failures = 0; ; failures++) {
-      if (failures > 0) {
-        const held = this.heldPartitions();
-        if (held) records = records.filter((m) => held.has(`${m.topic}:${m.partition}`));
-        if (records.length === 0) return records;
-      }
+      // Records read before the group moved a partition elsewhere (the stream's buffer keeps them)
+      // are the new holder's, which reads them from the last commit.
+      const held = this.heldPartitions();
+      if (held) records = records.filter((m) => held.has(`${m.topic}:${m.partition}`));
+      if (records.length === 0) return records;
       try {
         await this.options.handler({ topic: this.log.unprefix(topic), records: this.delivered(records) });
         return records;
@@ -794,7 +794,12 @@ class KafkaSubscription implements Subscription {
 
   /** Commits past `last`: the last handled record of each partition. */
   private async commit(last: StringMessage[]): Promise<void> {
-    const offsets = last.map((m) => ({
+    // Only for partitions still held: the broker takes a member's commit for any partition, and
+    // one for a partition now read by another member would move that member's position.
+    const held = this.heldPartitions();
+    const mine = held ? last.filter((m) => held.has(`${m.topic}:${m.partition}`)) : last;
+    if (mine.length === 0) return;
+    const offsets = mine.map((m) => ({
       topic: m.topic,
       partition: m.partition,
       offset: m.offset + 1n,
