@@ -27,6 +27,7 @@ import { services } from '../rig/resources.js';
 import {
   clusterDeployment,
   embeddedDeployment,
+  metric,
   PrivateKafka,
   prng,
   runCli,
@@ -297,14 +298,6 @@ async function exactWithin(client: Client, posts: string[], toggler: Toggler, ms
   }
   expect({ postsOff: diffs.length, first: diffs.slice(0, 10) }).toEqual({ postsOff: 0, first: [] });
   return Date.now() - started;
-}
-
-async function metric(process: NodeProcess, name: string): Promise<number> {
-  const text = await (await fetch(`${process.baseUrl}/metrics`)).text();
-  return text
-    .split('\n')
-    .filter((l) => l.startsWith(name))
-    .reduce((sum, l) => sum + Number(l.slice(l.lastIndexOf(' ') + 1)), 0);
 }
 
 describe('counters under faults (cluster profile: API and worker processes, a private Kafka broker)', () => {

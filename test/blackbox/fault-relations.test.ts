@@ -36,6 +36,7 @@ import { RedisUserCounterStore } from '../../src/user-counter/store/redis-user-c
 import { services } from '../rig/resources.js';
 import {
   clusterDeployment,
+  metric,
   PrivateKafka,
   prng,
   runCli,
@@ -241,14 +242,6 @@ function startReaders(
       return { reads, failures };
     },
   };
-}
-
-async function metric(process: NodeProcess, name: string): Promise<number> {
-  const text = await (await fetch(`${process.baseUrl}/metrics`)).text();
-  return text
-    .split('\n')
-    .filter((l) => l.startsWith(name))
-    .reduce((sum, l) => sum + Number(l.slice(l.lastIndexOf(' ') + 1)), 0);
 }
 
 interface Row {

@@ -7,6 +7,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { openMysql } from '../../src/platform/db/database.js';
 import {
   clusterDeployment,
+  metric,
   PrivateKafka,
   signUpByPhone,
   startNode,
@@ -15,14 +16,6 @@ import {
   type PhoneUser,
 } from '../fault/processes.js';
 import { eventually } from './harness.js';
-
-async function metric(node: NodeProcess, name: string): Promise<number> {
-  const text = await (await fetch(`${node.baseUrl}/metrics`)).text();
-  return text
-    .split('\n')
-    .filter((l) => l.startsWith(name))
-    .reduce((sum, l) => sum + Number(l.slice(l.lastIndexOf(' ') + 1)), 0);
-}
 
 describe('a process started while Kafka is down (cluster profile, a private broker)', () => {
   let kafka: PrivateKafka | undefined;

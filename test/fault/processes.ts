@@ -118,6 +118,15 @@ export async function startNode(
   };
 }
 
+/** The sum of a Prometheus metric's samples (lines starting with `name`) that a process exports. */
+export async function metric(process: NodeProcess, name: string): Promise<number> {
+  const text = await (await fetch(`${process.baseUrl}/metrics`)).text();
+  return text
+    .split('\n')
+    .filter((l) => l.startsWith(name))
+    .reduce((sum, l) => sum + Number(l.slice(l.lastIndexOf(' ') + 1)), 0);
+}
+
 /** Runs `node dist/cli.js <args>` to completion; `json` is its summary line, when it printed one. */
 export async function runCli(
   env: Record<string, string>,
