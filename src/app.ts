@@ -476,6 +476,13 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
     );
   const stopping = new AbortController();
   let lateStart: Promise<void> = Promise.resolve();
+  /** Starts the consumers in `pending` in order, taking each off once started; stops at the first failure. */
+  const startInOrder = async (pending: (typeof workers)[number][]) => {
+    while (pending.length > 0 && !stopping.signal.aborted) {
+      await pending[0]!.start();
+      pending.shift();
+    }
+  };
   /** Makes the topics (unless made) and starts the consumers not started yet, until all are. */
   const startConsumersLater = async (pending: (typeof workers)[number][], topicsMade: boolean) => {
     let failures = 0;
@@ -486,10 +493,7 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
       try {
         if (!topicsMade) await ensureTopics();
         topicsMade = true;
-        while (pending.length > 0 && !stopping.signal.aborted) {
-          await pending[0]!.start();
-          pending.shift();
-        }
+        await startInOrder(pending);
       } catch (err) {
         failures++;
         // The first failure and then one a minute or so, not one per attempt.
@@ -531,10 +535,7 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
       const pending = [...consumers];
       if (topicsMade) {
         try {
-          while (pending.length > 0) {
-            await pending[0]!.start();
-            pending.shift();
-          }
+          await startInOrder(pending);
         } catch (err) {
           log.warn({ err }, 'an event-log consumer could not join its group; trying again in the background');
         }

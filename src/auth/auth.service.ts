@@ -415,29 +415,20 @@ export class AuthService {
 
   private async limitIp(action: string, ctx: RequestContext): Promise<void> {
     // Requests whose address is not known share one allowance: never none.
-    const client = await this.limiter.hit(
-      `auth:${action}:ip:${ctx.ip ? rateLimitSubject(ctx.ip) : '-'}`,
-      this.limits.perIp,
-      this.limits.windowMs,
-    );
-    if (!client.allowed)
-      throw new RateLimitedError(
-        'Too many requests from this address; try again later',
-        client.retryAfterMs / 1000,
-      );
+    await this.limitBy(`auth:${action}:ip:${ctx.ip ? rateLimitSubject(ctx.ip) : '-'}`, 1, 'address');
     // An IPv6 client moving from /64 to /64 of its network meets the network's allowance: for what
     // costs a delivery or guesses a code (password sign-ins have limits per identifier too).
     const network = ctx.ip && action !== 'login' ? rateLimitNetwork(ctx.ip) : null;
-    if (!network) return;
-    const shared = await this.limiter.hit(
-      `auth:${action}:net:${network}`,
-      this.limits.perIp * NETWORK_ALLOWANCE,
-      this.limits.windowMs,
-    );
-    if (!shared.allowed)
+    if (network) await this.limitBy(`auth:${action}:net:${network}`, NETWORK_ALLOWANCE, 'network');
+  }
+
+  /** One hit on `key`, allowed `clients` times the per-address limit a window; 429 past it. */
+  private async limitBy(key: string, clients: number, what: 'address' | 'network'): Promise<void> {
+    const decision = await this.limiter.hit(key, this.limits.perIp * clients, this.limits.windowMs);
+    if (!decision.allowed)
       throw new RateLimitedError(
-        'Too many requests from this network; try again later',
-        shared.retryAfterMs / 1000,
+        `Too many requests from this ${what}; try again later`,
+        decision.retryAfterMs / 1000,
       );
   }
 

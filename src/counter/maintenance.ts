@@ -303,7 +303,7 @@ export async function replayAll(
   await events.readRange(COUNTER_TOPIC, until, fold, REPLAY_CHUNK);
   // A log that is not this store's at all (another prefix or broker) is told before anything
   // changes, by a sample of the store; the whole store is compared once toggles are refused.
-  const strays = await changesNotLogged(store, logged, progress, sampled);
+  const strays = countStrays(sampled, logged);
   if (strays.entities > 0 && !force) throw notThisLog(strays);
 
   // From here on toggles are refused (503): none can fall after the end read and be lost to the
@@ -318,7 +318,7 @@ export async function replayAll(
     report.published += await publishWaiting(store, events, Number.MAX_SAFE_INTEGER, progress);
     const end = await events.endOffsets(COUNTER_TOPIC);
     await events.readRange(COUNTER_TOPIC, end, fold, REPLAY_CHUNK, until);
-    const ahead = await changesNotLogged(store, logged, progress, null, signal);
+    const ahead = await changesNotLogged(store, logged, progress, signal);
     logged.clear();
     if (ahead.entities > 0 && !force) throw notThisLog(ahead);
     signal?.throwIfAborted();
@@ -421,7 +421,7 @@ export interface ReplayOptions {
 /** Entities of the store compared with the log before toggles are refused. */
 const SAMPLE_CHECKED = 500;
 
-function notThisLog(ahead: { entities: number; examples: string[] }): Error {
+function notThisLog(ahead: Strays): Error {
   return new Error(
     `the counter store holds changes ${COUNTER_TOPIC} does not: ${ahead.entities} entities have a higher ` +
       `seq than the log holds (${ahead.examples.join(', ')}). Either the log read is not this ` +
@@ -431,37 +431,49 @@ function notThisLog(ahead: { entities: number; examples: string[] }): Error {
   );
 }
 
+/** What the store holds that the log does not: how many entities, and a few of them. */
+interface Strays {
+  entities: number;
+  examples: string[];
+}
+
 /**
- * Entities whose seq in the store is above the highest the log holds of them (none at all for an
- * entity the log does not name): changes a replay would lose. Their number and a few of them.
+ * Adds to `found` each entity whose seq in the store is above the highest the log holds of it
+ * (none at all for an entity the log does not name): changes a replay would lose.
  */
+function countStrays(
+  states: readonly { ref: EntityRef; seq: number }[],
+  logged: ReadonlyMap<string, number>,
+  found: Strays = { entities: 0, examples: [] },
+): Strays {
+  for (const { ref, seq } of states) {
+    const key = entityKey(ref);
+    const inLog = logged.get(key) ?? 0;
+    if (seq <= inLog) continue;
+    found.entities++;
+    if (found.examples.length < 5) found.examples.push(`${key} at seq ${seq}, the log up to ${inLog}`);
+  }
+  return found;
+}
+
+/** `countStrays` over every entity of the store. */
 async function changesNotLogged(
   store: CounterStore,
   logged: ReadonlyMap<string, number>,
   progress: Progress,
-  only: readonly { ref: EntityRef; seq: number }[] | null = null,
   signal?: AbortSignal,
-): Promise<{ entities: number; examples: string[] }> {
-  const found = { entities: 0, examples: [] as string[] };
+): Promise<Strays> {
+  const found: Strays = { entities: 0, examples: [] };
   let checked = 0;
   let cursor: string | null = '';
   while (cursor !== null) {
     signal?.throwIfAborted();
-    const page: { refs: EntityRef[]; cursor: string | null } = only
-      ? { refs: only.map((s) => s.ref), cursor: null }
-      : await store.scanEntities(cursor, 500);
+    const page: { refs: EntityRef[]; cursor: string | null } = await store.scanEntities(cursor, 500);
     for (const chunk of chunked(page.refs, REBUILD_CHUNK)) {
-      const states = only
-        ? only.filter((s) => chunk.includes(s.ref))
-        : await Promise.all(chunk.map((ref) => store.inspect(ref)));
-      states.forEach((state, i) => {
-        const key = entityKey(chunk[i]!);
-        const inLog = logged.get(key) ?? 0;
-        if (state.seq <= inLog) return;
-        found.entities++;
-        if (found.examples.length < 5)
-          found.examples.push(`${key} at seq ${state.seq}, the log up to ${inLog}`);
-      });
+      const states = await Promise.all(
+        chunk.map(async (ref) => ({ ref, seq: (await store.inspect(ref)).seq })),
+      );
+      countStrays(states, logged, found);
     }
     checked += page.refs.length;
     cursor = page.cursor;

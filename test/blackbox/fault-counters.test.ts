@@ -22,11 +22,12 @@ import { Admin } from '@platformatic/kafka';
 import { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { RedisCounterStore } from '../../src/counter/store/redis-counter-store.js';
-import { openMysql, openSqlite } from '../../src/platform/db/database.js';
+import { openSqlite } from '../../src/platform/db/database.js';
 import { services } from '../rig/resources.js';
 import {
   clusterDeployment,
   embeddedDeployment,
+  insertPosts,
   metric,
   PrivateKafka,
   prng,
@@ -89,33 +90,6 @@ async function signUpMany(
   };
   await Promise.all(Array.from({ length: concurrency }, one));
   return users;
-}
-
-async function insertPosts(deployment: Deployment, authorId: number, count: number): Promise<string[]> {
-  const first = BigInt(Date.now()) * 1_000_000n;
-  const ids = Array.from({ length: count }, (_, i) => String(first + BigInt(i)));
-  const now = Date.now();
-  const db = deployment.mysqlUrl
-    ? await openMysql(deployment.mysqlUrl, 1)
-    : openSqlite(`${deployment.dataDir}/zhiguang.db`);
-  try {
-    await db.kysely
-      .insertInto('knowposts')
-      .values(
-        ids.map((id) => ({
-          id,
-          author_id: authorId,
-          status: 'published',
-          visible: 'public',
-          created_at: now,
-          updated_at: now,
-        })),
-      )
-      .execute();
-  } finally {
-    await db.close();
-  }
-  return ids;
 }
 
 /**

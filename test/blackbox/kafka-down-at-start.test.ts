@@ -4,9 +4,9 @@
  * is back, without being restarted.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { openMysql } from '../../src/platform/db/database.js';
 import {
   clusterDeployment,
+  insertPosts,
   metric,
   PrivateKafka,
   signUpByPhone,
@@ -60,24 +60,7 @@ describe('a process started while Kafka is down (cluster profile, a private brok
 
     const users = await signUpByPhone([node], 2, 30_000, 1);
     expect(users).toHaveLength(2);
-    const postId = String(BigInt(Date.now()) * 1_000_000n);
-    const db = await openMysql(deployment!.mysqlUrl!, 1);
-    try {
-      const now = Date.now();
-      await db.kysely
-        .insertInto('knowposts')
-        .values({
-          id: postId,
-          author_id: users[0]!.id,
-          status: 'published',
-          visible: 'public',
-          created_at: now,
-          updated_at: now,
-        })
-        .execute();
-    } finally {
-      await db.close();
-    }
+    const postId = (await insertPosts(deployment!, users[0]!.id, 1))[0]!;
     expect(await like(users[0]!, postId)).toEqual([200, { changed: true, liked: true }]);
     // Not published: the repair job, running already, counts it from the facts.
     expect(

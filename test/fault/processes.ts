@@ -12,6 +12,7 @@ import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { createInterface } from 'node:readline';
+import { openMysql, openSqlite } from '../../src/platform/db/database.js';
 import { createMysqlDatabase, services, uniqueBucket, uniqueName } from '../rig/resources.js';
 import { deleteS3Buckets, run, type RunResult } from '../rig/services.js';
 
@@ -116,6 +117,38 @@ export async function startNode(
       }
     },
   };
+}
+
+/** Test fixture: `count` published public posts of `authorId`, written straight into the deployment's database; their ids. */
+export async function insertPosts(
+  deployment: Deployment,
+  authorId: number,
+  count: number,
+): Promise<string[]> {
+  const first = BigInt(Date.now()) * 1_000_000n;
+  const ids = Array.from({ length: count }, (_, i) => String(first + BigInt(i)));
+  const now = Date.now();
+  const db = deployment.mysqlUrl
+    ? await openMysql(deployment.mysqlUrl, 1)
+    : openSqlite(`${deployment.dataDir}/zhiguang.db`);
+  try {
+    await db.kysely
+      .insertInto('knowposts')
+      .values(
+        ids.map((id) => ({
+          id,
+          author_id: authorId,
+          status: 'published',
+          visible: 'public',
+          created_at: now,
+          updated_at: now,
+        })),
+      )
+      .execute();
+  } finally {
+    await db.close();
+  }
+  return ids;
 }
 
 /** The sum of a Prometheus metric's samples (lines starting with `name`) that a process exports. */
