@@ -17,7 +17,21 @@ describe(normalizeIdentifier.name, () => {
     expect(email("o'brien_1@mail.example.co.uk")).toBe("o'brien_1@mail.example.co.uk");
     expect(email('张三@例子.中国')).toBe('张三@例子.中国');
     expect(email('a@xn--fiqs8s')).toBe('400 BAD_REQUEST');
-    expect(email('a@mail.xn--fiqs8s')).toBe('a@mail.xn--fiqs8s');
+    expect(email('a@mail.xn--fiqs8s')).toBe('a@mail.中国');
+  });
+
+  it('gives every spelling of one mailbox one identifier', () => {
+    for (const raw of [
+      '张三@mail.例子.中国',
+      '张三@MAIL.例子.中国',
+      '张三@mail.xn--fsqu00a.xn--fiqs8s',
+      '张三@ｍａｉｌ.例子.中国',
+      '张三@mail。例子。中国',
+      '张三@mail.例子.中国'.normalize('NFD'),
+    ])
+      expect({ raw, got: email(raw) }).toEqual({ raw, got: '张三@mail.例子.中国' });
+    expect(email('josé@example.com'.normalize('NFD'))).toBe('josé@example.com'.normalize('NFC'));
+    expect(email('a@exa mple.com')).toBe('400 BAD_REQUEST');
   });
 
   it('refuses what a mail library would read as other addresses, and malformed ones', () => {

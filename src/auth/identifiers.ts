@@ -1,3 +1,4 @@
+import { domainToUnicode } from 'node:url';
 import { BadRequestError } from '../platform/errors/errors.js';
 import type { IdentifierType } from './code-sender/code-sender.js';
 
@@ -11,9 +12,12 @@ const PHONE = /^1\d{10}$/;
 const EMAIL =
   /^[\p{L}\p{N}!#$%&'*+/=?^_`{|}~-]+(?:\.[\p{L}\p{N}!#$%&'*+/=?^_`{|}~-]+)*@(?:[\p{L}\p{N}](?:[\p{L}\p{N}-]{0,61}[\p{L}\p{N}])?\.)+(?:\p{L}{2,63}|xn--[a-z0-9-]{1,59})$/u;
 
-/** Phone numbers are taken as typed; e-mail addresses are trimmed and lower-cased. */
+/**
+ * Phone numbers are taken as typed. E-mail addresses are trimmed and put in the one form every
+ * spelling of the same mailbox shares (see `canonicalEmail`), so that one mailbox is one account.
+ */
 export function normalizeIdentifier(type: IdentifierType, raw: string): string {
-  const value = type === 'EMAIL' ? raw.trim().toLowerCase() : raw.trim();
+  const value = type === 'EMAIL' ? canonicalEmail(raw.trim()) : raw.trim();
   const ok =
     type === 'PHONE'
       ? PHONE.test(value)
@@ -23,4 +27,17 @@ export function normalizeIdentifier(type: IdentifierType, raw: string): string {
       `body.identifier is not a valid ${type === 'PHONE' ? 'phone number' : 'e-mail address'}`,
     );
   return value;
+}
+
+/**
+ * The local part in Unicode normal form C, lower-cased; the host name as IDNA maps it, in Unicode.
+ * Mail is delivered to the host's ASCII form, so `a@mail.xn--fiqs8s`, `a@mail.中国` and
+ * `a@ｍａｉｌ.中国` (full-width letters, as an input method types them) reach one mailbox and are
+ * one identifier here. A host name IDNA refuses becomes empty, which the address check refuses.
+ * (Migration 0015 keeps the same rule, written out on its own, for the addresses stored before it.)
+ */
+export function canonicalEmail(value: string): string {
+  const at = value.lastIndexOf('@');
+  const local = (at < 0 ? value : value.slice(0, at)).normalize('NFC').toLowerCase();
+  return at < 0 ? local : `${local}@${domainToUnicode(value.slice(at + 1))}`;
 }

@@ -1,3 +1,4 @@
+import { domainToUnicode } from 'node:url';
 import { sql, type Kysely } from 'kysely';
 import type { Migration } from 'kysely/migration';
 import type { Dialect } from '../database.js';
@@ -12,6 +13,30 @@ const exec =
   (...statements: string[]): Step =>
   async (db) => {
     for (const statement of statements) await sql.raw(statement).execute(db);
+  };
+
+/**
+ * Rewrites the e-mail addresses of the rows `filter` selects to the one form of their mailbox that
+ * sign-up and sign-in use from this release on (`canonicalEmail` in src/auth/identifiers.ts, whose
+ * rule is written out again here so that this migration never changes): the local part in Unicode
+ * normal form C and lower case, the host name as IDNA maps it, in Unicode. An address whose form
+ * another account already holds is left as it is: two accounts of one mailbox cannot be merged here.
+ */
+const canonicalEmails =
+  (filter: string): Step =>
+  async (db) => {
+    const { rows } = await sql<{ id: number | string; email: string }>`
+      SELECT id, email FROM users WHERE email IS NOT NULL AND (${sql.raw(filter)}) ORDER BY id`.execute(db);
+    for (const { id, email } of rows) {
+      const at = email.lastIndexOf('@');
+      if (at < 0) continue;
+      const host = domainToUnicode(email.slice(at + 1));
+      const next = `${email.slice(0, at).normalize('NFC').toLowerCase()}@${host}`;
+      if (host === '' || next === email) continue;
+      const { rows: holders } = await sql`SELECT id FROM users WHERE email = ${next}`.execute(db);
+      if (holders.length > 0) continue;
+      await sql`UPDATE users SET email = ${next} WHERE id = ${id} AND email = ${email}`.execute(db);
+    }
   };
 
 const sqlite: Record<string, Step> = {
@@ -158,6 +183,10 @@ const sqlite: Record<string, Step> = {
      ) WITHOUT ROWID`,
     `CREATE INDEX IF NOT EXISTS likes_received_holes_retry ON likes_received_holes (retry_at)`,
   ),
+  // Addresses with an IDNA label or any character outside ASCII: only those can change.
+  '0015_email_one_form': canonicalEmails(
+    `email LIKE '%xn--%' OR length(CAST(email AS BLOB)) <> length(email)`,
+  ),
 };
 
 const mysql: Record<string, Step> = {
@@ -257,6 +286,7 @@ const mysql: Record<string, Step> = {
        KEY likes_received_holes_retry (retry_at)
      ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin`,
   ),
+  '0015_email_one_form': canonicalEmails(`email LIKE '%xn--%' OR LENGTH(email) <> CHAR_LENGTH(email)`),
 };
 
 export function migrationsFor(dialect: Dialect): Record<string, Migration> {

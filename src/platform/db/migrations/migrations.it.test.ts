@@ -104,6 +104,53 @@ describe.each(backends)('migrations on %s', (_name, open) => {
     // A holder may change the case of their own.
     await db.kysely.updateTable('users').set({ zg_id: 'BOB_22' }).where('id', '=', 4).execute();
   });
+
+  it("0015 stores each e-mail address in its mailbox's one form, unless another account holds that form", async () => {
+    const db = await databaseAt('0014_likes_received_parked');
+    const addresses = [
+      'a@mail.xn--fiqs8s', // becomes a@mail.中国
+      'b@ｍａｉｌ.中国', // full-width host letters
+      'josé@example.com'.normalize('NFD'),
+      'c@mail.中国', // already in its form
+      'd@mail.xn--fiqs8s', // its form is held by the next account: left as it is
+      'd@mail.中国',
+      'e@example.com',
+    ];
+    await db.kysely
+      .insertInto('users')
+      .values(
+        addresses.map((email, i) => ({
+          id: i + 1,
+          phone: null,
+          email,
+          password_hash: null,
+          nickname: `u${i + 1}`,
+          avatar: 'https://a.test/a.png',
+          bio: null,
+          zg_id: `zg_${i + 1}`,
+          gender: 'UNKNOWN',
+          birthday: null,
+          school: null,
+          tags_json: '[]',
+          created_at: 1,
+          updated_at: 1,
+        })),
+      )
+      .execute();
+    await migrate(db);
+    const emails = (await db.kysely.selectFrom('users').select('email').orderBy('id').execute()).map(
+      (r) => r.email,
+    );
+    expect(emails).toEqual([
+      'a@mail.中国',
+      'b@mail.中国',
+      'josé@example.com'.normalize('NFC'),
+      'c@mail.中国',
+      'd@mail.xn--fiqs8s',
+      'd@mail.中国',
+      'e@example.com',
+    ]);
+  });
 });
 
 /** What the repositories make of a driver's error (see `translateDbError`). */
