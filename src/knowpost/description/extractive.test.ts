@@ -231,6 +231,20 @@ describe('ExtractiveSuggester', () => {
     expect(performance.now() - started).toBeLessThan(2_000);
   });
 
+  it('reads long runs of backticks and of spaces before closing hashes in time linear in them', async () => {
+    for (const content of [
+      `x ${'`'.repeat(ANALYSED_CHARS)}`,
+      `# a${' '.repeat(ANALYSED_CHARS)}#x`,
+      `# a${' #'.repeat(ANALYSED_CHARS / 2)}x`,
+    ]) {
+      const started = performance.now();
+      await suggester.suggest(content).catch((err: unknown) => {
+        expect(err).toBeInstanceOf(EmptyContentError);
+      });
+      expect(performance.now() - started, content.slice(0, 8)).toBeLessThan(150);
+    }
+  });
+
   it('rejects with the reason of an aborted signal', async () => {
     const controller = new AbortController();
     controller.abort(new Error('gone'));

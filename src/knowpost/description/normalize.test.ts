@@ -1,4 +1,5 @@
 import { describe, expect, it } from 'vitest';
+import { isSingleLine } from '../../platform/http/schemas.js';
 import { normalizeDescription } from './normalize.js';
 
 const codePoints = (text: string): number => [...text].length;
@@ -64,6 +65,12 @@ describe('normalizeDescription', () => {
     ['描述：', ''],
   ])('%j → %j', (raw, expected) => {
     expect(normalizeDescription(raw)).toBe(expected);
+  });
+
+  it('leaves out every character a description may not hold, so a suggestion can be saved', () => {
+    const got = normalizeDescription('Kubernetes\u0007 operators\u202e explained\u0085in\u2028depth\u0000.');
+    expect(got).toBe('Kubernetes operators explained in depth');
+    expect(isSingleLine(got)).toBe(true);
   });
 
   it('cuts Chinese at the last clause boundary in the final 30%', () => {

@@ -175,15 +175,30 @@ function wordStartBefore(text: string, at: number, floor: number): number | unde
   return start;
 }
 
+/* eslint-disable no-control-regex -- this pattern exists to find control characters */
+/**
+ * What a description's `single-line` format refuses (see `platform/http/schemas.ts`) apart from the
+ * whitespace `collapseWhitespace` folds: C0 and C1 controls, DEL, the line and paragraph separators
+ * and the bidirectional overrides.
+ */
+const CONTROLS = /[\u0000-\u0008\u000e-\u001f\u007f-\u009f\u2028\u2029\u202d\u202e]/g;
+/* eslint-enable no-control-regex */
+
+/** Line breaks by another name (next line, line and paragraph separators) break lines; other controls go. */
+function withoutControls(text: string): string {
+  return text.replace(CONTROLS, (c) => (c === '\u0085' || c === '\u2028' || c === '\u2029' ? '\n' : ''));
+}
+
 /**
  * Turns model output, or any markdown, into a plain one-line description: NFKC (keeping full-width
  * punctuation inside CJK text), markdown and code fences gone, whitespace collapsed, wrapping quotes,
- * leading labels ("描述：", "Summary:") and trailing punctuation removed, then cut to at most `max`
+ * control characters, leading labels ("描述：", "Summary:") and trailing punctuation removed, then cut to at most `max`
  * code points without splitting a character, preferably at a sentence, clause or word boundary.
  */
 export function normalizeDescription(raw: string, max: number = DESCRIPTION_MAX_LENGTH): string {
   const limit = Math.floor(max);
   if (!(limit > 0)) return '';
-  const text = peel(collapseWhitespace(markdownToText(foldCompatibility(raw))));
+  // Without the characters a description's `single-line` format refuses: a suggestion can be saved.
+  const text = peel(collapseWhitespace(withoutControls(markdownToText(foldCompatibility(raw)))));
   return cut(text, limit);
 }

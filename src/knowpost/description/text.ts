@@ -90,23 +90,27 @@ const INLINE_MARKUP = /[[<`*_~=&]/;
 /** Inline markdown to the text a reader sees: images go, links keep their text, emphasis and tags go. */
 export function stripInlineMarkdown(text: string): string {
   if (!INLINE_MARKUP.test(text)) return text;
-  return removeHtmlComments(text)
-    .replace(/!\[[^[\]\n]*\]\((?:[^()\n]|\([^()\n]*\))*\)/g, ' ')
-    .replace(/!\[[^[\]\n]*\]\[[^[\]\n]*\]/g, ' ')
-    .replace(/\[\^[^[\]\n]+\]/g, '')
-    .replace(/\[([^[\]\n]*)\]\((?:[^()\n]|\([^()\n]*\))*\)/g, '$1')
-    .replace(/\[([^[\]\n]+)\]\[[^[\]\n]*\]/g, '$1')
-    .replace(/<(https?:\/\/[^<>\s]+)>/g, '$1')
-    .replace(/<\/?[A-Za-z][\w-]*(?:\s[^<>\n]*)?\/?>/g, ' ')
-    .replace(/`+([^`\n]+)`+/g, '$1')
-    .replace(/\*\*([^*\n]+)\*\*/g, '$1')
-    .replace(/__([^_\n]+)__/g, '$1')
-    .replace(/~~([^~\n]+)~~/g, '$1')
-    .replace(/==([^=\n]+)==/g, '$1')
-    .replace(/\*(?=[^\s*])([^*\n]*[^\s*])\*/g, '$1')
-    .replace(/\*([^\s*])\*/g, '$1')
-    .replace(/(^|[^\p{L}\p{N}_])_(?=[^\s_])([^_\n]*[^\s_])_(?![\p{L}\p{N}_])/gu, '$1$2')
-    .replace(/&(?:nbsp|amp|lt|gt|quot|apos|#39);/g, (entity) => ENTITIES[entity] ?? entity);
+  return (
+    removeHtmlComments(text)
+      .replace(/!\[[^[\]\n]*\]\((?:[^()\n]|\([^()\n]*\))*\)/g, ' ')
+      .replace(/!\[[^[\]\n]*\]\[[^[\]\n]*\]/g, ' ')
+      .replace(/\[\^[^[\]\n]+\]/g, '')
+      .replace(/\[([^[\]\n]*)\]\((?:[^()\n]|\([^()\n]*\))*\)/g, '$1')
+      .replace(/\[([^[\]\n]+)\]\[[^[\]\n]*\]/g, '$1')
+      .replace(/<(https?:\/\/[^<>\s]+)>/g, '$1')
+      .replace(/<\/?[A-Za-z][\w-]*(?:\s[^<>\n]*)?\/?>/g, ' ')
+      // From the start of a run of backticks only, and without giving any back (a lookahead does not
+      // backtrack): otherwise a long run with no closing one takes time quadratic in its length.
+      .replace(/(?<!`)(?=(`+))\1([^`\n]+)`+/g, '$2')
+      .replace(/\*\*([^*\n]+)\*\*/g, '$1')
+      .replace(/__([^_\n]+)__/g, '$1')
+      .replace(/~~([^~\n]+)~~/g, '$1')
+      .replace(/==([^=\n]+)==/g, '$1')
+      .replace(/\*(?=[^\s*])([^*\n]*[^\s*])\*/g, '$1')
+      .replace(/\*([^\s*])\*/g, '$1')
+      .replace(/(^|[^\p{L}\p{N}_])_(?=[^\s_])([^_\n]*[^\s_])_(?![\p{L}\p{N}_])/gu, '$1$2')
+      .replace(/&(?:nbsp|amp|lt|gt|quot|apos|#39);/g, (entity) => ENTITIES[entity] ?? entity)
+  );
 }
 
 const HEADING = /^\s{0,3}#{1,6}(?:\s+|$)/;
@@ -136,7 +140,8 @@ export function isTableRow(line: string): boolean {
 }
 
 export function headingText(line: string): string {
-  return line.replace(HEADING, '').replace(/\s+#+\s*$/, '');
+  // Closing hashes after the first of a run of spaces only: linear in a long run not followed by them.
+  return line.replace(HEADING, '').replace(/(?<!\s)\s+#+\s*$/, '');
 }
 
 export function listItemText(line: string): string | undefined {
