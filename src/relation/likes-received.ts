@@ -617,6 +617,10 @@ export class LikesReceivedPart implements UserCountPart {
         );
       }
     });
-    return { counts: { likesReceived, favsReceived }, unapplied };
+    // Facts being restored (Redis lost them; a replay runs) count short: not to be kept.
+    const provisional = inspections.some((inspection) => !inspection.sealed);
+    return provisional
+      ? { counts: { likesReceived, favsReceived }, unapplied, provisional: true as const }
+      : { counts: { likesReceived, favsReceived }, unapplied };
   }
 }

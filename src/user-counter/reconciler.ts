@@ -13,7 +13,7 @@ export type Progress = (message: string) => void;
  * written), `healed` (drift, overwritten with the truth), `busy` (not known: deltas kept arriving
  * while it looked, or the fields moved by events whose deltas the database cannot tell are off by
  * no more than those events on their way can make them, and nothing else differs; checked again
- * later) or `unknown` (no such user).
+ * later; also while the counter store restores its facts) or `unknown` (no such user).
  */
 export type CheckOutcome = 'ok' | 'missing' | 'drift' | 'healed' | 'busy' | 'unknown';
 
@@ -73,6 +73,8 @@ export class UserCounterReconciler {
       if (!before.counts) return 'missing';
       const truth = await this.source.compute(userId, this.now());
       if (!truth) return 'unknown';
+      // The truth itself is not known while the facts are restored.
+      if (truth.provisional) return 'busy';
       const ids = [...new Set(truth.unapplied.map((e) => e.eventId))];
       const after = await this.store.inspect(userId, ids);
       if (after.version !== before.version || !after.counts) continue;
@@ -129,6 +131,9 @@ export class UserCounterReconciler {
    */
   async runOnce(): Promise<RoundReport> {
     const recent = [...this.recent.keys()].slice(-this.options.sampleRecent);
+    // Checked now: taken off, so the next round checks whom it brings (and these again only if
+    // they are found busy or drifted, or move again).
+    for (const id of recent) this.recent.delete(id);
     const random = await this.source.sampleUserIds(this.options.sampleRandom);
     const users = [...new Set([...recent, ...random])];
     const round: RoundReport = { checked: users.length, drifted: 0, healed: 0, busy: 0 };

@@ -28,6 +28,12 @@ export interface UnappliedEvent {
 export interface SourceCounts {
   counts: UserCounts;
   unapplied: UnappliedEvent[];
+  /**
+   * Set when a part could not read its truth whole (the counter store's facts are being restored
+   * after a loss; see `Inspection.sealed`): the counts are the best known, to be answered but
+   * neither written nor compared.
+   */
+  provisional?: true;
 }
 
 /**
@@ -42,7 +48,10 @@ export interface SourceCounts {
  */
 export interface UserCountPart {
   readonly fields: readonly UserField[];
-  read(userId: number, since: number): Promise<{ counts: Partial<UserCounts>; unapplied: UnappliedEvent[] }>;
+  read(
+    userId: number,
+    since: number,
+  ): Promise<{ counts: Partial<UserCounts>; unapplied: UnappliedEvent[]; provisional?: true }>;
 }
 
 /** Where rebuilds and the reconciler read the truth. */
@@ -77,12 +86,14 @@ export class DbUserCountSource implements UserCountSource {
     if (!user) return null;
     const counts: UserCounts = { ...ZERO_USER_COUNTS };
     const unapplied: UnappliedEvent[] = [];
+    let provisional = false;
     for (const part of this.parts) {
       const slice = await part.read(userId, now - this.windowMs);
       for (const field of part.fields) counts[field] = slice.counts[field] ?? 0;
       unapplied.push(...slice.unapplied.filter((e) => part.fields.includes(e.field)));
+      provisional ||= slice.provisional === true;
     }
-    return { counts, unapplied };
+    return provisional ? { counts, unapplied, provisional } : { counts, unapplied };
   }
 
   userIdsAfter(after: number, limit: number): Promise<number[]> {

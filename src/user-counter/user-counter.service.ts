@@ -70,8 +70,8 @@ export class UserCounterService {
   /**
    * Rebuilds a user's snapshot from the database: `missing` leaves a readable snapshot alone (and
    * returns it), `overwrite` replaces it. `written` is false when the counts come from a snapshot
-   * already there, or when deltas kept arriving and the truth was answered unwritten. Null when
-   * there is no such user.
+   * already there, or when deltas kept arriving or the source's counts were provisional and the
+   * truth was answered unwritten. Null when there is no such user.
    */
   async rebuild(userId: number, mode: RebuildMode, reason: RebuildReason): Promise<RebuildResult | null> {
     let truth: UserCounts | null = null;
@@ -81,6 +81,8 @@ export class UserCounterService {
       const source = await this.source.compute(userId, this.now());
       if (!source) return null;
       truth = source.counts;
+      // Written, counts read while the facts are restored would stay wrong once they are.
+      if (source.provisional) return { counts: truth, written: false };
       const result = await this.store.write(
         userId,
         source.counts,

@@ -524,6 +524,20 @@ describe.each<Profile>(['embedded', 'cluster'])('user counters (%s profile)', (p
     expect(await rig.store.read([a + 1_000_000])).toEqual([null]);
   });
 
+  it('checks a recently moved user once per move, and again only while busy or drifted', async () => {
+    const [a, b] = [await newUser(), await newUser()];
+    for (const u of [a, b]) await rig.service.counts(u);
+    const sut = new UserCounterReconciler(rig.store, rig.source, rig.service, rig.metrics, {
+      sampleRandom: 0,
+    });
+    sut.touched([a, b]);
+    expect(await sut.runOnce()).toMatchObject({ checked: 2, drifted: 0, busy: 0 });
+    expect(await sut.runOnce()).toMatchObject({ checked: 0 });
+    sut.touched([a]);
+    expect(await sut.runOnce()).toMatchObject({ checked: 1 });
+    expect(await sut.runOnce()).toMatchObject({ checked: 0 });
+  });
+
   it('reports drift whose rebuild could not be written as not healed, and verify as incomplete', async () => {
     const a = await newUser();
     await transition('published', a, newPostId(), { publish: false });

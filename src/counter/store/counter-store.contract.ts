@@ -200,6 +200,7 @@ export function defineCounterStoreContract(name: string, factory: () => Promise<
           pending: false,
           snapshot: null,
           facts: { like: 0, fav: 0 },
+          sealed: true,
         });
       });
 
@@ -245,6 +246,7 @@ export function defineCounterStoreContract(name: string, factory: () => Promise<
           pending: false,
           snapshot: [0, 5, 1, 0, 0],
           facts: { like: 5, fav: 1 },
+          sealed: true,
         });
       });
 

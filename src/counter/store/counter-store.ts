@@ -81,6 +81,11 @@ export interface Inspection {
   pending: boolean;
   snapshot: Counts | null;
   facts: Record<FactMetric, number>;
+  /**
+   * Whether the facts are whole. False in a group a store requiring seals holds unsealed (see
+   * `seal`): it lost its data, or a replay is under way, and the facts may be missing some.
+   */
+  sealed: boolean;
 }
 
 export interface CounterStore {

@@ -70,8 +70,13 @@ describe('RedisCounterStore (cluster specifics)', () => {
     expect(refs.length).toBeGreaterThan(1);
     const toggle = (ref: EntityRef, user: number) => store.toggle(ref, 'like', user, true, NOW);
     await expect(toggle(refs[0]!, 1)).rejects.toThrow(/being restored/);
+    expect((await store.inspect(refs[0]!)).sealed).toBe(false);
     await store.seal([store.groupOf(refs[0]!)]);
     expect((await toggle(refs[0]!, 1)).changed).toBe(true);
+    expect((await store.inspect(refs[0]!)).sealed).toBe(true);
+    expect((await store.inspect(refs[1]!)).sealed).toBe(false);
+    // A store that does not require seals takes every group's facts as whole.
+    expect((await open({ groups: 4 }).inspect(refs[1]!)).sealed).toBe(true);
     await expect(toggle(refs[1]!, 1)).rejects.toThrow(/being restored/);
     // Nothing was changed by the refused ones.
     expect(await store.factCounts(refs[1]!)).toEqual({ like: 0, fav: 0 });

@@ -493,6 +493,7 @@ return {
   fact_count(KEYS[1], KEYS[2]),
   fact_count(KEYS[3], KEYS[4]),
   redis.call('HGET', KEYS[5], field),
+  redis.call('HEXISTS', KEYS[7], '${SEAL_FIELD}'),
 }
 `;
 
@@ -1001,13 +1002,14 @@ export class RedisCounterStore implements CounterStore {
       this.groupKey('seq', group),
       this.groupKey('ap', group),
       field,
-    )) as [number, number, number, number, number, Buffer | null];
+    )) as [number, number, number, number, number, Buffer | null, number];
     return {
       seq: reply[0],
       applied: reply[1],
       pending: reply[2] > 0,
       snapshot: decodeSnapshot(reply[5]),
       facts: { like: reply[3], fav: reply[4] },
+      sealed: !this.requireSeal || reply[6] === 1,
     };
   }
 

@@ -216,6 +216,7 @@ describe('SqliteCounterStore (embedded specifics)', () => {
       pending: false,
       snapshot: [0, 6, 0, 0, 0],
       facts: { like: 6, fav: 0 },
+      sealed: true,
     });
   });
 

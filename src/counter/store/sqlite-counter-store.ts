@@ -292,6 +292,8 @@ export class SqliteCounterStore implements CounterStore {
         pending: s.hasPending.get(ref.etype, ref.eid) !== undefined,
         snapshot: this.snapshotNow(ref),
         facts,
+        // One transaction holds the facts and their log: they are never lost apart.
+        sealed: true,
       };
     }, 'read');
   }
