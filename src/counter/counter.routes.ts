@@ -59,7 +59,7 @@ function parseIds(raw: string): string[] {
   }
   if (ids.length === 0 || ids.length > MAX_IDS)
     throw new BadRequestError(`querystring.ids must list 1 to ${MAX_IDS} ids`);
-  for (const id of ids) if (!isEntityId(id)) throw new BadRequestError('query.ids must be positive integers');
+  for (const id of ids) if (!isEntityId(id)) throw new BadRequestError('querystring.ids must be positive integers');
   return ids;
 }
 

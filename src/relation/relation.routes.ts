@@ -79,7 +79,7 @@ export function relationRoutes(deps: { relations: RelationService; guards: AuthG
           let position: ListPosition = { offset };
           if (cursor !== undefined) {
             const after = decodeCursor(cursor);
-            if (!after) throw new BadRequestError('query.cursor is not a cursor this server issued');
+            if (!after) throw new BadRequestError('querystring.cursor is not a cursor this server issued');
             position = { after };
           }
           const page = await deps.relations.list(userId, kind, position, limit);

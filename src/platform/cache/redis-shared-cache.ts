@@ -6,7 +6,9 @@ import type { CacheFill, CacheRead, CacheSlot, SharedCache } from './shared-cach
 // generation, so moving the guard hides every value under it without finding them. A guard that is
 // missing (never made, expired, or lost with Redis' data) is made with a generation of the clock:
 // values stored under a generation it had before it went can never be read again (no fixed
-// generation such as 0 comes back). KEYS: guard, value. ARGV: the guard's ttl (ms).
+// generation such as 0 comes back). A guard a read makes lives briefly unless a fill stores a value
+// under it: ids asked for and never found (a crawler's) leave no key for long.
+// KEYS: guard, value. ARGV: the ttl (ms) of a guard made here.
 const GET_LUA = `
 local g = redis.call('GET', KEYS[1])
 if not g then
@@ -21,10 +23,12 @@ if v then
 end
 return {g}
 `;
+// KEYS: guard, value. ARGV: generation read, value, the value's ttl, the guard's ttl (ms).
 const FILL_LUA = `
 local g = redis.call('GET', KEYS[1])
 if g ~= ARGV[1] then return 0 end
 redis.call('SET', KEYS[2], g .. '|' .. ARGV[2], 'PX', ARGV[3])
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
 return 1
 `;
 // KEYS: guard. ARGV: ttl ms.
@@ -46,6 +50,11 @@ export interface RedisSharedCacheOptions {
    * the clock, never one it had.
    */
   guardTtlMs?: number;
+  /**
+   * How long a guard made by a read lives until a fill stores a value under it (which keeps it
+   * `guardTtlMs`); default a minute, at most `guardTtlMs`. A fill later than that stores nothing.
+   */
+  readGuardTtlMs?: number;
 }
 
 /**
@@ -55,6 +64,7 @@ export interface RedisSharedCacheOptions {
 export class RedisSharedCache implements SharedCache {
   private readonly prefix: string;
   private readonly guardTtlMs: number;
+  private readonly readGuardTtlMs: number;
   private readonly getScript: ScriptCall;
 
   constructor(
@@ -63,6 +73,7 @@ export class RedisSharedCache implements SharedCache {
   ) {
     this.prefix = options.prefix;
     this.guardTtlMs = options.guardTtlMs ?? 24 * 3600_000;
+    this.readGuardTtlMs = Math.min(options.readGuardTtlMs ?? 60_000, this.guardTtlMs);
     this.getScript = defineScript<ScriptCall>(redis, CMD.get, 2, GET_LUA);
     // Called through pipelines, which find them on the client.
     defineScript(redis, CMD.fill, 2, FILL_LUA);
@@ -83,7 +94,7 @@ export class RedisSharedCache implements SharedCache {
     // Plain calls, not a pipeline of their own: auto-pipelining sends them in one write together
     // with whatever other requests asked for in the same tick.
     const replies = (await Promise.all(
-      slots.map((slot) => this.getScript(this.genKey(slot.guard), this.valueKey(slot), this.guardTtlMs)),
+      slots.map((slot) => this.getScript(this.genKey(slot.guard), this.valueKey(slot), this.readGuardTtlMs)),
     )) as [string, string?][];
     return replies.map(([gen, value]) => ({ gen: String(gen), value: value ?? null }));
   }
@@ -93,7 +104,8 @@ export class RedisSharedCache implements SharedCache {
     const ttl = Math.ceil(Math.min(ttlMs, this.guardTtlMs / 2));
     if (!(ttl > 0)) throw new RangeError(`ttlMs must be positive, got ${ttlMs}`);
     const pipeline = this.redis.pipeline() as ScriptPipeline;
-    for (const e of entries) pipeline[CMD.fill](this.genKey(e.guard), this.valueKey(e), e.gen, e.value, ttl);
+    for (const e of entries)
+      pipeline[CMD.fill](this.genKey(e.guard), this.valueKey(e), e.gen, e.value, ttl, this.guardTtlMs);
     await execPipeline(pipeline);
   }
 

@@ -59,6 +59,21 @@ describe('RedisSharedCache keys', () => {
     for (const key of keys) expect(await redis.pttl(key)).toBeGreaterThan(0);
   });
 
+  it('keeps a guard only a minute when nothing was filled under it, and a day once something was', async () => {
+    const sut = createRedisSharedCache(redis, prefix);
+    const slots = [1, 2].map((n) => ({ key: `post:${n}`, guard: `post:${n}` }));
+    const [missing, found] = await sut.get(slots);
+    // Only the second is found and filled; the first (an id no post has) stays a miss.
+    await sut.fill([{ ...slots[1]!, gen: found!.gen, value: 'v' }], 10_000);
+    const [short, long] = [await redis.pttl(`${prefix}c:{post:1}`), await redis.pttl(`${prefix}c:{post:2}`)];
+    expect(short).toBeGreaterThan(0);
+    expect(short).toBeLessThanOrEqual(60_000);
+    expect(long).toBeGreaterThan(23 * 3600_000);
+    // Read again, a missing id's guard is not kept longer.
+    expect((await sut.get([slots[0]!]))[0]!.gen).toBe(missing!.gen);
+    expect(await redis.pttl(`${prefix}c:{post:1}`)).toBeLessThanOrEqual(60_000);
+  });
+
   it('keeps hiding a value that outlived its guard after the next invalidation', async () => {
     const sut = createRedisSharedCache(redis, prefix);
     const slot = { key: 'post:1', guard: 'post:1' };
