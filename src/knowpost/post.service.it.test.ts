@@ -911,6 +911,39 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     expect((await row(id)).img_urls_json).toBe('[]');
   });
 
+  it('makes no copy for a refused image edit, and deletes those made before a copy failed', async () => {
+    const sut = newService();
+    const id = await publishedPost(sut);
+    const images = [
+      await uploadObject(sut, id, 'knowpost_image', 'image/png', 'png 1'),
+      await uploadObject(sut, id, 'knowpost_image', 'image/png', 'png 2'),
+    ].map((p) => p.objectKey);
+    const neverSent = (
+      await sut.presign(AUTHOR, { scene: 'knowpost_image', postId: id, contentType: 'image/png' })
+    ).objectKey;
+    const copies = async () => (await storage.listPrefix(`posts/${id}/pictures`)).map((o) => o.key);
+    expect(await outcome(sut.update(AUTHOR, id, { imgUrls: [...images, neverSent] }))).toBe(
+      '400 BAD_REQUEST',
+    );
+    expect(await copies()).toEqual([]);
+    // The second upload changes while the first is copied: the first's copy goes too.
+    class Changing extends LocalObjectStorage {
+      override async copy(from: string, to: string, etag: string) {
+        return from === images[1] ? null : super.copy(from, to, etag);
+      }
+    }
+    const changing = new PostService({
+      ...serviceOptions(),
+      storage: new Changing(root, 'http://files.invalid/files'),
+    });
+    expect(await outcome(changing.update(AUTHOR, id, { imgUrls: images }))).toBe('409 OBJECT_CHANGED');
+    expect(await copies()).toEqual([]);
+    expect(await imagesOf(id)).toEqual([]);
+    // The uploads stay for a patch that succeeds.
+    await sut.update(AUTHOR, id, { imgUrls: images });
+    expect((await copies()).sort()).toEqual([...(await imagesOf(id))].sort());
+  });
+
   it('hides other authors’ drafts and non-public posts behind 404', async () => {
     const sut = newService();
     const draft = await sut.createDraft(AUTHOR);

@@ -404,10 +404,20 @@ export class PostService {
       // them to be older than the retention. Asked before anything changes (so a failure here
       // changes nothing) and again once this patch's copies are made, however long they took.
       await this.posts.scheduleObjectsCheck(post.id, this.now() + PATCH_SETTLE_MS);
+      // Copies this patch made that no post row shows (an attempt refused, or one another edit got
+      // ahead of): deleted before answering, so a refused patch leaves no storage behind.
+      const unused: string[] = [];
       try {
         for (let attempt = 1; ; attempt++) {
-          stored = { ...fields, imgUrls: await this.storedImages(post, requested) };
+          const made: string[] = [];
+          const images = await this.storedImages(post, requested, made).catch((err: unknown) => {
+            unused.push(...made);
+            throw err;
+          });
+          stored = { ...fields, imgUrls: images };
+          // (A write that fails outright may have committed: its copies are left to the check.)
           if (await this.write(post, stored, post.imgUrlsJson)) break;
+          unused.push(...made);
           // Deleted (404 from `owned`), or another edit changed the images since they were read.
           post = await this.owned(userId, postId);
           if (attempt === 3) {
@@ -415,6 +425,7 @@ export class PostService {
           }
         }
       } finally {
+        await this.discard(post.id, unused);
         await this.askForObjectsCheck(post.id, this.now() + PATCH_SETTLE_MS);
       }
     }
@@ -582,9 +593,10 @@ export class PostService {
    * upload's ETag holds (`storedImageKey`), so a PUT through a still valid upload URL changes nothing
    * readers get; copies the post shows stay; http(s) URLs stay.
    */
-  private async storedImages(post: PostRecord, imgUrls: string[]): Promise<string[]> {
-    return Promise.all(
-      imgUrls.map(async (value, index) => {
+  private async storedImages(post: PostRecord, imgUrls: string[], made: string[]): Promise<string[]> {
+    // Every entry is checked before any is copied: one refused entry costs no copy of the others.
+    const plan = await Promise.all(
+      imgUrls.map(async (value, index): Promise<string | { upload: string; etag: string; index: number }> => {
         if (isExternalImageUrl(value)) return value;
         if (isStoredImageKey(post.id, value)) {
           // Only a copy the post shows: one it no longer shows is deleted, now or by the sweep.
@@ -613,16 +625,27 @@ export class PostService {
           const copy = await this.storage.head(shown);
           if (copy && normalizeEtag(copy.etag) === normalizeEtag(head.etag)) return shown;
         }
-        const key = storedImageKey(post.id, value);
-        if (!(await this.storage.copy(value, key, head.etag))) {
+        return { upload: value, etag: head.etag, index };
+      }),
+    );
+    // Each copy is listed in `made` before it is asked for: a copy that failed half-way is deleted too.
+    const results = await Promise.allSettled(
+      plan.map(async (entry) => {
+        if (typeof entry === 'string') return entry;
+        const key = storedImageKey(post.id, entry.upload);
+        made.push(key);
+        if (!(await this.storage.copy(entry.upload, key, entry.etag))) {
           throw new ConflictError(
-            `imgUrls[${index}]: the image changed while it was being checked; send the patch again`,
+            `imgUrls[${entry.index}]: the image changed while it was being checked; send the patch again`,
             'OBJECT_CHANGED',
           );
         }
         return key;
       }),
     );
+    const failed = results.find((r) => r.status === 'rejected');
+    if (failed) throw failed.reason;
+    return results.map((r) => (r as PromiseFulfilledResult<string>).value);
   }
 
   private async refuseOversize(key: string, limit: number): Promise<never> {
