@@ -2,12 +2,13 @@ import { describe, expect, it } from 'vitest';
 import { PostObjectPurger } from './post-purge.js';
 
 describe(PostObjectPurger.name, () => {
-  it('goes on past a post the store refuses, and leaves it for the next round', async () => {
+  it('goes on past a post the store refuses, and tries it again ten minutes later', async () => {
     const purged: string[] = [];
+    let now = 1_000_000;
     const posts = {
-      deletedUnpurged: async (before: number) => {
-        expect(before).toBe(1_000_000 - 600_000);
-        return ['1', '2', '3'].filter((id) => !purged.includes(id));
+      deletedUnpurged: async (before: number, limit: number) => {
+        expect(before).toBe(now - 600_000);
+        return ['1', '2', '3'].filter((id) => !purged.includes(id)).slice(0, limit);
       },
       markPurged: async (id: string) => void purged.push(id),
     };
@@ -21,14 +22,36 @@ describe(PostObjectPurger.name, () => {
     const errors: string[] = [];
     const sut = new PostObjectPurger(posts, storage, {
       graceMs: 600_000,
-      now: () => 1_000_000,
+      now: () => now,
       onError: (_err, id) => errors.push(id),
     });
     expect(await sut.runOnce()).toEqual({ posts: 2, objects: 4 });
     expect(purged).toEqual(['1', '3']);
     expect(errors).toEqual(['2']);
     refuse = false;
+    expect(await sut.runOnce()).toEqual({ posts: 0, objects: 0 });
+    now += 10 * 60_000;
     expect(await sut.runOnce()).toEqual({ posts: 1, objects: 2 });
     expect(purged).toEqual(['1', '3', '2']);
+  });
+
+  it('is not held up by a full batch of posts the store keeps refusing', async () => {
+    const purged: string[] = [];
+    const ids = Array.from({ length: 6 }, (_, i) => String(i + 1));
+    const posts = {
+      deletedUnpurged: async (_before: number, limit: number) =>
+        ids.filter((id) => !purged.includes(id)).slice(0, limit),
+      markPurged: async (id: string) => void purged.push(id),
+    };
+    const storage = {
+      deletePrefix: async (prefix: string) => {
+        if (Number(prefix.slice('posts/'.length)) <= 3) throw new Error('AccessDenied');
+        return 1;
+      },
+    };
+    const sut = new PostObjectPurger(posts, storage, { graceMs: 0, batch: 3, onError: () => undefined });
+    expect(await sut.runOnce()).toEqual({ posts: 0, objects: 0 });
+    expect(await sut.runOnce()).toEqual({ posts: 3, objects: 3 });
+    expect(purged).toEqual(['4', '5', '6']);
   });
 });

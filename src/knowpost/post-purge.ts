@@ -19,16 +19,23 @@ export interface PostPurgeOptions extends PostObjectsTaskOptions {
   graceMs: number;
 }
 
+/** How long a post the store refused waits before it is tried again, and how many are remembered. */
+const REFUSED_RETRY_MS = 10 * 60_000;
+const REFUSED_KEPT = 1_000;
+
 /**
  * Removes the stored objects of deleted posts (body uploads and copies, images): a post its author
  * deleted is gone from storage too, not only from every answer. A round takes the posts deleted
  * longer than `graceMs` ago whose objects are still there, deletes everything under
- * `posts/{id}/` and marks the row; a failure is reported and leaves the row for the next round. Several workers may
- * run it at once (deleting twice is harmless).
+ * `posts/{id}/` and marks the row; a failure is reported and leaves the row, which this process
+ * tries again 10 minutes later, taking the posts after it meanwhile (so posts the store keeps
+ * refusing do not hold up the rest). Several workers may run it at once (deleting twice is harmless).
  */
 export class PostObjectPurger {
   private readonly batch: number;
   private readonly now: () => number;
+  /** Posts the store refused, and when each is due again. */
+  private readonly refused = new Map<string, number>();
 
   constructor(
     private readonly posts: Pick<PostRepository, 'deletedUnpurged' | 'markPurged'>,
@@ -41,7 +48,11 @@ export class PostObjectPurger {
 
   /** One round; resolves to how many posts were purged. */
   async runOnce(): Promise<{ posts: number; objects: number }> {
-    const ids = await this.posts.deletedUnpurged(this.now() - this.options.graceMs, this.batch);
+    const now = this.now();
+    for (const [id, due] of this.refused) if (due <= now) this.refused.delete(id);
+    const ids = (await this.posts.deletedUnpurged(now - this.options.graceMs, this.batch + this.refused.size))
+      .filter((id) => !this.refused.has(id))
+      .slice(0, this.batch);
     let objects = 0;
     let posts = 0;
     for (const id of ids) {
@@ -50,7 +61,8 @@ export class PostObjectPurger {
         await this.posts.markPurged(id, this.now());
         posts += 1;
       } catch (err) {
-        // One post the store refuses must not hold up the others.
+        // One post the store refuses must not hold up the others, in this round or the next ones.
+        if (this.refused.size < REFUSED_KEPT) this.refused.set(id, now + REFUSED_RETRY_MS);
         this.options.onError?.(err, id);
       }
     }
