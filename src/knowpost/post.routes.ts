@@ -79,10 +79,11 @@ export function postRoutes(deps: PostRouteDeps) {
             '(posts/{id}/body/{64 random hex}{ext}); the upload is deleted, so a later PUT through the upload URL ' +
             'changes nothing served until it is confirmed. 409 OBJECT_CHANGED: the object was replaced ' +
             'while being confirmed; 409 POST_CHANGED: other confirms kept changing the body meanwhile. ' +
-            'Confirming the same body again answers 204, also while the first request is still running.',
+            'Confirming the same body again answers 204, also while the first request is still running. ' +
+            'At most 60 confirms and image edits per user per minute, refused ones included (429 past that).',
           params: PostIdParams,
           body: ConfirmBody,
-          response: { ...NoContent, ...errorResponses(400, 401, 403, 404, 409, 413) },
+          response: { ...NoContent, ...errorResponses(400, 401, 403, 404, 409, 413, 429) },
         },
       },
       async (request, reply) => {
@@ -113,10 +114,11 @@ export function postRoutes(deps: PostRouteDeps) {
             'is then deleted, and so are copies of images the post no longer shows; an upload key sent ' +
             'again names the copy made of it. 409 OBJECT_CHANGED: an image was replaced while it was ' +
             'being checked. An edit of imgUrls that overlaps another is judged again against what that ' +
-            'one stored; 409 POST_CHANGED after three such losses.',
+            'one stored; 409 POST_CHANGED after three such losses. An edit of imgUrls counts against ' +
+            'the limit of 60 confirms and image edits per user per minute (429 past that).',
           params: PostIdParams,
           body: PostPatchBody,
-          response: { ...NoContent, ...errorResponses(400, 401, 403, 404, 409, 413) },
+          response: { ...NoContent, ...errorResponses(400, 401, 403, 404, 409, 413, 429) },
         },
       },
       async (request, reply) => {

@@ -226,6 +226,22 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     expect(await presign()).toBe('ok');
   });
 
+  it('rate-limits confirms and image edits per user, per minute, refused ones included', async () => {
+    const sut = newService({ storesPerMinute: 3 });
+    const id = await sut.createDraft(AUTHOR);
+    const good = await upload(sut, id);
+    const wrong = { ...good, sha256: 'f'.repeat(64) };
+    expect(await outcome(sut.confirmContent(AUTHOR, id, wrong))).toBe('400 BAD_REQUEST');
+    expect(await outcome(sut.update(AUTHOR, id, { imgUrls: ['https://x.invalid/1.png'] }))).toBe('ok');
+    expect(await outcome(sut.confirmContent(AUTHOR, id, wrong))).toBe('400 BAD_REQUEST');
+    expect(await outcome(sut.confirmContent(AUTHOR, id, good))).toBe('429 RATE_LIMITED');
+    expect(await outcome(sut.update(AUTHOR, id, { imgUrls: [] }))).toBe('429 RATE_LIMITED');
+    // Other edits are not held.
+    expect(await outcome(sut.update(AUTHOR, id, { title: 'kept' }))).toBe('ok');
+    now += 60_000;
+    expect(await outcome(sut.confirmContent(AUTHOR, id, good))).toBe('ok');
+  });
+
   it('confirms a body only when key, size, etag and sha256 all match the stored object', async () => {
     const sut = newService();
     const id = await sut.createDraft(AUTHOR);

@@ -55,6 +55,11 @@ export interface PostLimits {
   presignPerDay?: number;
   /** New drafts per user per hour. */
   draftsPerHour?: number;
+  /**
+   * Body confirms and image edits per user per minute: each reads or copies stored objects (a
+   * confirm reads the whole upload to check its digest), refused or not.
+   */
+  storesPerMinute?: number;
   /** Drafts a user may hold at once (published and deleted posts do not count). */
   maxOpenDrafts?: number;
   /**
@@ -121,6 +126,7 @@ export class PostService {
       presignPerDay: 500,
       uploadRetentionMs: 24 * 3_600_000,
       draftsPerHour: 60,
+      storesPerMinute: 60,
       maxOpenDrafts: 100,
       ...options.limits,
     };
@@ -149,6 +155,16 @@ export class PostService {
         if (!(err instanceof UniqueViolationError) || attempt >= 2) throw err;
       }
     }
+  }
+
+  private limitStores(userId: number): Promise<void> {
+    return enforceLimit(
+      this.limiter,
+      `post-store:${userId}`,
+      this.limits.storesPerMinute,
+      60_000,
+      'uploads confirmed or images stored',
+    );
   }
 
   async presign(userId: number, request: PresignBody): Promise<PresignResponse> {
@@ -213,6 +229,7 @@ export class PostService {
    * wins, and each deletes just the copy it replaced itself, whose name no confirm writes again.
    */
   async confirmContent(userId: number, postId: string, body: ConfirmBody): Promise<void> {
+    await this.limitStores(userId);
     let post = await this.owned(userId, postId);
     const extension = contentExtension(post.id, body.objectKey);
     if (extension === undefined) {
@@ -393,6 +410,7 @@ export class PostService {
   async update(userId: number, postId: string, fields: PostFields): Promise<void> {
     if (Object.values(fields).every((v) => v === undefined))
       throw new BadRequestError('body must set at least one field');
+    if (fields.imgUrls !== undefined) await this.limitStores(userId);
     let post = await this.owned(userId, postId);
     const requested = fields.imgUrls?.map((value, index) => this.ownImageKey(post, value, index));
     let stored = fields;
