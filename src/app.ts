@@ -340,6 +340,7 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
         guards,
         limiter: platform.limiter,
         perUserPerMinute: config.ai.perUserPerMinute,
+        perUserPerDay: config.ai.perUserPerDay,
         maxBodyBytes: Math.max(config.bodyLimitBytes, 2 * config.posts.contentMaxBytes),
       }),
     );

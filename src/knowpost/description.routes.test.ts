@@ -40,6 +40,7 @@ describe(descriptionRoutes.name, () => {
         guards: signedIn,
         limiter: options.limiter ?? unlimited,
         perUserPerMinute: 10,
+        perUserPerDay: 3,
         maxBodyBytes: options.maxBodyBytes ?? 1024 * 1024,
       }),
     );
@@ -110,6 +111,30 @@ describe(descriptionRoutes.name, () => {
     const tooLong = await post('x'.repeat(3 * 1024 * 1024));
     expect(tooLong.status).toBe(413);
     expect(lengths.length).toBe(1);
+  });
+
+  it('holds a caller to the daily limit too', async () => {
+    const hits: { key: string; limit: number; windowMs: number }[] = [];
+    const counting = {
+      hit: async (key: string, limit: number, windowMs: number) => {
+        hits.push({ key, limit, windowMs });
+        return { allowed: !(key.startsWith('describe-day:') && hits.length > 4), retryAfterMs: 1_000 };
+      },
+    } as unknown as RateLimiter;
+    const port = await serve(async () => 'A post', { limiter: counting });
+    const ask = async () =>
+      (
+        await fetch(`http://127.0.0.1:${port}/api/v1/knowposts/description/suggest`, {
+          method: 'POST',
+          headers: { 'content-type': 'application/json' },
+          body: JSON.stringify({ content: '# A post\n\nSome text.' }),
+        })
+      ).status;
+    expect([await ask(), await ask(), await ask()]).toEqual([200, 200, 429]);
+    expect(hits.slice(0, 2)).toEqual([
+      { key: 'describe:7', limit: 10, windowMs: 60_000 },
+      { key: 'describe-day:7', limit: 3, windowMs: 86_400_000 },
+    ]);
   });
 
   it('refuses a caller over the rate before reading the body', async () => {

@@ -12,6 +12,7 @@ export interface DescriptionRouteDeps {
   guards: AuthGuards;
   limiter: RateLimiter;
   perUserPerMinute: number;
+  perUserPerDay: number;
   /** The largest request body taken, in bytes: room for any post body the service stores, as JSON. */
   maxBodyBytes: number;
 }
@@ -27,12 +28,20 @@ export function descriptionRoutes(deps: DescriptionRouteDeps) {
         onRequest: [
           deps.guards.required,
           async (request) => {
+            const { userId } = principalOf(request);
             await enforceLimit(
               deps.limiter,
-              `describe:${principalOf(request).userId}`,
+              `describe:${userId}`,
               deps.perUserPerMinute,
               60_000,
               'description requests',
+            );
+            await enforceLimit(
+              deps.limiter,
+              `describe-day:${userId}`,
+              deps.perUserPerDay,
+              86_400_000,
+              'description requests today',
             );
           },
         ],
@@ -45,7 +54,8 @@ export function descriptionRoutes(deps: DescriptionRouteDeps) {
             '20,000 characters, leaving out script and style elements; 400 BAD_REQUEST when they ' +
             'show no text. The body may be as large as a post body may be (twice ZG_POST_CONTENT_MAX_BYTES, ' +
             'room for JSON escapes; 413 past that). At most ' +
-            'ZG_AI_RATE_LIMIT requests per user per minute (20 by default; 429 past that).',
+            'ZG_AI_RATE_LIMIT requests per user per minute (20 by default) and ZG_AI_DAILY_LIMIT per day ' +
+            '(200 by default); 429 past either.',
           body: Type.Object({ content: Type.String({ minLength: 1 }) }),
           response: {
             200: Type.Object({ description: Type.String({ maxLength: 50 }) }),

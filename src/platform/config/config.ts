@@ -69,6 +69,7 @@ export interface Config {
     timeoutMs: number;
     maxRetries: number;
     perUserPerMinute: number;
+    perUserPerDay: number;
   };
   /** How long a process trusts what it learned of a post's visibility. */
   entityCacheMs: number;
@@ -294,6 +295,10 @@ export const CONFIG_VARS = {
     default: '1',
   },
   ZG_AI_RATE_LIMIT: { description: 'description suggestions per user per minute', default: '20' },
+  ZG_AI_DAILY_LIMIT: {
+    description: 'description suggestions per user per day (bounds what one account costs in model calls)',
+    default: '200',
+  },
   ZG_STORAGE_SIGNING_KEY: {
     description:
       'embedded: secret (32+ characters) for the file URLs the app signs itself (local file storage); generated under ZG_DATA_DIR when unset; not used on cluster',
@@ -670,6 +675,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: { ro
       timeoutMs: int('ZG_AI_TIMEOUT_MS', 500, 60_000),
       maxRetries: int('ZG_AI_MAX_RETRIES', 0, 5),
       perUserPerMinute: int('ZG_AI_RATE_LIMIT', 1, 10_000),
+      perUserPerDay: int('ZG_AI_DAILY_LIMIT', 1, 1_000_000),
     },
     storageSigningKey,
     s3: {
