@@ -610,6 +610,28 @@ describe.each<Dialect>(['sqlite', 'mariadb'])('likes received on %s', (dialect) 
     },
   );
 
+  it("inspects an author's posts a bounded number at a time", async () => {
+    const author = await newUser();
+    const posts: string[] = [];
+    for (let i = 0; i < 150; i++) posts.push(await newPost(author));
+    await rig.sut.apply([await toggle(posts[149]!, 'like', 1, true)]);
+    let inFlight = 0;
+    let most = 0;
+    const counting = Object.create(rig.counters) as CounterStore;
+    counting.inspect = async (ref) => {
+      most = Math.max(most, ++inFlight);
+      try {
+        return await rig.counters.inspect(ref);
+      } finally {
+        inFlight--;
+      }
+    };
+    const part = new LikesReceivedPart(new LikesReceivedRepository(rig.db), counting);
+    expect((await part.read(author)).counts).toEqual({ likesReceived: 1, favsReceived: 0 });
+    expect(most).toBeGreaterThan(1);
+    expect(most).toBeLessThanOrEqual(64);
+  });
+
   it('has the user-counter reconciler answer busy, not drift, while a like is in flight, and ok once applied', async () => {
     const author = await newUser();
     const post = await newPost(author);

@@ -1,7 +1,7 @@
 import { sql } from 'kysely';
 import { parseCounterEvent } from '../counter/aggregator.js';
 import { COUNTER_TOPIC, type CounterEvent, type EntityRef } from '../counter/model.js';
-import type { CounterStore } from '../counter/store/counter-store.js';
+import type { CounterStore, Inspection } from '../counter/store/counter-store.js';
 import { LruCache } from '../platform/cache/lru.js';
 import type { Db } from '../platform/db/database.js';
 import {
@@ -574,6 +574,9 @@ function compareIds(a: string, b: string): number {
   return a.length - b.length || (a < b ? -1 : a > b ? 1 : 0);
 }
 
+/** Posts of one author whose facts a rebuild inspects at once. */
+const INSPECT_AT_ONCE = 64;
+
 /**
  * `likesReceived` and `favsReceived` for user-counter rebuilds: the likes and favourites held on
  * every post of the author, by the posts' fact sets. Read per post in this order — the post's mark,
@@ -595,9 +598,17 @@ export class LikesReceivedPart implements UserCountPart {
   async read(userId: number) {
     const posts = await this.repo.postsOf(userId);
     const marks = await this.repo.marks(posts);
-    const inspections = await Promise.all(
-      posts.map((eid) => this.counters.inspect({ etype: 'knowpost', eid } satisfies EntityRef)),
-    );
+    // A bounded number at a time: an author of thousands of posts must not send them all at once.
+    const inspections: Inspection[] = [];
+    for (let i = 0; i < posts.length; i += INSPECT_AT_ONCE) {
+      inspections.push(
+        ...(await Promise.all(
+          posts
+            .slice(i, i + INSPECT_AT_ONCE)
+            .map((eid) => this.counters.inspect({ etype: 'knowpost', eid } satisfies EntityRef)),
+        )),
+      );
+    }
     let likesReceived = 0;
     let favsReceived = 0;
     const unapplied: UnappliedEvent[] = [];
