@@ -72,4 +72,24 @@ describe('redis list cache marks', () => {
       await redis.quit();
     }
   });
+
+  it('refuses a fill begun before any change when a change moved the mark and the mark was lost', async () => {
+    const redis = new Redis(services.redisUrl(), { maxRetriesPerRequest: 1 });
+    const prefix = `${uniqueName('rel')}:`;
+    try {
+      const sut = new RedisListCache(redis, { prefix, ttlMs: 60_000, maxEntries: 100 });
+      const list = { owner: 7, kind: 'followers' as const };
+      const filled = await sut.fill(list, async () => {
+        // A follow lands after the load read the database, then its mark goes (eviction, a failover).
+        await sut.apply([{ ...list, userId: 9, createdAt: 2 }]);
+        await redis.del(`${prefix}rel:{u7}:followers:mark`);
+        return [];
+      });
+      expect(filled.cached).toBe(false);
+      expect(await sut.all(list)).toBeNull();
+    } finally {
+      await deleteByPrefix(redis, prefix);
+      await redis.quit();
+    }
+  });
 });

@@ -42,6 +42,17 @@ end
 return out
 `;
 
+// KEYS: mark. ARGV: mark ttl ms. The mark a fill compares its install with; a missing one is made
+// from the clock (as \`bump_mark\` does), so a fill never compares with a value a lost mark had.
+const MARK_LUA = `
+local m = redis.call('GET', KEYS[1])
+if m then return m end
+local t = redis.call('TIME')
+m = t[1] .. string.format('%06d', tonumber(t[2]))
+redis.call('SET', KEYS[1], m, 'PX', ARGV[1])
+return m
+`;
+
 // KEYS: list, mark. ARGV: expected mark, ttl ms, max entries, then score, member pairs.
 const INSTALL_LUA = `
 if (redis.call('GET', KEYS[2]) or '0') ~= ARGV[1] then return 0 end
@@ -72,10 +83,16 @@ end
 return 1
 `;
 
-const CMD = { page: 'zgRelListPage', install: 'zgRelListInstall', change: 'zgRelListChange' } as const;
+const CMD = {
+  page: 'zgRelListPage',
+  mark: 'zgRelListMark',
+  install: 'zgRelListInstall',
+  change: 'zgRelListChange',
+} as const;
 
 type Commands = {
   [CMD.page]: (list: string, ...args: (string | number)[]) => Promise<string[] | null>;
+  [CMD.mark]: (mark: string, ttlMs: number) => Promise<string>;
   [CMD.install]: (list: string, mark: string, ...args: (string | number)[]) => Promise<number>;
   [CMD.change]: (list: string, mark: string, ...args: (string | number)[]) => Promise<number>;
 };
@@ -103,19 +120,22 @@ export class RedisListCache implements ListCache {
   private readonly markTtlMs: number;
 
   constructor(
-    private readonly redis: Redis,
+    redis: Redis,
     private readonly options: RedisListCacheOptions,
   ) {
     this.markTtlMs = options.markTtlMs ?? DEFAULT_MARK_TTL_MS;
     const commands = redis as unknown as Record<string, unknown>;
     if (typeof commands[CMD.page] !== 'function')
       redis.defineCommand(CMD.page, { numberOfKeys: 1, lua: PAGE_LUA });
+    if (typeof commands[CMD.mark] !== 'function')
+      redis.defineCommand(CMD.mark, { numberOfKeys: 1, lua: MARK_LUA });
     if (typeof commands[CMD.install] !== 'function')
       redis.defineCommand(CMD.install, { numberOfKeys: 2, lua: INSTALL_LUA });
     if (typeof commands[CMD.change] !== 'function')
       redis.defineCommand(CMD.change, { numberOfKeys: 2, lua: CHANGE_LUA });
     this.cmd = {
       [CMD.page]: (commands[CMD.page] as Commands[typeof CMD.page]).bind(redis),
+      [CMD.mark]: (commands[CMD.mark] as Commands[typeof CMD.mark]).bind(redis),
       [CMD.install]: (commands[CMD.install] as Commands[typeof CMD.install]).bind(redis),
       [CMD.change]: (commands[CMD.change] as Commands[typeof CMD.change]).bind(redis),
     };
@@ -149,7 +169,7 @@ export class RedisListCache implements ListCache {
     list: ListRef,
     load: () => Promise<ListEntry[]>,
   ): Promise<{ entries: ListEntry[]; cached: boolean }> {
-    const mark = (await this.redis.get(this.markKey(list))) ?? '0';
+    const mark = await this.cmd[CMD.mark](this.markKey(list), this.markTtlMs);
     const entries = await load();
     if (entries.length > this.options.maxEntries) return { entries, cached: false };
     const pairs: (string | number)[] = [];
