@@ -76,7 +76,7 @@ export function postRoutes(deps: PostRouteDeps) {
           description:
             'The object must exist (409 OBJECT_NOT_UPLOADED otherwise) and match size, ETag and SHA-256; ' +
             'an object over the size limit is deleted (413). Readers get a copy of the bytes checked ' +
-            '(posts/{id}/body/{64 random hex}{ext}); the upload is deleted, so a later PUT through the upload URL ' +
+            '(posts/{id}/body/{64 random hex}{ext}); the upload is deleted unless other bytes were PUT meanwhile, so a later PUT through the upload URL ' +
             'changes nothing served until it is confirmed. 409 OBJECT_CHANGED: the object was replaced ' +
             'while being confirmed; 409 POST_CHANGED: other confirms kept changing the body meanwhile. ' +
             'Confirming the same body again answers 204, also while the first request is still running. ' +

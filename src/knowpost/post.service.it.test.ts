@@ -319,6 +319,49 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     });
   });
 
+  it('keeps what is PUT through an upload URL while a confirm or an image edit copies the upload', async () => {
+    const id = await newService().createDraft(AUTHOR);
+    const body = await upload(newService(), id);
+    const image = (await uploadObject(newService(), id, 'knowpost_image', 'image/png', 'png 1')).objectKey;
+    // Right after each copy, the client PUTs other bytes through the same, still valid, URL.
+    const later = new Map([
+      [body.objectKey, '# Second version'],
+      [image, 'png 2'],
+    ]);
+    class Overwritten extends LocalObjectStorage {
+      override async copy(from: string, to: string, ifEtag: string) {
+        const copied = await super.copy(from, to, ifEtag);
+        const bytes = later.get(from);
+        later.delete(from);
+        if (bytes !== undefined) await storage.put(from, Buffer.from(bytes), 'application/octet-stream');
+        return copied;
+      }
+    }
+    const sut = new PostService({
+      ...serviceOptions(),
+      storage: new Overwritten(root, 'http://files.invalid/files'),
+    });
+    await sut.confirmContent(AUTHOR, id, body);
+    await sut.update(AUTHOR, id, { imgUrls: [image] });
+    // The later bytes are still there to be confirmed or named; what was copied and served is the first.
+    const text = async (key: string) =>
+      Buffer.concat(await (await storage.get(key))!.body.toArray()).toString();
+    expect(await text(body.objectKey)).toBe('# Second version');
+    expect(await text(image)).toBe('png 2');
+    expect(await text((await row(id)).content_key!)).toBe(`# Post ${id}\n\nhello`);
+    expect(await text((await imagesOf(id))[0]!)).toBe('png 1');
+    const second = Buffer.from('# Second version');
+    await sut.confirmContent(AUTHOR, id, {
+      objectKey: body.objectKey,
+      etag: (await storage.head(body.objectKey))!.etag,
+      size: second.length,
+      sha256: createHash('sha256').update(second).digest('hex'),
+    });
+    expect(await text((await row(id)).content_key!)).toBe('# Second version');
+    // Once copied, an upload that still holds what was copied goes.
+    expect(await storage.head(body.objectKey)).toBeNull();
+  });
+
   it('answers 204 to both of two overlapping confirms of the same body (a retried request)', async () => {
     const id = await newService().createDraft(AUTHOR);
     const body = await upload(newService(), id);

@@ -293,8 +293,10 @@ export class PostService {
       kind: 'updated',
       ...(await this.stillHidden(post)),
     });
-    // The upload, and a body this one replaced, are no longer read by anyone.
-    await this.discard(post.id, [body.objectKey, ...replaced]);
+    // A body this one replaced, and the upload, are no longer read by anyone; the upload only while
+    // it still holds the bytes confirmed (another PUT through its URL may have come since).
+    await this.discard(post.id, replaced);
+    await this.discardUploads(post.id, new Map([[body.objectKey, body.etag]]));
   }
 
   /**
@@ -312,6 +314,24 @@ export class PostService {
     if (failed) {
       await this.askForObjectsCheck(postId, this.now());
     }
+  }
+
+  /**
+   * Deletes each upload that still holds the object of the ETag given, the one a confirm or patch
+   * copied: bytes PUT since through the same URL stay, for a confirm or patch to take. (Between the
+   * check and the delete a PUT can still slip in; the window is one round trip.)
+   */
+  private async discardUploads(postId: string, uploads: ReadonlyMap<string, string>): Promise<void> {
+    const copied: string[] = [];
+    for (const [key, etag] of uploads) {
+      const head = await this.storage.head(key).catch((err: unknown) => {
+        this.log?.warn({ err, key }, 'could not read an upload a post no longer uses');
+        return undefined;
+      });
+      if (head === undefined) await this.askForObjectsCheck(postId, this.now());
+      else if (head !== null && normalizeEtag(head.etag) === normalizeEtag(etag)) copied.push(key);
+    }
+    await this.discard(postId, copied);
   }
 
   /** Asks for a check of the post's objects by `at`; a failure is logged, not thrown. */
@@ -414,6 +434,8 @@ export class PostService {
     let post = await this.owned(userId, postId);
     const requested = fields.imgUrls?.map((value, index) => this.ownImageKey(post, value, index));
     let stored = fields;
+    /** Uploads read for this patch, with the ETag of what was read (and copied). */
+    const uploads = new Map<string, string>();
     if (requested === undefined) {
       if (!(await this.write(post, fields))) throw notFound();
     } else {
@@ -428,7 +450,7 @@ export class PostService {
       try {
         for (let attempt = 1; ; attempt++) {
           const made: string[] = [];
-          const images = await this.storedImages(post, requested, made).catch((err: unknown) => {
+          const images = await this.storedImages(post, requested, made, uploads).catch((err: unknown) => {
             unused.push(...made);
             throw err;
           });
@@ -457,11 +479,16 @@ export class PostService {
     if (requested !== undefined) {
       // Images the post showed and no longer does, and uploads now copied, are read by no one.
       const kept = new Set(stored.imgUrls);
+      const dropped = [...post.imgUrls, ...requested].filter(
+        (key) => !kept.has(key) && (isImageKey(post.id, key) || isStoredImageKey(post.id, key)),
+      );
       await this.discard(
         post.id,
-        [...post.imgUrls, ...requested].filter(
-          (key) => !kept.has(key) && (isImageKey(post.id, key) || isStoredImageKey(post.id, key)),
-        ),
+        dropped.filter((key) => !uploads.has(key)),
+      );
+      await this.discardUploads(
+        post.id,
+        new Map(dropped.filter((key) => uploads.has(key)).map((key) => [key, uploads.get(key)!])),
       );
     }
   }
@@ -611,7 +638,12 @@ export class PostService {
    * upload's ETag holds (`storedImageKey`), so a PUT through a still valid upload URL changes nothing
    * readers get; copies the post shows stay; http(s) URLs stay.
    */
-  private async storedImages(post: PostRecord, imgUrls: string[], made: string[]): Promise<string[]> {
+  private async storedImages(
+    post: PostRecord,
+    imgUrls: string[],
+    made: string[],
+    uploads: Map<string, string>,
+  ): Promise<string[]> {
     // Every entry is checked before any is copied: one refused entry costs no copy of the others.
     const plan = await Promise.all(
       imgUrls.map(async (value, index): Promise<string | { upload: string; etag: string; index: number }> => {
@@ -637,6 +669,7 @@ export class PostService {
         }
         if (head.size > this.limits.imageMaxBytes)
           await this.refuseOversize(value, this.limits.imageMaxBytes);
+        uploads.set(value, head.etag);
         // These bytes are the post's already (a retried patch): a copy it shows of this upload with
         // the upload's ETag (a copy keeps the ETag of what it copied).
         for (const shown of post.imgUrls.filter((key) => isStoredImageOf(post.id, value, key))) {
