@@ -199,6 +199,8 @@ async function createEmbedded(config: Config, log: Logger): Promise<Platform> {
         ttlMs: config.relations.listCacheTtlMs,
         maxEntries: config.relations.listCacheMaxEntries,
         maxLists: 20_000,
+        // About 50 MB of entries at most, however long the lists.
+        maxTotalEntries: 1_000_000,
       }),
       codeSender,
       sharedCache: createNoSharedCache(),

@@ -56,6 +56,32 @@ describe(LruCache.name, () => {
     expect(sut.get('a')).toBe('new');
   });
 
+  it('keeps the total weight within its bound, evicting the least recently used first', () => {
+    const sut = new LruCache<number[]>({
+      maxEntries: 100,
+      ttlMs: 1_000,
+      maxWeight: 10,
+      weigh: (v) => v.length,
+    });
+    sut.set('a', [1, 2, 3, 4]);
+    sut.set('b', [1, 2, 3, 4]);
+    sut.set('c', [1, 2]);
+    expect(sut.size).toBe(3);
+    sut.set('d', [1]); // 11 > 10: a goes
+    expect([sut.get('a'), sut.size]).toEqual([undefined, 3]);
+    // Set again, a value is weighed again; deleted, its weight is freed.
+    sut.set('b', [1]);
+    sut.delete('c');
+    sut.set('e', [1, 2, 3, 4, 5, 6, 7, 8]);
+    expect(['b', 'd', 'e'].map((k) => sut.get(k)?.length)).toEqual([1, 1, 8]);
+    // A value heavier than the bound is not kept, nor does it keep anything else.
+    sut.set(
+      'f',
+      Array.from({ length: 11 }, () => 0),
+    );
+    expect(sut.size).toBe(0);
+  });
+
   it('keeps nothing when disabled by a zero size or time to live', () => {
     const off = new LruCache<string>({ maxEntries: 0, ttlMs: 1_000 });
     const noTtl = new LruCache<string>({ maxEntries: 10, ttlMs: 0 });

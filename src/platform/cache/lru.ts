@@ -1,8 +1,14 @@
-export interface LruOptions {
+export interface LruOptions<V = unknown> {
   /** Most entries kept; the least recently used one goes first. 0 disables the cache. */
   maxEntries: number;
   /** How long an entry lives after it was set. 0 disables the cache. */
   ttlMs: number;
+  /**
+   * With `weigh`: the most total weight kept (each value weighed when it is set); the least
+   * recently used go first until the rest fits.
+   */
+  maxWeight?: number;
+  weigh?: (value: V) => number;
   now?: () => number;
 }
 
@@ -17,12 +23,17 @@ export interface LruOptions {
  * an entry in the newer half stays put, and is still far from the front where eviction happens.
  */
 export class LruCache<V> {
-  private readonly entries = new Map<string, { value: V; expiresAt: number; stamp: number }>();
+  private readonly entries = new Map<
+    string,
+    { value: V; expiresAt: number; stamp: number; weight: number }
+  >();
+  /** The sum of the weights of the entries held (0 without `weigh`). */
+  private weight = 0;
   private readonly now: () => number;
   /** Counts writes and moves; an entry's stamp is the count when it last went to the back. */
   private clock = 0;
 
-  constructor(private readonly options: LruOptions) {
+  constructor(private readonly options: LruOptions<V>) {
     this.now = options.now ?? Date.now;
   }
 
@@ -34,7 +45,7 @@ export class LruCache<V> {
     const entry = this.entries.get(key);
     if (entry === undefined) return undefined;
     if (entry.expiresAt <= this.now()) {
-      this.entries.delete(key);
+      this.delete(key);
       return undefined;
     }
     // Map keeps insertion order: moving the key to the end makes the first key the least recently used.
@@ -49,16 +60,22 @@ export class LruCache<V> {
   set(key: string, value: V): void {
     const { maxEntries, ttlMs } = this.options;
     if (maxEntries <= 0 || ttlMs <= 0) return;
-    this.entries.delete(key);
-    this.entries.set(key, { value, expiresAt: this.now() + ttlMs, stamp: ++this.clock });
-    while (this.entries.size > maxEntries) {
+    this.delete(key);
+    const weight = this.options.weigh?.(value) ?? 0;
+    this.entries.set(key, { value, expiresAt: this.now() + ttlMs, stamp: ++this.clock, weight });
+    this.weight += weight;
+    const maxWeight = this.options.maxWeight ?? Infinity;
+    while (this.entries.size > maxEntries || this.weight > maxWeight) {
       const oldest = this.entries.keys().next();
       if (oldest.done) break;
-      this.entries.delete(oldest.value);
+      this.delete(oldest.value);
     }
   }
 
   delete(key: string): boolean {
+    const entry = this.entries.get(key);
+    if (entry === undefined) return false;
+    this.weight -= entry.weight;
     return this.entries.delete(key);
   }
 
@@ -67,7 +84,7 @@ export class LruCache<V> {
     let deleted = 0;
     for (const key of [...this.entries.keys()]) {
       if (match(key)) {
-        this.entries.delete(key);
+        this.delete(key);
         deleted++;
       }
     }
@@ -76,5 +93,6 @@ export class LruCache<V> {
 
   clear(): void {
     this.entries.clear();
+    this.weight = 0;
   }
 }

@@ -4,7 +4,7 @@ import { SingleFlight } from './single-flight.js';
 
 export interface TieredCacheOptions<V> {
   /** The in-process tier: short-lived, bounded. */
-  local: LruOptions;
+  local: LruOptions<V>;
   /** The deployment-wide tier (a no-op on the embedded profile). */
   shared: SharedCache;
   sharedTtlMs: number;
@@ -45,7 +45,7 @@ export class TieredCache<V> {
   private readonly onSharedError: (err: unknown) => void;
 
   constructor(private readonly options: TieredCacheOptions<V>) {
-    this.lru = new LruCache(options.local);
+    this.lru = new LruCache<V>(options.local);
     this.ownGuards = options.guardOf === undefined;
     this.guardOf = options.guardOf ?? ((key) => key);
     this.cacheable = options.cacheable ?? (() => true);

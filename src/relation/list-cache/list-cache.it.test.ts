@@ -36,6 +36,19 @@ defineListCacheContract('redis', async () => {
   };
 });
 
+describe('memory list cache', () => {
+  it('keeps at most its total of entries over all lists, dropping the least recently used', async () => {
+    const sut = new MemoryListCache({ ttlMs: 60_000, maxEntries: 50, maxLists: 1000, maxTotalEntries: 100 });
+    const entries = (n: number) => Array.from({ length: n }, (_, i) => ({ userId: i + 1, createdAt: i }));
+    const lists = [1, 2, 3].map((owner) => ({ owner, kind: 'followers' as const }));
+    for (const list of lists) expect((await sut.fill(list, async () => entries(40))).cached).toBe(true);
+    // 3 × (40 + 1) > 100: the first list went.
+    expect(await sut.all(lists[0]!)).toBeNull();
+    expect((await sut.all(lists[1]!))?.length).toBe(40);
+    expect((await sut.all(lists[2]!))?.length).toBe(40);
+  });
+});
+
 describe('redis list cache marks', () => {
   it('keeps a change mark minutes, not a day: every follow moves two', async () => {
     const redis = new Redis(services.redisUrl(), { maxRetriesPerRequest: 1 });

@@ -12,6 +12,11 @@ import {
 export interface MemoryListCacheOptions extends ListCacheOptions {
   /** Most lists kept; the least recently used goes first. */
   maxLists: number;
+  /**
+   * Most entries kept over all lists, each list counted as filled (changes applied since are not
+   * weighed again, and move it by at most `maxEntries`); the least recently used go first.
+   */
+  maxTotalEntries?: number;
   now?: () => number;
 }
 
@@ -32,6 +37,8 @@ export class MemoryListCache implements ListCache {
     this.lists = new LruCache<ListEntry[]>({
       maxEntries: options.maxLists,
       ttlMs: options.ttlMs,
+      maxWeight: options.maxTotalEntries ?? Infinity,
+      weigh: (entries) => entries.length + 1,
       ...(options.now ? { now: options.now } : {}),
     });
   }
