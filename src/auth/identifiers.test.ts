@@ -34,6 +34,14 @@ describe(normalizeIdentifier.name, () => {
     expect(email('a@exa mple.com')).toBe('400 BAD_REQUEST');
   });
 
+  it('takes host names of any script IDNA takes, in either form, marks included', () => {
+    expect(email('a@mail.xn--h2brj9c')).toBe('a@mail.भारत');
+    expect(email('a@mail.भारत')).toBe('a@mail.भारत');
+    expect(email('a@xn--11b4c3d.com')).toBe('a@कॉम.com');
+    expect(email('a@xn--ls8h.la')).toBe('a@💩.la');
+    expect(email('अनु@example.com')).toBe('अनु@example.com');
+  });
+
   it('refuses what a mail library would read as other addresses, and malformed ones', () => {
     for (const raw of [
       'x,victim@example.com',

@@ -53,7 +53,9 @@ const LISTED = 1_000;
  * rebuild, which is exact against concurrent deltas (see `UserCounterService`).
  */
 export class UserCounterReconciler {
-  private readonly recent = new Map<number, true>();
+  /** Users moved recently, oldest first, each with the number of the touch that last brought it. */
+  private readonly recent = new Map<number, number>();
+  private touches = 0;
   private readonly options: UserReconcilerOptions;
 
   constructor(
@@ -116,7 +118,7 @@ export class UserCounterReconciler {
   touched(userIds: readonly number[]): void {
     for (const id of userIds) {
       this.recent.delete(id);
-      this.recent.set(id, true);
+      this.recent.set(id, ++this.touches);
     }
     while (this.recent.size > this.options.recentCapacity) {
       const oldest = this.recent.keys().next().value;
@@ -131,15 +133,16 @@ export class UserCounterReconciler {
    */
   async runOnce(): Promise<RoundReport> {
     const recent = [...this.recent.keys()].slice(-this.options.sampleRecent);
-    // Checked now: taken off, so the next round checks whom it brings (and these again only if
-    // they are found busy or drifted, or move again).
-    for (const id of recent) this.recent.delete(id);
+    const touchedBefore = this.touches;
     const random = await this.source.sampleUserIds(this.options.sampleRandom);
     const users = [...new Set([...recent, ...random])];
     const round: RoundReport = { checked: users.length, drifted: 0, healed: 0, busy: 0 };
     const again: number[] = [];
     for (const userId of users) {
       const outcome = await this.check(userId, true);
+      // Checked: taken off unless it moved again meanwhile, so the next round checks whom it brings
+      // (and this one again only if it is found busy or drifted below). One not reached stays.
+      if ((this.recent.get(userId) ?? Infinity) <= touchedBefore) this.recent.delete(userId);
       if (outcome === 'drift' || outcome === 'healed') round.drifted++;
       if (outcome === 'healed') round.healed++;
       if (outcome === 'busy') round.busy++;

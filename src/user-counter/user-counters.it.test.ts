@@ -536,6 +536,19 @@ describe.each<Profile>(['embedded', 'cluster'])('user counters (%s profile)', (p
     sut.touched([a]);
     expect(await sut.runOnce()).toMatchObject({ checked: 1 });
     expect(await sut.runOnce()).toMatchObject({ checked: 0 });
+    // A round that fails half-way keeps the users it did not check.
+    let failing = true;
+    const flaky = Object.create(rig.source) as typeof rig.source;
+    flaky.compute = (userId, now) =>
+      failing && userId === b ? Promise.reject(new Error('injected')) : rig.source.compute(userId, now);
+    const interrupted = new UserCounterReconciler(rig.store, flaky, rig.service, rig.metrics, {
+      sampleRandom: 0,
+    });
+    interrupted.touched([a, b]);
+    await expect(interrupted.runOnce()).rejects.toThrow('injected');
+    failing = false;
+    expect(await interrupted.runOnce()).toMatchObject({ checked: 1 });
+    expect(await interrupted.runOnce()).toMatchObject({ checked: 0 });
   });
 
   it('reports drift whose rebuild could not be written as not healed, and verify as incomplete', async () => {

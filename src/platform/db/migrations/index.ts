@@ -1,4 +1,4 @@
-import { domainToUnicode } from 'node:url';
+import { domainToASCII, domainToUnicode } from 'node:url';
 import { sql, type Kysely } from 'kysely';
 import type { Migration } from 'kysely/migration';
 import type { Dialect } from '../database.js';
@@ -32,7 +32,9 @@ const canonicalEmails =
       if (at < 0) continue;
       const host = domainToUnicode(email.slice(at + 1));
       const next = `${email.slice(0, at).normalize('NFC').toLowerCase()}@${host}`;
-      if (host === '' || next === email) continue;
+      // Only to a host name that is the same one in ASCII (where the mail goes).
+      if (host === '' || next === email || domainToASCII(host) !== domainToASCII(email.slice(at + 1)))
+        continue;
       const { rows: holders } = await sql`SELECT id FROM users WHERE email = ${next}`.execute(db);
       if (holders.length > 0) continue;
       await sql`UPDATE users SET email = ${next} WHERE id = ${id} AND email = ${email}`.execute(db);
