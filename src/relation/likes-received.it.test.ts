@@ -13,6 +13,7 @@ import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import {
   createMysqlDatabase,
   deleteByPrefix,
+  publishedPostRow,
   services,
   uniqueName,
   userRow,
@@ -184,18 +185,7 @@ describe.each<Dialect>(['sqlite', 'mariadb'])('likes received on %s', (dialect) 
   };
   const newPost = async (authorId: number) => {
     const id = String(++nextPost);
-    const now = Date.now();
-    await rig.db.kysely
-      .insertInto('knowposts')
-      .values({
-        id,
-        author_id: authorId,
-        status: 'published',
-        visible: 'public',
-        created_at: now,
-        updated_at: now,
-      })
-      .execute();
+    await rig.db.kysely.insertInto('knowposts').values(publishedPostRow(id, authorId)).execute();
     return id;
   };
   const toggle = async (postId: string, metric: FactMetric, userId: number, on: boolean) => {

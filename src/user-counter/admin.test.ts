@@ -2,7 +2,7 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
-import { userRow } from '../../test/rig/resources.js';
+import { publishedPostRow, userRow } from '../../test/rig/resources.js';
 import { loadConfig } from '../platform/config/config.js';
 import { createLogger } from '../platform/logging/logger.js';
 import { createPlatform } from '../platform/wiring.js';
@@ -42,14 +42,7 @@ describe(runUsersCommand.name, () => {
         .execute();
       await platform.db.kysely
         .insertInto('knowposts')
-        .values({
-          id: '5',
-          author_id: 1,
-          status: 'published',
-          visible: 'public',
-          created_at: now,
-          updated_at: now,
-        })
+        .values(publishedPostRow('5', 1, { created_at: now, updated_at: now }))
         .execute();
       await platform.userCounterStore.write(1, { ...ZERO_USER_COUNTS, posts: 1 }, {}, now);
       // Liked, and the event not consumed: the author's likes received are not known yet.

@@ -16,6 +16,7 @@ import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import {
   createMysqlDatabase,
   deleteByPrefix,
+  publishedPostRow,
   services,
   testKafkaLog,
   uniqueName,
@@ -220,15 +221,14 @@ describe.each<Profile>(['embedded', 'cluster'])('user counters (%s profile)', (p
     await rig.db.kysely
       .insertInto('knowposts')
       .values(
-        posts.map((post) => ({
-          author_id: authorId,
-          status: 'published',
-          visible: 'public',
-          created_at: now,
-          updated_at: now,
-          publish_time: now,
-          ...post,
-        })),
+        posts.map((post) =>
+          publishedPostRow(post.id, authorId, {
+            created_at: now,
+            updated_at: now,
+            publish_time: now,
+            ...post,
+          }),
+        ),
       )
       .execute();
   }

@@ -13,7 +13,13 @@ import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { createInterface } from 'node:readline';
 import { openMysql, openSqlite } from '../../src/platform/db/database.js';
-import { createMysqlDatabase, services, uniqueBucket, uniqueName } from '../rig/resources.js';
+import {
+  createMysqlDatabase,
+  publishedPostRow,
+  services,
+  uniqueBucket,
+  uniqueName,
+} from '../rig/resources.js';
 import { deleteS3Buckets, run, type RunResult } from '../rig/services.js';
 
 const ROOT = resolve(import.meta.dirname, '../..');
@@ -127,23 +133,13 @@ export async function insertPosts(
 ): Promise<string[]> {
   const first = BigInt(Date.now()) * 1_000_000n;
   const ids = Array.from({ length: count }, (_, i) => String(first + BigInt(i)));
-  const now = Date.now();
   const db = deployment.mysqlUrl
     ? await openMysql(deployment.mysqlUrl, 1)
     : openSqlite(`${deployment.dataDir}/zhiguang.db`);
   try {
     await db.kysely
       .insertInto('knowposts')
-      .values(
-        ids.map((id) => ({
-          id,
-          author_id: authorId,
-          status: 'published',
-          visible: 'public',
-          created_at: now,
-          updated_at: now,
-        })),
-      )
+      .values(ids.map((id) => publishedPostRow(id, authorId)))
       .execute();
   } finally {
     await db.close();

@@ -5,7 +5,8 @@ import { join } from 'node:path';
 import type { Redis } from 'ioredis';
 import { inject } from 'vitest';
 import { migrate, openMysql, openSqlite, type Db } from '../../src/platform/db/database.js';
-import type { UsersTable } from '../../src/platform/db/schema.js';
+import type { Insertable } from 'kysely';
+import type { KnowpostsTable, UsersTable } from '../../src/platform/db/schema.js';
 import { KafkaEventLog } from '../../src/platform/eventlog/kafka-eventlog.js';
 
 /**
@@ -171,6 +172,24 @@ export async function deleteByPrefix(redis: Redis, prefix: string): Promise<void
     if (keys.length > 0) await redis.del(...keys);
     cursor = next;
   } while (cursor !== '0');
+}
+
+/** A `knowposts` row of a published public post by `authorId`, made now; `fields` replaces any of it. */
+export function publishedPostRow(
+  id: string,
+  authorId: number,
+  fields: Partial<Insertable<KnowpostsTable>> = {},
+): Insertable<KnowpostsTable> {
+  const now = Date.now();
+  return {
+    id,
+    author_id: authorId,
+    status: 'published',
+    visible: 'public',
+    created_at: now,
+    updated_at: now,
+    ...fields,
+  };
 }
 
 type UserRowValues = Omit<UsersTable, 'id'> & { id?: number };
