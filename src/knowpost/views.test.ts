@@ -1,6 +1,6 @@
 import { Registry } from 'prom-client';
 import { afterEach, describe, expect, it, vi } from 'vitest';
-import type { EventRecord } from '../platform/eventlog/eventlog.js';
+import { PublishTimeoutError, type EventRecord } from '../platform/eventlog/eventlog.js';
 import { parseViewRecord, VIEW_TOPIC, ViewMetrics, ViewRecorder, VIEWS_PER_RECORD } from './views.js';
 
 /** An event log that keeps what it was given and can be made to fail. */
@@ -34,7 +34,9 @@ async function metric(registry: Registry, name: string): Promise<number> {
 describe(ViewRecorder.name, () => {
   afterEach(() => vi.useRealTimers());
 
-  const setup = (options: { maxItems?: number; flushMs?: number; maxPosts?: number } = {}) => {
+  const setup = (
+    options: { maxItems?: number; flushMs?: number; maxPosts?: number; settleWaitMs?: number } = {},
+  ) => {
     const log = new FakeLog();
     const registry = new Registry();
     const errors: unknown[] = [];
@@ -42,6 +44,7 @@ describe(ViewRecorder.name, () => {
       maxItems: options.maxItems ?? 100,
       flushMs: options.flushMs ?? 200,
       ...(options.maxPosts !== undefined ? { maxPosts: options.maxPosts } : {}),
+      ...(options.settleWaitMs !== undefined ? { settleWaitMs: options.settleWaitMs } : {}),
       onError: (err) => errors.push(err),
       now: () => 42,
     });
@@ -73,13 +76,13 @@ describe(ViewRecorder.name, () => {
     expect(log.batches).toHaveLength(1);
   });
 
-  it(`packs the views of at most ${VIEWS_PER_RECORD} posts into one record`, async () => {
+  it(`packs the views of at most ${VIEWS_PER_RECORD} posts into one record, sent on its own`, async () => {
     const { log, sut } = setup({ maxItems: 10_000, flushMs: 60_000 });
     const posts = 2 * VIEWS_PER_RECORD + 3;
     for (let i = 1; i <= posts; i++) for (let v = 0; v < 1 + (i % 3); v++) sut.record(String(i));
     await sut.flush();
-    expect(log.batches).toHaveLength(1);
-    expect(log.batches[0]!.records.map((r) => parseViewRecord(r.value)!.length)).toEqual([
+    expect(log.batches.map((b) => b.records.length)).toEqual([1, 1, 1]);
+    expect(log.batches.map((b) => parseViewRecord(b.records[0]!.value)!.length)).toEqual([
       VIEWS_PER_RECORD,
       VIEWS_PER_RECORD,
       3,
@@ -147,6 +150,98 @@ describe(ViewRecorder.name, () => {
     await sut.close(50);
     expect(performance.now() - started).toBeLessThan(1_000);
     expect(errors).toHaveLength(1);
+  });
+
+  it('tries again on close when its last publish failed, and reports what it could not publish', async () => {
+    const { log, sut, errors, registry } = setup({ flushMs: 60_000 });
+    const publish = log.publish.bind(log);
+    let calls = 0;
+    log.publish = async (topic, records) => {
+      if (++calls === 1) throw new Error('leader moved');
+      await publish(topic, records);
+    };
+    sut.record('7');
+    sut.record('8');
+    await sut.close(2_000);
+    expect(log.totals()).toEqual({ '7': 1, '8': 1 });
+    expect(await metric(registry, 'zg_views_buffered')).toBe(0);
+
+    const down = setup({ flushMs: 60_000 });
+    down.log.failing = true;
+    down.sut.record('7');
+    await down.sut.close(250);
+    expect(await metric(down.registry, 'zg_views_buffered')).toBe(0);
+    expect(await metric(down.registry, 'zg_views_dropped_total')).toBe(1);
+    expect(down.errors.map(String)).toContain('Error: 1 views dropped: not published before closing');
+    expect(errors).toHaveLength(1);
+  });
+
+  it('waits for a publish that timed out instead of publishing its views again', async () => {
+    const { log, sut, registry } = setup({ flushMs: 60_000 });
+    const publish = log.publish.bind(log);
+    let land!: () => Promise<void>;
+    log.publish = (topic, records) => {
+      log.publish = publish;
+      const outcome = new Promise<void>(
+        (resolve) => (land = async () => resolve(await publish(topic, records))),
+      );
+      return Promise.reject(new PublishTimeoutError('publish timed out', outcome));
+    };
+    sut.record('1');
+    const flushed = sut.flush();
+    await new Promise((r) => setTimeout(r, 10));
+    sut.record('1');
+    await land();
+    await flushed;
+    await sut.flush();
+    expect(log.totals()).toEqual({ '1': 2 });
+    expect(await metric(registry, 'zg_views_published_total')).toBe(2);
+  });
+
+  it('keeps the views of a timed-out publish that then failed, and drops those of one that never settles', async () => {
+    const failed = setup({ flushMs: 60_000 });
+    const failedPublish = failed.log.publish.bind(failed.log);
+    failed.log.publish = () => {
+      failed.log.publish = failedPublish;
+      return Promise.reject(new PublishTimeoutError('timed out', Promise.reject(new Error('refused'))));
+    };
+    failed.sut.record('1');
+    await failed.sut.flush();
+    await failed.sut.flush();
+    expect(failed.log.totals()).toEqual({ '1': 1 });
+
+    const hung = setup({ flushMs: 60_000, settleWaitMs: 20 });
+    const hungPublish = hung.log.publish.bind(hung.log);
+    hung.log.publish = () => {
+      hung.log.publish = hungPublish;
+      return Promise.reject(new PublishTimeoutError('timed out', new Promise<void>(() => {})));
+    };
+    hung.sut.record('1');
+    await hung.sut.flush();
+    await hung.sut.flush();
+    expect(hung.log.totals()).toEqual({});
+    expect(await metric(hung.registry, 'zg_views_dropped_total')).toBe(1);
+    expect(await metric(hung.registry, 'zg_views_buffered')).toBe(0);
+  });
+
+  it('keeps only the records that were refused when a flush spans several', async () => {
+    const { log, sut } = setup({ maxItems: 10_000, flushMs: 60_000 });
+    const publish = log.publish.bind(log);
+    // Writes record by record, like a send spread over partitions; the second record is refused once.
+    let records = 0;
+    log.publish = async (topic, batch) => {
+      for (const record of batch) {
+        if (++records === 2) throw new Error('partition offline');
+        await publish(topic, [record]);
+      }
+    };
+    const posts = VIEWS_PER_RECORD + 1;
+    for (let i = 1; i <= posts; i++) sut.record(String(i));
+    await sut.flush();
+    await sut.flush();
+    const totals = log.totals();
+    expect(Object.keys(totals)).toHaveLength(posts);
+    expect(Object.values(totals).every((n) => n === 1)).toBe(true);
   });
 
   it('runs one publish at a time, however often it is asked to', async () => {

@@ -2,7 +2,13 @@ import { finishedWithin } from '../platform/workers/deadline.js';
 import { Counter, Gauge, type Registry } from 'prom-client';
 import { entityKey, isEntityId, isEntityType, type EntityRef, type EntityType } from '../counter/model.js';
 import type { CounterStore, ViewIncrement } from '../counter/store/counter-store.js';
-import type { EndOffsets, EventLog, EventRecord, Subscription } from '../platform/eventlog/eventlog.js';
+import {
+  PublishTimeoutError,
+  type EndOffsets,
+  type EventLog,
+  type EventRecord,
+  type Subscription,
+} from '../platform/eventlog/eventlog.js';
 import type { ViewSink } from './detail.service.js';
 
 /**
@@ -114,9 +120,19 @@ export interface ViewRecorderOptions {
   flushMs: number;
   /** Distinct posts kept while the event log cannot be reached; views of further posts are dropped. */
   maxPosts?: number;
+  /**
+   * How much longer a publish that timed out (and may still land) is waited for before its views
+   * count as dropped rather than being published again, which could count them twice.
+   */
+  settleWaitMs?: number;
   onError?: (err: unknown) => void;
   now?: () => number;
 }
+
+/** A pause between the attempts of a shutdown to publish what a failed publish left. */
+const CLOSE_RETRY_MS = 100;
+
+type RecordOutcome = 'published' | 'failed' | 'unknown';
 
 /** The in-process buffer of views; see the module comment. */
 export class ViewRecorder implements ViewSink {
@@ -127,7 +143,10 @@ export class ViewRecorder implements ViewSink {
   private closed = false;
   /** A flush is waiting behind the one in flight: later triggers join it instead of queueing more. */
   private queued = false;
+  /** Set once `close` gave up: views of a publish that fails afterwards are dropped, not kept. */
+  private abandoned = false;
   private readonly maxPosts: number;
+  private readonly settleWaitMs: number;
   private readonly now: () => number;
 
   constructor(
@@ -136,6 +155,7 @@ export class ViewRecorder implements ViewSink {
     private readonly options: ViewRecorderOptions,
   ) {
     this.maxPosts = options.maxPosts ?? 100_000;
+    this.settleWaitMs = options.settleWaitMs ?? 60_000;
     this.now = options.now ?? Date.now;
   }
 
@@ -164,17 +184,33 @@ export class ViewRecorder implements ViewSink {
   }
 
   /**
-   * Publishes what is left, waiting at most `maxWaitMs` (a shutdown has a budget, and a publish to
-   * an unreachable log takes up to its timeout); views recorded afterwards, or not published in
-   * time, are dropped (views may be approximate).
+   * Publishes what is left, trying again after a failed publish, for at most `maxWaitMs` in all (a
+   * shutdown has a budget, and a publish to an unreachable log takes up to its timeout). Views
+   * recorded afterwards, or not published in time, are dropped (views may be approximate) and
+   * reported.
    */
   async close(maxWaitMs = 3_000): Promise<void> {
     this.closed = true;
-    const published = await finishedWithin(this.flush(), maxWaitMs);
+    const deadline = performance.now() + maxWaitMs;
+    let finished: boolean;
+    for (;;) {
+      finished = await finishedWithin(this.flush(), Math.max(0, deadline - performance.now()));
+      const left = deadline - performance.now();
+      if (!finished || this.count === 0 || left <= 0) break;
+      await new Promise((resolve) => setTimeout(resolve, Math.min(CLOSE_RETRY_MS, left)));
+    }
     if (this.timer) clearTimeout(this.timer);
     this.timer = undefined;
-    if (!published)
-      this.options.onError?.(new Error(`views not published within ${maxWaitMs} ms of closing`));
+    this.abandoned = true;
+    const unpublished = this.count;
+    if (unpublished > 0) {
+      this.pending = new Map();
+      this.count = 0;
+      this.metrics.buffered.dec(unpublished);
+      this.metrics.dropped.inc(unpublished);
+      this.options.onError?.(new Error(`${unpublished} views dropped: not published before closing`));
+    }
+    if (!finished) this.options.onError?.(new Error(`views not published within ${maxWaitMs} ms of closing`));
   }
 
   private add(postId: string, n: number): boolean {
@@ -207,24 +243,55 @@ export class ViewRecorder implements ViewSink {
     this.metrics.buffered.dec(total);
     const ts = this.now();
     const posts = [...batch];
-    const records: EventRecord[] = [];
+    const parts: { record: EventRecord; views: [string, number][] }[] = [];
     for (let i = 0; i < posts.length; i += VIEWS_PER_RECORD) {
       const views = posts.slice(i, i + VIEWS_PER_RECORD);
-      records.push({
-        // Views need no order, so the key only spreads records over partitions.
-        key: entityKey({ etype: 'knowpost', eid: views[0]![0] }),
-        value: JSON.stringify({ etype: 'knowpost', views, ts } satisfies ViewRecordBody),
+      parts.push({
+        views,
+        record: {
+          // Views need no order, so the key only spreads records over partitions.
+          key: entityKey({ etype: 'knowpost', eid: views[0]![0] }),
+          value: JSON.stringify({ etype: 'knowpost', views, ts } satisfies ViewRecordBody),
+        },
       });
     }
+    // One send per record, so that a record refused is kept without the ones that were written.
+    const outcomes = await Promise.all(parts.map((part) => this.publishRecord(part.record)));
+    let kept = false;
+    for (const [i, { views }] of parts.entries()) {
+      const n = views.reduce((sum, [, v]) => sum + v, 0);
+      const outcome = outcomes[i]!;
+      if (outcome === 'published') this.metrics.published.inc(n);
+      else if (outcome === 'unknown' || this.abandoned) this.metrics.dropped.inc(n);
+      else {
+        this.metrics.publishFailed.inc(n);
+        // Kept for the next attempt; views are approximate, but an outage should not lose them all.
+        for (const [eid, v] of views) kept = this.add(eid, v) || kept;
+      }
+    }
+    if (kept && !this.closed) this.schedule();
+  }
+
+  /**
+   * Publishes one record. A publish that timed out may still land: it is waited for (at most
+   * `settleWaitMs`) rather than tried again, and counts as `unknown` when it never settles.
+   */
+  private async publishRecord(record: EventRecord): Promise<RecordOutcome> {
     try {
-      await this.events.publish(VIEW_TOPIC, records);
-      this.metrics.published.inc(total);
+      await this.events.publish(VIEW_TOPIC, [record]);
+      return 'published';
     } catch (err) {
-      this.metrics.publishFailed.inc(total);
       this.options.onError?.(err);
-      // Kept for the next attempt; views are approximate, but an outage should not lose them all.
-      for (const [eid, n] of batch) this.add(eid, n);
-      if (!this.closed) this.schedule();
+      if (!(err instanceof PublishTimeoutError)) return 'failed';
+      try {
+        if (await finishedWithin(err.outcome, this.settleWaitMs)) return 'published';
+      } catch {
+        return 'failed';
+      }
+      this.options.onError?.(
+        new Error(`a view record published ${this.settleWaitMs} ms ago was never acknowledged; dropped`),
+      );
+      return 'unknown';
     }
   }
 }

@@ -6,6 +6,7 @@ import { join } from 'node:path';
 import { migrate, openSqlite } from '../db/database.js';
 import { services, uniqueName } from '../../../test/rig/resources.js';
 import { defineEventLogContract } from './eventlog.contract.js';
+import { PublishTimeoutError } from './eventlog.js';
 import { KafkaEventLog } from './kafka-eventlog.js';
 import { SqliteEventLog } from './sqlite-eventlog.js';
 
@@ -86,6 +87,32 @@ defineEventLogContract('kafka', async () => {
       await log.close();
     },
   };
+});
+
+describe('KafkaEventLog publish timeout', () => {
+  it('rejects with the send still going on, whose outcome settles later', async () => {
+    const log = new KafkaEventLog({
+      brokers: ['127.0.0.1:1'],
+      prefix: `${uniqueName('t')}.`,
+      clientId: 'zg-publish-timeout',
+      connectTimeoutMs: 300,
+      requestTimeoutMs: 500,
+      retries: 2,
+      retryDelayMs: 100,
+      publishTimeoutMs: 50,
+    });
+    try {
+      const err = await log.publish('t', [{ key: 'k', value: 'v' }]).then(
+        () => null,
+        (e: unknown) => e,
+      );
+      expect(err).toBeInstanceOf(PublishTimeoutError);
+      // Not written after all: the send's own failure comes later.
+      await expect((err as PublishTimeoutError).outcome).rejects.toThrow();
+    } finally {
+      await log.close();
+    }
+  });
 });
 
 describe('KafkaEventLog commitIntervalMs', () => {

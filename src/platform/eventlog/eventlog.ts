@@ -5,6 +5,7 @@
  * Semantics every adapter guarantees (proved by `eventlog.contract.ts`):
  * - `publish` resolves only after every record is durably acknowledged by the log; it rejects when
  *   any record could not be written (callers must then buffer or repair; nothing is dropped silently).
+ *   A publish that takes too long rejects with `PublishTimeoutError`: its records may still land.
  * - Records with the same key are delivered in publish order. Records with different keys may interleave.
  * - Delivery is at-least-once per consumer group: a batch's offsets are committed only after its
  *   handler resolved; a batch whose handler threw, or that was in flight when its subscription or
@@ -14,6 +15,20 @@
  *   record up to those offsets without touching any group's committed position.
  * - Offsets are opaque per partition; compare only those from the same partition.
  */
+/**
+ * A publish that did not finish within its time: the send goes on, so its records may still be
+ * written. `outcome` settles when the send does (resolves once the log acknowledged every record).
+ */
+export class PublishTimeoutError extends Error {
+  constructor(
+    message: string,
+    readonly outcome: Promise<void>,
+  ) {
+    super(message);
+    this.name = 'PublishTimeoutError';
+  }
+}
+
 export interface EventRecord {
   key: string;
   value: string;

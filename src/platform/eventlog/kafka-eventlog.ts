@@ -16,14 +16,15 @@ import {
   type Message,
   type MessagesStream,
 } from '@platformatic/kafka';
-import type {
-  Batch,
-  DeliveredRecord,
-  EndOffsets,
-  EventLog,
-  EventRecord,
-  SubscribeOptions,
-  Subscription,
+import {
+  PublishTimeoutError,
+  type Batch,
+  type DeliveredRecord,
+  type EndOffsets,
+  type EventLog,
+  type EventRecord,
+  type SubscribeOptions,
+  type Subscription,
 } from './eventlog.js';
 
 export interface KafkaEventLogOptions {
@@ -210,11 +211,17 @@ export class KafkaEventLog implements EventLog {
     if (this.closed) throw new Error('event log is closed');
     if (records.length === 0) return;
     const name = this.name(topic);
-    await withTimeout(
-      this.producer.send({ messages: records.map((r) => ({ topic: name, key: r.key, value: r.value })) }),
-      this.s.publishTimeoutMs,
-      `publish to ${topic} timed out`,
-    );
+    const send = this.producer
+      .send({ messages: records.map((r) => ({ topic: name, key: r.key, value: r.value })) })
+      .then(() => undefined);
+    let timer: NodeJS.Timeout | undefined;
+    const timeout = new Promise<never>((_, reject) => {
+      timer = setTimeout(
+        () => reject(new PublishTimeoutError(`publish to ${topic} timed out`, send)),
+        this.s.publishTimeoutMs,
+      );
+    });
+    await Promise.race([send, timeout]).finally(() => clearTimeout(timer));
   }
 
   async subscribe(options: SubscribeOptions): Promise<Subscription> {
