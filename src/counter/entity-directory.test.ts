@@ -330,6 +330,31 @@ describe(CachedEntityDirectory.name, () => {
       expect(calls).toHaveLength(4);
     });
 
+    it('keeps ids that name nothing apart, so looking up made-up ids pushes no post out', async () => {
+      const { calls, answer, lookup } = rig({ maxEntries: 20 });
+      lookup([post('1')]);
+      await turn();
+      await answer(PUBLIC);
+      for (let i = 0; i < 50; i++) {
+        lookup([post(String(1000 + i))]);
+        await turn();
+        await answer(null);
+      }
+      expect(calls).toHaveLength(51);
+      const hot = lookup([post('1')]);
+      await turn();
+      expect(calls).toHaveLength(51);
+      await hot.promise;
+      expect(hot.state.value).toEqual([true]);
+      // The missing ones are bounded (a tenth of maxEntries): the latest two are still known.
+      lookup([post('1049'), post('1048')]);
+      await turn();
+      expect(calls).toHaveLength(51);
+      lookup([post('1047')]);
+      await turn();
+      expect(calls).toHaveLength(52);
+    });
+
     it('applies the viewer rules to cached answers', async () => {
       const { answer, lookup } = rig();
       const own: Visibility = { authorId: 7, status: 'published', visible: 'private' };

@@ -73,6 +73,11 @@ const later = setTimeout;
  */
 export class CachedEntityDirectory implements EntityDirectory {
   private readonly cache = new Map<string, Entry>();
+  /**
+   * Keys known to name nothing, apart and bounded at a tenth of `maxEntries`: lookups of made-up ids
+   * (anyone may ask for counts) must not push the posts people read out of `cache`.
+   */
+  private readonly missing = new Map<string, Entry>();
   private readonly flights = new Map<string, Promise<Value>>();
   /** Loads asked for and not started yet. */
   private readonly waiting = new Map<string, Pending>();
@@ -101,7 +106,7 @@ export class CachedEntityDirectory implements EntityDirectory {
     let waits: Promise<void>[] | undefined;
     refs.forEach((ref, i) => {
       const key = entityKey(ref);
-      const hit = this.cache.get(key);
+      const hit = this.cache.get(key) ?? this.missing.get(key);
       const age = hit ? now - hit.at : Infinity;
       if (hit && age < this.ttlMs) {
         if (age >= this.ttlMs - this.refreshAheadMs) this.fetch(key, ref, false).catch(() => undefined);
@@ -122,12 +127,14 @@ export class CachedEntityDirectory implements EntityDirectory {
   forget(ref: EntityRef): void {
     const key = entityKey(ref);
     this.cache.delete(key);
+    this.missing.delete(key);
     if (!this.waiting.has(key)) this.flights.delete(key);
   }
 
   /** Drops everything known (this process may have missed changes); loads detach as in `forget`. */
   forgetAll(): void {
     this.cache.clear();
+    this.missing.clear();
     for (const key of [...this.flights.keys()]) if (!this.waiting.has(key)) this.flights.delete(key);
   }
 
@@ -203,11 +210,16 @@ export class CachedEntityDirectory implements EntityDirectory {
 
   private remember(key: string, value: Value, at: number): void {
     this.cache.delete(key);
-    this.cache.set(key, { value, at });
-    while (this.cache.size > this.maxEntries) {
-      const oldest = this.cache.keys().next().value;
+    this.missing.delete(key);
+    const [map, max] =
+      value === null
+        ? [this.missing, Math.max(1, Math.floor(this.maxEntries / 10))]
+        : [this.cache, this.maxEntries];
+    map.set(key, { value, at });
+    while (map.size > max) {
+      const oldest = map.keys().next().value;
       if (oldest === undefined) break;
-      this.cache.delete(oldest);
+      map.delete(oldest);
     }
   }
 }

@@ -148,6 +148,15 @@ describe('RedisCounterStore (cluster specifics)', () => {
     await set([5_000, SHARD_USERS + 5], false);
     await verify([...range(0, 2_100), ...range(4_990, 5_010), SHARD_USERS + 5]);
 
+    // A bitmap whose members all left goes, while other shards keep theirs.
+    await set(
+      [...model].filter((u) => u < SHARD_USERS),
+      false,
+    );
+    expect(await redis.hexists(sharded, '0')).toBe(0);
+    expect(await redis.hget(sharded, 'n')).toBe(String(model.size));
+    await verify([0, 1, 5_000, 6_001, SHARD_USERS + 4, 4 * SHARD_USERS - 1]);
+
     await set([...model], false);
     expect(await store.factCounts(ref)).toEqual({ like: 0, fav: 0 });
     expect(await redis.exists(sharded, sparse)).toBe(0);

@@ -155,7 +155,14 @@ local function sharded_set(key, shard, off, on)
     local b, m = s:byte(i), bit.lshift(1, 7 - off % 8)
     if (bit.band(b, m) ~= 0) == on then return 0 end
     if on then b = bit.bor(b, m) else b = bit.band(b, bit.bnot(m)) end
-    redis.call('HSET', key, shard, s:sub(1, i - 1) .. string.char(b) .. s:sub(i + 1))
+    s = s:sub(1, i - 1) .. string.char(b) .. s:sub(i + 1)
+    -- A bitmap whose last member left goes (its 4 KiB would stay for nothing while the post has
+    -- members in other shards); only looked for when a byte turns zero.
+    if b == 0 and not s:find('[^%z]') then
+      redis.call('HDEL', key, shard)
+    else
+      redis.call('HSET', key, shard, s)
+    end
   else
     s = s or ''
     local idx, found = packed_find(s, off)
