@@ -4,8 +4,12 @@ import type { Migration } from 'kysely/migration';
 import type { Dialect } from '../database.js';
 
 /**
- * Numbered, forward-only migrations, one list per dialect. A migration never changes once released;
- * a change to the schema is a new entry at the end of both lists.
+ * Numbered, forward-only migrations, one list per dialect. A released migration keeps its effect; a
+ * change to the schema is a new entry at the end of both lists. Its text has changed only so that
+ * it runs on more servers (MySQL 8 takes a default for a TEXT column only as an expression) or can
+ * run again after being cut short: MySQL commits each DDL statement at once, so a step of several
+ * statements interrupted half-way (a process killed during a long `UPDATE`) is run again whole at
+ * the next start, and every statement of such a step must find its own work done and go on.
  */
 type Step = (db: Kysely<unknown>) => Promise<void>;
 
@@ -39,6 +43,22 @@ const canonicalEmails =
       if (holders.length > 0) continue;
       await sql`UPDATE users SET email = ${next} WHERE id = ${id} AND email = ${email}`.execute(db);
     }
+  };
+
+/** Runs `statement` unless `table` has `column` already (MySQL 8 has no `ADD COLUMN IF NOT EXISTS`). */
+const unlessColumn =
+  (table: string, column: string, statement: string): Step =>
+  async (db) => {
+    const { rows } = await sql`
+      SELECT 1 FROM information_schema.COLUMNS
+       WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ${table} AND COLUMN_NAME = ${column}`.execute(db);
+    if (rows.length === 0) await sql.raw(statement).execute(db);
+  };
+
+const inTurn =
+  (...steps: Step[]): Step =>
+  async (db) => {
+    for (const step of steps) await step(db);
   };
 
 const sqlite: Record<string, Step> = {
@@ -193,7 +213,7 @@ const sqlite: Record<string, Step> = {
 
 const mysql: Record<string, Step> = {
   '0001_accounts': exec(
-    `CREATE TABLE users (
+    `CREATE TABLE IF NOT EXISTS users (
        id BIGINT UNSIGNED NOT NULL AUTO_INCREMENT PRIMARY KEY,
        phone VARCHAR(32) NULL, email VARCHAR(320) NULL, password_hash VARCHAR(255) NULL,
        nickname VARCHAR(64) NOT NULL, avatar VARCHAR(1024) NOT NULL, bio VARCHAR(512) NULL,
@@ -202,7 +222,7 @@ const mysql: Record<string, Step> = {
        created_at BIGINT NOT NULL, updated_at BIGINT NOT NULL,
        UNIQUE KEY users_phone (phone), UNIQUE KEY users_email (email), UNIQUE KEY users_zg_id (zg_id)
      ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin`,
-    `CREATE TABLE login_audit (
+    `CREATE TABLE IF NOT EXISTS login_audit (
        id BIGINT UNSIGNED NOT NULL AUTO_INCREMENT PRIMARY KEY, user_id BIGINT UNSIGNED NULL,
        identifier VARCHAR(320) NOT NULL, channel VARCHAR(16) NOT NULL, success TINYINT NOT NULL,
        reason VARCHAR(64) NULL, ip VARCHAR(64) NULL, user_agent VARCHAR(512) NULL,
@@ -211,7 +231,7 @@ const mysql: Record<string, Step> = {
   ),
   // kv, event_log and consumer_offsets live in Redis and Kafka on this dialect's profile.
   '0002_platform': exec(
-    `CREATE TABLE outbox (
+    `CREATE TABLE IF NOT EXISTS outbox (
        id BIGINT UNSIGNED NOT NULL AUTO_INCREMENT PRIMARY KEY, topic VARCHAR(255) NOT NULL,
        msg_key VARCHAR(255) NOT NULL, payload MEDIUMTEXT NOT NULL, created_at BIGINT NOT NULL
      ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin`,
@@ -219,7 +239,7 @@ const mysql: Record<string, Step> = {
   // The cluster profile keeps counters in Redis; the entry keeps both lists numbered alike.
   '0003_counters': exec(),
   '0004_knowposts': exec(
-    `CREATE TABLE knowposts (
+    `CREATE TABLE IF NOT EXISTS knowposts (
        id BIGINT UNSIGNED NOT NULL PRIMARY KEY, author_id BIGINT UNSIGNED NOT NULL,
        status VARCHAR(16) NOT NULL DEFAULT 'draft', visible VARCHAR(16) NOT NULL DEFAULT 'public',
        created_at BIGINT NOT NULL, updated_at BIGINT NOT NULL, KEY knowposts_author (author_id, created_at)
@@ -228,8 +248,8 @@ const mysql: Record<string, Step> = {
   '0005_knowpost_content': exec(
     `ALTER TABLE knowposts
        ADD COLUMN title VARCHAR(256) NULL, ADD COLUMN description VARCHAR(255) NULL,
-       ADD COLUMN tag_id BIGINT NULL, ADD COLUMN tags_json TEXT NOT NULL DEFAULT '[]',
-       ADD COLUMN img_urls_json TEXT NOT NULL DEFAULT '[]', ADD COLUMN content_key VARCHAR(512) NULL,
+       ADD COLUMN tag_id BIGINT NULL, ADD COLUMN tags_json TEXT NOT NULL DEFAULT ('[]'),
+       ADD COLUMN img_urls_json TEXT NOT NULL DEFAULT ('[]'), ADD COLUMN content_key VARCHAR(512) NULL,
        ADD COLUMN content_etag VARCHAR(128) NULL, ADD COLUMN content_size BIGINT NULL,
        ADD COLUMN content_sha256 CHAR(64) NULL, ADD COLUMN is_top TINYINT NOT NULL DEFAULT 0,
        ADD COLUMN type VARCHAR(16) NOT NULL DEFAULT 'image_text', ADD COLUMN publish_time BIGINT NULL,
@@ -239,21 +259,21 @@ const mysql: Record<string, Step> = {
   // The cluster profile keeps user counters in Redis; the entry keeps both lists numbered alike.
   '0006_user_counters': exec(),
   '0007_relations': exec(
-    `CREATE TABLE following (
+    `CREATE TABLE IF NOT EXISTS following (
        from_user_id BIGINT UNSIGNED NOT NULL, to_user_id BIGINT UNSIGNED NOT NULL, created_at BIGINT NOT NULL,
        PRIMARY KEY (from_user_id, to_user_id),
        KEY following_list (from_user_id, created_at, to_user_id), KEY following_to (to_user_id)
      ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin`,
-    `CREATE TABLE follower (
+    `CREATE TABLE IF NOT EXISTS follower (
        to_user_id BIGINT UNSIGNED NOT NULL, from_user_id BIGINT UNSIGNED NOT NULL, created_at BIGINT NOT NULL,
        PRIMARY KEY (to_user_id, from_user_id), KEY follower_list (to_user_id, created_at, from_user_id)
      ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin`,
-    `CREATE TABLE relation_unapplied (
+    `CREATE TABLE IF NOT EXISTS relation_unapplied (
        event_id VARCHAR(64) NOT NULL PRIMARY KEY, from_user_id BIGINT UNSIGNED NOT NULL,
        to_user_id BIGINT UNSIGNED NOT NULL, delta TINYINT NOT NULL, created_at BIGINT NOT NULL,
        KEY relation_unapplied_from (from_user_id), KEY relation_unapplied_to (to_user_id)
      ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin`,
-    `CREATE TABLE likes_received_marks (
+    `CREATE TABLE IF NOT EXISTS likes_received_marks (
        post_id BIGINT UNSIGNED NOT NULL PRIMARY KEY, applied_seq BIGINT NOT NULL
      ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin`,
   ),
@@ -263,9 +283,13 @@ const mysql: Record<string, Step> = {
     `ALTER TABLE knowposts ADD COLUMN objects_purged_at BIGINT NULL,
        ADD KEY knowposts_purge (status, objects_purged_at, updated_at)`,
   ),
-  '0010_knowpost_sweep': exec(
-    `ALTER TABLE knowposts ADD COLUMN objects_check_at BIGINT NULL, ADD KEY knowposts_sweep (objects_check_at)`,
-    `UPDATE knowposts SET objects_check_at = 0 WHERE status <> 'deleted'`,
+  '0010_knowpost_sweep': inTurn(
+    unlessColumn(
+      'knowposts',
+      'objects_check_at',
+      `ALTER TABLE knowposts ADD COLUMN objects_check_at BIGINT NULL, ADD KEY knowposts_sweep (objects_check_at)`,
+    ),
+    exec(`UPDATE knowposts SET objects_check_at = 0 WHERE status <> 'deleted'`),
   ),
   '0011_zg_id_nocase': exec(
     `UPDATE users u JOIN users o ON LOWER(o.zg_id) = LOWER(u.zg_id) AND o.id < u.id
@@ -276,7 +300,7 @@ const mysql: Record<string, Step> = {
   '0012_knowpost_uploads_open': exec(`ALTER TABLE knowposts ADD COLUMN uploads_open_until BIGINT NULL`),
   '0013_knowpost_public_crossings': exec(
     `ALTER TABLE knowposts ADD COLUMN public_epoch INT NOT NULL DEFAULT 0,
-       ADD COLUMN public_crossings TEXT NOT NULL DEFAULT '[]'`,
+       ADD COLUMN public_crossings TEXT NOT NULL DEFAULT ('[]')`,
   ),
   '0014_likes_received_parked': exec(
     `CREATE TABLE IF NOT EXISTS likes_received_parked (

@@ -3,6 +3,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { freshDatabases, services } from '../../../../test/rig/resources.js';
 import { UniqueViolationError } from '../../errors/errors.js';
 import { migrate, openMysql, translateDbError, type Db } from '../database.js';
+import { sql } from 'kysely';
 import { migrationsFor } from './index.js';
 
 const backends = freshDatabases({ migrated: false });
@@ -172,6 +173,47 @@ describe('migrations on MySQL without the database', () => {
       await expect(migrate(db)).rejects.toThrow(/Unknown database .*create it first: CREATE DATABASE/);
     } finally {
       await db.close();
+    }
+  });
+});
+
+describe('migrations on MariaDB cut short', () => {
+  const [, open] = freshDatabases({ migrated: false }).find(([name]) => name === 'mariadb')!;
+
+  it('run a step of several statements again to its end when its first ones already ran', async () => {
+    const fresh = await open();
+    const db = fresh.db;
+    try {
+      await migrateTo(db, '0006_user_counters');
+      // 0007 cut short after its first table, as MySQL commits each CREATE at once.
+      await sql`CREATE TABLE following (
+        from_user_id BIGINT UNSIGNED NOT NULL, to_user_id BIGINT UNSIGNED NOT NULL,
+        created_at BIGINT NOT NULL, PRIMARY KEY (from_user_id, to_user_id))`.execute(db.kysely);
+      await migrateTo(db, '0009_knowpost_purge');
+      await db.kysely
+        .insertInto('knowposts')
+        .values({
+          id: '21',
+          author_id: 1,
+          status: 'published',
+          visible: 'public',
+          created_at: 1,
+          updated_at: 1,
+        })
+        .execute();
+      // 0010 cut short after its ALTER, during the UPDATE.
+      await sql`ALTER TABLE knowposts ADD COLUMN objects_check_at BIGINT NULL,
+        ADD KEY knowposts_sweep (objects_check_at)`.execute(db.kysely);
+      await migrate(db);
+      const row = await db.kysely
+        .selectFrom('knowposts')
+        .select('objects_check_at')
+        .where('id', '=', '21')
+        .executeTakeFirstOrThrow();
+      expect(Number(row.objects_check_at)).toBe(0);
+      expect(await db.kysely.selectFrom('follower').select('to_user_id').execute()).toEqual([]);
+    } finally {
+      await fresh.close();
     }
   });
 });
