@@ -2,6 +2,7 @@ import { parseArgs } from 'node:util';
 import { Registry } from 'prom-client';
 import { CounterMetrics } from './counter/counter.metrics.js';
 import { flushPending, rebuildAll, replayAll, verifyAll } from './counter/maintenance.js';
+import { dataDirHeld } from './platform/db/data-dir-lock.js';
 import { COUNTER_TOPIC, entityKey, parseEntityKey, type EntityRef } from './counter/model.js';
 import { ConfigError, loadConfig } from './platform/config/config.js';
 import { createLogger } from './platform/logging/logger.js';
@@ -30,7 +31,8 @@ const USAGE = `usage: zhiguang counters|users|relations <command> [options]
                                       it runs; toggles that never reached the log are published
                                       to it first; refused,
                                       changing nothing, when the log no longer holds its earliest events,
-                                      or, unless --force, when the store holds changes the log does not)
+                                      or, unless --force, when the store holds changes the log does not
+                                      or an embedded server runs on the data directory)
   counters flush                      fold all pending deltas into snapshots now
 ${USERS_USAGE}
 ${RELATIONS_USAGE}
@@ -161,6 +163,14 @@ async function main(argv: string[]): Promise<number> {
   }
 
   const config = loadConfig(process.env);
+  // The embedded server takes likes without any seal to refuse them: one taken during the replay
+  // could be lost.
+  if (command === 'replay' && config.profile === 'embedded' && !values.force && dataDirHeld(config.dataDir)) {
+    process.stderr.write(
+      `an embedded server runs on the data directory ${config.dataDir}: stop it before a replay (--force replays anyway); nothing was changed\n`,
+    );
+    return 1;
+  }
   const log = createLogger(config.logLevel === 'info' ? 'warn' : config.logLevel);
   // The replay refills Redis: once done, it sets the deployment's mark and seals (see sealCounters).
   const platform = await createPlatform(config, log, { replaying: command === 'replay' });

@@ -2,6 +2,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { inspect, parseArgs } from 'node:util';
 import { buildApp } from './app.js';
 import { ConfigError, loadConfig } from './platform/config/config.js';
+import { DataDirBusyError, holdDataDir } from './platform/db/data-dir-lock.js';
 
 /** `node dist/main.js [--role api|worker|all]`: the service, configured from the environment. */
 async function main(): Promise<void> {
@@ -15,6 +16,17 @@ async function main(): Promise<void> {
       process.exit(2);
     }
     throw err;
+  }
+
+  // One embedded server per data directory; a replay refuses while it runs (src/cli.ts).
+  if (config.profile === 'embedded') {
+    try {
+      process.on('exit', holdDataDir(config.dataDir));
+    } catch (err) {
+      if (!(err instanceof DataDirBusyError)) throw err;
+      process.stderr.write(`${err.message}: stop it first, or give this one another ZG_DATA_DIR\n`);
+      process.exit(1);
+    }
   }
 
   // A signal while the app is built (migrations run then, and MariaDB's DDL is not transactional)

@@ -671,6 +671,9 @@ describe('counters under faults (embedded profile: one process, killed with SIGK
   }, 60_000);
 
   it('counters replay with the server stopped rebuilds the same facts and counts from the log', async () => {
+    const beside = await runCli(deployment!.env, ['counters', 'replay', '--yes']);
+    expect(beside.code).toBe(1);
+    expect(beside.stderr).toContain('an embedded server runs on the data directory');
     await server!.stop();
     const replay = await runCli(deployment!.env, ['counters', 'replay', '--yes']);
     expect(replay.code).toBe(0);

@@ -161,7 +161,8 @@ export const CONFIG_VARS = {
     default: 'info',
   },
   ZG_DATA_DIR: {
-    description: 'embedded: directory for the SQLite file, keys and uploaded files',
+    description:
+      'embedded: directory for the SQLite file, keys and uploaded files (one server per directory: a second one refuses to start)',
     default: './data',
   },
   ZG_MYSQL_URL: { description: 'cluster: mysql://user:password@host:port/database', secret: true },

@@ -1,0 +1,56 @@
+import { spawn } from 'node:child_process';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterEach, describe, expect, it } from 'vitest';
+import { DataDirBusyError, dataDirHeld, holdDataDir } from './data-dir-lock.js';
+
+describe(holdDataDir.name, () => {
+  const dirs: string[] = [];
+  afterEach(() => {
+    for (const dir of dirs.splice(0)) rmSync(dir, { recursive: true, force: true });
+  });
+  const tempDir = () => {
+    const dir = mkdtempSync(join(tmpdir(), 'zg-lock-'));
+    dirs.push(dir);
+    return dir;
+  };
+
+  it('lets one holder at a time take a directory, and tells whether one holds it', () => {
+    const dir = join(tempDir(), 'data');
+    expect(dataDirHeld(dir)).toBe(false);
+    const release = holdDataDir(dir);
+    expect(dataDirHeld(dir)).toBe(true);
+    expect(() => holdDataDir(dir)).toThrow(DataDirBusyError);
+    release();
+    release();
+    expect(dataDirHeld(dir)).toBe(false);
+    holdDataDir(dir)();
+  });
+
+  it('is let go of when the holding process dies, however it dies', async () => {
+    const dir = tempDir();
+    const lockModule = new URL('./data-dir-lock.ts', import.meta.url).pathname;
+    const child = spawn(
+      process.execPath,
+      [
+        '--experimental-strip-types',
+        '--no-warnings',
+        '-e',
+        `import(${JSON.stringify(lockModule)}).then((m) => { m.holdDataDir(${JSON.stringify(dir)}); console.log('held'); setInterval(() => {}, 1000); })`,
+      ],
+      { stdio: ['ignore', 'pipe', 'inherit'] },
+    );
+    await new Promise<void>((resolve, reject) => {
+      child.stdout.on('data', (chunk: Buffer) => chunk.toString().includes('held') && resolve());
+      child.on('exit', (code) => reject(new Error(`holder exited with ${code}`)));
+    });
+    expect(dataDirHeld(dir)).toBe(true);
+    expect(() => holdDataDir(dir)).toThrow(DataDirBusyError);
+    const exited = new Promise((resolve) => child.on('exit', resolve));
+    child.kill('SIGKILL');
+    await exited;
+    expect(dataDirHeld(dir)).toBe(false);
+    holdDataDir(dir)();
+  });
+});
