@@ -19,6 +19,10 @@ type Patch = Static<typeof ProfilePatchBody>;
 
 /** Each upload stores a new object, so they are counted: enough to try a few pictures, not to fill a disk. */
 export const AVATAR_UPLOADS_PER_HOUR = 20;
+/** Tries of an upload to set its avatar while others of the same user replace it meanwhile. */
+const AVATAR_REPLACE_ATTEMPTS = 5;
+/** Stored avatars other than the current one are swept once this old (younger ones may be about to be set). */
+export const AVATAR_SWEEP_AGE_MS = 10 * 60_000;
 
 /**
  * What clients send for a file whose type they do not know; `text/plain` is what a multipart part
@@ -113,12 +117,42 @@ export class ProfileService {
     const published = withoutMetadata(bytes, kind.type);
     if (!published)
       throw new BadRequestError(`file is not a readable ${kind.ext.slice(1).toUpperCase()} image`);
-    const before = await this.get(userId);
+    let before = (await this.get(userId)).avatar;
     const key = `avatars/${userId}/${randomBytes(8).toString('hex')}${kind.ext}`;
     await this.storage.put(key, published, kind.type);
-    await this.users.update(userId, { avatar: this.storage.publicUrl(key), updated_at: this.now() });
-    await this.deleteReplaced(userId, before.avatar);
+    const url = this.storage.publicUrl(key);
+    try {
+      // Another upload of the user's may land meanwhile: the avatar is replaced only as last read,
+      // so every replaced object is deleted by the one request that replaced it.
+      for (let attempt = 1; !(await this.users.replaceAvatar(userId, before, url, this.now())); attempt++) {
+        if (attempt === AVATAR_REPLACE_ATTEMPTS)
+          throw new ConflictError('The avatar kept changing; try again', 'CONFLICT');
+        before = (await this.get(userId)).avatar;
+      }
+    } catch (err) {
+      await this.storage.delete(key).catch(() => undefined);
+      throw err;
+    }
+    await this.deleteReplaced(userId, before);
+    await this.sweepAvatars(userId, key);
     return this.get(userId);
+  }
+
+  /**
+   * Deletes the user's stored avatars other than `current` that are older than `AVATAR_SWEEP_AGE_MS`
+   * (younger ones may be another upload's, about to be set): what a process that died between
+   * storing and setting one, or a delete that failed, left behind.
+   */
+  private async sweepAvatars(userId: number, current: string): Promise<void> {
+    try {
+      const cutoff = this.now() - AVATAR_SWEEP_AGE_MS;
+      const stale = (await this.storage.listPrefix(`avatars/${userId}`)).filter(
+        (o) => o.key !== current && o.lastModified < cutoff,
+      );
+      for (const object of stale) await this.storage.delete(object.key);
+    } catch (err) {
+      this.log?.warn({ err, userId }, 'could not sweep old avatars');
+    }
   }
 
   /** The avatar just replaced, when it is one this service stored for the user (not the default). */

@@ -52,6 +52,17 @@ export class UsersRepository {
     return Number(result.numUpdatedRows) > 0;
   }
 
+  /** Stores `next` as the user's avatar if it is still `expected`; whether it did. */
+  async replaceAvatar(id: number, expected: string, next: string, updatedAt: number): Promise<boolean> {
+    const result = await this.db.kysely
+      .updateTable('users')
+      .set({ avatar: next, updated_at: updatedAt })
+      .where('id', '=', id)
+      .where('avatar', '=', expected)
+      .executeTakeFirst();
+    return Number(result.numUpdatedRows) > 0;
+  }
+
   async update(id: number, patch: UserPatch): Promise<void> {
     try {
       await this.db.kysely.updateTable('users').set(patch).where('id', '=', id).execute();
