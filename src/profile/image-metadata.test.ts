@@ -1,6 +1,6 @@
 import { crc32 } from 'node:zlib';
 import { describe, expect, it } from 'vitest';
-import { withoutMetadata } from './image-metadata.js';
+import { MAX_JPEG_SEGMENTS, MAX_KEPT_PARTS, withoutMetadata } from './image-metadata.js';
 
 const SECRET = 'GPS 31.2304N 121.4737E serial 0xC0FFEE';
 
@@ -143,7 +143,7 @@ describe(withoutMetadata.name, () => {
     expect(out.includes(Buffer.from('Exif', 'latin1'))).toBe(false);
   });
 
-  it('takes text, time and EXIF chunks out of a PNG', () => {
+  it('keeps of a PNG only the chunks that draw it: no text, time, EXIF, credentials or private chunks', () => {
     const ihdr = pngChunk('IHDR', Buffer.alloc(13, 1));
     const idat = pngChunk('IDAT', Buffer.from([1, 2, 3]));
     const iend = pngChunk('IEND', Buffer.alloc(0));
@@ -153,6 +153,9 @@ describe(withoutMetadata.name, () => {
       pngChunk('tEXt', Buffer.from(`Comment\0${SECRET}`, 'latin1')),
       pngChunk('eXIf', exif(1).subarray(6)),
       pngChunk('tIME', Buffer.alloc(7)),
+      // Content credentials (C2PA), which may carry the capture's EXIF, and a private chunk.
+      pngChunk('caBX', Buffer.from(SECRET, 'latin1')),
+      pngChunk('prVt', Buffer.from(SECRET, 'latin1')),
       idat,
       iend,
     ]);
@@ -161,7 +164,7 @@ describe(withoutMetadata.name, () => {
     );
   });
 
-  it('takes EXIF and XMP chunks out of a WebP and clears their flags', () => {
+  it('takes EXIF, XMP and any chunk it does not draw with out of a WebP and clears their flags', () => {
     const vp8x = Buffer.alloc(10);
     vp8x[0] = 0x08 | 0x04 | 0x10;
     const image = riffChunk('VP8L', Buffer.from([0x2f, 1, 2]));
@@ -170,12 +173,53 @@ describe(withoutMetadata.name, () => {
       image,
       riffChunk('EXIF', exif(1)),
       riffChunk('XMP ', Buffer.from(SECRET, 'latin1')),
+      riffChunk('C2PA', Buffer.from(SECRET, 'latin1')),
     ]);
     const out = withoutMetadata(source, 'image/webp')!;
     const flags = Buffer.from(vp8x);
     flags[0] = 0x10;
     expect(out).toEqual(webp([riffChunk('VP8X', flags), image]));
     expect(out.readUInt32LE(4)).toBe(out.length - 8);
+  });
+
+  it('refuses files of more pieces than a picture has, quickly and without copying each', () => {
+    const size = 5 * 1024 * 1024;
+    // A JPEG of restart markers: 2.6 million segments.
+    const markers = Buffer.alloc(size, 0xd0);
+    for (let i = 0; i < size; i += 2) markers[i] = 0xff;
+    markers[1] = 0xd8;
+    markers.writeUInt16BE(0xffd9, size - 2);
+    // A GIF whose kept and dropped extensions alternate, and a WebP whose empty chunks do.
+    const kept = Buffer.from([0x21, 0x01, 0]);
+    const dropped = Buffer.from([0x21, 0xfe, 0]);
+    const pairs = Math.floor(size / 6);
+    const gif = gifOf([...Array.from({ length: pairs }, () => [kept, dropped]).flat(), gifImage]);
+    const chunks = Array.from({ length: Math.floor(size / 16) }, () => [
+      riffChunk('VP8L', Buffer.alloc(0)),
+      riffChunk('XXXX', Buffer.alloc(0)),
+    ]).flat();
+    const empty = webp(chunks);
+    for (const [bytes, type] of [
+      [markers, 'image/jpeg'],
+      [gif, 'image/gif'],
+      [empty, 'image/webp'],
+    ] as const) {
+      const started = performance.now();
+      expect(withoutMetadata(bytes, type)).toBeNull();
+      expect(performance.now() - started).toBeLessThan(1_000);
+    }
+    // Below the bounds they are pictures like any other.
+    const few = Buffer.concat([
+      Buffer.from([0xff, 0xd8]),
+      Buffer.alloc(2 * (MAX_JPEG_SEGMENTS - 10), 0xd0).map((b, i) => (i % 2 === 0 ? 0xff : b)),
+      Buffer.from([0xff, 0xd9]),
+    ]);
+    expect(withoutMetadata(few, 'image/jpeg')).toEqual(few);
+    const gifFew = gifOf([
+      ...Array.from({ length: MAX_KEPT_PARTS / 2 - 10 }, () => [kept, dropped]).flat(),
+      gifImage,
+    ]);
+    expect(withoutMetadata(gifFew, 'image/gif')).not.toBeNull();
   });
 
   it('refuses a container that does not hold together', () => {

@@ -10,16 +10,20 @@
  *   further pictures (MPF) go. Nothing after the end of the image is kept (motion photos append
  *   a video there). An EXIF orientation other than upright comes back as a minimal EXIF holding
  *   only it, so a photo taken sideways still shows upright.
- * - PNG: the `eXIf`, `tEXt`, `zTXt`, `iTXt` and `tIME` chunks go (an orientation with them).
- * - WebP: the `EXIF` and `XMP ` chunks go (an orientation with them), and the header's flags for
- *   them are cleared.
+ * - PNG: only the chunks that draw the picture are kept (image data, palette, transparency, colour
+ *   space and profile, pixel size, animation frames); `eXIf`, text, time, content credentials and
+ *   any other chunk go (an orientation with them).
+ * - WebP: only image data, alpha, animation and the colour profile are kept; `EXIF`, `XMP ` and any
+ *   other chunk go (an orientation with them), and the header's flags for EXIF and XMP are cleared.
  * - GIF: only images, graphic control and plain text extensions are kept, and of application
  *   extensions the loop count of animations (`NETSCAPE2.0`, `ANIMEXTS1.0`); comments, XMP, colour
  *   profiles and any other extension go, and nothing after the trailer is kept (a file that ends
  *   after an image without one gets one).
  *
  * Only the containers are read (never the pixels): a file whose structure does not hold together is
- * refused (null), since no viewer would show it either.
+ * refused (null), since no viewer would show it either, and so is one made of more pieces than any
+ * picture has (`MAX_JPEG_SEGMENTS`, `MAX_KEPT_PARTS`): a file of millions of tiny blocks would
+ * otherwise cost seconds and hundreds of megabytes.
  */
 export function withoutMetadata(bytes: Buffer, type: string): Buffer | null {
   try {
@@ -47,13 +51,19 @@ const JPEG_KEPT_APP = new Map([
 ]);
 /** A JFIF header's payload up to its thumbnail: identifier, version, units, densities, thumbnail size. */
 const JFIF_HEADER = 14;
+/** Markers a JPEG may have outside its entropy-coded data; a real one has tens. */
+export const MAX_JPEG_SEGMENTS = 10_000;
 
 function jpeg(bytes: Buffer): Buffer {
   need(bytes[0] === 0xff && bytes[1] === 0xd8);
-  const parts: Buffer[] = [bytes.subarray(0, 2)];
+  const out = new Kept(bytes);
+  out.keep(0, 2);
+  /** Where an orientation goes: right after the JFIF header when it comes first, else after SOI. */
+  let orientationAt = 2;
   let orientation = 1;
   let at = 2;
-  for (;;) {
+  for (let segments = 0; ; segments++) {
+    need(segments < MAX_JPEG_SEGMENTS);
     // Stray bytes before a marker are skipped (viewers do), and so are fill bytes.
     while (at < bytes.length && bytes[at] !== 0xff) at++;
     let markerAt = at + 1;
@@ -62,12 +72,12 @@ function jpeg(bytes: Buffer): Buffer {
     const marker = bytes[markerAt]!;
     if (marker === 0xd9) {
       // End of image: whatever follows (a phone's motion video, its trailers) is not published.
-      parts.push(bytes.subarray(markerAt - 1, markerAt + 1));
+      out.keep(markerAt - 1, markerAt + 1);
       break;
     }
     if (marker === 0x01 || (marker >= 0xd0 && marker <= 0xd8)) {
       // Markers without a length.
-      if (marker !== 0xd8) parts.push(bytes.subarray(markerAt - 1, markerAt + 1));
+      if (marker !== 0xd8) out.keep(markerAt - 1, markerAt + 1);
       at = markerAt + 1;
       continue;
     }
@@ -104,17 +114,20 @@ function jpeg(bytes: Buffer): Buffer {
         header.writeUInt16BE(2 + JFIF_HEADER, 2);
         header[2 + 2 + JFIF_HEADER - 2] = 0;
         header[2 + 2 + JFIF_HEADER - 1] = 0;
-        parts.push(header);
+        if (out.size === 2) orientationAt = 2 + header.length;
+        out.add(header);
       }
-    } else if (kept) parts.push(bytes.subarray(markerAt - 1, end));
+    } else if (kept) out.keep(markerAt - 1, end);
     at = end;
   }
-  if (orientation !== 1) {
-    // Right after JFIF (or first): the orientation the dropped EXIF carried.
-    const afterJfif = parts.length > 1 && parts[1]![1] === 0xe0 ? 2 : 1;
-    parts.splice(afterJfif, 0, orientationExif(orientation));
-  }
-  return Buffer.concat(parts);
+  const result = out.result();
+  if (orientation === 1) return result;
+  // The orientation the dropped EXIF carried, right after JFIF (or first).
+  return Buffer.concat([
+    result.subarray(0, orientationAt),
+    orientationExif(orientation),
+    result.subarray(orientationAt),
+  ]);
 }
 
 /** The orientation (1–8) an EXIF block (after its APP1 length) records, if it records one. */
@@ -158,7 +171,35 @@ function orientationExif(orientation: number): Buffer {
   return segment;
 }
 
-const PNG_DROPPED = new Set(['eXIf', 'tEXt', 'zTXt', 'iTXt', 'tIME']);
+/**
+ * PNG chunks kept: image data and what says how to draw it (palette, transparency, gamma, colour
+ * space and profile, HDR levels, significant bits, background, pixel size, suggested palettes, the
+ * histogram) and animation frames (APNG).
+ */
+const PNG_KEPT = new Set([
+  'IHDR',
+  'PLTE',
+  'IDAT',
+  'IEND',
+  'tRNS',
+  'gAMA',
+  'cHRM',
+  'sRGB',
+  'iCCP',
+  'cICP',
+  'mDCV',
+  'mDCv',
+  'cLLI',
+  'cLLi',
+  'sBIT',
+  'bKGD',
+  'pHYs',
+  'sPLT',
+  'hIST',
+  'acTL',
+  'fcTL',
+  'fdAT',
+]);
 
 function png(bytes: Buffer): Buffer {
   need(bytes.length >= 8);
@@ -171,21 +212,24 @@ function png(bytes: Buffer): Buffer {
     const type = bytes.subarray(at + 4, at + 8).toString('latin1');
     const end = at + 12 + length;
     need(end <= bytes.length);
-    if (!PNG_DROPPED.has(type)) out.keep(at, end);
+    if (PNG_KEPT.has(type)) out.keep(at, end);
     at = end;
     if (type === 'IEND') break;
   }
   return out.result();
 }
 
-const WEBP_DROPPED = new Set(['EXIF', 'XMP ']);
+/** WebP chunks kept: image data (lossy, lossless, alpha), animation and the colour profile. */
+const WEBP_KEPT = new Set(['VP8 ', 'VP8L', 'VP8X', 'ALPH', 'ANIM', 'ANMF', 'ICCP']);
 /** The VP8X header's flags for an EXIF and an XMP chunk. */
 const VP8X_EXIF = 0x08;
 const VP8X_XMP = 0x04;
 
 function webp(bytes: Buffer): Buffer {
   need(bytes.length >= 12);
-  const parts: Buffer[] = [];
+  const out = new Kept(bytes);
+  const header = Buffer.from(bytes.subarray(0, 12));
+  out.add(header);
   let at = 12;
   while (at < bytes.length) {
     need(at + 8 <= bytes.length);
@@ -193,17 +237,16 @@ function webp(bytes: Buffer): Buffer {
     const size = bytes.readUInt32LE(at + 4);
     const end = at + 8 + size + (size % 2);
     need(at + 8 + size <= bytes.length);
-    if (!WEBP_DROPPED.has(fourcc)) {
+    if (fourcc === 'VP8X' && size >= 1) {
       const chunk = Buffer.from(bytes.subarray(at, Math.min(end, bytes.length)));
-      if (fourcc === 'VP8X' && size >= 1) chunk[8] = chunk[8]! & ~(VP8X_EXIF | VP8X_XMP);
-      parts.push(chunk);
-    }
+      chunk[8] = chunk[8]! & ~(VP8X_EXIF | VP8X_XMP);
+      out.add(chunk);
+    } else if (WEBP_KEPT.has(fourcc)) out.keep(at, Math.min(end, bytes.length));
     at = end;
   }
-  const header = Buffer.from(bytes.subarray(0, 12));
-  const body = Buffer.concat(parts);
-  header.writeUInt32LE(4 + body.length, 4);
-  return Buffer.concat([header, body]);
+  // The RIFF size: everything after its own field (the header is copied only at the end).
+  header.writeUInt32LE(out.size - 8, 4);
+  return out.result();
 }
 
 /** Application extensions that make animations loop: the only ones kept (their loop count alone). */
@@ -273,6 +316,9 @@ function gif(bytes: Buffer): Buffer {
   }
 }
 
+/** Separate pieces (ranges apart, or bytes added) a file may leave; a real picture leaves a few hundred. */
+export const MAX_KEPT_PARTS = 65_536;
+
 /**
  * What is kept of a file: ranges of it in order, and bytes added between them, written into one
  * buffer at the end (adjacent ranges as one), so a file of a million tiny blocks costs a copy, not a
@@ -284,17 +330,27 @@ class Kept {
 
   constructor(private readonly bytes: Buffer) {}
 
+  /** Bytes kept so far. */
+  get size(): number {
+    return this.length;
+  }
+
   keep(start: number, end: number): void {
     const last = this.parts[this.parts.length - 1];
     if (last && !Buffer.isBuffer(last) && last[1] === start)
       this.parts[this.parts.length - 1] = [last[0], end];
-    else this.parts.push([start, end]);
+    else this.push([start, end]);
     this.length += end - start;
   }
 
   add(extra: Buffer): void {
-    this.parts.push(extra);
+    this.push(extra);
     this.length += extra.length;
+  }
+
+  private push(part: readonly [number, number] | Buffer): void {
+    need(this.parts.length < MAX_KEPT_PARTS);
+    this.parts.push(part);
   }
 
   result(tail?: Buffer): Buffer {

@@ -56,7 +56,7 @@ export function profileRoutes(deps: ProfileRouteDeps) {
             'Up to 20 uploads per user per hour (429 past that); the avatar replaced is deleted. ' +
             'What a photo records of where and how it was taken (EXIF, XMP, IPTC, comments, data after a ' +
             "JPEG's end or a GIF's trailer; a JPEG's EXIF orientation stays) is removed before it is published; a file whose structure does not hold " +
-            'together is a 400.',
+            'together, or that is made of more pieces than any picture has, is a 400.',
           response: { 200: ProfileResponse, ...errorResponses(400, 401, 413, 429) },
         },
       },
