@@ -8,7 +8,17 @@ import {
   writeFileSync,
   type Dirent,
 } from 'node:fs';
-import { mkdir, readdir, readFile, rename, rm, stat, writeFile } from 'node:fs/promises';
+import {
+  mkdir,
+  open,
+  readdir,
+  readFile,
+  rename,
+  rm,
+  stat,
+  writeFile,
+  type FileHandle,
+} from 'node:fs/promises';
 import { dirname, join, sep } from 'node:path';
 import { PassThrough, Transform, type Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
@@ -194,9 +204,25 @@ export class LocalObjectStorage implements ObjectStorage {
   }
 
   async get(key: string) {
-    const object = await this.head(key);
-    if (!object) return null;
-    return { object, body: createReadStream(this.pathOf(key)) };
+    // The file is opened first: a delete after that leaves the stream its bytes (the open file
+    // outlives its name), so an answer whose headers went out never fails half-way.
+    let file: FileHandle;
+    try {
+      file = await open(this.pathOf(key), 'r');
+    } catch (err) {
+      const code = (err as NodeJS.ErrnoException).code;
+      if (code === 'ENOENT' || code === 'ENOTDIR' || code === 'EISDIR') return null;
+      throw err;
+    }
+    try {
+      const object = await this.head(key);
+      if (object) return { object, body: file.createReadStream() };
+    } catch (err) {
+      await file.close();
+      throw err;
+    }
+    await file.close();
+    return null;
   }
 
   async delete(key: string): Promise<void> {

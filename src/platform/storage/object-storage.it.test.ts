@@ -414,6 +414,16 @@ describe('LocalObjectStorage served by filesRoutes', () => {
     expect(await post.json()).toMatchObject({ code: 'NOT_FOUND' });
   });
 
+  it('reads an object deleted after its read began to the end', async () => {
+    await server.sut.put('avatars/gone.png', Buffer.from('still here'), 'image/png');
+    const found = (await server.sut.get('avatars/gone.png'))!;
+    await server.sut.delete('avatars/gone.png');
+    const chunks: Buffer[] = [];
+    for await (const chunk of found.body) chunks.push(chunk as Buffer);
+    expect(Buffer.concat(chunks).toString()).toBe('still here');
+    expect(await server.sut.get('avatars/gone.png')).toBeNull();
+  });
+
   it('serves signed reads privately and sandboxed', async () => {
     await server.sut.put('posts/p1/page.html', Buffer.from('<script>alert(1)</script>'), 'text/html');
     const res = await fetch(await server.sut.presignGet('posts/p1/page.html', 120));
