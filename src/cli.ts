@@ -1,13 +1,14 @@
 import { parseArgs } from 'node:util';
 import { Registry } from 'prom-client';
+import { COUNTER_GROUP } from './counter/aggregator.js';
 import { CounterMetrics } from './counter/counter.metrics.js';
 import { flushPending, rebuildAll, replayAll, verifyAll } from './counter/maintenance.js';
-import { dataDirHeld } from './platform/db/data-dir-lock.js';
+import { DataDirBusyError, holdDataDir } from './platform/db/data-dir-lock.js';
 import { COUNTER_TOPIC, entityKey, parseEntityKey, type EntityRef } from './counter/model.js';
 import { ConfigError, loadConfig } from './platform/config/config.js';
 import { createLogger } from './platform/logging/logger.js';
 import { createPlatform } from './platform/wiring.js';
-import { replayViews, VIEW_TOPIC } from './knowpost/views.js';
+import { replayViews, VIEW_GROUP, VIEW_TOPIC } from './knowpost/views.js';
 import { KnowpostVisibilityRepository } from './knowpost/visibility.repository.js';
 import { relationUserCountParts } from './relation/user-count-parts.js';
 import { runUsersCommand, USERS_USAGE } from './user-counter/admin.js';
@@ -31,8 +32,9 @@ const USAGE = `usage: zhiguang counters|users|relations <command> [options]
                                       it runs; toggles that never reached the log are published
                                       to it first; refused,
                                       changing nothing, when the log no longer holds its earliest events,
-                                      or, unless --force, when the store holds changes the log does not
-                                      or an embedded server runs on the data directory)
+                                      or, unless --force, when the store holds changes the log does not,
+                                      worker processes consume or an embedded server runs on the
+                                      data directory)
   counters flush                      fold all pending deltas into snapshots now
 ${USERS_USAGE}
 ${RELATIONS_USAGE}
@@ -164,12 +166,20 @@ async function main(argv: string[]): Promise<number> {
 
   const config = loadConfig(process.env);
   // The embedded server takes likes without any seal to refuse them: one taken during the replay
-  // could be lost.
-  if (command === 'replay' && config.profile === 'embedded' && !values.force && dataDirHeld(config.dataDir)) {
-    process.stderr.write(
-      `an embedded server runs on the data directory ${config.dataDir}: stop it before a replay (--force replays anyway); nothing was changed\n`,
-    );
-    return 1;
+  // could be lost. The replay holds the data directory, so no server starts before it is done.
+  let releaseDataDir = (): void => undefined;
+  if (command === 'replay' && config.profile === 'embedded') {
+    try {
+      releaseDataDir = holdDataDir(config.dataDir);
+    } catch (err) {
+      if (!(err instanceof DataDirBusyError)) throw err;
+      if (!values.force) {
+        process.stderr.write(
+          `an embedded server runs on the data directory ${config.dataDir}: stop it before a replay (--force replays anyway); nothing was changed\n`,
+        );
+        return 1;
+      }
+    }
   }
   const log = createLogger(config.logLevel === 'info' ? 'warn' : config.logLevel);
   // The replay refills Redis: once done, it sets the deployment's mark and seals (see sealCounters).
@@ -207,6 +217,19 @@ async function main(argv: string[]): Promise<number> {
     } else if (command === 'rebuild') {
       summary = { rebuilt: await rebuildAll(platform.counterStore, refs, progress) };
     } else if (command === 'replay') {
+      // Workers folding or adding views into the store while it is emptied and refilled would undo
+      // part of it; those that closed have left their groups.
+      const busy: string[] = [];
+      for (const group of [COUNTER_GROUP, VIEW_GROUP]) {
+        const members = await platform.events.groupMembers(group);
+        if (members > 0) busy.push(`${group}: ${members}`);
+      }
+      if (busy.length > 0 && !values.force) {
+        process.stderr.write(
+          `worker processes are consuming (${busy.join(', ')}): stop them before a replay (a process killed outright leaves its group once its Kafka session times out; --force replays anyway); nothing was changed\n`,
+        );
+        return 1;
+      }
       // A first Ctrl-C (or SIGTERM) before the store is emptied stops it, changing nothing (toggles
       // are taken again); a second one ends the process at once.
       const stop = new AbortController();
@@ -231,6 +254,7 @@ async function main(argv: string[]): Promise<number> {
     return code;
   } finally {
     await platform.close();
+    releaseDataDir();
   }
 }
 

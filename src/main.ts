@@ -18,13 +18,13 @@ async function main(): Promise<void> {
     throw err;
   }
 
-  // One embedded server per data directory; a replay refuses while it runs (src/cli.ts).
+  // One embedded server per data directory, and none during a counters replay (src/cli.ts).
   if (config.profile === 'embedded') {
     try {
       process.on('exit', holdDataDir(config.dataDir));
     } catch (err) {
       if (!(err instanceof DataDirBusyError)) throw err;
-      process.stderr.write(`${err.message}: stop it first, or give this one another ZG_DATA_DIR\n`);
+      process.stderr.write(`${err.message}: wait for it or stop it, or give this one another ZG_DATA_DIR\n`);
       process.exit(1);
     }
   }

@@ -53,11 +53,12 @@ export function profileRoutes(deps: ProfileRouteDeps) {
             "ZG_AVATAR_MAX_BYTES (5 MiB by default; 413 over that), judged by its bytes: the part's " +
             'Content-Type must be some image/* type, application/octet-stream, binary/octet-stream, text/plain ' +
             '(what a part without one reads as) or none. ' +
-            'Up to 20 uploads per user per hour (429 past that); the avatar replaced is deleted. ' +
+            'Up to 20 uploads per user per hour (429 past that); the avatar replaced is deleted (409 when ' +
+            'other uploads of the same user kept replacing it meanwhile). ' +
             'What a photo records of where and how it was taken (EXIF, XMP, IPTC, comments, data after a ' +
             "JPEG's end or a GIF's trailer; a JPEG's EXIF orientation stays) is removed before it is published; a file whose structure does not hold " +
             'together, or that is made of more pieces than any picture has, is a 400.',
-          response: { 200: ProfileResponse, ...errorResponses(400, 401, 413, 429) },
+          response: { 200: ProfileResponse, ...errorResponses(400, 401, 409, 413, 429) },
         },
       },
       async (request) => {

@@ -150,6 +150,7 @@ async function openRig(dialect: Dialect): Promise<Rig> {
     subscribe: () => Promise.reject(new Error('not used')),
     endOffsets: () => Promise.reject(new Error('not used')),
     committedOffsets: () => Promise.reject(new Error('not used')),
+    groupMembers: () => Promise.reject(new Error('not used')),
     holdsEveryRecord: () => Promise.reject(new Error('not used')),
     readRange: () => Promise.reject(new Error('not used')),
     ping: async () => true,

@@ -162,7 +162,7 @@ export const CONFIG_VARS = {
   },
   ZG_DATA_DIR: {
     description:
-      'embedded: directory for the SQLite file, keys and uploaded files (one server per directory: a second one refuses to start)',
+      'embedded: directory for the SQLite file, keys and uploaded files (one server per directory: a second one, or one started during a counters replay, refuses to start)',
     default: './data',
   },
   ZG_MYSQL_URL: { description: 'cluster: mysql://user:password@host:port/database', secret: true },

@@ -1,12 +1,12 @@
-import { existsSync, mkdirSync } from 'node:fs';
+import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { DatabaseSync } from 'node:sqlite';
 
 /**
- * The lock an embedded server holds on its data directory while it runs: an exclusive transaction
- * on a database file of its own, which the operating system lets go of when the process ends, however
- * it ends. A second server on the same directory refuses to start, and the commands that must not
- * run beside a server (a counters replay) can tell one is running.
+ * The lock an embedded server holds on its data directory while it runs, and a counters replay
+ * while it replays: an exclusive transaction on a database file of its own, which the operating
+ * system lets go of when the process ends, however it ends. Neither starts while the other (or a
+ * second server) holds it.
  */
 export const SERVER_LOCK_FILE = 'server.lock';
 
@@ -14,7 +14,7 @@ export class DataDirBusyError extends Error {
   readonly dir: string;
 
   constructor(dir: string) {
-    super(`an embedded server runs on the data directory ${dir}`);
+    super(`the data directory ${dir} is in use by an embedded server or a counters replay`);
     this.name = 'DataDirBusyError';
     this.dir = dir;
   }
@@ -57,14 +57,4 @@ export function holdDataDir(dir: string): () => void {
     db.exec('ROLLBACK');
     db.close();
   };
-}
-
-/** Whether a server (this process's or another's) holds `dir`. */
-export function dataDirHeld(dir: string): boolean {
-  if (!existsSync(join(dir, SERVER_LOCK_FILE))) return false;
-  const db = take(dir);
-  if (!db) return true;
-  db.exec('ROLLBACK');
-  db.close();
-  return false;
 }

@@ -341,6 +341,21 @@ export function defineEventLogContract(
       expect([...(await h.log.committedOffsets(newGroup(), t))]).toEqual([]);
     });
 
+    it('counts the members of a group, and none once they closed', async () => {
+      const t = await newTopic();
+      const g = newGroup();
+      expect(await h.log.groupMembers(g)).toBe(0);
+      const first = await subscribe({ group: g, topics: [t], handler: async () => undefined });
+      const second = await subscribe({ group: g, topics: [t], handler: async () => undefined });
+      const deadline = Date.now() + 20_000;
+      while ((await h.log.groupMembers(g)) < 2 && Date.now() < deadline) await delay(100);
+      expect(await h.log.groupMembers(g)).toBe(2);
+      await first.close();
+      await second.close();
+      while ((await h.log.groupMembers(g)) > 0 && Date.now() < deadline) await delay(100);
+      expect(await h.log.groupMembers(g)).toBe(0);
+    });
+
     it('tells whether a topic still holds every record published to it', async () => {
       const t = await newTopic();
       expect(await h.log.holdsEveryRecord(t)).toBe(true);

@@ -116,6 +116,12 @@ export interface EventLog {
    */
   committedOffsets(group: string, topic: string): Promise<EndOffsets>;
   /**
+   * How many consumers are members of the group now: on Kafka those of every process (a member
+   * whose process died stays until its session times out; one that closed leaves at once), on
+   * SQLite this instance's subscriptions (one process serves the database).
+   */
+  groupMembers(group: string): Promise<number>;
+  /**
    * Whether the topic still holds every record ever published to it (none removed by retention or by
    * hand), so a replay from its earliest record sees all of them. May answer false when it cannot
    * tell; a topic deleted and made anew looks whole.

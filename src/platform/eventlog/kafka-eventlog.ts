@@ -260,6 +260,18 @@ export class KafkaEventLog implements EventLog {
     return committed;
   }
 
+  async groupMembers(group: string): Promise<number> {
+    try {
+      const groups = await this.admin.describeGroups({ groups: [this.name(group)] });
+      let members = 0;
+      for (const described of groups.values()) members += described.members.size;
+      return members;
+    } catch (err) {
+      if (everyError(err, (e) => e.apiId === 'GROUP_ID_NOT_FOUND')) return 0;
+      throw err;
+    }
+  }
+
   /**
    * Every partition still starts at offset 0. A topic deleted and made anew starts at 0 too: that
    * this cannot tell (nor would any offset).

@@ -162,6 +162,10 @@ export class SqliteEventLog implements EventLog {
     return new Map([[0, last === null || last === undefined ? 0n : BigInt(last) + 1n]]);
   }
 
+  async groupMembers(group: string): Promise<number> {
+    return this.groupQueues.get(group)?.length ?? 0;
+  }
+
   async committedOffsets(group: string, topic: string): Promise<EndOffsets> {
     const row = await this.db.kysely
       .selectFrom('consumer_offsets')

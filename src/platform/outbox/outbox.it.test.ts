@@ -90,6 +90,7 @@ class Recorder {
       subscribe: unused,
       endOffsets: unused,
       committedOffsets: unused,
+      groupMembers: unused,
       holdsEveryRecord: unused,
       readRange: unused,
       ping: async () => !this.down,

@@ -205,7 +205,9 @@ export class LocalObjectStorage implements ObjectStorage {
 
   async get(key: string) {
     // The file is opened first: a delete after that leaves the stream its bytes (the open file
-    // outlives its name), so an answer whose headers went out never fails half-way.
+    // outlives its name), and the length answered is the opened file's, so an answer whose headers
+    // went out is never cut short (bytes written to the key meanwhile may come with their newer
+    // metadata, for a moment).
     let file: FileHandle;
     try {
       file = await open(this.pathOf(key), 'r');
@@ -216,7 +218,10 @@ export class LocalObjectStorage implements ObjectStorage {
     }
     try {
       const object = await this.head(key);
-      if (object) return { object, body: file.createReadStream() };
+      if (object) {
+        const { size } = await file.stat();
+        return { object: { ...object, size }, body: file.createReadStream() };
+      }
     } catch (err) {
       await file.close();
       throw err;
