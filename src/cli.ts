@@ -175,7 +175,7 @@ async function main(argv: string[]): Promise<number> {
       if (!(err instanceof DataDirBusyError)) throw err;
       if (!values.force) {
         process.stderr.write(
-          `an embedded server runs on the data directory ${config.dataDir}: stop it before a replay (--force replays anyway); nothing was changed\n`,
+          `${err.message}: stop it before a replay (--force replays anyway); nothing was changed\n`,
         );
         return 1;
       }

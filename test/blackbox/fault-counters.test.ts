@@ -679,7 +679,7 @@ describe('counters under faults (embedded profile: one process, killed with SIGK
   it('counters replay with the server stopped rebuilds the same facts and counts from the log', async () => {
     const beside = await runCli(deployment!.env, ['counters', 'replay', '--yes']);
     expect(beside.code).toBe(1);
-    expect(beside.stderr).toContain('an embedded server runs on the data directory');
+    expect(beside.stderr).toContain('is in use by an embedded server');
     await server!.stop();
     const replay = await runCli(deployment!.env, ['counters', 'replay', '--yes']);
     expect(replay.code).toBe(0);
