@@ -208,12 +208,12 @@ export class LocalObjectStorage implements ObjectStorage {
     // outlives its name), and the length answered is the opened file's, so an answer whose headers
     // went out is never cut short (bytes written to the key meanwhile may come with their newer
     // metadata, for a moment).
+    if (isSafeKey(key) && isReservedKey(key)) return null;
     let file: FileHandle;
     try {
       file = await open(this.pathOf(key), 'r');
     } catch (err) {
-      const code = (err as NodeJS.ErrnoException).code;
-      if (code === 'ENOENT' || code === 'ENOTDIR' || code === 'EISDIR') return null;
+      if (isAbsent(err)) return null;
       throw err;
     }
     try {
