@@ -1,4 +1,4 @@
-import { mkdtempSync } from 'node:fs';
+import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { connect, type AddressInfo } from 'node:net';
 import { join } from 'node:path';
@@ -12,12 +12,23 @@ import { AuthService } from './auth.service.js';
 import { PasswordHasher } from './passwords.js';
 import { SessionStore } from './sessions.js';
 
+const dataDirs: string[] = [];
+/** A data directory of the test's own, removed once the file's tests are done. */
+function tempDataDir(prefix: string): string {
+  const dir = mkdtempSync(join(tmpdir(), prefix));
+  dataDirs.push(dir);
+  return dir;
+}
+afterAll(() => {
+  for (const dir of dataDirs.splice(0)) rmSync(dir, { recursive: true, force: true });
+});
+
 describe(AuthService.name, () => {
   let app: App;
   const codes: { identifier: string; code: string }[] = [];
 
   beforeAll(async () => {
-    const dataDir = mkdtempSync(join(tmpdir(), 'zg-auth-'));
+    const dataDir = tempDataDir('zg-auth-');
     const logger = pino(
       { level: 'info' },
       {
@@ -340,7 +351,7 @@ describe('client addresses behind a trusted proxy', () => {
   let app: App;
 
   beforeAll(async () => {
-    const dataDir = mkdtempSync(join(tmpdir(), 'zg-auth-proxy-'));
+    const dataDir = tempDataDir('zg-auth-proxy-');
     const config = loadConfig({
       ZG_DATA_DIR: dataDir,
       ZG_PASSWORD_HASH_COST: '10',
@@ -459,7 +470,7 @@ describe('requests whose connection was reset', () => {
   let port = 0;
 
   beforeAll(async () => {
-    const dataDir = mkdtempSync(join(tmpdir(), 'zg-auth-reset-'));
+    const dataDir = tempDataDir('zg-auth-reset-');
     const config = loadConfig({
       ZG_DATA_DIR: dataDir,
       ZG_PASSWORD_HASH_COST: '10',
@@ -524,7 +535,7 @@ describe('password sign-in limits', () => {
       },
     );
     const config = loadConfig({
-      ZG_DATA_DIR: mkdtempSync(join(tmpdir(), 'zg-auth-lock-')),
+      ZG_DATA_DIR: tempDataDir('zg-auth-lock-'),
       ZG_PASSWORD_HASH_COST: '10',
       PORT: '0',
       ZG_AUTH_LOGIN_LIMIT: '2',
@@ -582,7 +593,7 @@ describe('password sign-in limits', () => {
 describe('phone codes without an SMS gateway', () => {
   let app: App;
   beforeAll(async () => {
-    const dataDir = mkdtempSync(join(tmpdir(), 'zg-auth-sms-'));
+    const dataDir = tempDataDir('zg-auth-sms-');
     const config = loadConfig({ ZG_DATA_DIR: dataDir, PORT: '0', ZG_SMS_LOG_CODES: 'false' });
     app = await buildApp(config, { logger: pino({ level: 'silent' }) });
   });

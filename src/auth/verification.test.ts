@@ -1,4 +1,4 @@
-import { mkdtempSync } from 'node:fs';
+import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
@@ -35,15 +35,20 @@ describe(VerificationService.name, () => {
   let now: number;
   let sender: RecordingSender;
   let sut: VerificationService;
+  let dir: string;
 
   beforeEach(async () => {
-    db = openSqlite(join(mkdtempSync(join(tmpdir(), 'zg-vc-')), 'db.sqlite'));
+    dir = mkdtempSync(join(tmpdir(), 'zg-vc-'));
+    db = openSqlite(join(dir, 'db.sqlite'));
     await migrate(db);
     now = Date.UTC(2026, 0, 10, 8, 0, 0);
     sender = new RecordingSender();
     sut = new VerificationService(createSqliteKv(db, { now: () => now }), sender, () => now);
   });
-  afterEach(async () => db.close());
+  afterEach(async () => {
+    await db.close();
+    rmSync(dir, { recursive: true, force: true });
+  });
 
   /** A service over `kv` (the test's store by default) whose waits for unknown accounts pass at once. */
   const unwaited = (kv: KeyValueStore = createSqliteKv(db, { now: () => now })) =>

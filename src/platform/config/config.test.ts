@@ -1,5 +1,5 @@
 import { createPrivateKey, generateKeyPairSync } from 'node:crypto';
-import { mkdtempSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
@@ -183,16 +183,20 @@ describe(loadConfig.name, () => {
 
   it('reads secrets from <VAR>_FILE', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'zg-config-'));
-    writeFileSync(join(dir, 'redis'), 'redis://secret@127.0.0.1:6379\n');
-    expect(loadConfig({ ZG_REDIS_URL_FILE: join(dir, 'redis') }).redisUrl).toBe(
-      'redis://secret@127.0.0.1:6379',
-    );
-    expect(() => loadConfig({ ZG_REDIS_URL_FILE: join(dir, 'missing') })).toThrow(/ZG_REDIS_URL_FILE/);
-    // An empty secret is refused, not taken as "no token".
-    writeFileSync(join(dir, 'token'), '\n');
-    expect(() => loadConfig({ ZG_METRICS_TOKEN_FILE: join(dir, 'token') })).toThrow(
-      /ZG_METRICS_TOKEN_FILE: .* is empty/,
-    );
+    try {
+      writeFileSync(join(dir, 'redis'), 'redis://secret@127.0.0.1:6379\n');
+      expect(loadConfig({ ZG_REDIS_URL_FILE: join(dir, 'redis') }).redisUrl).toBe(
+        'redis://secret@127.0.0.1:6379',
+      );
+      expect(() => loadConfig({ ZG_REDIS_URL_FILE: join(dir, 'missing') })).toThrow(/ZG_REDIS_URL_FILE/);
+      // An empty secret is refused, not taken as "no token".
+      writeFileSync(join(dir, 'token'), '\n');
+      expect(() => loadConfig({ ZG_METRICS_TOKEN_FILE: join(dir, 'token') })).toThrow(
+        /ZG_METRICS_TOKEN_FILE: .* is empty/,
+      );
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
   it('requires the bucket settings on the cluster profile and bounds the node id', () => {
     const problems = (env: NodeJS.ProcessEnv): string => {
