@@ -1,3 +1,4 @@
+import { setTimeout as sleep } from 'node:timers/promises';
 import { finishedWithin } from '../platform/workers/deadline.js';
 import { Counter, Gauge, type Registry } from 'prom-client';
 import { entityKey, isEntityId, isEntityType, type EntityRef, type EntityType } from '../counter/model.js';
@@ -197,7 +198,7 @@ export class ViewRecorder implements ViewSink {
       finished = await finishedWithin(this.flush(), Math.max(0, deadline - performance.now()));
       const left = deadline - performance.now();
       if (!finished || this.count === 0 || left <= 0) break;
-      await new Promise((resolve) => setTimeout(resolve, Math.min(CLOSE_RETRY_MS, left)));
+      await sleep(Math.min(CLOSE_RETRY_MS, left));
     }
     if (this.timer) clearTimeout(this.timer);
     this.timer = undefined;
