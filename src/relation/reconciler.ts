@@ -34,6 +34,8 @@ export interface RelationReconcilerDeps {
   sampleSize: number;
 }
 
+/** Pairs healed per transaction. */
+const HEAL_SLICE = 5_000;
 const pairKey = (p: Pair) => `${p.fromUserId}:${p.toUserId}`;
 const sameEntries = (a: readonly ListEntry[], b: readonly ListEntry[]) =>
   a.length === b.length && a.every((e, i) => e.userId === b[i]!.userId && e.createdAt === b[i]!.createdAt);
@@ -147,7 +149,10 @@ export class RelationReconciler {
     const { repo, metrics } = this.deps;
     let complete = true;
     if (drift.projection.length > 0) {
-      await repo.syncPairs(drift.projection);
+      // One transaction per slice: a big account restored from an old backup may differ by millions.
+      for (let i = 0; i < drift.projection.length; i += HEAL_SLICE) {
+        await repo.syncPairs(drift.projection.slice(i, i + HEAL_SLICE));
+      }
       metrics.driftHealed.inc({ kind: 'projection' }, drift.projection.length);
     }
     if (drift.counters.length > 0) {

@@ -935,6 +935,39 @@ describe.each<Dialect>(['sqlite', 'mariadb'])('relations on %s', (dialect) => {
     expect(announced).toEqual([[String(b)]]);
   });
 
+  it('finds every disagreement of a follower list and its mirror reading a page of each table at a time', async () => {
+    const star = await rig.newUser();
+    const row = (from: number, createdAt: number) => ({
+      to_user_id: star,
+      from_user_id: from,
+      created_at: createdAt,
+    });
+    const truth = [1, 2, 3, 4, 5, 6, 7].map((i) => row(1_000_000 + i, i));
+    await rig.db.kysely.insertInto('following').values(truth).execute();
+    // Mirror: two rows missing, one with another time, and a dozen extra rows above all of the truth.
+    const extra = Array.from({ length: 12 }, (_, i) => row(2_000_000 + i, 1));
+    await rig.db.kysely
+      .insertInto('follower')
+      .values([...truth.slice(2, 6), row(truth[6]!.from_user_id, 99), ...extra])
+      .execute();
+    let largest = 0;
+    const observed = rig.db.kysely.withPlugin({
+      transformQuery: (args) => args.node,
+      transformResult: async (args) => {
+        largest = Math.max(largest, args.result.rows.length);
+        return args.result;
+      },
+    });
+    const repo = new RelationRepository({ ...rig.db, kysely: observed }, new OutboxWriter());
+    const diff = await repo.followerDiff(star, 3);
+    const expected = [truth[0]!, truth[1]!, truth[6]!, ...extra].map((r) => r.from_user_id);
+    expect(diff.map((p) => p.fromUserId).sort((x, y) => x - y)).toEqual(expected);
+    expect(diff.every((p) => p.toUserId === star)).toBe(true);
+    expect(largest).toBeLessThanOrEqual(3);
+    await rig.db.kysely.deleteFrom('following').where('to_user_id', '=', star).execute();
+    await rig.db.kysely.deleteFrom('follower').where('to_user_id', '=', star).execute();
+  });
+
   it('walks a long follower list only when its size differs by more than the changes in flight explain', async () => {
     const star = await rig.newUser();
     const fans = await rig.newUsers(6);

@@ -437,35 +437,40 @@ export class RelationRepository {
 
   /**
    * The followers of `owner` on which `following` and its `follower` mirror disagree (missing,
-   * extra or with another `created_at`): a merge of both, walked in follower-id order a page at a
-   * time, so any list size costs bounded memory.
+   * extra or with another `created_at`): a merge of both, walked in follower-id order with at most
+   * `pageSize` rows of each table a round, so any list size, and any size of extra mirror rows,
+   * costs bounded memory per round.
    */
   async followerDiff(owner: number, pageSize = 5_000): Promise<Pair[]> {
     const diffs: Pair[] = [];
-    let after = 0;
-    for (;;) {
-      const truth = await this.db.kysely
-        .selectFrom('following')
+    const side = (table: 'following' | 'follower', after: number) =>
+      this.db.kysely
+        .selectFrom(table)
         .select(['from_user_id', 'created_at'])
         .where('to_user_id', '=', owner)
         .where('from_user_id', '>', after)
         .orderBy('from_user_id')
         .limit(pageSize)
         .execute();
-      const upper = truth.length === pageSize ? Number(truth[truth.length - 1]!.from_user_id) : null;
-      let mirrorQuery = this.db.kysely
-        .selectFrom('follower')
-        .select(['from_user_id', 'created_at'])
-        .where('to_user_id', '=', owner)
-        .where('from_user_id', '>', after);
-      if (upper !== null) mirrorQuery = mirrorQuery.where('from_user_id', '<=', upper);
-      const mirror = await mirrorQuery.execute();
-      const want = new Map(truth.map((r) => [Number(r.from_user_id), Number(r.created_at)]));
-      const have = new Map(mirror.map((r) => [Number(r.from_user_id), Number(r.created_at)]));
+    // A full page was cut at its last id; both sides are known whole up to the lower such cut.
+    const cut = (rows: { from_user_id: number | string }[]) =>
+      rows.length === pageSize ? Number(rows[rows.length - 1]!.from_user_id) : Infinity;
+    let after = 0;
+    for (;;) {
+      const [truth, mirror] = [await side('following', after), await side('follower', after)];
+      const upper = Math.min(cut(truth), cut(mirror));
+      const known = (rows: { from_user_id: number | string; created_at: number | string }[]) =>
+        new Map(
+          rows
+            .map((r) => [Number(r.from_user_id), Number(r.created_at)] as const)
+            .filter(([id]) => id <= upper),
+        );
+      const want = known(truth);
+      const have = known(mirror);
       for (const id of new Set([...want.keys(), ...have.keys()])) {
         if (want.get(id) !== have.get(id)) diffs.push({ fromUserId: id, toUserId: owner });
       }
-      if (upper === null) return diffs;
+      if (upper === Infinity) return diffs;
       after = upper;
     }
   }
