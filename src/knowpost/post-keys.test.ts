@@ -21,9 +21,14 @@ describe(uploadTarget.name, () => {
       key: 'posts/42/content.md',
       contentType: 'text/markdown',
     });
-    expect(uploadTarget('knowpost_content', '42', 'Application/JSON', undefined, NOW).key).toBe(
-      'posts/42/content.json',
-    );
+    // Matched lower-cased, signed as written: a client may set the upload's header from its own value.
+    expect(uploadTarget('knowpost_content', '42', ' Application/JSON ', undefined, NOW)).toEqual({
+      key: 'posts/42/content.json',
+      contentType: 'Application/JSON',
+    });
+    expect(
+      uploadTarget('knowpost_content', '42', 'text/markdown; charset=UTF-8', '.md', NOW).contentType,
+    ).toBe('text/markdown; charset=UTF-8');
     expect(uploadTarget('knowpost_image', '42', 'image/jpeg', '.jpeg', NOW, () => 'deadbeef')).toEqual({
       key: 'posts/42/images/20250131/deadbeef.jpeg',
       contentType: 'image/jpeg',

@@ -30,7 +30,7 @@ const EXTENSIONS: Record<UploadScene, Record<string, string>> = {
   },
 };
 
-/** `type/subtype`, optionally with a charset parameter (sent back verbatim as the signed header). */
+/** `type/subtype`, optionally with a charset parameter, matched lower-cased (the caller's spelling is signed). */
 const CONTENT_TYPE = /^([a-z]+\/[a-z0-9.+-]+)(?: *; *charset=(?:"?[a-z0-9_-]{1,32}"?))?$/;
 
 export interface UploadTarget {
@@ -70,9 +70,12 @@ export function uploadTarget(
     if (allowed[extension] !== mediaType)
       throw new BadRequestError(`ext ${extension} does not match contentType ${mediaType}`);
   }
-  if (scene === 'knowpost_content') return { key: contentKey(postId, extension), contentType: normalized };
+  // Signed and sent back as the caller wrote it: a client that sets its upload's Content-Type from
+  // its own value rather than from the answer's headers must still match the signature.
+  const signed = contentType.trim();
+  if (scene === 'knowpost_content') return { key: contentKey(postId, extension), contentType: signed };
   const day = new Date(now).toISOString().slice(0, 10).replaceAll('-', '');
-  return { key: `posts/${postId}/images/${day}/${random()}${extension}`, contentType: normalized };
+  return { key: `posts/${postId}/images/${day}/${random()}${extension}`, contentType: signed };
 }
 
 export function contentKey(postId: string, extension: string): string {

@@ -214,6 +214,21 @@ export function defineObjectStorageContract(
         expect(mediaType(head?.contentType)).toBe('text/markdown;charset=utf-8');
       });
 
+      it('takes a Content-Type signed as the caller spelled it, sent from the caller’s own value', async () => {
+        const k = key('spelled.md');
+        const contentType = 'Text/Markdown; charset=UTF-8';
+        const signed = await storage.presignPut(k, { contentType, maxBytes: 1024, expiresInSeconds: 300 });
+        expect(signed.headers).toEqual({ 'Content-Type': contentType });
+        const res = await fetch(signed.url, {
+          method: 'PUT',
+          headers: { 'content-type': contentType },
+          body: 'x',
+        });
+        expect(res.status).toBe(200);
+        await res.arrayBuffer();
+        expect(mediaType((await storage.head(k))?.contentType)).toBe('text/markdown;charset=utf-8');
+      });
+
       it('takes binary bytes unchanged', async () => {
         const k = key('image.webp');
         const bytes = randomBytes(64 * 1024);
