@@ -54,6 +54,8 @@ export interface AuthLimits {
 export const ACCOUNT_LOGIN_CEILING = 10;
 /** How long a client an identifier signed in from stays exempt from that identifier's ceiling. */
 const KNOWN_CLIENT_MS = 30 * 86_400_000;
+/** Token refreshes per address a window, in per-address sign-in allowances. */
+const REFRESH_CLIENTS = 10;
 /**
  * How long, and how often, a graced refresh looks for the answer of the rotation it lost to, which
  * may still be signing its tokens.
@@ -258,6 +260,13 @@ export class AuthService {
   }
 
   async refresh(refreshToken: string, ctx: RequestContext): Promise<TokenPair> {
+    // A client refreshes once per access token lifetime and session: ten times the sign-in allowance
+    // leaves room for many users behind one address, and stops a loop of spent tokens early.
+    await this.limitBy(
+      `auth:refresh:ip:${ctx.ip ? rateLimitSubject(ctx.ip) : '-'}`,
+      REFRESH_CLIENTS,
+      'address',
+    );
     const claims = await this.signer.verify(refreshToken, 'refresh');
     if (!claims) throw refreshInvalid();
     const outcome = await this.sessions.takeRefresh(claims.sid, claims.jti, claims.userId, claims.ver);
@@ -285,7 +294,7 @@ export class AuthService {
         : again === OTHER_CLIENT
           ? 'REFRESH_OTHER_CLIENT'
           : 'REFRESH_TOKEN_INVALID';
-    await this.recordRefresh(claims.userId, false, reason, ctx);
+    await this.recordRefreshRefusal(claims.userId, reason, ctx);
     throw refreshInvalid();
   }
 
@@ -467,6 +476,20 @@ export class AuthService {
       { userId: null, identifier, channel, success: false, reason: 'RATE_LIMITED' },
       ctx,
     ).catch(() => this.refusalsRecorded.delete(key));
+  }
+
+  /**
+   * A refused refresh on the record: the first one per user, reason and client in a window (in this
+   * process), so a client presenting a spent token in a loop writes a row a window, not one a request.
+   */
+  private async recordRefreshRefusal(userId: number, reason: string, ctx: RequestContext) {
+    const key = `REFRESH|${userId}|${reason}|${ctx.ip ? rateLimitSubject(ctx.ip) : '-'}`;
+    if (this.refusalsRecorded.get(key)) return;
+    this.refusalsRecorded.set(key, true);
+    await this.recordRefresh(userId, false, reason, ctx).catch((err: unknown) => {
+      this.refusalsRecorded.delete(key);
+      throw err;
+    });
   }
 
   private recordRefresh(userId: number, success: boolean, reason: string, ctx: RequestContext) {
