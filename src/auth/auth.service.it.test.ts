@@ -414,6 +414,17 @@ describe('client addresses behind a trusted proxy', () => {
       .limit(1)
       .execute();
     expect(rows).toEqual([{ ip: '10.1.1.1' }]);
+
+    // An IPv6 address with a zone of any length is an address: audited without its zone, which the
+    // column (64 characters on MySQL) could not hold.
+    expect((await login(`fe80::1%${'a'.repeat(200)}`)).statusCode).toBe(401);
+    const [zoned] = await app.platform.db.kysely
+      .selectFrom('login_audit')
+      .select('ip')
+      .orderBy('id', 'desc')
+      .limit(1)
+      .execute();
+    expect(zoned).toEqual({ ip: 'fe80::1' });
   });
 
   it('audits sign-ins refused for their address', async () => {

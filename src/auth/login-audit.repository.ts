@@ -26,7 +26,8 @@ export class LoginAuditRepository {
         channel: attempt.channel,
         success: attempt.success ? 1 : 0,
         reason: attempt.reason,
-        ip: attempt.ip,
+        // Without an IPv6 zone, which names an interface of the client's host and may be of any length.
+        ip: attempt.ip?.replace(/%.*$/s, '').slice(0, 64) ?? null,
         user_agent: attempt.userAgent?.slice(0, 512) ?? null,
         created_at: this.now(),
       })
