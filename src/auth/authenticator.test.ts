@@ -115,6 +115,28 @@ describe(Authenticator.name, () => {
     await expect(sut.authenticate(access)).rejects.toMatchObject({ code: 'UNAUTHORIZED' });
   });
 
+  it('does not keep a check that was in flight while this process ended the session', async () => {
+    const { sut, sessions, sid, access } = await setup(60_000);
+    let release!: () => void;
+    const gate = new Promise<void>((resolve) => (release = resolve));
+    let read!: () => void;
+    const hasRead = new Promise<void>((resolve) => (read = resolve));
+    const isActive = sessions.isActive.bind(sessions);
+    vi.spyOn(sessions, 'isActive').mockImplementationOnce(async (...args) => {
+      const answer = await isActive(...args);
+      read();
+      await gate;
+      return answer;
+    });
+    const inFlight = sut.authenticate(access);
+    await hasRead; // "active", not answered yet
+    await sessions.end(sid);
+    sut.forgetSession(sid);
+    release();
+    await inFlight;
+    await expect(sut.authenticate(access)).rejects.toMatchObject({ code: 'UNAUTHORIZED' });
+  });
+
   it('refuses an expired token even when it is cached', async () => {
     const { sut, access, advance } = await setup(0);
     await sut.authenticate(access);

@@ -21,6 +21,8 @@ export class Authenticator {
     string,
     { active: boolean; at: number; userId: number; ver: number }
   >();
+  /** Moves whenever sessions are forgotten: a check read before that must not be kept after it. */
+  private forgets = 0;
 
   constructor(
     private readonly signer: TokenSigner,
@@ -39,11 +41,13 @@ export class Authenticator {
 
   /** Forget what this process knows of a session (it was just ended here). */
   forgetSession(sid: string): void {
+    this.forgets++;
     this.sessionChecks.delete(sid);
   }
 
   /** Forget every cached session check (a user's sessions were all ended here). */
   forgetAllSessions(): void {
+    this.forgets++;
     this.sessionChecks.clear();
   }
 
@@ -72,7 +76,10 @@ export class Authenticator {
     ) {
       return cached.active;
     }
+    const forgets = this.forgets;
     const active = await this.sessions.isActive(claims.sid, claims.userId, claims.ver);
+    // A session ended here while the store was asked may have been read as active: answered, not kept.
+    if (forgets !== this.forgets) return active;
     this.remember(this.sessionChecks, claims.sid, {
       active,
       at: now,
