@@ -202,7 +202,11 @@ export const CONFIG_VARS = {
     description: 'how long a process trusts its cached session state (revocation delay across processes)',
     default: '1000',
   },
-  ZG_PASSWORD_HASH_COST: { description: 'scrypt cost as log2(N), 10 to 20', default: '15' },
+  ZG_PASSWORD_HASH_COST: {
+    description:
+      'scrypt cost as log2(N), 10 to 20; raise it freely (hashes are redone at sign-in), but lowering it lets accounts not signed in since answer a wrong password slower than unknown ones',
+    default: '15',
+  },
   ZG_SMTP_URL: {
     description:
       'smtp://user:pass@host:port for verification mail; required on cluster unless ZG_MAIL_LOG_CODES=true; on embedded, e-mail codes are logged when unset',
