@@ -55,6 +55,48 @@ describe('the HTTP server while it closes', () => {
   });
 });
 
+describe('requests the HTTP parser refuses', () => {
+  it('are answered in the contract shape and their connections closed', async () => {
+    const app = await plainHttpServer(pino({ level: 'silent' }));
+    app.get('/ok', async () => ({ ok: true }));
+    await app.listen({ host: '127.0.0.1', port: 0 });
+    const { port } = app.server.address() as AddressInfo;
+    const exchange = (text: string) =>
+      new Promise<string>((resolve) => {
+        const socket = connect(port, '127.0.0.1');
+        let received = '';
+        socket.on('data', (chunk: Buffer) => (received += chunk.toString('utf8')));
+        socket.on('error', () => undefined);
+        socket.on('close', () => resolve(received));
+        socket.write(text);
+      });
+    const body = (answer: string) => JSON.parse(answer.slice(answer.indexOf('\r\n\r\n') + 4)) as unknown;
+    try {
+      const framing = await exchange(
+        'POST /ok HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n{"a":1}',
+      );
+      expect(framing).toMatch(/^HTTP\/1\.1 400 /);
+      expect(framing).toMatch(/\r\nconnection: close\r\n/i);
+      expect(body(framing)).toEqual({
+        code: 'BAD_REQUEST',
+        message: 'Malformed HTTP request',
+        requestId: expect.any(String),
+      });
+      const big = await exchange(
+        `GET /ok HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${'a'.repeat(20_000)}\r\n\r\n`,
+      );
+      expect(big).toMatch(/^HTTP\/1\.1 431 /);
+      expect(body(big)).toEqual({
+        code: 'HEADERS_TOO_LARGE',
+        message: 'Request headers are too large',
+        requestId: expect.any(String),
+      });
+    } finally {
+      await app.close();
+    }
+  });
+});
+
 describe('requests through a proxy', () => {
   const serve = async (trustProxy?: boolean | number) => {
     const lines: { level: number; msg: string }[] = [];

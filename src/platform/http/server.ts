@@ -1,5 +1,6 @@
 import { randomUUID } from 'node:crypto';
-import { isIP } from 'node:net';
+import { STATUS_CODES } from 'node:http';
+import { isIP, type Socket } from 'node:net';
 import Fastify, {
   LogController,
   type FastifyBaseLogger,
@@ -150,6 +151,30 @@ export function clientAddress(request: FastifyRequest): string | null {
   return socket.remoteAddress ?? peers.get(socket) ?? null;
 }
 
+const CLIENT_ERRORS: Record<string, [number, string, string]> = {
+  HPE_HEADER_OVERFLOW: [431, 'HEADERS_TOO_LARGE', 'Request headers are too large'],
+  ERR_HTTP_REQUEST_TIMEOUT: [408, 'REQUEST_TIMEOUT', 'The request took too long to arrive'],
+};
+
+/** Answers a request the HTTP parser refused with the contract's error body, and closes its socket. */
+function answerClientError(err: Error & { code?: string }, socket: Socket): void {
+  if (err.code === 'ECONNRESET' || socket.destroyed) return;
+  const [status, code, message] = CLIENT_ERRORS[err.code ?? ''] ?? [
+    400,
+    'BAD_REQUEST',
+    'Malformed HTTP request',
+  ];
+  const requestId = randomUUID();
+  const body = JSON.stringify({ code, message, requestId });
+  if (socket.writable) {
+    socket.write(
+      `HTTP/1.1 ${status} ${STATUS_CODES[status]}\r\nContent-Type: application/json; charset=utf-8\r\n` +
+        `Content-Length: ${Buffer.byteLength(body)}\r\nx-request-id: ${requestId}\r\nConnection: close\r\n\r\n${body}`,
+    );
+  }
+  socket.destroy(err);
+}
+
 /** Fastify with the plumbing every route relies on; features register their routes on it. */
 export async function createHttpServer(options: HttpServerOptions): Promise<FastifyInstance> {
   // Typed as Fastify's base logger so the instance keeps Fastify's default generics.
@@ -171,6 +196,9 @@ export async function createHttpServer(options: HttpServerOptions): Promise<Fast
         .header('x-request-id', request.id)
         .send({ code: 'BAD_REQUEST', message: `Malformed request: ${error.message}`, requestId: request.id });
     },
+    // Requests Node's parser refuses before Fastify sees them (headers too large, a malformed
+    // request line or framing): in the contract's shape too, on the socket, which is then closed.
+    clientErrorHandler: answerClientError,
     // Answered below instead, in the contract's shape.
     return503OnClosing: false,
     genReqId: (req) => {
