@@ -1,5 +1,6 @@
 import { connect, type AddressInfo } from 'node:net';
 import { setTimeout as sleep } from 'node:timers/promises';
+import { Type } from 'typebox';
 import { pino } from 'pino';
 import { describe, expect, it } from 'vitest';
 import { plainHttpServer } from '../../../test/rig/fakes.js';
@@ -52,6 +53,36 @@ describe('the HTTP server while it closes', () => {
       message: 'This server is shutting down; try again',
       requestId: expect.any(String),
     });
+  });
+});
+
+describe('query parameters sent empty', () => {
+  it('take the default when optional, and are refused when required', async () => {
+    const app = await plainHttpServer(pino({ level: 'silent' }));
+    app.get(
+      '/page',
+      {
+        schema: {
+          querystring: Type.Object({
+            ids: Type.String({ minLength: 1 }),
+            page: Type.Optional(Type.Integer({ minimum: 1, default: 1 })),
+            cursor: Type.Optional(Type.String({ minLength: 1 })),
+          }),
+        },
+      },
+      async (request) => request.query,
+    );
+    try {
+      const answer = await app.inject({ url: '/page?ids=1&page=&cursor=' });
+      expect(answer.statusCode).toBe(200);
+      expect(answer.json()).toEqual({ ids: '1', page: 1 });
+      expect((await app.inject({ url: '/page?ids=1&page=3' })).json()).toEqual({ ids: '1', page: 3 });
+      const refused = await app.inject({ url: '/page?ids=&page=2' });
+      expect(refused.statusCode).toBe(400);
+      expect(refused.json()).toMatchObject({ code: 'BAD_REQUEST' });
+    } finally {
+      await app.close();
+    }
   });
 });
 

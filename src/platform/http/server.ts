@@ -135,6 +135,28 @@ function acceptEmptyBodies(app: FastifyInstance): void {
 }
 
 /**
+ * An optional query parameter sent empty (`?page=&size=`, as clients that always send every
+ * parameter do) counts as not sent, so it takes its default: added, per route, to the routes whose
+ * query has optional parameters. A required one sent empty is still refused.
+ */
+function emptyOptionalQueryIsAbsent(app: FastifyInstance): void {
+  app.addHook('onRoute', (route) => {
+    const query = route.schema?.querystring as { properties?: object; required?: string[] } | undefined;
+    if (!query?.properties) return;
+    const required = new Set(query.required ?? []);
+    const optional = Object.keys(query.properties).filter((name) => !required.has(name));
+    if (optional.length === 0) return;
+    const dropEmpty = (request: FastifyRequest, _reply: FastifyReply, done: () => void) => {
+      const values = request.query as Record<string, unknown>;
+      for (const name of optional) if (values[name] === '') delete values[name];
+      done();
+    };
+    const before = route.preValidation;
+    route.preValidation = before === undefined ? [dropEmpty] : [dropEmpty, ...[before].flat()];
+  });
+}
+
+/**
  * Each connection's peer as it was when the connection was accepted. A socket that the client has
  * reset no longer knows its peer, and neither does a request read from it before the reset.
  */
@@ -223,6 +245,7 @@ export async function createHttpServer(options: HttpServerOptions): Promise<Fast
     if (socket.remoteAddress) peers.set(socket, socket.remoteAddress);
   });
   acceptEmptyBodies(app);
+  emptyOptionalQueryIsAbsent(app);
   installErrorHandling(app);
   // Once closing, requests still arriving on open connections are turned away: the client should
   // retry on another process (the listener is closed; requests in flight finish).
