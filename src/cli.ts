@@ -182,7 +182,7 @@ async function main(argv: string[]): Promise<number> {
   }
   const log = createLogger(config.logLevel === 'info' ? 'warn' : config.logLevel);
   // The replay refills Redis: once done, it sets the deployment's mark and seals (see sealCounters).
-  const platform = await createPlatform(config, log, { replaying: command === 'replay' });
+  const platform = await createPlatform(config, log, { replaying: command === 'replay', existing: true });
   const metrics = new CounterMetrics(new Registry());
   const started = Date.now();
   try {
@@ -195,7 +195,6 @@ async function main(argv: string[]): Promise<number> {
         return 2;
       }
     }
-    await platform.events.ensureTopics([COUNTER_TOPIC, VIEW_TOPIC], { keepForever: [COUNTER_TOPIC] });
     let summary: unknown;
     let code = 0;
     let note: string | undefined;
@@ -216,6 +215,8 @@ async function main(argv: string[]): Promise<number> {
     } else if (command === 'rebuild') {
       summary = { rebuilt: await rebuildAll(platform.counterStore, refs, progress) };
     } else if (command === 'replay') {
+      // The only command that reads the event log: the others work while Kafka is down.
+      await platform.events.ensureTopics([COUNTER_TOPIC, VIEW_TOPIC], { keepForever: [COUNTER_TOPIC] });
       // Likes and favourites come out exact beside running workers (their folds are idempotent and
       // toggles are refused meanwhile), but views view-agg adds while the store is emptied and
       // refilled may be lost or counted twice: said, not refused (a server of role `all` is its own

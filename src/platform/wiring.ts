@@ -1,8 +1,8 @@
 import { chmodSync, existsSync, mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import type { Logger } from 'pino';
-import type { Config } from './config/config.js';
-import { migrate, openMysql, openSqlite, type Db } from './db/database.js';
+import { ConfigError, type Config } from './config/config.js';
+import { isDeployed, migrate, openMysql, openSqlite, type Db } from './db/database.js';
 import type { KeyValueStore } from './kv/kv.js';
 import { createRedisKv, createSqliteKv } from './kv/create.js';
 import type { RateLimiter } from './ratelimit/ratelimit.js';
@@ -73,6 +73,12 @@ export interface PlatformOptions {
   markRedis?: boolean;
   /** Cluster: the replay, which brings lost data back, does not report it lost. */
   replaying?: boolean;
+  /**
+   * An admin command: the deployment must exist (a database a server has migrated). A data
+   * directory or database named by mistake is refused rather than created empty, where a verify
+   * would check nothing and report it clean.
+   */
+  existing?: boolean;
 }
 
 export async function createPlatform(
@@ -80,15 +86,28 @@ export async function createPlatform(
   log: Logger,
   options: PlatformOptions = {},
 ): Promise<Platform> {
+  const existing = options.existing ?? false;
+  if (existing && config.profile === 'embedded' && !existsSync(join(config.dataDir, 'zhiguang.db')))
+    throw noDeployment(`ZG_DATA_DIR: no embedded deployment in ${config.dataDir} (no zhiguang.db)`);
   return config.profile === 'embedded'
-    ? createEmbedded(config, log)
+    ? createEmbedded(config, log, existing)
     : createCluster(
         config,
         log,
         options.serves ?? false,
         options.markRedis ?? options.serves ?? false,
         options.replaying ?? false,
+        existing,
       );
+}
+
+function noDeployment(problem: string): ConfigError {
+  return new ConfigError([`${problem}; point the command at the deployment a server runs on`]);
+}
+
+/** Refuses a database no server ever migrated (see `PlatformOptions.existing`). */
+async function checkDeployed(db: Db, where: string): Promise<void> {
+  if (!(await isDeployed(db))) throw noDeployment(`${where}: no tables of a deployment in this database`);
 }
 
 function localStorage(config: Config): ObjectStorage {
@@ -165,7 +184,7 @@ export function keepDataPrivate(dataDir: string): string[] {
   return left;
 }
 
-async function createEmbedded(config: Config, log: Logger): Promise<Platform> {
+async function createEmbedded(config: Config, log: Logger, existing: boolean): Promise<Platform> {
   const open = keepDataPrivate(config.dataDir);
   if (open.length > 0)
     log.warn(
@@ -175,6 +194,7 @@ async function createEmbedded(config: Config, log: Logger): Promise<Platform> {
   const db = openSqlite(join(config.dataDir, 'zhiguang.db'));
   const closers: (() => Promise<void>)[] = [() => db.close()];
   try {
+    if (existing) await checkDeployed(db, 'ZG_DATA_DIR');
     await migrate(db);
     const events = new SqliteEventLog(db, {
       onPruneError: (err) =>
@@ -485,11 +505,13 @@ async function createCluster(
   serves: boolean,
   markRedis: boolean,
   replaying: boolean,
+  existing: boolean,
 ): Promise<Platform> {
   const closers: (() => Promise<void>)[] = [];
   try {
     const db = await openMysql(required(config.mysqlUrl, 'ZG_MYSQL_URL'));
     closers.unshift(() => db.close());
+    if (existing) await checkDeployed(db, 'ZG_MYSQL_URL');
     await migrate(db);
 
     const { Redis } = await import('ioredis');

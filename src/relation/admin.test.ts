@@ -1,9 +1,10 @@
-import { mkdtempSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
-import { loadConfig } from '../platform/config/config.js';
+import { ConfigError, loadConfig } from '../platform/config/config.js';
 import { createLogger } from '../platform/logging/logger.js';
+import { createPlatform } from '../platform/wiring.js';
 import { EMBEDDED_CACHES_NOTE, runRelationsCommand } from './admin.js';
 
 describe(runRelationsCommand.name, () => {
@@ -17,6 +18,8 @@ describe(runRelationsCommand.name, () => {
     async (command) => {
       const dir = mkdtempSync(join(tmpdir(), 'zg-relations-admin-'));
       dirs.push(dir);
+      // A deployment a server made.
+      await (await createPlatform(loadConfig({ ZG_DATA_DIR: dir }), createLogger('silent'))).close();
       const lines = { summary: [] as string[], notes: [] as string[] };
       const code = await runRelationsCommand(
         loadConfig({ ZG_DATA_DIR: dir }),
@@ -34,4 +37,20 @@ describe(runRelationsCommand.name, () => {
       expect(lines.notes).toEqual([EMBEDDED_CACHES_NOTE]);
     },
   );
+
+  it('refuses a data directory no server ran in, and creates nothing there', async () => {
+    const parent = mkdtempSync(join(tmpdir(), 'zg-relations-admin-'));
+    dirs.push(parent);
+    const dir = join(parent, 'data');
+    const run = runRelationsCommand(
+      loadConfig({ ZG_DATA_DIR: dir }),
+      createLogger('silent'),
+      'verify',
+      { fix: false },
+      { progress: () => undefined, summary: () => undefined, note: () => undefined },
+    );
+    await expect(run).rejects.toThrow(ConfigError);
+    await expect(run).rejects.toThrow(/no embedded deployment/);
+    expect(existsSync(dir)).toBe(false);
+  });
 });

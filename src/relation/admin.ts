@@ -40,7 +40,7 @@ export async function runRelationsCommand(
   io: AdminIo,
 ): Promise<number | 'drift'> {
   if (command !== 'verify' && command !== 'rebuild') return 2;
-  const platform = await createPlatform(config, log);
+  const platform = await createPlatform(config, log, { existing: true });
   const started = Date.now();
   try {
     const repo = new RelationRepository(platform.db, new OutboxWriter());

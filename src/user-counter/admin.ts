@@ -45,7 +45,7 @@ export async function runUsersCommand(
   io: AdminIo,
 ): Promise<number | 'drift'> {
   if (command !== 'verify') return 2;
-  const platform = await createPlatform(config, log);
+  const platform = await createPlatform(config, log, { existing: true });
   const started = Date.now();
   try {
     const counters = createUserCounters({

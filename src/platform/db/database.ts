@@ -2,7 +2,7 @@ import { mkdirSync } from 'node:fs';
 import { dirname } from 'node:path';
 import type { DatabaseSync } from 'node:sqlite';
 import { Kysely } from 'kysely';
-import { Migrator, type MigrationProvider } from 'kysely/migration';
+import { DEFAULT_MIGRATION_TABLE, Migrator, type MigrationProvider } from 'kysely/migration';
 import { createNodeSqliteDialect } from './node-sqlite-dialect.js';
 import { migrationsFor } from './migrations/index.js';
 import { MysqlExactIdsPlugin } from './mysql-exact-ids.js';
@@ -45,6 +45,12 @@ export async function openMysql(url: string, poolSize = 10): Promise<Db> {
     plugins: [new MysqlExactIdsPlugin()],
   });
   return { kysely, dialect: 'mysql', close: () => kysely.destroy() };
+}
+
+/** Whether migrations ever ran on this database: a deployment, not an empty database. */
+export async function isDeployed(db: Db): Promise<boolean> {
+  const tables = await db.kysely.introspection.getTables({ withInternalKyselyTables: true });
+  return tables.some((table) => table.name === DEFAULT_MIGRATION_TABLE);
 }
 
 export async function migrate(db: Db): Promise<void> {

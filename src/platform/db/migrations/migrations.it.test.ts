@@ -2,7 +2,7 @@ import { Migrator } from 'kysely/migration';
 import { afterEach, describe, expect, it } from 'vitest';
 import { freshDatabases, services } from '../../../../test/rig/resources.js';
 import { UniqueViolationError } from '../../errors/errors.js';
-import { migrate, openMysql, translateDbError, type Db } from '../database.js';
+import { isDeployed, migrate, openMysql, translateDbError, type Db } from '../database.js';
 import { sql } from 'kysely';
 import { migrationsFor } from './index.js';
 
@@ -33,6 +33,14 @@ describe.each(backends)('migrations on %s', (_name, open) => {
     await migrateTo(backend.db, name);
     return backend.db;
   }
+
+  it('tells a database no server migrated from a deployment', async () => {
+    const backend = await open();
+    close = () => backend.close();
+    expect(await isDeployed(backend.db)).toBe(false);
+    await migrate(backend.db);
+    expect(await isDeployed(backend.db)).toBe(true);
+  });
 
   it('0010 has every live post from before it checked once, first', async () => {
     const db = await databaseAt('0009_knowpost_purge');
