@@ -86,6 +86,34 @@ describe('query parameters sent empty', () => {
   });
 });
 
+describe('JSON bodies', () => {
+  it('name prototype keys as the reason a valid JSON body is refused', async () => {
+    const app = await plainHttpServer(pino({ level: 'silent' }));
+    app.post('/echo', async (request) => ({ got: request.body ?? null }));
+    try {
+      const post = (payload: string) =>
+        app.inject({
+          method: 'POST',
+          url: '/echo',
+          payload,
+          headers: { 'content-type': 'application/json' },
+        });
+      const poisoned = await post('{"__proto__":{"admin":true},"bio":"ok"}');
+      expect(poisoned.statusCode).toBe(400);
+      expect(poisoned.json()).toMatchObject({
+        code: 'BAD_REQUEST',
+        message: 'body must not contain the keys __proto__ or constructor.prototype',
+      });
+      const broken = await post('{"bio":');
+      expect(broken.statusCode).toBe(400);
+      expect(broken.json<{ message: string }>().message).toMatch(/not valid JSON/);
+      expect((await post('{"bio":"ok"}')).json()).toEqual({ got: { bio: 'ok' } });
+    } finally {
+      await app.close();
+    }
+  });
+});
+
 describe('requests the HTTP parser refuses', () => {
   it('are answered in the contract shape and their connections closed', async () => {
     const app = await plainHttpServer(pino({ level: 'silent' }));

@@ -117,8 +117,15 @@ function acceptEmptyBodies(app: FastifyInstance): void {
   const json = app.getDefaultJsonParser('error', 'error');
   app.removeContentTypeParser('application/json');
   app.addContentTypeParser('application/json', { parseAs: 'string' }, (request, body, done) => {
-    if (body === '') done(null, undefined);
-    else void json(request, body as string, done);
+    if (body === '') return done(null, undefined);
+    void json(request, body as string, (err, parsed) => {
+      if (err && parsesAsJson(body as string)) {
+        // Valid JSON that the prototype-poisoning check refused: say so, not "not valid JSON".
+        const refused = new Error('body must not contain the keys __proto__ or constructor.prototype');
+        return done(Object.assign(refused, { statusCode: 400 }), undefined);
+      }
+      done(err, parsed);
+    });
   });
   const refuse =
     (what: string) =>
@@ -132,6 +139,15 @@ function acceptEmptyBodies(app: FastifyInstance): void {
   app.addContentTypeParser('application/x-www-form-urlencoded', { parseAs: 'string' }, refuse('Form'));
   app.removeContentTypeParser('text/plain');
   app.addContentTypeParser('text/plain', { parseAs: 'string' }, refuse('Plain-text'));
+}
+
+function parsesAsJson(text: string): boolean {
+  try {
+    JSON.parse(text);
+    return true;
+  } catch {
+    return false;
+  }
 }
 
 /**
