@@ -7,7 +7,7 @@ import { DataDirBusyError, holdDataDir } from './platform/db/data-dir-lock.js';
 import { COUNTER_TOPIC, entityKey, parseEntityKey, type EntityRef } from './counter/model.js';
 import { ConfigError, loadConfig } from './platform/config/config.js';
 import { createLogger } from './platform/logging/logger.js';
-import { createPlatform } from './platform/wiring.js';
+import { checkEmbeddedDeployment, createPlatform } from './platform/wiring.js';
 import { replayViews, VIEW_GROUP, VIEW_TOPIC } from './knowpost/views.js';
 import { KnowpostVisibilityRepository } from './knowpost/visibility.repository.js';
 import { relationUserCountParts } from './relation/user-count-parts.js';
@@ -168,6 +168,8 @@ async function main(argv: string[]): Promise<number> {
   // could be lost. The replay holds the data directory, so no server starts before it is done.
   let releaseDataDir = (): void => undefined;
   if (command === 'replay' && config.profile === 'embedded') {
+    // Before the lock, which would make the directory.
+    checkEmbeddedDeployment(config);
     try {
       releaseDataDir = holdDataDir(config.dataDir);
     } catch (err) {

@@ -115,8 +115,8 @@ export function authRoutes(deps: AuthRouteDeps) {
             '(every token of this sign-in), except within ZG_REFRESH_REUSE_GRACE_MS (10 s) of its rotation: ' +
             'then the client it was rotated for (same address and user agent) gets the same answer again ' +
             '(its answer was lost, or two tabs refreshed at once), and any other caller is refused ' +
-            '(401 REFRESH_TOKEN_INVALID) while the session goes on. Refreshes are limited per client address ' +
-            '(ten times ZG_AUTH_IP_LIMIT per 15 minutes; 429 RATE_LIMITED past it).',
+            '(401 REFRESH_TOKEN_INVALID) while the session goes on. A session is refreshed at most 60 times ' +
+            'per 15 minutes (429 RATE_LIMITED past it).',
           body: RefreshBody,
           response: { 200: TokenResponse, ...errorResponses(400, 401, 429) },
         },

@@ -54,8 +54,8 @@ export interface AuthLimits {
 export const ACCOUNT_LOGIN_CEILING = 10;
 /** How long a client an identifier signed in from stays exempt from that identifier's ceiling. */
 const KNOWN_CLIENT_MS = 30 * 86_400_000;
-/** Token refreshes per address a window, in per-address sign-in allowances. */
-const REFRESH_CLIENTS = 10;
+/** Token refreshes per session a window (15 minutes): a client refreshes about once per access token. */
+const REFRESHES_PER_SESSION = 60;
 /**
  * How long, and how often, a graced refresh looks for the answer of the rotation it lost to, which
  * may still be signing its tokens.
@@ -260,15 +260,20 @@ export class AuthService {
   }
 
   async refresh(refreshToken: string, ctx: RequestContext): Promise<TokenPair> {
-    // A client refreshes once per access token lifetime and session: ten times the sign-in allowance
-    // leaves room for many users behind one address, and stops a loop of spent tokens early.
-    await this.limitBy(
-      `auth:refresh:ip:${ctx.ip ? rateLimitSubject(ctx.ip) : '-'}`,
-      REFRESH_CLIENTS,
-      'address',
-    );
     const claims = await this.signer.verify(refreshToken, 'refresh');
     if (!claims) throw refreshInvalid();
+    // A session refreshes about once per access token lifetime: a bound per session (not per address,
+    // which many users may share) stops a client presenting a spent token in a loop.
+    const decision = await this.limiter.hit(
+      `auth:refresh:sid:${claims.sid}`,
+      REFRESHES_PER_SESSION,
+      this.limits.windowMs,
+    );
+    if (!decision.allowed)
+      throw new RateLimitedError(
+        'Too many refreshes of this session; try again later',
+        decision.retryAfterMs / 1000,
+      );
     const outcome = await this.sessions.takeRefresh(claims.sid, claims.jti, claims.userId, claims.ver);
     if (outcome === 'ok') {
       const pair = await this.issueInSession(claims.userId, claims.sid, claims.ver);
@@ -479,10 +484,13 @@ export class AuthService {
   }
 
   /**
-   * A refused refresh on the record: the first one per user, reason and client in a window (in this
-   * process), so a client presenting a spent token in a loop writes a row a window, not one a request.
+   * A refused refresh on the record. A spent or ended session's token is recorded once per user and
+   * client in a window (in this process), so a client presenting it in a loop writes a row a window,
+   * not one a request; a reuse (which ends its session) and a refusal within the grace, each bounded
+   * by its session, always.
    */
   private async recordRefreshRefusal(userId: number, reason: string, ctx: RequestContext) {
+    if (reason !== 'REFRESH_TOKEN_INVALID') return this.recordRefresh(userId, false, reason, ctx);
     const key = `REFRESH|${userId}|${reason}|${ctx.ip ? rateLimitSubject(ctx.ip) : '-'}`;
     if (this.refusalsRecorded.get(key)) return;
     this.refusalsRecorded.set(key, true);

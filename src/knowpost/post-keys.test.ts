@@ -60,6 +60,8 @@ describe(uploadTarget.name, () => {
       ['knowpost_content', 'text/plain;\tcharset=utf-8', undefined],
       ['knowpost_content', 'text/plain;\ncharset=utf-8', undefined],
       ['knowpost_content', 'text/plain;\u00a0charset=utf-8', undefined],
+      // Lower-cases to text/markdown, but is no header value.
+      ['knowpost_content', 'text/mar\u212adown', undefined],
     ];
     for (const [scene, type, ext] of cases) {
       expect(() => uploadTarget(scene, '42', type, ext, NOW), `${scene} ${type} ${ext}`).toThrow(

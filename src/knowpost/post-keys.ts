@@ -52,7 +52,9 @@ export function uploadTarget(
 ): UploadTarget {
   const allowed = EXTENSIONS[scene];
   const normalized = contentType.trim().toLowerCase();
-  const mediaType = CONTENT_TYPE.exec(normalized)?.[1];
+  // ASCII only: a few other letters lower-case to ASCII ones (the Kelvin sign to "k"), and the
+  // value as written is what gets signed and sent as a header.
+  const mediaType = /^[\x20-\x7e]*$/.test(contentType) ? CONTENT_TYPE.exec(normalized)?.[1] : undefined;
   const extensions = Object.entries(allowed).filter(([, type]) => type === mediaType);
   if (mediaType === undefined || extensions.length === 0) {
     throw new BadRequestError(

@@ -87,8 +87,7 @@ export async function createPlatform(
   options: PlatformOptions = {},
 ): Promise<Platform> {
   const existing = options.existing ?? false;
-  if (existing && config.profile === 'embedded' && !existsSync(join(config.dataDir, 'zhiguang.db')))
-    throw noDeployment(`ZG_DATA_DIR: no embedded deployment in ${config.dataDir} (no zhiguang.db)`);
+  if (existing) checkEmbeddedDeployment(config);
   return config.profile === 'embedded'
     ? createEmbedded(config, log, existing)
     : createCluster(
@@ -99,6 +98,15 @@ export async function createPlatform(
         options.replaying ?? false,
         existing,
       );
+}
+
+/**
+ * Embedded: refuses a data directory without the database a server made there (an admin command
+ * pointed at the wrong directory), before anything is written to it. Cluster: nothing to check yet.
+ */
+export function checkEmbeddedDeployment(config: Config): void {
+  if (config.profile === 'embedded' && !existsSync(join(config.dataDir, 'zhiguang.db')))
+    throw noDeployment(`ZG_DATA_DIR: no embedded deployment in ${config.dataDir} (no zhiguang.db)`);
 }
 
 function noDeployment(problem: string): ConfigError {

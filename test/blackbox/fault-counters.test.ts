@@ -17,6 +17,8 @@
  * (pairs whose answer was cut off are settled from the restarted server's flags), snapshots are
  * deleted and corrupted in SQLite, then the same checks.
  */
+import { existsSync } from 'node:fs';
+import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { Admin } from '@platformatic/kafka';
 import { Redis } from 'ioredis';
@@ -672,6 +674,18 @@ describe('counters under faults (embedded profile: one process, killed with SIGK
   }, 60_000);
 
   it('counters replay with the server stopped rebuilds the same facts and counts from the log', async () => {
+    // Pointed at a directory no server ran in, it refuses and makes nothing there.
+    const wrongDir = join(deployment!.env.ZG_DATA_DIR!, 'not-here');
+    const elsewhere = await runCli({ ...deployment!.env, ZG_DATA_DIR: wrongDir }, [
+      'counters',
+      'replay',
+      '--yes',
+    ]);
+    expect([elsewhere.code, elsewhere.stderr]).toEqual([
+      1,
+      expect.stringContaining('no embedded deployment'),
+    ]);
+    expect(existsSync(wrongDir)).toBe(false);
     const beside = await runCli(deployment!.env, ['counters', 'replay', '--yes']);
     expect(beside.code).toBe(1);
     expect(beside.stderr).toContain('is in use by an embedded server');

@@ -239,7 +239,7 @@ export const CONFIG_VARS = {
   },
   ZG_AUTH_IP_LIMIT: {
     description:
-      'code sends per client (an IPv4 address, an IPv6 /64) per 15 minutes, and as many code checks and as many password sign-ins (each counted apart), and ten times as many token refreshes; the /64s of one IPv6 /48 get sixteen times as many code sends and checks together',
+      'code sends per client (an IPv4 address, an IPv6 /64) per 15 minutes, and as many code checks and as many password sign-ins (each counted apart); the /64s of one IPv6 /48 get sixteen times as many code sends and checks together',
     default: '60',
   },
   ZG_TRUST_PROXY: {

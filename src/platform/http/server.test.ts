@@ -118,6 +118,10 @@ describe('requests the HTTP parser refuses', () => {
   it('are answered in the contract shape and their connections closed', async () => {
     const app = await plainHttpServer(pino({ level: 'silent' }));
     app.get('/ok', async () => ({ ok: true }));
+    app.get('/slow', async () => {
+      await sleep(100);
+      return { slow: true };
+    });
     await app.listen({ host: '127.0.0.1', port: 0 });
     const { port } = app.server.address() as AddressInfo;
     const exchange = (text: string) =>
@@ -144,6 +148,9 @@ describe('requests the HTTP parser refuses', () => {
       const big = await exchange(
         `GET /ok HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${'a'.repeat(20_000)}\r\n\r\n`,
       );
+      // Behind a request still being answered: no refusal to be read as its answer, the connection ends.
+      const behind = await exchange('GET /slow HTTP/1.1\r\nHost: x\r\n\r\nNOT HTTP\r\n\r\n');
+      expect(behind).not.toMatch(/Malformed HTTP request/);
       expect(big).toMatch(/^HTTP\/1\.1 431 /);
       expect(body(big)).toEqual({
         code: 'HEADERS_TOO_LARGE',

@@ -204,7 +204,10 @@ function answerClientError(err: Error & { code?: string }, socket: Socket): void
   ];
   const requestId = randomUUID();
   const body = JSON.stringify({ code, message, requestId });
-  if (socket.writable) {
+  // A response still on its way on this socket (pipelined requests, or bytes past a body's length)
+  // would be read as answered by this one, or have it land inside its body: just end the connection.
+  const answering = (socket as Socket & { _httpMessage?: unknown })._httpMessage;
+  if (socket.writable && !answering) {
     socket.write(
       `HTTP/1.1 ${status} ${STATUS_CODES[status]}\r\nContent-Type: application/json; charset=utf-8\r\n` +
         `Content-Length: ${Buffer.byteLength(body)}\r\nx-request-id: ${requestId}\r\nConnection: close\r\n\r\n${body}`,
