@@ -226,7 +226,8 @@ export function presignRoutes(deps: PostRouteDeps) {
             'PUT the bytes to putUrl with exactly the returned headers; the ETag response header is what ' +
             'content/confirm expects. Bodies: .md .markdown .txt .html .json (text/markdown, text/plain, ' +
             'text/html, application/json); images: .jpg .jpeg .png .webp .gif (image/jpeg, image/png, ' +
-            'image/webp, image/gif); ext may omit its dot (png is .png) and must match contentType. A ' +
+            'image/webp, image/gif); ext may omit its dot (png is .png) and must match contentType, ' +
+            'which is matched in any case, may carry a charset, and is signed and returned as written. A ' +
             'deleted post is 409 INVALID_STATE. At most 60 presigns per user per minute and 500 per ' +
             'day (429 past that). A minute after the URL expires (and no sooner than five minutes after ' +
             'the presign), an upload larger than the limit of its ' +
