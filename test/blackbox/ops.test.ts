@@ -1,10 +1,21 @@
-import { mkdtempSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { DatabaseSync } from 'node:sqlite';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Client, startServer, type ProfileName, type Server } from './harness.js';
 import { runCli } from '../fault/processes.js';
+import { migrate, openSqlite } from '../../src/platform/db/database.js';
+
+/** A data directory as an embedded server leaves it: its database, migrated. */
+async function deploy(dataDir: string): Promise<void> {
+  const db = openSqlite(join(dataDir, 'zhiguang.db'));
+  try {
+    await migrate(db);
+  } finally {
+    await db.close();
+  }
+}
 
 const METRICS_OPEN = 'GET /metrics answers anyone who reaches this port; set ZG_METRICS_TOKEN';
 
@@ -142,7 +153,12 @@ describe('the admin command line', () => {
     const dataDir = mkdtempSync(join(tmpdir(), 'zg-cli-'));
     try {
       const env = { PATH: process.env.PATH ?? '', ZG_DATA_DIR: dataDir, LOG_LEVEL: 'warn' };
-      // The first command creates the database.
+      // A directory no server ran in: refused, and left as it was.
+      const nowhere = await runCli(env, ['counters', 'verify']);
+      expect([nowhere.code, nowhere.json]).toEqual([1, undefined]);
+      expect(nowhere.stderr).toContain(`no embedded deployment in ${dataDir}`);
+      expect(existsSync(join(dataDir, 'zhiguang.db'))).toBe(false);
+      await deploy(dataDir);
       const empty = await runCli(env, ['counters', 'verify']);
       expect([empty.code, empty.json]).toMatchObject([0, { checked: 0, drifted: [] }]);
 
@@ -217,7 +233,8 @@ describe('the admin command line', () => {
     const dataDir = mkdtempSync(join(tmpdir(), 'zg-cli-'));
     try {
       const env = { PATH: process.env.PATH ?? '', ZG_DATA_DIR: dataDir, LOG_LEVEL: 'warn' };
-      const empty = await runCli(env, ['users', 'verify']); // creates the database
+      await deploy(dataDir);
+      const empty = await runCli(env, ['users', 'verify']);
       expect([empty.code, empty.json]).toMatchObject([0, { checked: 0, busy: 0 }]);
 
       const db = new DatabaseSync(join(dataDir, 'zhiguang.db'));
