@@ -14,10 +14,12 @@ import type { OutboxMessage } from '../platform/outbox/outbox.js';
  *    times (`public_crossings`), so a count rebuilt from the database can name the events of a
  *    window that it includes (`PostCountPart`).
  *    Every other change of who may see a post that is not a draft (publishing or deleting a post
- *    that is not public, a visibility change within the non-public ones) writes a `changed` event
- *    the same way: it moves no count, but the `post-cache` consumer drops the post from the shared
- *    caches when it arrives, so a post made private leaves every cache even if the request's own
- *    invalidation failed (see `PostCacheConsumer`). Its `eventId` is unique per change, not per post.
+ *    that is not public, a visibility change within the non-public ones), and a new body or new
+ *    pictures of a published post (whose old ones are deleted next), writes a `changed` event the
+ *    same way: it moves no count, but the `post-cache` consumer drops the post from the shared
+ *    caches when it arrives, so a post made private, or a cached copy pointing at deleted objects,
+ *    leaves every cache even if the request's own invalidation failed (see `PostCacheConsumer`).
+ *    Its `eventId` is unique per change, not per post.
  * 2. `PostChange`s are announced in process after a change commits, so caches (detail, feeds, the
  *    counter module's entity directory) drop what they hold for the post, in every process.
  */

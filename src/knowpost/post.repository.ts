@@ -185,8 +185,9 @@ export class PostRepository {
     previous: string | null,
     content: ContentRecord,
     now: number,
+    db: Executor = this.db.kysely,
   ): Promise<boolean> {
-    const result = await this.db.kysely
+    const result = await db
       .updateTable('knowposts')
       .set({
         content_key: content.key,

@@ -928,6 +928,24 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     ]);
   });
 
+  it('writes a changed event with a new body or new pictures of a published post, whose old ones are deleted next', async () => {
+    const sut = newService();
+    const id = await publishedPost(sut);
+    const before = (await outboxFor(id)).length;
+    await sut.confirmContent(AUTHOR, id, await upload(sut, id, '# Second version'));
+    const image = (await uploadObject(sut, id, 'knowpost_image', 'image/png', 'png 1')).objectKey;
+    await sut.update(AUTHOR, id, { imgUrls: [image] });
+    await sut.update(AUTHOR, id, { title: 'Only the title' });
+    expect((await outboxFor(id)).slice(before).map((r) => r.event?.type)).toEqual(['changed', 'changed']);
+    // A draft is in no cache: nothing to tell.
+    const draft = await sut.createDraft(AUTHOR);
+    await sut.confirmContent(AUTHOR, draft, await upload(sut, draft));
+    await sut.confirmContent(AUTHOR, draft, await upload(sut, draft, '# Again'));
+    const picture = (await uploadObject(sut, draft, 'knowpost_image', 'image/png', 'png 2')).objectKey;
+    await sut.update(AUTHOR, draft, { imgUrls: [picture] });
+    expect(await outboxFor(draft)).toEqual([]);
+  });
+
   it('counts no entry for a post published or deleted while not public', async () => {
     const sut = newService();
     const id = await sut.createDraft(AUTHOR);

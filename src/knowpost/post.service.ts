@@ -36,7 +36,7 @@ import {
   uploadTarget,
 } from './post-keys.js';
 import { isListed } from './post-read.model.js';
-import type { PostFields, PostRecord, PostRepository } from './post.repository.js';
+import type { ContentRecord, PostFields, PostRecord, PostRepository } from './post.repository.js';
 import type { ConfirmBody, PresignBody, PresignResponse, Visible } from './post.schema.js';
 
 /** How long after an upload URL expires the post's objects are checked. */
@@ -252,7 +252,7 @@ export class PostService {
         copied = true;
         const content = { key, etag: normalizeEtag(copy.etag), size: copy.size, sha256 };
         for (let tries = 1; ; tries++) {
-          if (await this.posts.setContent(post.id, userId, post.contentKey, content, this.now())) {
+          if (await this.storeContent(post, content)) {
             if (post.contentKey !== null) replaced.push(post.contentKey);
             break;
           }
@@ -493,9 +493,38 @@ export class PostService {
     }
   }
 
+  /**
+   * Sets the post's body over the one `post` shows. A published post may be in the shared cache
+   * with the URL of the body this replaces, which is deleted next: the change is also a `changed`
+   * event, written with it, so the `post-cache` worker drops the post from every cache even if this
+   * request's own invalidation fails.
+   */
+  private async storeContent(post: PostRecord, content: ContentRecord): Promise<boolean> {
+    const now = this.now();
+    if (post.status !== 'published')
+      return this.posts.setContent(post.id, post.authorId, post.contentKey, content, now);
+    return this.posts.transaction(async (trx) => {
+      if (!(await this.posts.setContent(post.id, post.authorId, post.contentKey, content, now, trx)))
+        return false;
+      const current = await this.posts.find(post.id, trx);
+      if (current?.status === 'published') await this.changed(trx, current, now);
+      return true;
+    });
+  }
+
   /** One edit of the author's post; false when it is deleted or its images are no longer `imagesWere`. */
   private async write(post: PostRecord, fields: PostFields, imagesWere?: string): Promise<boolean> {
     const now = this.now();
+    if (fields.visible === undefined && fields.imgUrls !== undefined && post.status === 'published') {
+      // Pictures a cached copy may still show are deleted next: as for a body (`storeContent`), the
+      // change is also a `changed` event, so the caches drop the post even if this request cannot.
+      return this.posts.transaction(async (trx) => {
+        if (!(await this.posts.update(post.id, post.authorId, fields, now, imagesWere, trx))) return false;
+        const current = await this.posts.find(post.id, trx);
+        if (current?.status === 'published') await this.changed(trx, current, now);
+        return true;
+      });
+    }
     if (fields.visible === undefined)
       return this.posts.update(post.id, post.authorId, fields, now, imagesWere);
     // Who may see the post changes: the caches must hear of it even if this process fails to tell
