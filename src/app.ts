@@ -198,11 +198,17 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
   // Told after every committed post change (this process only); caches of posts add themselves here.
   const postListeners: PostChangeListener[] = [
     (change) => directory.forget({ etype: 'knowpost', eid: change.id }),
-    // Publishing, deleting a published post and a visibility change of one that is not a draft
-    // append a post event.
+    // Publishing, deleting a published post, a visibility change of one that is not a draft and a
+    // new body or new pictures of a published one (announced as `updated`, as other edits are: a
+    // wake for nothing costs a relay one look) append a post event.
     (change) => {
       if (change.draft) return;
-      if (change.kind === 'published' || change.kind === 'deleted' || change.kind === 'visibility')
+      if (
+        change.kind === 'published' ||
+        change.kind === 'deleted' ||
+        change.kind === 'visibility' ||
+        change.kind === 'updated'
+      )
         outboxCommitted();
     },
   ];

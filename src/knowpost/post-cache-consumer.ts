@@ -40,7 +40,7 @@ export class PostCacheConsumer {
       options.registry &&
       new Counter({
         name: 'zg_post_cache_invalidations_total',
-        help: 'Posts the post-cache worker dropped from the caches for post events (publish, delete, visibility)',
+        help: 'Posts the post-cache worker dropped from the caches for post events (publish, delete, visibility, new body or pictures)',
         registers: [options.registry],
       });
   }

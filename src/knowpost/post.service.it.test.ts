@@ -401,8 +401,9 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
   it('keeps its copy when the row took it though the write then failed to answer', async () => {
     const repo = new PostRepository(backend.db);
     const lost: typeof repo = Object.create(repo) as typeof repo;
-    lost.setContent = async (...args) => {
-      await repo.setContent(...args);
+    // The body is stored in a transaction (with an event when the post is published).
+    lost.transaction = async (work) => {
+      await repo.transaction(work);
       throw new Error('connection lost after commit');
     };
     const sut = new PostService({ ...serviceOptions(), posts: lost });
@@ -420,14 +421,15 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     const repo = new PostRepository(backend.db);
     const down: typeof repo = Object.create(repo) as typeof repo;
     let reads = 0;
-    down.setContent = async (...args) => {
-      await repo.setContent(...args);
+    down.transaction = async (work) => {
+      await repo.transaction(work);
       throw new Error('connection lost after commit');
     };
-    down.find = async (...args) => {
-      // The first reads are the confirm's own checks; the one after the failed write fails too.
-      if (++reads > 1) throw new Error('database unreachable');
-      return repo.find(...args);
+    down.find = async (id, db) => {
+      // The first reads are the confirm's own checks (and the write's, in its transaction); the one
+      // after the failed write fails too.
+      if (db === undefined && ++reads > 1) throw new Error('database unreachable');
+      return repo.find(id, db);
     };
     const sut = new PostService({ ...serviceOptions(), posts: down });
     const id = await sut.createDraft(AUTHOR);
@@ -944,6 +946,31 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     const picture = (await uploadObject(sut, draft, 'knowpost_image', 'image/png', 'png 2')).objectKey;
     await sut.update(AUTHOR, draft, { imgUrls: [picture] });
     expect(await outboxFor(draft)).toEqual([]);
+  });
+
+  it('writes the changed event for a body confirmed over a draft that was published meanwhile', async () => {
+    const id = await newService().createDraft(AUTHOR);
+    await newService().confirmContent(AUTHOR, id, await upload(newService(), id));
+    const body = await upload(newService(), id, '# Second version');
+    let published = false;
+    class PublishedMidway extends LocalObjectStorage {
+      override async copy(from: string, to: string, ifEtag: string) {
+        const copied = await super.copy(from, to, ifEtag);
+        if (!published) {
+          published = true;
+          await newService().publish(AUTHOR, id);
+        }
+        return copied;
+      }
+    }
+    const sut = new PostService({
+      ...serviceOptions(),
+      storage: new PublishedMidway(root, 'http://files.invalid/files'),
+    });
+    const before = (await outboxFor(id)).length;
+    await sut.confirmContent(AUTHOR, id, body);
+    expect(published).toBe(true);
+    expect((await outboxFor(id)).slice(before).map((r) => r.event?.type)).toEqual(['published', 'changed']);
   });
 
   it('counts no entry for a post published or deleted while not public', async () => {

@@ -96,8 +96,8 @@ export interface PostServiceOptions {
  * Every transition is one conditional UPDATE on the state it leaves, so of two concurrent requests
  * exactly one changes the row. Leaving or entering `published` appends a `post-events` message in
  * the same transaction: the author's post count moves exactly once per transition. A visibility
- * change of a post that is not a draft appends a `changed` message the same way, for the caches (see
- * `PostCacheConsumer`).
+ * change of a post that is not a draft, and a new body or a pictures edit of a published post,
+ * append a `changed` message the same way, for the caches (see `PostCacheConsumer`).
  *
  * Who gets which answer: a post the caller may not see (missing, deleted, someone else's draft or
  * non-public post) is 404 for every route, so ids cannot be probed; someone else's post the caller
@@ -501,8 +501,8 @@ export class PostService {
    */
   private async storeContent(post: PostRecord, content: ContentRecord): Promise<boolean> {
     const now = this.now();
-    if (post.status !== 'published')
-      return this.posts.setContent(post.id, post.authorId, post.contentKey, content, now);
+    // Whether the post is published is read after the update, which holds the row: one read as a
+    // draft may have been published since.
     return this.posts.transaction(async (trx) => {
       if (!(await this.posts.setContent(post.id, post.authorId, post.contentKey, content, now, trx)))
         return false;
@@ -515,9 +515,10 @@ export class PostService {
   /** One edit of the author's post; false when it is deleted or its images are no longer `imagesWere`. */
   private async write(post: PostRecord, fields: PostFields, imagesWere?: string): Promise<boolean> {
     const now = this.now();
-    if (fields.visible === undefined && fields.imgUrls !== undefined && post.status === 'published') {
+    if (fields.visible === undefined && fields.imgUrls !== undefined) {
       // Pictures a cached copy may still show are deleted next: as for a body (`storeContent`), the
-      // change is also a `changed` event, so the caches drop the post even if this request cannot.
+      // change of a published post is also a `changed` event, so the caches drop the post even if
+      // this request cannot (published or not as the row is after the update).
       return this.posts.transaction(async (trx) => {
         if (!(await this.posts.update(post.id, post.authorId, fields, now, imagesWere, trx))) return false;
         const current = await this.posts.find(post.id, trx);

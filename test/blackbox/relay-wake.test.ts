@@ -10,6 +10,7 @@ import { openMysql, type Db } from '../../src/platform/db/database.js';
 import { services } from '../rig/resources.js';
 import {
   clusterDeployment,
+  metric,
   runCli,
   signUpByPhone,
   startNode,
@@ -129,7 +130,7 @@ describe('outbox relay woken across processes (cluster profile: an API and a wor
     }
   });
 
-  it("publishes a post's publish and delete within seconds, though the relay polls once a minute", async () => {
+  it("publishes a post's publish, pictures edit and delete within seconds, though the relay polls once a minute", async () => {
     const client = new Client(api!.baseUrl);
     const author = users[0]!;
     const posts = async (): Promise<number> => (await counter(client, author, author)).posts!;
@@ -137,6 +138,17 @@ describe('outbox relay woken across processes (cluster profile: an API and a wor
     const { id } = await writePost(client, signedUp(author));
     await within(WITHIN_MS, async () => (await outboxRows()) === 0);
     await within(WITHIN_MS, async () => (await posts()) === before + 1);
+    // A pictures edit of the published post writes a `changed` event, which the worker's
+    // post-cache consumer takes (it drops the post from the caches once more).
+    const dropped = () => metric(worker!, 'zg_post_cache_invalidations_total');
+    await within(WITHIN_MS, async () => (await dropped()) > 0); // the publish's own, first
+    const droppedBefore = await dropped();
+    const edit = await client.call('PATCH', `/api/v1/knowposts/${id}`, {
+      token: author.token,
+      body: { imgUrls: [] },
+    });
+    expect(edit.status).toBe(204);
+    await within(WITHIN_MS, async () => (await dropped()) > droppedBefore);
     const res = await client.call('DELETE', `/api/v1/knowposts/${id}`, { token: author.token });
     expect(res.status).toBe(204);
     await within(WITHIN_MS, async () => (await outboxRows()) === 0);
