@@ -11,7 +11,7 @@ import {
 } from '../platform/errors/errors.js';
 import { LruCache } from '../platform/cache/lru.js';
 import type { KeyValueStore } from '../platform/kv/kv.js';
-import type { RateLimiter } from '../platform/ratelimit/ratelimit.js';
+import { enforceLimit, type RateLimiter } from '../platform/ratelimit/ratelimit.js';
 import type { UserRow, UsersRepository } from '../profile/users.repository.js';
 import type { Authenticator } from './authenticator.js';
 import type { IdentifierType, Scene } from './code-sender/code-sender.js';
@@ -264,16 +264,13 @@ export class AuthService {
     if (!claims) throw refreshInvalid();
     // A session refreshes about once per access token lifetime: a bound per session (not per address,
     // which many users may share) stops a client presenting a spent token in a loop.
-    const decision = await this.limiter.hit(
+    await enforceLimit(
+      this.limiter,
       `auth:refresh:sid:${claims.sid}`,
       REFRESHES_PER_SESSION,
       this.limits.windowMs,
+      'refreshes of this session',
     );
-    if (!decision.allowed)
-      throw new RateLimitedError(
-        'Too many refreshes of this session; try again later',
-        decision.retryAfterMs / 1000,
-      );
     const outcome = await this.sessions.takeRefresh(claims.sid, claims.jti, claims.userId, claims.ver);
     if (outcome === 'ok') {
       const pair = await this.issueInSession(claims.userId, claims.sid, claims.ver);
@@ -474,13 +471,9 @@ export class AuthService {
     ctx: RequestContext,
     scope: string,
   ) {
-    const key = `${channel}|${scope}|${ctx.ip ? rateLimitSubject(ctx.ip) : '-'}`;
-    if (this.refusalsRecorded.get(key)) return;
-    this.refusalsRecorded.set(key, true);
-    await this.record(
-      { userId: null, identifier, channel, success: false, reason: 'RATE_LIMITED' },
-      ctx,
-    ).catch(() => this.refusalsRecorded.delete(key));
+    await this.recordOncePerWindow(`${channel}|${scope}`, ctx, () =>
+      this.record({ userId: null, identifier, channel, success: false, reason: 'RATE_LIMITED' }, ctx),
+    ).catch(() => undefined);
   }
 
   /**
@@ -491,13 +484,25 @@ export class AuthService {
    */
   private async recordRefreshRefusal(userId: number, reason: string, ctx: RequestContext) {
     if (reason !== 'REFRESH_TOKEN_INVALID') return this.recordRefresh(userId, false, reason, ctx);
-    const key = `REFRESH|${userId}|${reason}|${ctx.ip ? rateLimitSubject(ctx.ip) : '-'}`;
-    if (this.refusalsRecorded.get(key)) return;
-    this.refusalsRecorded.set(key, true);
-    await this.recordRefresh(userId, false, reason, ctx).catch((err: unknown) => {
-      this.refusalsRecorded.delete(key);
+    await this.recordOncePerWindow(`REFRESH|${userId}|${reason}`, ctx, () =>
+      this.recordRefresh(userId, false, reason, ctx),
+    );
+  }
+
+  /**
+   * Runs `write` unless it ran for `key` and this client in the current window (in this process);
+   * one that fails is tried again by the next call.
+   */
+  private async recordOncePerWindow(key: string, ctx: RequestContext, write: () => Promise<void>) {
+    const scoped = `${key}|${ctx.ip ? rateLimitSubject(ctx.ip) : '-'}`;
+    if (this.refusalsRecorded.get(scoped)) return;
+    this.refusalsRecorded.set(scoped, true);
+    try {
+      await write();
+    } catch (err) {
+      this.refusalsRecorded.delete(scoped);
       throw err;
-    });
+    }
   }
 
   private recordRefresh(userId: number, success: boolean, reason: string, ctx: RequestContext) {

@@ -495,18 +495,30 @@ export class PostService {
 
   /**
    * Sets the post's body over the one `post` shows. A published post may be in the shared cache
-   * with the URL of the body this replaces, which is deleted next: the change is also a `changed`
-   * event, written with it, so the `post-cache` worker drops the post from every cache even if this
-   * request's own invalidation fails.
+   * with the URL of the body this replaces, which is deleted next (see `replacingObjects`).
    */
-  private async storeContent(post: PostRecord, content: ContentRecord): Promise<boolean> {
+  private storeContent(post: PostRecord, content: ContentRecord): Promise<boolean> {
     const now = this.now();
-    // Whether the post is published is read after the update, which holds the row: one read as a
-    // draft may have been published since.
+    return this.replacingObjects(post.id, now, (trx) =>
+      this.posts.setContent(post.id, post.authorId, post.contentKey, content, now, trx),
+    );
+  }
+
+  /**
+   * Runs `edit`, which replaces objects a cached copy of the post may still show (its body, its
+   * pictures) and which the request deletes next. For a published post the change is also a
+   * `changed` event, written with it, so the `post-cache` worker drops the post from every cache
+   * even if this request's own invalidation fails. Whether the post is published is read after the
+   * edit, which holds the row: one read as a draft may have been published since.
+   */
+  private replacingObjects(
+    postId: string,
+    now: number,
+    edit: (trx: Transaction<Database>) => Promise<boolean>,
+  ): Promise<boolean> {
     return this.posts.transaction(async (trx) => {
-      if (!(await this.posts.setContent(post.id, post.authorId, post.contentKey, content, now, trx)))
-        return false;
-      const current = await this.posts.find(post.id, trx);
+      if (!(await edit(trx))) return false;
+      const current = await this.posts.find(postId, trx);
       if (current?.status === 'published') await this.changed(trx, current, now);
       return true;
     });
@@ -515,17 +527,10 @@ export class PostService {
   /** One edit of the author's post; false when it is deleted or its images are no longer `imagesWere`. */
   private async write(post: PostRecord, fields: PostFields, imagesWere?: string): Promise<boolean> {
     const now = this.now();
-    if (fields.visible === undefined && fields.imgUrls !== undefined) {
-      // Pictures a cached copy may still show are deleted next: as for a body (`storeContent`), the
-      // change of a published post is also a `changed` event, so the caches drop the post even if
-      // this request cannot (published or not as the row is after the update).
-      return this.posts.transaction(async (trx) => {
-        if (!(await this.posts.update(post.id, post.authorId, fields, now, imagesWere, trx))) return false;
-        const current = await this.posts.find(post.id, trx);
-        if (current?.status === 'published') await this.changed(trx, current, now);
-        return true;
-      });
-    }
+    if (fields.visible === undefined && fields.imgUrls !== undefined)
+      return this.replacingObjects(post.id, now, (trx) =>
+        this.posts.update(post.id, post.authorId, fields, now, imagesWere, trx),
+      );
     if (fields.visible === undefined)
       return this.posts.update(post.id, post.authorId, fields, now, imagesWere);
     // Who may see the post changes: the caches must hear of it even if this process fails to tell
