@@ -174,7 +174,12 @@ jvm_opts() {
 format_storage() {
   [[ -f "$DATA_DIR/meta.properties" ]] && return 0
   local cluster_id
-  cluster_id="$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=')"
+  # 16 random bytes, URL-safe base64 as Kafka writes them; an id starting with "-" would be read
+  # as an option by the storage tool (Kafka's own generator redraws those too).
+  cluster_id="-"
+  while [[ "$cluster_id" == -* ]]; do
+    cluster_id="$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=')"
+  done
   say "formatting $DATA_DIR (cluster id $cluster_id) ..."
   if ! "$JAVA" "${JVM_OPTS[@]}" -cp "$LIBS/*" kafka.tools.StorageTool format \
     --config "$CONFIG" --cluster-id "$cluster_id" --ignore-formatted >"$LOG_DIR/format.out" 2>&1; then
