@@ -23,9 +23,14 @@ describe(descriptionRoutes.name, () => {
 
   async function serve(
     suggest: (signal: AbortSignal | undefined, content: string) => Promise<string>,
-    options: { maxBodyBytes?: number; limiter?: RateLimiter } = {},
+    options: { maxBodyBytes?: number; limiter?: RateLimiter; logs?: object[] } = {},
   ) {
-    const app = Fastify();
+    const logs = options.logs;
+    const app = logs
+      ? Fastify({
+          logger: { level: 'info', stream: { write: (line: string) => logs.push(JSON.parse(line)) } },
+        })
+      : Fastify();
     apps.push(app);
     installErrorHandling(app);
     app.decorateRequest('principal', null);
@@ -52,12 +57,21 @@ describe(descriptionRoutes.name, () => {
     let signal: AbortSignal | undefined;
     let aborted!: () => void;
     const abortSeen = new Promise<void>((resolve) => (aborted = resolve));
-    const port = await serve(async (s) => {
-      signal = s;
-      s?.addEventListener('abort', () => aborted());
-      await new Promise((resolve) => setTimeout(resolve, 5_000));
-      return 'late';
-    });
+    const logs: { level?: number; msg?: string }[] = [];
+    const port = await serve(
+      (s) => {
+        signal = s;
+        return new Promise<string>((resolve, reject) => {
+          const timer = setTimeout(() => resolve('late'), 5_000);
+          s?.addEventListener('abort', () => {
+            clearTimeout(timer);
+            reject(s.reason as Error); // as the suggesters do
+            aborted();
+          });
+        });
+      },
+      { logs },
+    );
     const body = JSON.stringify({ content: '# A post\n\nSome text.' });
     const req = httpRequest({
       port,
@@ -72,6 +86,11 @@ describe(descriptionRoutes.name, () => {
     req.destroy();
     await abortSeen;
     expect(signal?.aborted).toBe(true);
+    // Logged as what it is, not as a failure of the service.
+    await expect
+      .poll(() => logs.some((l) => l.msg === 'description request abandoned by its caller'))
+      .toBe(true);
+    expect(logs.filter((l) => (l.level ?? 0) >= 50)).toEqual([]);
   });
 
   it('answers a caller who waits', async () => {

@@ -71,8 +71,17 @@ export function descriptionRoutes(deps: DescriptionRouteDeps) {
         reply.raw.once('close', () => {
           if (!reply.raw.writableFinished) abort.abort();
         });
-        const { description } = await deps.describer.suggest(request.body.content, abort.signal);
-        return { description };
+        try {
+          const { description } = await deps.describer.suggest(request.body.content, abort.signal);
+          return { description };
+        } catch (err) {
+          if (!abort.signal.aborted) throw err;
+          // Nobody is waiting for an answer: not a failure of the service, and nothing to send.
+          request.log.info('description request abandoned by its caller');
+          reply.hijack();
+          reply.raw.destroy();
+          return undefined;
+        }
       },
     );
   };

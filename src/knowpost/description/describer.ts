@@ -35,11 +35,32 @@ export interface DescriptionSuggester {
 export const ANALYSED_CHARS = 20_000;
 
 /**
- * The opening of `content` the suggesters read: at most `max` characters, ended at its last line
- * break when it has one, without what no reader sees (`withoutHiddenHtml`).
+ * How far into a body the suggesters look for that opening's text past what no reader sees (pasted
+ * images' data, script and style elements). Text first shown further in is not read, so a body of
+ * megabytes costs no more than this.
+ */
+export const SCANNED_CHARS = 1_000_000;
+
+/**
+ * The opening of `content` the suggesters read: at most `max` characters of it once inline data
+ * (`withoutInlineData`) and what no reader sees (`withoutHiddenHtml`) are left out, ended at its
+ * last line break when it has one. What is left out does not use up the opening: a post that starts
+ * with a pasted screenshot is read from the text after it, within the first `SCANNED_CHARS`.
  */
 export function analysedPart(content: string, max: number = ANALYSED_CHARS): string {
-  return withoutHiddenHtml(openingOf(content, max));
+  // A window four times larger each round until it shows `max` characters: linear in what it reads.
+  for (let window = max; ; window = Math.min(window * 4, SCANNED_CHARS)) {
+    const opening = openingOf(content, window);
+    const shown = withoutHiddenHtml(withoutInlineData(opening));
+    if (shown.length >= max || opening.length === content.length || window >= SCANNED_CHARS) {
+      return openingOf(shown, max);
+    }
+  }
+}
+
+/** The markdown with the data of `data:` URLs (images pasted into the text) left out: `data:` stays. */
+export function withoutInlineData(markdown: string): string {
+  return markdown.replace(/data:[\w/+.-]+;base64,[A-Za-z0-9+/=]+/g, 'data:');
 }
 
 function openingOf(content: string, max: number): string {

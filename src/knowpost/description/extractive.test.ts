@@ -231,6 +231,18 @@ describe('ExtractiveSuggester', () => {
     expect(performance.now() - started).toBeLessThan(2_000);
   });
 
+  it('reads the text after a pasted screenshot or a long style element at the start', async () => {
+    const sentence = '本文介绍如何在 Node.js 中使用 Kafka 构建事件驱动的计数服务。';
+    const screenshot = `![截图](data:image/png;base64,${'iVBORw0KGgo'.repeat(5_000)})`;
+    expect(await describe50(`${screenshot}\n\n${sentence}`)).toBe(
+      '本文介绍如何在 Node.js 中使用 Kafka 构建事件驱动的计数服务',
+    );
+    const style = `<style>\n${'p { margin: 0 }\n'.repeat(2_000)}</style>`;
+    expect(await describe50(`${style}\n\n${sentence}`)).toBe(
+      '本文介绍如何在 Node.js 中使用 Kafka 构建事件驱动的计数服务',
+    );
+  });
+
   it('reads long runs of backticks and of spaces before closing hashes in time linear in them', async () => {
     for (const content of [
       `x ${'`'.repeat(ANALYSED_CHARS)}`,

@@ -1,7 +1,7 @@
 import { createServer, type IncomingHttpHeaders, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { afterEach, beforeAll, describe, expect, it } from 'vitest';
-import { ANALYSED_CHARS, EmptyContentError, type DescriptionLog } from './describer.js';
+import { ANALYSED_CHARS, EmptyContentError, SCANNED_CHARS, type DescriptionLog } from './describer.js';
 import { ExtractiveSuggester } from './extractive.js';
 import {
   descriptionFromAnswer,
@@ -317,11 +317,17 @@ describe('promptContent', () => {
     expect(cut).toBe('a'.repeat(PROMPT_CONTENT_CHARS - 1));
   });
 
-  it('reads only the opening the other suggesters read, however long the body', () => {
-    // A script block longer than that opening hides everything the model could be shown.
+  it('reads past pasted images and hidden elements, but only so far, however long the body', () => {
+    const screenshot = `![截图](data:image/png;base64,${'iVBORw0KGgo'.repeat(5_000)})`;
+    expect(promptContent(`# 计数服务\n\n${screenshot}\n\n本文介绍事件驱动的计数服务。`)).toBe(
+      '# 计数服务\n\n![截图](data:)\n\n本文介绍事件驱动的计数服务。',
+    );
     const line = `${'a'.repeat(99)}\n`;
-    const buried = `<script>\n${line.repeat(ANALYSED_CHARS / 80)}</script>\nVisible only far past the opening`;
-    expect(promptContent(buried)).not.toContain('Visible');
+    const hidden = (lines: number): string =>
+      `<script>\n${line.repeat(lines)}</script>\nVisible after the script`;
+    expect(promptContent(hidden(ANALYSED_CHARS / 80))).toContain('Visible');
+    // A script block longer than the scanned part hides everything the model could be shown.
+    expect(promptContent(hidden(SCANNED_CHARS / 80))).not.toContain('Visible');
     // An 11 MB body costs what its opening does (reading all of it took about 400 ms here).
     const huge = '<style>p{}</style> data:image/png;base64,AAAA\n'.repeat(250_000);
     const started = performance.now();

@@ -72,12 +72,12 @@ export function descriptionFromAnswer(answer: string): string | undefined {
 }
 
 /**
- * The post as the model sees it: the opening every suggester reads (`analysedPart`: script and style
- * elements dropped), inline images' data dropped, cut to `PROMPT_CONTENT_CHARS`. A body of megabytes
- * costs no more than its opening.
+ * The post as the model sees it: the opening every suggester reads (`analysedPart`: inline images'
+ * data, script and style elements left out), cut to `PROMPT_CONTENT_CHARS`. A body of megabytes costs
+ * no more than the part `analysedPart` scans.
  */
 export function promptContent(content: string): string {
-  const text = analysedPart(content).replace(/data:[\w/+.-]+;base64,[A-Za-z0-9+/=]+/g, 'data:');
+  const text = analysedPart(content);
   if (text.length <= PROMPT_CONTENT_CHARS) return text;
   const cut = text.slice(0, PROMPT_CONTENT_CHARS);
   return /[\uD800-\uDBFF]$/.test(cut) ? cut.slice(0, -1) : cut;
