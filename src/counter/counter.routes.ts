@@ -33,7 +33,10 @@ const MAX_IDS = 100;
 const metricsSeen = new Map<string, readonly PostField[]>();
 const METRICS_SEEN_MAX = 64;
 
-/** Unknown metric names are ignored (the contract); none given means all. */
+/**
+ * Unknown metric names are ignored (the contract); none given means all, and so does a list of
+ * only unknown names (a client that asks for a metric this server does not have yet still gets counts).
+ */
 function parseMetrics(raw: string | undefined): readonly PostField[] {
   if (raw === undefined) return POST_FIELDS;
   let fields = metricsSeen.get(raw);
@@ -42,6 +45,7 @@ function parseMetrics(raw: string | undefined): readonly PostField[] {
   else {
     const wanted = raw.split(',').map((m) => m.trim());
     fields = POST_FIELDS.filter((f) => wanted.includes(f));
+    if (fields.length === 0) fields = POST_FIELDS;
   }
   if (metricsSeen.size < METRICS_SEEN_MAX) metricsSeen.set(raw, fields);
   return fields;
@@ -59,7 +63,8 @@ function parseIds(raw: string): string[] {
   }
   if (ids.length === 0 || ids.length > MAX_IDS)
     throw new BadRequestError(`querystring.ids must list 1 to ${MAX_IDS} ids`);
-  for (const id of ids) if (!isEntityId(id)) throw new BadRequestError('querystring.ids must be positive integers');
+  for (const id of ids)
+    if (!isEntityId(id)) throw new BadRequestError('querystring.ids must be positive integers');
   return ids;
 }
 

@@ -32,10 +32,18 @@ export const SingleParams = Type.Object({
   eid: Type.String({ pattern: ENTITY_ID_PATTERN }),
 });
 export const TypeParams = Type.Object({ etype: EntityType });
-export const MetricsQuery = Type.Object({ metrics: Type.Optional(Type.String({ maxLength: 200 })) });
+const Metrics = Type.Optional(
+  Type.String({
+    maxLength: 200,
+    description:
+      'comma-separated metric names (read, like, fav, comment, repost); unknown names are ignored, and ' +
+      'without a known one every metric is answered',
+  }),
+);
+export const MetricsQuery = Type.Object({ metrics: Metrics });
 export const BatchQuery = Type.Object({
   ids: Type.String({ minLength: 1, maxLength: 2100, description: 'comma-separated entity ids, at most 100' }),
-  metrics: Type.Optional(Type.String({ maxLength: 200 })),
+  metrics: Metrics,
 });
 export const StatusQuery = Type.Object({
   entityType: EntityType,

@@ -1,6 +1,13 @@
 import { crc32 } from 'node:zlib';
 import { describe, expect, it } from 'vitest';
-import { MAX_JPEG_SEGMENTS, MAX_KEPT_PARTS, withoutMetadata } from './image-metadata.js';
+import {
+  ImageTooLargeError,
+  MAX_IMAGE_PIXELS,
+  MAX_IMAGE_SIDE,
+  MAX_JPEG_SEGMENTS,
+  MAX_KEPT_PARTS,
+  withoutMetadata,
+} from './image-metadata.js';
 
 const SECRET = 'GPS 31.2304N 121.4737E serial 0xC0FFEE';
 
@@ -144,7 +151,7 @@ describe(withoutMetadata.name, () => {
   });
 
   it('keeps of a PNG only the chunks that draw it: no text, time, EXIF, credentials or private chunks', () => {
-    const ihdr = pngChunk('IHDR', Buffer.alloc(13, 1));
+    const ihdr = pngChunk('IHDR', pngHeader(640, 480));
     const idat = pngChunk('IDAT', Buffer.from([1, 2, 3]));
     const iend = pngChunk('IEND', Buffer.alloc(0));
     const source = Buffer.concat([
@@ -220,6 +227,86 @@ describe(withoutMetadata.name, () => {
       gifImage,
     ]);
     expect(withoutMetadata(gifFew, 'image/gif')).not.toBeNull();
+  });
+
+  it('refuses a picture whose headers make it too many pixels to show, in each format', () => {
+    const sof = (width: number, height: number): Buffer => {
+      const payload = Buffer.from([8, 0, 0, 0, 0, 1, 1, 0x11, 0]);
+      payload.writeUInt16BE(height, 1);
+      payload.writeUInt16BE(width, 3);
+      return segment(0xc2, payload); // progressive
+    };
+    const jpegOf = (width: number, height: number): Buffer =>
+      Buffer.concat([
+        Buffer.from([0xff, 0xd8]),
+        sof(width, height),
+        segment(0xda, Buffer.from([1, 1, 0, 0, 0x3f, 0])),
+        Buffer.from([0x12, 0xff, 0xd9]),
+      ]);
+    const pngOf = (width: number, height: number): Buffer =>
+      Buffer.concat([
+        Buffer.from([0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a]),
+        pngChunk('IHDR', pngHeader(width, height)),
+        pngChunk('IDAT', Buffer.from([1, 2, 3])),
+        pngChunk('IEND', Buffer.alloc(0)),
+      ]);
+    const gifScreenOf = (width: number, height: number): Buffer => {
+      const file = gifOf([gifImage]);
+      file.writeUInt16LE(width, 6);
+      file.writeUInt16LE(height, 8);
+      return file;
+    };
+    const gifFrameOf = (width: number, height: number): Buffer => {
+      const frame = Buffer.from(gifImage);
+      frame.writeUInt16LE(width, 5);
+      frame.writeUInt16LE(height, 7);
+      return gifOf([frame]);
+    };
+    const canvasOf = (width: number, height: number): Buffer => {
+      const vp8x = Buffer.alloc(10);
+      vp8x.writeUIntLE(width - 1, 4, 3);
+      vp8x.writeUIntLE(height - 1, 7, 3);
+      return webp([riffChunk('VP8X', vp8x), riffChunk('VP8L', Buffer.from([0x2f, 0, 0, 0, 0]))]);
+    };
+    const lossyOf = (width: number, height: number): Buffer => {
+      const frame = Buffer.from([0x50, 0x01, 0x00, 0x9d, 0x01, 0x2a, 0, 0, 0, 0]);
+      frame.writeUInt16LE(width, 6);
+      frame.writeUInt16LE(height, 8);
+      return webp([riffChunk('VP8 ', frame)]);
+    };
+    const losslessOf = (width: number, height: number): Buffer => {
+      const frame = Buffer.from([0x2f, 0, 0, 0, 0]);
+      frame.writeUInt32LE((width - 1) | ((height - 1) << 14), 1);
+      return webp([riffChunk('VP8L', frame)]);
+    };
+    const cases = [
+      [jpegOf, 'image/jpeg'],
+      [pngOf, 'image/png'],
+      [gifScreenOf, 'image/gif'],
+      [gifFrameOf, 'image/gif'],
+      [canvasOf, 'image/webp'],
+      [lossyOf, 'image/webp'],
+      [losslessOf, 'image/webp'],
+    ] as const;
+    // A 48-megapixel phone photo is a picture like any other.
+    const [side, pixels] = [MAX_IMAGE_SIDE, MAX_IMAGE_PIXELS];
+    for (const [make, type] of cases) {
+      // VP8 frames have 14 bits a side.
+      const vp8 = make === losslessOf || make === lossyOf;
+      const fits = vp8 ? [16_383, 4_096] : [8_000, 6_000];
+      expect(withoutMetadata(make(fits[0]!, fits[1]!), type), `${make.name} fits`).not.toBeNull();
+      const huge = vp8 ? [16_383, 16_383] : [40_000, 40_000];
+      expect(() => withoutMetadata(make(huge[0]!, huge[1]!), type), make.name).toThrow(ImageTooLargeError);
+      if (!vp8) {
+        expect(() => withoutMetadata(make(side + 1, 1), type), `${make.name} side`).toThrow(
+          ImageTooLargeError,
+        );
+      }
+    }
+    expect(() => withoutMetadata(pngOf(pixels / 4_096, 4_097), 'image/png')).toThrow(
+      'image is 16384 × 4097 pixels; at most 16384 a side and 64 Mi in all',
+    );
+    expect(withoutMetadata(pngOf(pixels / 4_096, 4_096), 'image/png')).not.toBeNull();
   });
 
   it('refuses a container that does not hold together', () => {
@@ -306,4 +393,12 @@ function gifOf(blocks: Buffer[]): Buffer {
     Buffer.from([0, 0, 0, 255, 255, 255]),
   ]);
   return Buffer.concat([header, ...blocks, Buffer.from([0x3b])]);
+}
+
+/** A PNG header: size, 8-bit RGB, no interlace. */
+function pngHeader(width: number, height: number): Buffer {
+  const header = Buffer.from([0, 0, 0, 0, 0, 0, 0, 0, 8, 2, 0, 0, 0]);
+  header.writeUInt32BE(width, 0);
+  header.writeUInt32BE(height, 4);
+  return header;
 }

@@ -24,6 +24,10 @@
  * refused (null), since no viewer would show it either, and so is one made of more pieces than any
  * picture has (`MAX_JPEG_SEGMENTS`, `MAX_KEPT_PARTS`): a file of millions of tiny blocks would
  * otherwise cost seconds and hundreds of megabytes.
+ *
+ * A picture whose headers give it more pixels than `MAX_IMAGE_SIDE` a side or `MAX_IMAGE_PIXELS` in
+ * all throws `ImageTooLargeError`: a few kilobytes of compressed nothing can say 40000 × 40000, and
+ * every viewer's browser would try to decode it into gigabytes.
  */
 export function withoutMetadata(bytes: Buffer, type: string): Buffer | null {
   try {
@@ -32,9 +36,33 @@ export function withoutMetadata(bytes: Buffer, type: string): Buffer | null {
     if (type === 'image/webp') return webp(bytes);
     if (type === 'image/gif') return gif(bytes);
     return bytes;
-  } catch {
+  } catch (err) {
+    if (err instanceof ImageTooLargeError) throw err;
     return null;
   }
+}
+
+/** Most pixels a published picture may have a side: twice a 48-megapixel phone photo's long side. */
+export const MAX_IMAGE_SIDE = 16_384;
+/** Most pixels a published picture may have in all (64 Mi; a 48-megapixel photo fits). */
+export const MAX_IMAGE_PIXELS = 64 * 1024 * 1024;
+
+export class ImageTooLargeError extends Error {
+  constructor(
+    readonly width: number,
+    readonly height: number,
+  ) {
+    super(
+      `image is ${width} × ${height} pixels; at most ${MAX_IMAGE_SIDE} a side and ${MAX_IMAGE_PIXELS / 1024 / 1024} Mi in all`,
+    );
+    this.name = 'ImageTooLargeError';
+  }
+}
+
+/** Throws `ImageTooLargeError` for a size over the bounds. */
+function checkSize(width: number, height: number): void {
+  if (width > MAX_IMAGE_SIDE || height > MAX_IMAGE_SIDE || width * height > MAX_IMAGE_PIXELS)
+    throw new ImageTooLargeError(width, height);
 }
 
 class Malformed extends Error {}
@@ -86,6 +114,16 @@ function jpeg(bytes: Buffer): Buffer {
     need(length >= 2 && markerAt + 1 + length <= bytes.length);
     let end = markerAt + 1 + length;
     const isApp = marker >= 0xe0 && marker <= 0xef;
+    // A start of frame (every SOFn; C4, C8 and CC are other markers): precision, height, width.
+    if (
+      marker >= 0xc0 &&
+      marker <= 0xcf &&
+      marker !== 0xc4 &&
+      marker !== 0xc8 &&
+      marker !== 0xcc &&
+      length >= 7
+    )
+      checkSize(bytes.readUInt16BE(markerAt + 6), bytes.readUInt16BE(markerAt + 4));
     if (marker === 0xe1) orientation = exifOrientation(bytes.subarray(markerAt + 3, end)) ?? orientation;
     const id = JPEG_KEPT_APP.get(marker);
     const kept =
@@ -212,6 +250,7 @@ function png(bytes: Buffer): Buffer {
     const type = bytes.subarray(at + 4, at + 8).toString('latin1');
     const end = at + 12 + length;
     need(end <= bytes.length);
+    if (type === 'IHDR' && length >= 8) checkSize(bytes.readUInt32BE(at + 8), bytes.readUInt32BE(at + 12));
     if (PNG_KEPT.has(type)) out.keep(at, end);
     at = end;
     if (type === 'IEND') break;
@@ -237,6 +276,16 @@ function webp(bytes: Buffer): Buffer {
     const size = bytes.readUInt32LE(at + 4);
     const end = at + 8 + size + (size % 2);
     need(at + 8 + size <= bytes.length);
+    const data = at + 8;
+    // The canvas (extended format), or the frame of a still lossy or lossless picture.
+    if (fourcc === 'VP8X' && size >= 10)
+      checkSize(bytes.readUIntLE(data + 4, 3) + 1, bytes.readUIntLE(data + 7, 3) + 1);
+    else if (fourcc === 'VP8 ' && size >= 10)
+      checkSize(bytes.readUInt16LE(data + 6) & 0x3fff, bytes.readUInt16LE(data + 8) & 0x3fff);
+    else if (fourcc === 'VP8L' && size >= 5 && bytes[data] === 0x2f) {
+      const bits = bytes.readUInt32LE(data + 1);
+      checkSize((bits & 0x3fff) + 1, ((bits >>> 14) & 0x3fff) + 1);
+    }
     if (fourcc === 'VP8X' && size >= 1) {
       const chunk = Buffer.from(bytes.subarray(at, Math.min(end, bytes.length)));
       chunk[8] = chunk[8]! & ~(VP8X_EXIF | VP8X_XMP);
@@ -258,6 +307,7 @@ function gif(bytes: Buffer): Buffer {
   const signature = bytes.subarray(0, 6).toString('latin1');
   need(signature === 'GIF87a' || signature === 'GIF89a');
   need(bytes.length >= 13);
+  checkSize(bytes.readUInt16LE(6), bytes.readUInt16LE(8));
   // Header and logical screen descriptor, with the global colour table when the flags say so.
   const flags = bytes[10]!;
   let at = 13 + (flags & 0x80 ? 3 * 2 ** ((flags & 0x07) + 1) : 0);
@@ -287,6 +337,7 @@ function gif(bytes: Buffer): Buffer {
     if (introducer === 0x2c) {
       // Image descriptor, local colour table, LZW minimum code size, image data.
       need(at + 10 <= bytes.length);
+      checkSize(bytes.readUInt16LE(at + 5), bytes.readUInt16LE(at + 7));
       const local = bytes[at + 9]!;
       const data = at + 10 + (local & 0x80 ? 3 * 2 ** ((local & 0x07) + 1) : 0) + 1;
       const end = subBlocksEnd(data);

@@ -57,7 +57,9 @@ export function profileRoutes(deps: ProfileRouteDeps) {
             'other uploads of the same user kept replacing it meanwhile). ' +
             'What a photo records of where and how it was taken (EXIF, XMP, IPTC, comments, data after a ' +
             "JPEG's end or a GIF's trailer; a JPEG's EXIF orientation stays) is removed before it is published; a file whose structure does not hold " +
-            'together, or that is made of more pieces than any picture has, is a 400.',
+            'together, or that is made of more pieces than any picture has, is a 400, and so is one whose ' +
+            'headers give it more than 16384 pixels a side or 64 Mi pixels in all (no browser of a viewer ' +
+            'should have to decode it).',
           response: { 200: ProfileResponse, ...errorResponses(400, 401, 409, 413, 429) },
         },
       },

@@ -15,7 +15,9 @@ export const ProfilePatchBody = Type.Object({
   birthday: Type.Optional(
     Type.String({
       pattern: '^(?:\\d{4}-\\d{2}-\\d{2})?$',
-      description: 'yyyy-MM-dd; an empty string takes the birthday off the profile',
+      description:
+        'yyyy-MM-dd, from 1900 on and not later than today in the time zone furthest ahead (UTC+14); ' +
+        'an empty string takes the birthday off the profile',
     }),
   ),
   zgId: Type.Optional(Type.String({ pattern: '^[a-zA-Z0-9_]{4,32}$' })),

@@ -60,6 +60,29 @@ describe('ProfileService avatars', () => {
     expect(current.endsWith(keys[0]!)).toBe(true);
   });
 
+  it('refuses, storing nothing, a picture of more pixels than a browser should decode', async () => {
+    // A PNG that says 40000 × 40000: what it holds is never read, only its header.
+    const huge = Buffer.from(PNG);
+    huge.writeUInt32BE(40_000, 16);
+    huge.writeUInt32BE(40_000, 20);
+    await expect(service().setAvatar(userId, huge, 'image/png')).rejects.toMatchObject({
+      status: 400,
+      code: 'BAD_REQUEST',
+      message: 'file image is 40000 × 40000 pixels; at most 16384 a side and 64 Mi in all',
+    });
+    expect(await stored()).toEqual([]);
+  });
+
+  it('takes a birthday that is today anywhere on earth, and none later', async () => {
+    // 23:30 UTC on 14 December: already the 15th in Beijing and Kiribati, not yet the 16th anywhere.
+    const now = () => Date.parse('2026-12-14T23:30:00Z');
+    expect((await service(now).update(userId, { birthday: '2026-12-15' })).birthday).toBe('2026-12-15');
+    await expect(service(now).update(userId, { birthday: '2026-12-16' })).rejects.toMatchObject({
+      status: 400,
+      message: 'body.birthday must not be in the future',
+    });
+  });
+
   it('sweeps what an upload cut short left once it is old enough, and nothing younger', async () => {
     const stray = `avatars/${userId}/0123456789abcdef.png`;
     await storage.put(stray, PNG, 'image/png');

@@ -9,7 +9,7 @@ import {
   UniqueViolationError,
 } from '../platform/errors/errors.js';
 import { isSingleLine, isVisible } from '../platform/http/schemas.js';
-import { withoutMetadata } from './image-metadata.js';
+import { ImageTooLargeError, withoutMetadata } from './image-metadata.js';
 import { enforceLimit, type RateLimiter } from '../platform/ratelimit/ratelimit.js';
 import type { ObjectStorage } from '../platform/storage/object-storage.js';
 import type { ProfilePatchBody } from './profile.schema.js';
@@ -21,6 +21,8 @@ type Patch = Static<typeof ProfilePatchBody>;
 export const AVATAR_UPLOADS_PER_HOUR = 20;
 /** Tries of an upload to set its avatar while others of the same user replace it meanwhile. */
 const AVATAR_REPLACE_ATTEMPTS = 5;
+/** How far ahead of UTC the furthest time zone is (Kiribati, UTC+14). */
+const LATEST_ZONE_MS = 14 * 3_600_000;
 /** Stored avatars other than the current one are swept once this old (younger ones may be about to be set). */
 export const AVATAR_SWEEP_AGE_MS = 10 * 60_000;
 
@@ -114,7 +116,7 @@ export class ProfileService {
       throw new BadRequestError('file must be a PNG, JPEG, GIF or WebP image');
     }
     // Published to anyone: without where and when the photo was taken (see image-metadata.ts).
-    const published = withoutMetadata(bytes, kind.type);
+    const published = withoutMetadataOrRefuse(bytes, kind.type);
     if (!published)
       throw new BadRequestError(`file is not a readable ${kind.ext.slice(1).toUpperCase()} image`);
     let before = (await this.get(userId)).avatar;
@@ -174,9 +176,21 @@ export class ProfileService {
     if (Number.isNaN(date.getTime()) || date.toISOString().slice(0, 10) !== value) {
       throw new BadRequestError('body.birthday is not a valid date');
     }
-    if (date.getTime() > this.now()) throw new BadRequestError('body.birthday must not be in the future');
+    // Today somewhere: the date has begun in the furthest time zone ahead of UTC (UTC+14).
+    if (date.getTime() > this.now() + LATEST_ZONE_MS)
+      throw new BadRequestError('body.birthday must not be in the future');
     if (date.getUTCFullYear() < 1900) throw new BadRequestError('body.birthday is too far in the past');
     return value;
+  }
+}
+
+/** The picture as published (`withoutMetadata`); 400 for one that is unreadable or too large to show. */
+function withoutMetadataOrRefuse(bytes: Buffer, type: string): Buffer | null {
+  try {
+    return withoutMetadata(bytes, type);
+  } catch (err) {
+    if (err instanceof ImageTooLargeError) throw new BadRequestError(`file ${err.message}`);
+    throw err;
   }
 }
 

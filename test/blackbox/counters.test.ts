@@ -53,6 +53,8 @@ describe.each<ProfileName>(['embedded', 'cluster'])(
         counts: { read: 0, like: 2, fav: 1, comment: 0, repost: 0 },
       });
       expect((await counts(id, '?metrics=like,bogus')).body.counts).toEqual({ like: 2 });
+      // Only unknown names: as if none were given.
+      expect((await counts(id, '?metrics=bogus')).body.counts).toEqual(res.body.counts);
 
       expect((await act(reader.accessToken, 'unlike', id)).body).toEqual({ changed: true, liked: false });
       expect((await act(reader.accessToken, 'unlike', id)).body).toEqual({ changed: false, liked: false });
