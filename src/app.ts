@@ -14,7 +14,7 @@ import { SessionStore } from './auth/sessions.js';
 import { TokenSigner } from './auth/tokens.js';
 import { VerificationService } from './auth/verification.js';
 import type { Config } from './platform/config/config.js';
-import { createHttpServer } from './platform/http/server.js';
+import { closeWithin, createHttpServer } from './platform/http/server.js';
 import { opsRoutes } from './platform/http/ops.routes.js';
 import { createLogger } from './platform/logging/logger.js';
 import { Metrics } from './platform/metrics/metrics.js';
@@ -560,7 +560,8 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
       // Consumers starting late stop trying; an attempt under way is waited for after everything
       // else has closed, for a few seconds at most (its join may take longer while Kafka is away).
       stopping.abort();
-      await http.close();
+      // Half the shutdown's time for requests in flight; the rest for what follows.
+      await closeWithin(http, Math.ceil(config.shutdownTimeoutMs / 2));
       outboxWake.close();
       // Side by side, and the publisher for a bounded time: what it leaves is in the store's records.
       await Promise.all([publisher.close(), views.close()]);

@@ -383,7 +383,8 @@ export const CONFIG_VARS = {
       'on SIGTERM, how long a process keeps serving while /readyz answers 503 "draining", so load balancers stop sending it requests before it stops listening; default 5000 on cluster, 0 on embedded',
   },
   ZG_SHUTDOWN_TIMEOUT_MS: {
-    description: 'how long a graceful shutdown may take, after the drain, before the process exits anyway',
+    description:
+      'how long a graceful shutdown may take, after the drain, before the process exits anyway; requests still in flight after half of it have their connections closed',
     default: '10000',
   },
   ZG_RELATION_CHANGE_LIMIT: {

@@ -4,6 +4,7 @@ import { Type } from 'typebox';
 import { pino } from 'pino';
 import { describe, expect, it } from 'vitest';
 import { plainHttpServer } from '../../../test/rig/fakes.js';
+import { closeWithin } from './server.js';
 
 describe('the HTTP server while it closes', () => {
   it('finishes a request in flight, answers later ones 503 in the contract shape, and ends their connections', async () => {
@@ -53,6 +54,48 @@ describe('the HTTP server while it closes', () => {
       message: 'This server is shutting down; try again',
       requestId: expect.any(String),
     });
+  });
+});
+
+describe('requests that stop arriving', () => {
+  const stalled = (port: number) => {
+    const socket = connect(port, '127.0.0.1');
+    socket.on('error', () => undefined);
+    const ended = new Promise<void>((resolve) => socket.on('close', () => resolve()));
+    // A body of 100 bytes, of which one ever comes.
+    socket.write(
+      'POST /echo HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{',
+    );
+    return ended;
+  };
+
+  it('have their connections closed once the request timeout passes', async () => {
+    const app = await plainHttpServer(pino({ level: 'silent' }), {
+      requestTimeoutMs: 300,
+      timeoutCheckIntervalMs: 50,
+    });
+    app.post('/echo', async (request) => request.body);
+    await app.listen({ host: '127.0.0.1', port: 0 });
+    try {
+      const started = Date.now();
+      await stalled((app.server.address() as AddressInfo).port);
+      expect(Date.now() - started).toBeLessThan(2_000);
+    } finally {
+      await app.close();
+    }
+  });
+
+  it('hold up a shutdown for the grace given at most', async () => {
+    const app = await plainHttpServer(pino({ level: 'silent' }));
+    app.post('/echo', async (request) => request.body);
+    await app.listen({ host: '127.0.0.1', port: 0 });
+    const ended = stalled((app.server.address() as AddressInfo).port);
+    await sleep(50);
+    const started = Date.now();
+    await closeWithin(app, 300);
+    await ended;
+    expect(Date.now() - started).toBeGreaterThanOrEqual(290);
+    expect(Date.now() - started).toBeLessThan(2_000);
   });
 });
 

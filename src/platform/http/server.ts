@@ -33,7 +33,19 @@ export interface HttpServerOptions {
   version: string;
   /** Serve the OpenAPI document and its UI (`/openapi.json`, `/docs`): processes that serve the API. */
   docs: boolean;
+  /** How long a request may take to arrive whole, headers and body (`REQUEST_TIMEOUT_MS`). */
+  requestTimeoutMs?: number;
+  /** How often Node checks requests against that time (30 s by default; tests shorten it). */
+  timeoutCheckIntervalMs?: number;
 }
+
+/**
+ * How long a request may take to arrive whole: an upload of 10 MiB (an image through the embedded
+ * profile's upload route) at 20 kB/s fits. Past it the connection is closed (with a 408 when no
+ * answer is under way on it), so a client that stops sending mid-body holds no socket for ever.
+ * Node checks every 30 s, so it can take that much longer.
+ */
+export const REQUEST_TIMEOUT_MS = 600_000;
 
 const REQUEST_ID = /^[A-Za-z0-9._-]{1,64}$/;
 
@@ -242,6 +254,14 @@ export async function createHttpServer(options: HttpServerOptions): Promise<Fast
     clientErrorHandler: answerClientError,
     // Answered below instead, in the contract's shape.
     return503OnClosing: false,
+    // Node takes it only when the server is made (set later, it is not enforced), so both ways.
+    requestTimeout: options.requestTimeoutMs ?? REQUEST_TIMEOUT_MS,
+    http: {
+      requestTimeout: options.requestTimeoutMs ?? REQUEST_TIMEOUT_MS,
+      ...(options.timeoutCheckIntervalMs !== undefined && {
+        connectionsCheckingInterval: options.timeoutCheckIntervalMs,
+      }),
+    },
     genReqId: (req) => {
       const incoming = req.headers['x-request-id'];
       return typeof incoming === 'string' && REQUEST_ID.test(incoming) ? incoming : randomUUID();
@@ -337,4 +357,23 @@ export async function createHttpServer(options: HttpServerOptions): Promise<Fast
   await app.register(swaggerUi, { routePrefix: '/docs' });
   app.get('/openapi.json', { schema: { hide: true } }, async () => app.swagger());
   return app;
+}
+
+/**
+ * Closes the server: requests in flight are answered, for `graceMs` at most; then their connections
+ * are cut, so a client that stops sending mid-request, or a request stuck on a dependency, cannot
+ * hold up the rest of a shutdown (flushing buffered views and events, leaving consumer groups).
+ */
+export async function closeWithin(app: FastifyInstance, graceMs: number): Promise<void> {
+  const closed = app.close();
+  let timer: NodeJS.Timeout | undefined;
+  const late = await Promise.race([
+    closed.then(() => false),
+    new Promise<boolean>((resolve) => (timer = setTimeout(() => resolve(true), graceMs))),
+  ]);
+  clearTimeout(timer);
+  if (!late) return;
+  app.log.warn({ graceMs }, 'requests still open at shutdown; closing their connections');
+  app.server.closeAllConnections();
+  await closed;
 }
