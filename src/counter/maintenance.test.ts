@@ -1,6 +1,8 @@
+import { Registry } from 'prom-client';
 import { describe, expect, it } from 'vitest';
 import type { Batch, EndOffsets, EventLog } from '../platform/eventlog/eventlog.js';
-import { replayAll, verifyAll } from './maintenance.js';
+import { CounterMetrics } from './counter.metrics.js';
+import { repairUnpublished, replayAll, verifyAll } from './maintenance.js';
 import { COUNTER_TOPIC, entityKey, eventFor, type CounterEvent, type EntityRef } from './model.js';
 import type { CounterStore, StaleEvent } from './store/counter-store.js';
 
@@ -115,6 +117,66 @@ class RecordingStore {
     return [0, 0, 0, 0, 0];
   }
 }
+
+describe(repairUnpublished.name, () => {
+  /** Unpublished records, older than any bound, of a few entities; found in order until dropped or deferred. */
+  function backlog(records: number, entities: number) {
+    const waiting: StaleEvent[] = Array.from({ length: records }, (_, i) => {
+      const ref: EntityRef = { etype: 'knowpost', eid: String(1 + (i % entities)) };
+      return { ref, token: String(i), event: eventFor(ref, 'like', i, 1, i + 1, 0) };
+    });
+    const rebuilds: string[] = [];
+    let inFlight = 0;
+    let maxInFlight = 0;
+    const leave = (entries: readonly StaleEvent[]) => {
+      const gone = new Set(entries.map((e) => e.token));
+      waiting.splice(0, waiting.length, ...waiting.filter((e) => !gone.has(e.token)));
+    };
+    const store = {
+      staleUnpublished: async (_now: number, _older: number, limit: number) => waiting.slice(0, limit),
+      dropUnpublished: async (entries: readonly StaleEvent[]) => leave(entries),
+      deferUnpublished: async (entries: readonly StaleEvent[]) => leave(entries),
+      rebuild: async (ref: EntityRef) => {
+        maxInFlight = Math.max(maxInFlight, ++inFlight);
+        await new Promise((resolve) => setTimeout(resolve, 1));
+        inFlight--;
+        rebuilds.push(entityKey(ref));
+      },
+    } as unknown as CounterStore;
+    return { store, rebuilds, waiting, maxInFlight: () => maxInFlight };
+  }
+
+  it('asks a log that refused once no more that run, and rebuilds each entity once, a few at a time', async () => {
+    const { store, rebuilds, waiting, maxInFlight } = backlog(2_600, 40);
+    let publishes = 0;
+    const events = {
+      publish: async () => {
+        publishes++;
+        throw new Error('injected: log down');
+      },
+    } as unknown as EventLog;
+    const report = await repairUnpublished(store, events, new CounterMetrics(new Registry()), 1_000, 100);
+    expect(publishes).toBe(1);
+    expect(report).toEqual({ republished: 0, rebuilt: 40 });
+    expect(new Set(rebuilds).size).toBe(40);
+    expect(rebuilds).toHaveLength(40);
+    expect(maxInFlight()).toBeGreaterThan(1);
+    expect(maxInFlight()).toBeLessThanOrEqual(8);
+    expect(waiting).toEqual([]); // every record kept for a later attempt (deferred here)
+  });
+
+  it('publishes every batch while the log takes them, rebuilding nothing', async () => {
+    const { store, rebuilds } = backlog(1_200, 40);
+    const published: number[] = [];
+    const events = {
+      publish: async (_topic: string, records: readonly unknown[]) => void published.push(records.length),
+    } as unknown as EventLog;
+    const report = await repairUnpublished(store, events, new CounterMetrics(new Registry()), 1_000, 100);
+    expect(published).toEqual([500, 500, 200]);
+    expect(report).toEqual({ republished: 1_200, rebuilt: 0 });
+    expect(rebuilds).toEqual([]);
+  });
+});
 
 describe(replayAll.name, () => {
   const post = (n: number): EntityRef => ({ etype: 'knowpost', eid: String(1000 + n) });

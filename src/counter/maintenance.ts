@@ -63,6 +63,8 @@ export interface RepairReport {
 
 /** Unpublished records taken per round by the repair job and by a replay. */
 const UNPUBLISHED_BATCH = 500;
+/** Entities the repair job rebuilds at once. */
+const REPAIR_REBUILDS_IN_FLIGHT = 8;
 
 /**
  * Events toggled but never acknowledged by the event log (a publish that failed, a process that died
@@ -71,6 +73,10 @@ const UNPUBLISHED_BATCH = 500;
  * they already applied. When the log still refuses them, their entities are rebuilt from facts at
  * once (exact whatever happened to the events; the events, when they come, are below the applied
  * mark and skipped) and the records kept for another attempt `olderThanMs` later.
+ *
+ * A run goes through every stale record, however many a long outage left: after the log refused
+ * one batch it is not asked again in that run, and each entity is rebuilt once (a rebuild reads
+ * facts newer than every record the run finds, all older than `now`).
  */
 export async function repairUnpublished(
   store: CounterStore,
@@ -80,13 +86,15 @@ export async function repairUnpublished(
   olderThanMs: number,
 ): Promise<RepairReport> {
   const report: RepairReport = { republished: 0, rebuilt: 0 };
+  let logRefused = false;
+  const rebuilt = new Set<string>();
   for (;;) {
     const stale = await store.staleUnpublished(now, olderThanMs, UNPUBLISHED_BATCH);
     if (stale.length === 0) return report;
     const withEvent = stale.filter((s) => s.event !== null);
     const withoutEvent = stale.filter((s) => s.event === null);
     let sent = false;
-    if (withEvent.length > 0) {
+    if (withEvent.length > 0 && !logRefused) {
       try {
         await events.publish(
           COUNTER_TOPIC,
@@ -98,13 +106,19 @@ export async function repairUnpublished(
       } catch {
         // Counted, and answered by the rebuilds below; the records wait for the next attempt.
         metrics.eventsPublishFailed.inc(withEvent.length);
+        logRefused = true;
       }
     }
-    const unique = new Map((sent ? withoutEvent : stale).map((s) => [entityKey(s.ref), s.ref]));
-    for (const ref of unique.values()) {
-      await store.rebuild(ref);
-      metrics.rebuilds.inc({ reason: 'unpublished' });
+    const unique = new Map<string, EntityRef>();
+    for (const s of sent ? withoutEvent : stale) {
+      const key = entityKey(s.ref);
+      if (!rebuilt.has(key)) unique.set(key, s.ref);
     }
+    await forEachConcurrently([...unique.values()], REPAIR_REBUILDS_IN_FLIGHT, async (ref) => {
+      await store.rebuild(ref);
+      rebuilt.add(entityKey(ref));
+      metrics.rebuilds.inc({ reason: 'unpublished' });
+    });
     report.rebuilt += unique.size;
     await store.dropUnpublished(sent ? stale : withoutEvent);
     if (!sent) await store.deferUnpublished(withEvent, now);
