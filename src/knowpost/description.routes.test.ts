@@ -23,7 +23,7 @@ describe(descriptionRoutes.name, () => {
 
   async function serve(
     suggest: (signal: AbortSignal | undefined, content: string) => Promise<string>,
-    options: { maxBodyBytes?: number; limiter?: RateLimiter; logs?: object[] } = {},
+    options: { maxBodyBytes?: number; limiter?: RateLimiter; logs?: object[]; maxInFlight?: number } = {},
   ) {
     const logs = options.logs;
     const app = logs
@@ -47,6 +47,7 @@ describe(descriptionRoutes.name, () => {
         perUserPerMinute: 10,
         perUserPerDay: 3,
         maxBodyBytes: options.maxBodyBytes ?? 1024 * 1024,
+        maxInFlight: options.maxInFlight,
       }),
     );
     await app.listen({ host: '127.0.0.1', port: 0 });
@@ -91,6 +92,41 @@ describe(descriptionRoutes.name, () => {
       .poll(() => logs.some((l) => l.msg === 'description request abandoned by its caller'))
       .toBe(true);
     expect(logs.filter((l) => (l.level ?? 0) >= 50)).toEqual([]);
+  });
+
+  it('writes only so many descriptions at once, and takes more once those are done', async () => {
+    let release!: () => void;
+    const held = new Promise<void>((resolve) => (release = resolve));
+    const port = await serve(
+      async (_signal, content) => {
+        if (content === 'slow') await held;
+        return content;
+      },
+      { maxInFlight: 1 },
+    );
+    const ask = (content: string) =>
+      fetch(`http://127.0.0.1:${port}/api/v1/knowposts/description/suggest`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ content }),
+      });
+    const first = ask('slow');
+    await new Promise((resolve) => setTimeout(resolve, 100));
+    const refused = await ask('fast');
+    expect(refused.status).toBe(429);
+    expect(refused.headers.get('retry-after')).toBe('1');
+    expect(await refused.json()).toMatchObject({ code: 'RATE_LIMITED' });
+    release();
+    expect(await (await first).json()).toEqual({ description: 'slow' });
+    expect(await (await ask('fast')).json()).toEqual({ description: 'fast' });
+    // A refused body (not JSON) frees its place too.
+    const bad = await fetch(`http://127.0.0.1:${port}/api/v1/knowposts/description/suggest`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: '{',
+    });
+    expect(bad.status).toBe(400);
+    expect(await (await ask('again')).json()).toEqual({ description: 'again' });
   });
 
   it('answers a caller who waits', async () => {

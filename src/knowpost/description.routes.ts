@@ -4,6 +4,7 @@ import { Type } from 'typebox';
 import type { AuthGuards } from '../auth/auth.guard.js';
 import { principalOf } from '../auth/auth.guard.js';
 import { errorResponses } from '../platform/http/schemas.js';
+import { RateLimitedError } from '../platform/errors/errors.js';
 import { enforceLimit, type RateLimiter } from '../platform/ratelimit/ratelimit.js';
 import type { DescriptionSuggester } from './description/describer.js';
 
@@ -15,10 +16,21 @@ export interface DescriptionRouteDeps {
   perUserPerDay: number;
   /** The largest request body taken, in bytes: room for any post body the service stores, as JSON. */
   maxBodyBytes: number;
+  /** Requests this process answers at once (`DESCRIPTIONS_IN_FLIGHT` by default); 429 past it. */
+  maxInFlight?: number;
 }
+
+/**
+ * Description requests one process serves at once. Each may hold a body of megabytes for as long
+ * as the model takes (`ZG_AI_TIMEOUT_MS`), so the per-user limits alone would let many accounts
+ * together fill the heap; past this, 429 with `Retry-After: 1`.
+ */
+export const DESCRIPTIONS_IN_FLIGHT = 16;
 
 /** Suggests a post description of at most 50 characters; signed-in and rate limited, since a call may cost money. */
 export function descriptionRoutes(deps: DescriptionRouteDeps) {
+  const maxInFlight = deps.maxInFlight ?? DESCRIPTIONS_IN_FLIGHT;
+  let inFlight = 0;
   return async (root: FastifyInstance): Promise<void> => {
     const app = root.withTypeProvider<TypeBoxTypeProvider>();
     app.post(
@@ -44,6 +56,16 @@ export function descriptionRoutes(deps: DescriptionRouteDeps) {
               'description requests today',
             );
           },
+          async (_request, reply) => {
+            if (inFlight >= maxInFlight)
+              throw new RateLimitedError(
+                'Too many descriptions are being written right now; try again shortly',
+                1,
+              );
+            inFlight++;
+            // Once the answer is sent or the connection ends, whichever way the request went.
+            reply.raw.once('close', () => inFlight--);
+          },
         ],
         bodyLimit: deps.maxBodyBytes,
         schema: {
@@ -55,7 +77,8 @@ export function descriptionRoutes(deps: DescriptionRouteDeps) {
             'show no text. The body may be as large as a post body may be (twice ZG_POST_CONTENT_MAX_BYTES, ' +
             'room for JSON escapes; 413 past that). At most ' +
             'ZG_AI_RATE_LIMIT requests per user per minute (20 by default) and ZG_AI_DAILY_LIMIT per day ' +
-            '(200 by default); 429 past either.',
+            '(200 by default); 429 past either, and 429 with Retry-After while the server is writing as many ' +
+            'descriptions at once as it takes.',
           body: Type.Object({ content: Type.String({ minLength: 1 }) }),
           response: {
             200: Type.Object({ description: Type.String({ maxLength: 50 }) }),
