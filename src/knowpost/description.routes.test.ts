@@ -47,7 +47,7 @@ describe(descriptionRoutes.name, () => {
         perUserPerMinute: 10,
         perUserPerDay: 3,
         maxBodyBytes: options.maxBodyBytes ?? 1024 * 1024,
-        maxInFlight: options.maxInFlight,
+        ...(options.maxInFlight !== undefined && { maxInFlight: options.maxInFlight }),
       }),
     );
     await app.listen({ host: '127.0.0.1', port: 0 });
