@@ -2,9 +2,10 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { finishedWithin } from '../platform/workers/deadline.js';
 import { Counter, Gauge, type Registry } from 'prom-client';
 import { entityKey, isEntityId, isEntityType, type EntityRef, type EntityType } from '../counter/model.js';
-import type { CounterStore, ViewIncrement } from '../counter/store/counter-store.js';
+import type { CounterStore, ViewBatchMark, ViewIncrement } from '../counter/store/counter-store.js';
 import {
   PublishTimeoutError,
+  type DeliveredRecord,
   type EndOffsets,
   type EventLog,
   type EventRecord,
@@ -329,7 +330,7 @@ export class ViewAggregator {
           } else total += added;
         }
         if (sums.size === 0) return;
-        await this.store.addViews([...sums.values()]);
+        await this.store.addViews([...sums.values()], viewBatchMark(batch.records));
         this.metrics.applied.inc(total);
       },
       onError: this.onError,
@@ -340,6 +341,20 @@ export class ViewAggregator {
     await this.subscription?.close();
     this.subscription = undefined;
   }
+}
+
+/**
+ * What names a batch handed again after a failure (the same records, see `EventLog.subscribe`): the
+ * partition of its first record, which one member of the group holds at a time, and its first and
+ * last offsets with its size.
+ */
+function viewBatchMark(records: readonly DeliveredRecord[]): ViewBatchMark {
+  const first = records[0]!;
+  const last = records[records.length - 1]!;
+  return {
+    scope: String(first.partition),
+    token: `${first.offset}:${last.partition}:${last.offset}:${records.length}`,
+  };
 }
 
 /** Adds a `read-events` record's views to `sums` (by entity); how many, or null when it is malformed. */

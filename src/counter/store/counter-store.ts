@@ -39,7 +39,10 @@ import type { CounterEvent, Counts, EntityRef, FactMetric } from '../model.js';
  *   (embedded): concurrent calls sum exactly; like and fav, pending deltas, seq and applied marks are
  *   untouched. An entity whose snapshot is missing or malformed is first rebuilt from facts (see
  *   `rebuild`), then gets the views. Views carry no event id: a caller that retries after a crash
- *   may count some twice, which views tolerate (design: approximate under a crash).
+ *   may count some twice, which views tolerate (design: approximate under a crash). A call that
+ *   failed part-way (cluster: some groups or chunks applied) and is handed again with the same
+ *   `ViewBatchMark` skips the parts that were applied, so a dependency failing for a while does
+ *   not count views again on every retry.
  * - `reset` empties the whole store (facts too); `replayFacts` re-applies the fact changes of events:
  *   for each (entity, metric, user) the event with the highest seq decides the fact, whatever the
  *   order of the array (deterministic: the result depends only on the events), and seq counters are
@@ -58,6 +61,16 @@ export interface ToggleResult {
 export interface ViewIncrement {
   ref: EntityRef;
   n: number;
+}
+
+/**
+ * Names one call of `addViews` so that the same call handed again after a failure adds only what
+ * the failed one did not: `scope` is what only one caller at a time hands over (a partition of the
+ * log), `token` the call within it (its records' first and last offsets).
+ */
+export interface ViewBatchMark {
+  scope: string;
+  token: string;
 }
 
 export interface Flags {
@@ -100,7 +113,7 @@ export interface CounterStore {
    * Adds `n` views (a non-negative safe integer) to each entry's snapshot `read` field; entries of one
    * entity are summed. Saturates at 2^32 - 1. One round trip for any number of entries.
    */
-  addViews(entries: readonly ViewIncrement[]): Promise<void>;
+  addViews(entries: readonly ViewIncrement[], mark?: ViewBatchMark): Promise<void>;
   /**
    * The entity's seq, applied mark, pending state, snapshot and fact counts as of one instant. When
    * `seq === applied` and nothing is pending, the snapshot must equal the facts; anything else is drift.

@@ -487,6 +487,36 @@ describe('RedisCounterStore (cluster specifics)', () => {
     );
   });
 
+  it('adds the views of a call handed again after it failed part-way only where it had not', async () => {
+    for (const singleNode of [true, false]) {
+      const store = open({ groups: 64, singleNode });
+      const refs = Array.from({ length: 1_200 }, (_, i) =>
+        post(String(7_300_000_000_000_003_000n + BigInt(i) + (singleNode ? 0n : 10_000n))),
+      );
+      const entries = refs.map((ref) => ({ ref, n: 1 }));
+      // The first group's applied hash is of the wrong type: the call starting there fails before it
+      // writes anything (as one that never ran: a timeout, a lost connection), the others apply.
+      const broken = store.groupOf(refs[0]!);
+      await redis.set(store.groupKey('ap', broken), 'not a hash');
+      // (Both modes share the key prefix: each its own batch.)
+      const mark = { scope: '3', token: singleNode ? '100:3:140:41' : '200:3:240:41' };
+      await expect(store.addViews(entries, mark)).rejects.toThrow(/WRONGTYPE/);
+      expect((await store.readSnapshots(refs)).some((c) => c?.[0] === 1)).toBe(true);
+      await redis.del(store.groupKey('ap', broken));
+      await store.addViews(entries, mark);
+      await store.addViews(entries, mark);
+      const reads = (await store.readSnapshots(refs)).map((c) => c?.[0]);
+      expect(
+        reads.every((n) => n === 1),
+        `singleNode ${singleNode}`,
+      ).toBe(true);
+      // Another call (another token, or no mark) adds again.
+      await store.addViews(entries.slice(0, 2), { scope: '3', token: `${mark.token}:next` });
+      await store.addViews(entries.slice(0, 1));
+      expect((await store.readSnapshots(refs.slice(0, 2))).map((c) => c?.[0])).toEqual([3, 2]);
+    }
+  });
+
   it('reads snapshots and flags of a page, and marks events published, in one socket write each when auto-pipelining', async () => {
     const client = new Redis(services.redisUrl(), { maxRetriesPerRequest: 1, enableAutoPipelining: true });
     extra.push(client);

@@ -26,6 +26,7 @@ import type {
   Inspection,
   StaleEvent,
   ToggleResult,
+  ViewBatchMark,
   ViewIncrement,
 } from './counter-store.js';
 
@@ -61,6 +62,8 @@ export interface RedisCounterStoreOptions {
  * emptied by a replay's reset) since it was sealed. Not an entity: no entity field is `~`.
  */
 export const SEAL_FIELD = '~';
+/** Fields of a group's applied hash marking views calls applied (`addViews`); no entity field starts with `~`. */
+const VIEWS_MARK_PREFIX = '~v:';
 
 export const DEFAULT_GROUPS = 4096;
 export const DEFAULT_SPARSE_MAX = 500;
@@ -466,17 +469,22 @@ return rebuild_entity(KEYS[5], KEYS[6], KEYS[7], KEYS[8], ARGV[1], KEYS[1], KEYS
 
 // Adds views to the `read` field (index 0) of each entity's snapshot, saturating at 2^32 - 1; nothing
 // else of the entity changes. A missing or malformed snapshot is first rebuilt from facts.
-// Per group of the call, in order: KEYS snapshots, pending, seq, applied; ARGV (after the bare etype)
-// the number n of entities, the sparse and sharded fact prefixes, then n pairs of field and views.
+// ARGV[1], ARGV[2]: a mark field and its token ('' for none): a call whose mark field in the first
+// group's applied hash already holds the token was applied before and adds nothing (0); else the
+// token is written there with the views. ARGV[3]: the bare etype. Per group of the call, in order:
+// KEYS snapshots, pending, seq, applied; ARGV the number n of entities, the sparse and sharded fact
+// prefixes, then n pairs of field and views.
 const VIEWS_LUA = `${FACT_COUNT_LUA}${SNAPSHOT_LUA}
-local i, k = 2, 1
+local mark, token = ARGV[1], ARGV[2]
+if token ~= '' and redis.call('HGET', KEYS[4], mark) == token then return 0 end
+local i, k = 4, 1
 while i <= #ARGV do
   local n = tonumber(ARGV[i])
   for j = i + 3, i + 1 + 2 * n, 2 do
     local field = ARGV[j]
     local c = unpack_snapshot(redis.call('HGET', KEYS[k], field))
     if not c then
-      local ls, lh, fs, fh = derived_fact_keys(ARGV[i + 1], ARGV[i + 2], ARGV[1], field)
+      local ls, lh, fs, fh = derived_fact_keys(ARGV[i + 1], ARGV[i + 2], ARGV[3], field)
       c = rebuild_entity(KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], field, ls, lh, fs, fh)
     end
     c[1] = math.min(c[1] + tonumber(ARGV[j + 1]), 4294967295)
@@ -485,6 +493,7 @@ while i <= #ARGV do
   i = i + 3 + 2 * n
   k = k + 4
 end
+if token ~= '' then redis.call('HSET', KEYS[4], mark, token) end
 return 1
 `;
 
@@ -956,7 +965,7 @@ export class RedisCounterStore implements CounterStore {
     return [reply[0] ?? 0, reply[1] ?? 0, reply[2] ?? 0, reply[3] ?? 0, reply[4] ?? 0];
   }
 
-  async addViews(entries: readonly ViewIncrement[]): Promise<void> {
+  async addViews(entries: readonly ViewIncrement[], mark?: ViewBatchMark): Promise<void> {
     const byGroup = new Map<number, Map<string, number>>();
     for (const { ref, n } of entries) {
       checkRef(ref);
@@ -969,19 +978,30 @@ export class RedisCounterStore implements CounterStore {
     }
     // Calls of up to VIEWS_CHUNK entities: on one node a call spans groups, in cluster mode it stays in
     // one. Issued in one tick: the client's auto-pipelining writes them together, one round trip.
+    // With a mark, each call records it in the applied hash of its first group, under a field of the
+    // mark's scope and the call's place among those starting in that group: the same entries give
+    // the same calls, so a call handed again finds its own token there if it was applied.
     const calls: Promise<unknown>[] = [];
+    const startedIn = new Map<number, number>();
+    const head = (group: number): (string | number)[] => {
+      if (!mark) return ['', '', BARE_ETYPE];
+      const nth = startedIn.get(group) ?? 0;
+      startedIn.set(group, nth + 1);
+      return [`${VIEWS_MARK_PREFIX}${mark.scope}:${nth}`, mark.token, BARE_ETYPE];
+    };
     let keys: string[] = [];
-    let args: (string | number)[] = [BARE_ETYPE];
+    let args: (string | number)[] = [];
     let size = 0;
     const send = (): void => {
       if (size > 0) calls.push(this.viewsScript(keys.length, ...keys, ...args));
       keys = [];
-      args = [BARE_ETYPE];
+      args = [];
       size = 0;
     };
     for (const [group, fields] of byGroup) {
       const pairs = [...fields];
       for (let start = 0; start < pairs.length;) {
+        if (size === 0) args.push(...head(group));
         const take = pairs.slice(start, start + VIEWS_CHUNK - size);
         keys.push(
           this.groupKey('s', group),
