@@ -114,8 +114,9 @@ export function postRoutes(deps: PostRouteDeps) {
             'is then deleted, and so are copies of images the post no longer shows; an upload key sent ' +
             'again names the copy made of it. 409 OBJECT_CHANGED: an image was replaced while it was ' +
             'being checked. An edit of imgUrls that overlaps another is judged again against what that ' +
-            'one stored; 409 POST_CHANGED after three such losses. An edit of imgUrls counts against ' +
-            'the limit of 60 confirms and image edits per user per minute (429 past that).',
+            'one stored; 409 POST_CHANGED after three such losses. At most 120 edits per user per minute, ' +
+            'pinning and visibility changes included (429 past that); an edit of imgUrls also counts ' +
+            'against the limit of 60 confirms and image edits per user per minute.',
           params: PostIdParams,
           body: PostPatchBody,
           response: { ...NoContent, ...errorResponses(400, 401, 403, 404, 409, 413, 429) },
@@ -157,9 +158,10 @@ export function postRoutes(deps: PostRouteDeps) {
           tags,
           security,
           summary: 'Pin or unpin',
+          description: 'Counts against the limit of 120 post edits per user per minute (429 past that).',
           params: PostIdParams,
           body: TopBody,
-          response: { ...NoContent, ...errorResponses(400, 401, 403, 404) },
+          response: { ...NoContent, ...errorResponses(400, 401, 403, 404, 429) },
         },
       },
       async (request, reply) => {
@@ -176,9 +178,10 @@ export function postRoutes(deps: PostRouteDeps) {
           tags,
           security,
           summary: 'Change who may see the post',
+          description: 'Counts against the limit of 120 post edits per user per minute (429 past that).',
           params: PostIdParams,
           body: VisibilityBody,
-          response: { ...NoContent, ...errorResponses(400, 401, 403, 404) },
+          response: { ...NoContent, ...errorResponses(400, 401, 403, 404, 429) },
         },
       },
       async (request, reply) => {

@@ -242,6 +242,19 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     expect(await outcome(sut.confirmContent(AUTHOR, id, good))).toBe('ok');
   });
 
+  it('rate-limits edits of a post per user, per minute, pinning and visibility included', async () => {
+    const sut = newService({ editsPerMinute: 3 });
+    const id = await sut.createDraft(AUTHOR);
+    expect(await outcome(sut.update(AUTHOR, id, { title: 'one' }))).toBe('ok');
+    expect(await outcome(sut.setVisibility(AUTHOR, id, 'private'))).toBe('ok');
+    expect(await outcome(sut.setTop(AUTHOR, id, true))).toBe('ok');
+    expect(await outcome(sut.setVisibility(AUTHOR, id, 'public'))).toBe('429 RATE_LIMITED');
+    expect(await outcome(sut.update(AUTHOR, id, { title: 'two' }))).toBe('429 RATE_LIMITED');
+    expect((await row(id)).title).toBe('one');
+    now += 60_000;
+    expect(await outcome(sut.update(AUTHOR, id, { title: 'two' }))).toBe('ok');
+  });
+
   it('confirms a body only when key, size, etag and sha256 all match the stored object', async () => {
     const sut = newService();
     const id = await sut.createDraft(AUTHOR);

@@ -60,6 +60,12 @@ export interface PostLimits {
    * confirm reads the whole upload to check its digest), refused or not.
    */
   storesPerMinute?: number;
+  /**
+   * Edits of a post's metadata (`update`, also pinning and visibility) per user per minute: each
+   * writes an event that caches, feeds and counters act on, so a loop of them would keep the
+   * workers busy for everyone.
+   */
+  editsPerMinute?: number;
   /** Drafts a user may hold at once (published and deleted posts do not count). */
   maxOpenDrafts?: number;
   /**
@@ -127,6 +133,7 @@ export class PostService {
       uploadRetentionMs: 24 * 3_600_000,
       draftsPerHour: 60,
       storesPerMinute: 60,
+      editsPerMinute: 120,
       maxOpenDrafts: 100,
       ...options.limits,
     };
@@ -430,6 +437,7 @@ export class PostService {
   async update(userId: number, postId: string, fields: PostFields): Promise<void> {
     if (Object.values(fields).every((v) => v === undefined))
       throw new BadRequestError('body must set at least one field');
+    await enforceLimit(this.limiter, `post-edit:${userId}`, this.limits.editsPerMinute, 60_000, 'post edits');
     if (fields.imgUrls !== undefined) await this.limitStores(userId);
     let post = await this.owned(userId, postId);
     const requested = fields.imgUrls?.map((value, index) => this.ownImageKey(post, value, index));
