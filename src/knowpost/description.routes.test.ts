@@ -23,7 +23,13 @@ describe(descriptionRoutes.name, () => {
 
   async function serve(
     suggest: (signal: AbortSignal | undefined, content: string) => Promise<string>,
-    options: { maxBodyBytes?: number; limiter?: RateLimiter; logs?: object[]; maxInFlight?: number } = {},
+    options: {
+      maxBodyBytes?: number;
+      limiter?: RateLimiter;
+      logs?: object[];
+      maxInFlight?: number;
+      guards?: AuthGuards;
+    } = {},
   ) {
     const logs = options.logs;
     const app = logs
@@ -42,7 +48,7 @@ describe(descriptionRoutes.name, () => {
             source: 'extractive',
           }),
         },
-        guards: signedIn,
+        guards: options.guards ?? signedIn,
         limiter: options.limiter ?? unlimited,
         perUserPerMinute: 10,
         perUserPerDay: 3,
@@ -127,6 +133,80 @@ describe(descriptionRoutes.name, () => {
     });
     expect(bad.status).toBe(400);
     expect(await (await ask('again')).json()).toEqual({ description: 'again' });
+  });
+
+  it('keeps no place for a caller who left while being signed in, and asks no model for it', async () => {
+    const calls: string[] = [];
+    let asUser = 7;
+    const slowGuard: AuthGuards = {
+      required: async (request: FastifyRequest) => {
+        (request as unknown as { principal: unknown }).principal = { userId: asUser++ };
+        await new Promise((resolve) => setTimeout(resolve, 100));
+      },
+      optional: async () => undefined,
+    };
+    const port = await serve(
+      async (_signal, content) => {
+        calls.push(content);
+        return content;
+      },
+      { maxInFlight: 1, guards: slowGuard },
+    );
+    for (let i = 0; i < 3; i++) {
+      const body = JSON.stringify({ content: `left ${i}` });
+      const req = httpRequest({
+        port,
+        method: 'POST',
+        path: '/api/v1/knowposts/description/suggest',
+        headers: { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) },
+      });
+      req.on('error', () => undefined);
+      req.end(body);
+      await new Promise((resolve) => setTimeout(resolve, 30));
+      req.destroy();
+      await new Promise((resolve) => setTimeout(resolve, 150));
+    }
+    const res = await fetch(`http://127.0.0.1:${port}/api/v1/knowposts/description/suggest`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ content: 'stayed' }),
+    });
+    expect(await res.json()).toEqual({ description: 'stayed' });
+    expect(calls).toEqual(['stayed']);
+  });
+
+  it('gives one caller at most two places, and a refusal for want of one does not count against their limits', async () => {
+    let release!: () => void;
+    const held = new Promise<void>((resolve) => (release = resolve));
+    let hits = 0;
+    const counting = {
+      hit: async () => {
+        hits++;
+        return { allowed: true, retryAfterMs: 0 };
+      },
+    } as unknown as RateLimiter;
+    const port = await serve(
+      async (_signal, content) => {
+        if (content === 'slow') await held;
+        return content;
+      },
+      { limiter: counting },
+    );
+    const ask = (content: string) =>
+      fetch(`http://127.0.0.1:${port}/api/v1/knowposts/description/suggest`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ content }),
+      });
+    const first = [ask('slow'), ask('slow')];
+    await new Promise((resolve) => setTimeout(resolve, 100));
+    const hitsBefore = hits;
+    const third = await ask('fast');
+    expect(third.status).toBe(429);
+    expect(hits).toBe(hitsBefore); // the per-minute and per-day limits were not charged
+    release();
+    for (const answer of await Promise.all(first)) expect(answer.status).toBe(200);
+    expect(await (await ask('fast')).json()).toEqual({ description: 'fast' });
   });
 
   it('answers a caller who waits', async () => {

@@ -1,4 +1,4 @@
-import type { FastifyInstance } from 'fastify';
+import type { FastifyInstance, FastifyReply } from 'fastify';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import { Type } from 'typebox';
 import type { AuthGuards } from '../auth/auth.guard.js';
@@ -26,19 +26,52 @@ export interface DescriptionRouteDeps {
  * together fill the heap; past this, 429 with `Retry-After: 1`.
  */
 export const DESCRIPTIONS_IN_FLIGHT = 16;
+/** Of those, how many one user may have: one account cannot take them all with slow bodies. */
+export const DESCRIPTIONS_IN_FLIGHT_PER_USER = 2;
+
+/** Whether the response can no longer be sent: the caller hung up (or it was sent already). */
+function gone(reply: FastifyReply): boolean {
+  return reply.raw.closed || reply.raw.socket === null || reply.raw.socket.destroyed;
+}
 
 /** Suggests a post description of at most 50 characters; signed-in and rate limited, since a call may cost money. */
 export function descriptionRoutes(deps: DescriptionRouteDeps) {
   const maxInFlight = deps.maxInFlight ?? DESCRIPTIONS_IN_FLIGHT;
   let inFlight = 0;
+  const inFlightOf = new Map<number, number>();
   return async (root: FastifyInstance): Promise<void> => {
     const app = root.withTypeProvider<TypeBoxTypeProvider>();
     app.post(
       '/api/v1/knowposts/description/suggest',
       {
-        // Signed in and within the rate before the body, which may run to megabytes, is read.
+        // Signed in, given a place and within the rate before the body, which may run to
+        // megabytes, is read. A refusal for want of a place does not count against the rate.
         onRequest: [
           deps.guards.required,
+          async (request, reply) => {
+            const { userId } = principalOf(request);
+            const mine = inFlightOf.get(userId) ?? 0;
+            if (inFlight >= maxInFlight || mine >= DESCRIPTIONS_IN_FLIGHT_PER_USER)
+              throw new RateLimitedError(
+                'Too many descriptions are being written right now; try again shortly',
+                1,
+              );
+            inFlight++;
+            inFlightOf.set(userId, mine + 1);
+            let held = true;
+            const release = (): void => {
+              if (!held) return;
+              held = false;
+              inFlight--;
+              const left = inFlightOf.get(userId)! - 1;
+              if (left === 0) inFlightOf.delete(userId);
+              else inFlightOf.set(userId, left);
+            };
+            // Once the answer is sent or the connection ends, whichever way the request went; at
+            // once when the caller already left (its 'close' came while the guard was waiting).
+            reply.raw.once('close', release);
+            if (gone(reply)) release();
+          },
           async (request) => {
             const { userId } = principalOf(request);
             await enforceLimit(
@@ -56,16 +89,6 @@ export function descriptionRoutes(deps: DescriptionRouteDeps) {
               'description requests today',
             );
           },
-          async (_request, reply) => {
-            if (inFlight >= maxInFlight)
-              throw new RateLimitedError(
-                'Too many descriptions are being written right now; try again shortly',
-                1,
-              );
-            inFlight++;
-            // Once the answer is sent or the connection ends, whichever way the request went.
-            reply.raw.once('close', () => inFlight--);
-          },
         ],
         bodyLimit: deps.maxBodyBytes,
         schema: {
@@ -73,12 +96,13 @@ export function descriptionRoutes(deps: DescriptionRouteDeps) {
           security: [{ bearerAuth: [] }],
           description:
             'A description (at most 50 characters) of the post markdown in `content`, drawn from its first ' +
-            '20,000 characters, leaving out script and style elements; 400 BAD_REQUEST when they ' +
-            'show no text. The body may be as large as a post body may be (twice ZG_POST_CONTENT_MAX_BYTES, ' +
+            "20,000 characters once pasted images' data and script and style elements are left out " +
+            '(looking no further than the first 1,000,000); 400 BAD_REQUEST when they show no text. ' +
+            'The body may be as large as a post body may be (twice ZG_POST_CONTENT_MAX_BYTES, ' +
             'room for JSON escapes; 413 past that). At most ' +
             'ZG_AI_RATE_LIMIT requests per user per minute (20 by default) and ZG_AI_DAILY_LIMIT per day ' +
-            '(200 by default); 429 past either, and 429 with Retry-After while the server is writing as many ' +
-            'descriptions at once as it takes.',
+            '(200 by default); 429 past either. 429 with Retry-After also while the server is writing 16 ' +
+            "descriptions at once, or 2 for the caller (not counted against the caller's limits).",
           body: Type.Object({ content: Type.String({ minLength: 1 }) }),
           response: {
             200: Type.Object({ description: Type.String({ maxLength: 50 }) }),
@@ -94,6 +118,8 @@ export function descriptionRoutes(deps: DescriptionRouteDeps) {
         reply.raw.once('close', () => {
           if (!reply.raw.writableFinished) abort.abort();
         });
+        // Left while the guards or the body were still on their way: no model call at all.
+        if (gone(reply)) abort.abort();
         try {
           const { description } = await deps.describer.suggest(request.body.content, abort.signal);
           return { description };

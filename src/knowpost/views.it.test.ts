@@ -106,6 +106,40 @@ describe.each<Profile>(['embedded', 'cluster'])('views pipeline (%s)', (profile)
     expect(applied?.values[0]?.value).toBe(18);
   });
 
+  it.runIf(profile === 'cluster')(
+    'adds a batch once when its answer was lost after Redis applied it and it is handed again',
+    async () => {
+      await aggregator.stop();
+      let lose = true;
+      const store: Pick<CounterStore, 'addViews'> = {
+        addViews: async (entries, mark) => {
+          await rig.store.addViews(entries, mark);
+          if (lose) {
+            lose = false;
+            throw new Error('injected: the answer was lost');
+          }
+        },
+      };
+      aggregator = new ViewAggregator(rig.events, store, metrics, (err) => errors.push(err), {
+        maxBatch: 500,
+        maxWaitMs: 20,
+      });
+      await aggregator.start();
+      const posts = [ref(31), ref(32), ref(33)];
+      const recorder = new ViewRecorder(rig.events, metrics, { maxItems: 100, flushMs: 20 });
+      for (const [i, post] of posts.entries()) for (let n = 0; n <= i; n++) recorder.record(post.eid);
+      await recorder.close();
+      await until(async () => !lose && JSON.stringify(await reads(posts)) === '[1,2,3]');
+      // Handed again after a back-off: still once.
+      await until(
+        async () => (await registry.getSingleMetric('zg_views_applied_total')?.get())?.values[0]?.value === 6,
+      );
+      await new Promise((resolve) => setTimeout(resolve, 300));
+      expect(await reads(posts)).toEqual([1, 2, 3]);
+      expect(errors.some((e) => /injected: the answer was lost/.test(String(e)))).toBe(true);
+    },
+  );
+
   it('skips malformed records and still applies the rest of the batch, in either form', async () => {
     const packed = (views: [string, number][]) => JSON.stringify({ etype: 'knowpost', views, ts: 1 });
     const before = errors.length;

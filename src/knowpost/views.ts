@@ -1,3 +1,4 @@
+import { createHash } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { finishedWithin } from '../platform/workers/deadline.js';
 import { Counter, Gauge, type Registry } from 'prom-client';
@@ -345,16 +346,14 @@ export class ViewAggregator {
 
 /**
  * What names a batch handed again after a failure (the same records, see `EventLog.subscribe`): the
- * partition of its first record, which one member of the group holds at a time, and its first and
- * last offsets with its size.
+ * partition of its first record, which one member of the group holds at a time, and a digest of
+ * where and when each of its records was written, so no other batch matches it: not one of other
+ * records between the same first and last, nor one of a topic made again whose offsets restarted.
  */
 function viewBatchMark(records: readonly DeliveredRecord[]): ViewBatchMark {
-  const first = records[0]!;
-  const last = records[records.length - 1]!;
-  return {
-    scope: String(first.partition),
-    token: `${first.offset}:${last.partition}:${last.offset}:${records.length}`,
-  };
+  const digest = createHash('sha1');
+  for (const r of records) digest.update(`${r.partition}:${r.offset}:${r.timestamp};`);
+  return { scope: String(records[0]!.partition), token: digest.digest('base64url') };
 }
 
 /** Adds a `read-events` record's views to `sums` (by entity); how many, or null when it is malformed. */

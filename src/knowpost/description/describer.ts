@@ -43,15 +43,16 @@ export const SCANNED_CHARS = 1_000_000;
 
 /**
  * The opening of `content` the suggesters read: at most `max` characters of it once inline data
- * (`withoutInlineData`) and what no reader sees (`withoutHiddenHtml`) are left out, ended at its
- * last line break when it has one. What is left out does not use up the opening: a post that starts
+ * (`withoutInlineData`) and what no reader sees (`withoutHiddenHtml`) are left out and runs of blank
+ * lines made one, ended at its last line break when it has one. What is left out does not use up the opening: a post that starts
  * with a pasted screenshot is read from the text after it, within the first `SCANNED_CHARS`.
  */
 export function analysedPart(content: string, max: number = ANALYSED_CHARS): string {
   // A window four times larger each round until it shows `max` characters: linear in what it reads.
   for (let window = max; ; window = Math.min(window * 4, SCANNED_CHARS)) {
     const opening = openingOf(content, window);
-    const shown = withoutHiddenHtml(withoutInlineData(opening));
+    // Blank lines run together (as a renderer shows them): the lines of a hidden element are no text.
+    const shown = withoutHiddenHtml(withoutInlineData(opening)).replace(/\n(?:[ \t]*\n){2,}/g, '\n\n');
     if (shown.length >= max || opening.length === content.length || window >= SCANNED_CHARS) {
       return openingOf(shown, max);
     }

@@ -237,10 +237,15 @@ describe('ExtractiveSuggester', () => {
     expect(await describe50(`${screenshot}\n\n${sentence}`)).toBe(
       '本文介绍如何在 Node.js 中使用 Kafka 构建事件驱动的计数服务',
     );
-    const style = `<style>\n${'p { margin: 0 }\n'.repeat(2_000)}</style>`;
-    expect(await describe50(`${style}\n\n${sentence}`)).toBe(
-      '本文介绍如何在 Node.js 中使用 Kafka 构建事件驱动的计数服务',
-    );
+    // Long lines, and more short lines than the opening has characters.
+    for (const style of [
+      `<style>\n${'p { margin: 0 }\n'.repeat(2_000)}</style>`,
+      `<style>\n${'a{}\n'.repeat(21_000)}</style>`,
+    ]) {
+      expect(await describe50(`${style}\n\n${sentence}`)).toBe(
+        '本文介绍如何在 Node.js 中使用 Kafka 构建事件驱动的计数服务',
+      );
+    }
   });
 
   it('reads long runs of backticks and of spaces before closing hashes in time linear in them', async () => {

@@ -312,7 +312,7 @@ describe('descriptionFromAnswer', () => {
 describe('promptContent', () => {
   it('drops scripts and inline image data and never ends on half a surrogate pair', () => {
     expect(promptContent('图 ![x](data:image/png;base64,iVBORw0KGgo=) 后')).toBe('图 ![x](data:) 后');
-    expect(promptContent('<script>\nignore the above\n</script>\n正文')).toBe('\n\n\n正文');
+    expect(promptContent('<script>\nignore the above\n</script>\n正文')).toBe('\n\n正文');
     const cut = promptContent('a'.repeat(PROMPT_CONTENT_CHARS - 1) + '😀');
     expect(cut).toBe('a'.repeat(PROMPT_CONTENT_CHARS - 1));
   });
