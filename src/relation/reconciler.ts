@@ -36,6 +36,8 @@ export interface RelationReconcilerDeps {
 
 /** Pairs healed per transaction. */
 const HEAL_SLICE = 5_000;
+/** Reads of a user's truth and counters until no change landed between them (see `check`). */
+const COUNTER_READ_ATTEMPTS = 3;
 const pairKey = (p: Pair) => `${p.fromUserId}:${p.toUserId}`;
 const sameEntries = (a: readonly ListEntry[], b: readonly ListEntry[]) =>
   a.length === b.length && a.every((e, i) => e.userId === b[i]!.userId && e.createdAt === b[i]!.createdAt);
@@ -76,7 +78,9 @@ export class RelationReconciler {
     const inFlight = new Set(unapplied.map(pairKey));
     const drift: RelationDrift = { userId, projection: [], counters: [], caches: [] };
 
-    const source = await repo.countSource(userId);
+    // The counters' version before the truth is read: see the counters below.
+    let versionBefore = (await this.deps.counters.inspect(userId, [])).version;
+    let source = await repo.countSource(userId);
 
     // Projection: the followers of the user by the truth and by the mirror. Long lists are walked
     // only when their sizes differ by more than the follows and unfollows of the user still on their
@@ -96,11 +100,27 @@ export class RelationReconciler {
       }
     }
 
-    // Counters: the truth minus the deltas of changes not applied yet.
-    const inspection = await this.deps.counters.inspect(
+    // Counters: the truth minus the deltas of changes not applied yet, as of one instant: a change
+    // committed and applied between reading the truth and reading the counters would look like
+    // drift, so the counters' version must not have moved across the two reads. A user whose
+    // version keeps moving is compared anyway after a few tries (`confirm` then wants the same
+    // difference twice).
+    let inspection = await this.deps.counters.inspect(
       userId,
       source.unapplied.map((u) => u.eventId),
     );
+    for (
+      let attempt = 1;
+      inspection.version !== versionBefore && attempt < COUNTER_READ_ATTEMPTS;
+      attempt++
+    ) {
+      versionBefore = inspection.version;
+      source = await repo.countSource(userId);
+      inspection = await this.deps.counters.inspect(
+        userId,
+        source.unapplied.map((u) => u.eventId),
+      );
+    }
     if (inspection.counts) {
       const expected = { followings: source.followings, followers: source.followers };
       source.unapplied.forEach((u, i) => {
@@ -240,7 +260,10 @@ function confirm(first: RelationDrift, second: RelationDrift): RelationDrift {
   return {
     userId: second.userId,
     projection: second.projection.filter((p) => pairs.has(pairKey(p))),
-    counters: second.counters.filter((c) => first.counters.some((f) => f.field === c.field)),
+    // The same field off by the same amount: a change landing during a check is off by another.
+    counters: second.counters.filter((c) =>
+      first.counters.some((f) => f.field === c.field && f.expected - f.actual === c.expected - c.actual),
+    ),
     caches: second.caches.filter((k) => first.caches.includes(k)),
   };
 }

@@ -1012,6 +1012,39 @@ describe.each<Dialect>(['sqlite', 'mariadb'])('relations on %s', (dialect) => {
     expect(walks).toBe(2);
   });
 
+  it('does not call a change committed and applied while a check reads drift', async () => {
+    const [a, b, c] = [await rig.newUser(), await rig.newUser(), await rig.newUser()];
+    await sut.follow(a, b);
+    await rig.projector.apply(await rig.drain());
+    expect((await rig.counters.counts(b)).followers).toBe(1); // a snapshot to compare
+    // Right after the check read the truth, c follows b and the change is applied.
+    let landed = false;
+    const repo = Object.assign(Object.create(rig.repo) as typeof rig.repo, {
+      countSource: async (userId: number) => {
+        const source = await rig.repo.countSource(userId);
+        if (!landed) {
+          landed = true;
+          await sut.follow(c, b);
+          await rig.projector.apply(await rig.drain());
+        }
+        return source;
+      },
+    });
+    const reconciler = new RelationReconciler({
+      repo,
+      counters: rig.store,
+      lists: rig.lists,
+      bus: rig.bus,
+      rebuildCounters: (userId) => rig.counters.rebuild(userId, 'overwrite', 'drift'),
+      metrics: rig.metrics,
+      maxCompare: 1_000,
+      settleMs: 10,
+      sampleSize: 0,
+    });
+    expect((await reconciler.check(b)).counters).toEqual([]);
+    expect(landed).toBe(true);
+  });
+
   it('does not call changes still in flight drift', async () => {
     const [a, b] = [await rig.newUser(), await rig.newUser()];
     await sut.follow(a, b);

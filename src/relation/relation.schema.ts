@@ -6,15 +6,25 @@ const UserId = Type.Integer({ minimum: 1, maximum: Number.MAX_SAFE_INTEGER });
 
 export const TargetQuery = Type.Object({ toUserId: UserId }, { additionalProperties: false });
 
-/** Offsets beyond this page through the cursor instead (the database walks every skipped entry). */
-export const MAX_OFFSET = 1_000_000;
+/**
+ * Offsets beyond this page through the cursor instead: the database walks every skipped entry, and
+ * a list past the cache's length is read from it, so a deep offset costs a walk of that many.
+ */
+export const MAX_OFFSET = 100_000;
 export const DEFAULT_LIST_LIMIT = 20;
 
 export const ListQuery = Type.Object(
   {
     userId: UserId,
     limit: Type.Optional(Type.Integer({ minimum: 1, maximum: MAX_PAGE, default: DEFAULT_LIST_LIMIT })),
-    offset: Type.Optional(Type.Integer({ minimum: 0, maximum: MAX_OFFSET, default: 0 })),
+    offset: Type.Optional(
+      Type.Integer({
+        minimum: 0,
+        maximum: MAX_OFFSET,
+        default: 0,
+        description: `at most ${MAX_OFFSET}; page further with cursor (X-Next-Cursor)`,
+      }),
+    ),
     cursor: Type.Optional(
       Type.String({
         maxLength: 40,

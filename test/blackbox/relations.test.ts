@@ -245,7 +245,16 @@ describe.each<ProfileName>(['embedded', 'cluster'])('follows, lists and counts (
     }
     cases.push(['POST', '/api/v1/relation/follow'], ['GET', '/api/v1/relation/followers']);
     cases.push(['POST', `/api/v1/relation/follow?toUserId=${b.userId}&toUserId=${a.userId}`]);
-    for (const q of ['limit=0', 'limit=101', 'limit=-1', 'limit=x', 'offset=-1', 'offset=x', 'offset=1e12']) {
+    for (const q of [
+      'limit=0',
+      'limit=101',
+      'limit=-1',
+      'limit=x',
+      'offset=-1',
+      'offset=x',
+      'offset=1e12',
+      'offset=100001',
+    ]) {
       cases.push(['GET', `/api/v1/relation/followers?userId=${b.userId}&${q}`]);
     }
     for (const c of [
