@@ -1,6 +1,6 @@
 import Fastify, { type FastifyRequest } from 'fastify';
 import { request as httpRequest } from 'node:http';
-import type { AddressInfo } from 'node:net';
+import { connect, type AddressInfo } from 'node:net';
 import { afterEach, describe, expect, it } from 'vitest';
 import type { AuthGuards } from '../auth/auth.guard.js';
 import { installErrorHandling } from '../platform/http/error-handler.js';
@@ -173,6 +173,45 @@ describe(descriptionRoutes.name, () => {
     });
     expect(await res.json()).toEqual({ description: 'stayed' });
     expect(calls).toEqual(['stayed']);
+  });
+
+  it('answers requests sent one after another on one connection (pipelined), and frees their places', async () => {
+    const calls: string[] = [];
+    const port = await serve(
+      async (signal, content) => {
+        signal?.throwIfAborted(); // as the suggesters do
+        calls.push(content);
+        await new Promise((resolve) => setTimeout(resolve, 50));
+        return content;
+      },
+      { maxInFlight: 2 },
+    );
+    const request = (content: string) => {
+      const body = JSON.stringify({ content });
+      return (
+        `POST /api/v1/knowposts/description/suggest HTTP/1.1\r\nHost: x\r\n` +
+        `Content-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`
+      );
+    };
+    const received = await new Promise<string>((resolve) => {
+      const socket = connect(port, '127.0.0.1');
+      let text = '';
+      socket.on('data', (chunk: Buffer) => {
+        text += chunk.toString('utf8');
+        if ((text.match(/HTTP\/1\.1 /g) ?? []).length === 2 && text.endsWith('}')) socket.end();
+      });
+      socket.on('close', () => resolve(text));
+      socket.write(request('first') + request('second'));
+    });
+    expect(received.match(/HTTP\/1\.1 \d+/g)).toEqual(['HTTP/1.1 200', 'HTTP/1.1 200']);
+    expect(received).toContain('{"description":"second"}');
+    expect(calls.sort()).toEqual(['first', 'second']);
+    const again = await fetch(`http://127.0.0.1:${port}/api/v1/knowposts/description/suggest`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ content: 'third' }),
+    });
+    expect(await again.json()).toEqual({ description: 'third' });
   });
 
   it('gives one caller at most two places, and a refusal for want of one does not count against their limits', async () => {

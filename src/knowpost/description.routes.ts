@@ -1,4 +1,4 @@
-import type { FastifyInstance, FastifyReply } from 'fastify';
+import type { FastifyInstance, FastifyRequest } from 'fastify';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import { Type } from 'typebox';
 import type { AuthGuards } from '../auth/auth.guard.js';
@@ -29,9 +29,12 @@ export const DESCRIPTIONS_IN_FLIGHT = 16;
 /** Of those, how many one user may have: one account cannot take them all with slow bodies. */
 export const DESCRIPTIONS_IN_FLIGHT_PER_USER = 2;
 
-/** Whether the response can no longer be sent: the caller hung up (or it was sent already). */
-function gone(reply: FastifyReply): boolean {
-  return reply.raw.closed || reply.raw.socket === null || reply.raw.socket.destroyed;
+/**
+ * Whether the caller hung up: judged by the connection, since a response waiting behind others on
+ * the same connection (pipelined requests) has no socket of its own yet.
+ */
+function callerLeft(request: FastifyRequest): boolean {
+  return request.raw.socket.destroyed;
 }
 
 /** Suggests a post description of at most 50 characters; signed-in and rate limited, since a call may cost money. */
@@ -58,19 +61,24 @@ export function descriptionRoutes(deps: DescriptionRouteDeps) {
               );
             inFlight++;
             inFlightOf.set(userId, mine + 1);
+            // Given back once the answer is sent or the connection ends, whichever way the request
+            // went (a response still queued behind others may never see its own 'close'); at once
+            // when the caller already left (its 'close' came while the guard was waiting).
+            const socket = request.raw.socket;
             let held = true;
             const release = (): void => {
               if (!held) return;
               held = false;
+              reply.raw.off('close', release);
+              socket.off('close', release);
               inFlight--;
               const left = inFlightOf.get(userId)! - 1;
               if (left === 0) inFlightOf.delete(userId);
               else inFlightOf.set(userId, left);
             };
-            // Once the answer is sent or the connection ends, whichever way the request went; at
-            // once when the caller already left (its 'close' came while the guard was waiting).
             reply.raw.once('close', release);
-            if (gone(reply)) release();
+            socket.once('close', release);
+            if (callerLeft(request)) release();
           },
           async (request) => {
             const { userId } = principalOf(request);
@@ -115,11 +123,14 @@ export function descriptionRoutes(deps: DescriptionRouteDeps) {
         // body is read; the response's comes when the connection ends, before an answer only if
         // the caller left.
         const abort = new AbortController();
-        reply.raw.once('close', () => {
+        const hungUp = (): void => {
           if (!reply.raw.writableFinished) abort.abort();
-        });
+        };
+        const socket = request.raw.socket;
+        reply.raw.once('close', hungUp);
+        socket.once('close', hungUp);
         // Left while the guards or the body were still on their way: no model call at all.
-        if (gone(reply)) abort.abort();
+        if (callerLeft(request)) abort.abort();
         try {
           const { description } = await deps.describer.suggest(request.body.content, abort.signal);
           return { description };
@@ -130,6 +141,9 @@ export function descriptionRoutes(deps: DescriptionRouteDeps) {
           reply.hijack();
           reply.raw.destroy();
           return undefined;
+        } finally {
+          reply.raw.off('close', hungUp);
+          socket.off('close', hungUp);
         }
       },
     );

@@ -350,7 +350,7 @@ export class ViewAggregator {
  * where and when each of its records was written, so no other batch matches it: not one of other
  * records between the same first and last, nor one of a topic made again whose offsets restarted.
  */
-function viewBatchMark(records: readonly DeliveredRecord[]): ViewBatchMark {
+export function viewBatchMark(records: readonly DeliveredRecord[]): ViewBatchMark {
   const digest = createHash('sha1');
   for (const r of records) digest.update(`${r.partition}:${r.offset}:${r.timestamp};`);
   return { scope: String(records[0]!.partition), token: digest.digest('base64url') };

@@ -1,5 +1,6 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { InvalidationBus } from '../platform/cache/invalidation-bus.js';
+import type { UserCounts } from '../user-counter/model.js';
 import type { UserCounterStore } from '../user-counter/store/user-counter-store.js';
 import type { ListCache, ListRef } from './list-cache/list-cache.js';
 import type { ListEntry, ListKind } from './model.js';
@@ -36,11 +37,14 @@ export interface RelationReconcilerDeps {
 
 /** Pairs healed per transaction. */
 const HEAL_SLICE = 5_000;
-/** Reads of a user's truth and counters until no change landed between them (see `check`). */
+/** Reads of a user's truth and counters until no follow or unfollow landed between them (see `check`). */
 const COUNTER_READ_ATTEMPTS = 3;
 const pairKey = (p: Pair) => `${p.fromUserId}:${p.toUserId}`;
 const sameEntries = (a: readonly ListEntry[], b: readonly ListEntry[]) =>
   a.length === b.length && a.every((e, i) => e.userId === b[i]!.userId && e.createdAt === b[i]!.createdAt);
+
+const sameRelationCounts = (a: UserCounts | null, b: UserCounts | null): boolean =>
+  a?.followings === b?.followings && a?.followers === b?.followers;
 
 export function hasDrift(d: RelationDrift): boolean {
   return d.projection.length > 0 || d.counters.length > 0 || d.caches.length > 0;
@@ -78,8 +82,8 @@ export class RelationReconciler {
     const inFlight = new Set(unapplied.map(pairKey));
     const drift: RelationDrift = { userId, projection: [], counters: [], caches: [] };
 
-    // The counters' version before the truth is read: see the counters below.
-    let versionBefore = (await this.deps.counters.inspect(userId, [])).version;
+    // The counters before the truth is read: see the counters below.
+    let before = (await this.deps.counters.inspect(userId, [])).counts;
     let source = await repo.countSource(userId);
 
     // Projection: the followers of the user by the truth and by the mirror. Long lists are walked
@@ -100,21 +104,21 @@ export class RelationReconciler {
       }
     }
 
-    // Counters: the truth minus the deltas of changes not applied yet, as of one instant: a change
-    // committed and applied between reading the truth and reading the counters would look like
-    // drift, so the counters' version must not have moved across the two reads. A user whose
-    // version keeps moving is compared anyway after a few tries (`confirm` then wants the same
-    // difference twice).
+    // Counters: the truth minus the deltas of changes not applied yet, as of one instant: a follow
+    // or unfollow committed and applied between reading the truth and reading the counters would
+    // look like drift, so the two counters must not have moved across the two reads (likes and
+    // posts received may). A user whose counters keep moving is compared anyway after a few tries
+    // (`confirm` then wants the same difference twice).
     let inspection = await this.deps.counters.inspect(
       userId,
       source.unapplied.map((u) => u.eventId),
     );
     for (
       let attempt = 1;
-      inspection.version !== versionBefore && attempt < COUNTER_READ_ATTEMPTS;
+      !sameRelationCounts(before, inspection.counts) && attempt < COUNTER_READ_ATTEMPTS;
       attempt++
     ) {
-      versionBefore = inspection.version;
+      before = inspection.counts;
       source = await repo.countSource(userId);
       inspection = await this.deps.counters.inspect(
         userId,

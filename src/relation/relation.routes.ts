@@ -8,6 +8,7 @@ import { decodeCursor, type ListKind, type ListPosition } from './model.js';
 import {
   ChangedResponse,
   DEFAULT_LIST_LIMIT,
+  MAX_OFFSET,
   ListQuery,
   ListResponse,
   StatusResponse,
@@ -81,6 +82,10 @@ export function relationRoutes(deps: { relations: RelationService; guards: AuthG
             const after = decodeCursor(cursor);
             if (!after) throw new BadRequestError('querystring.cursor is not a cursor this server issued');
             position = { after };
+          } else if (offset > MAX_OFFSET) {
+            throw new BadRequestError(
+              `querystring.offset must be <= ${MAX_OFFSET}; page further with the cursor of X-Next-Cursor`,
+            );
           }
           const page = await deps.relations.list(userId, kind, position, limit);
           if (page.nextCursor !== null) void reply.header('x-next-cursor', page.nextCursor);

@@ -20,9 +20,9 @@ export const ListQuery = Type.Object(
     offset: Type.Optional(
       Type.Integer({
         minimum: 0,
-        maximum: MAX_OFFSET,
+        maximum: 2_147_483_647,
         default: 0,
-        description: `at most ${MAX_OFFSET}; page further with cursor (X-Next-Cursor)`,
+        description: `at most ${MAX_OFFSET} (ignored with a cursor); page further with cursor (X-Next-Cursor)`,
       }),
     ),
     cursor: Type.Optional(
