@@ -84,14 +84,16 @@ export class RelationReconciler {
 
     // The counters before the truth is read: see the counters below.
     let before = (await this.deps.counters.inspect(userId, [])).counts;
-    let source = await repo.countSource(userId);
+    let source = await repo.countSource(userId, { mirror: true });
 
     // Projection: the followers of the user by the truth and by the mirror. Long lists are walked
     // only when their sizes differ by more than the follows and unfollows of the user still on their
-    // way can explain: a busy account always has some (`relations verify` walks every list).
-    const mirrored = (await repo.counts([userId], 'followers')).get(userId) ?? 0;
+    // way can explain: a busy account always has some (`relations verify` walks every list). The
+    // sizes and the changes in flight are read as of one instant (a follow landing between separate
+    // reads would send a busy account's list to be walked every round).
+    const mirrored = source.mirrored ?? 0;
     // A follow in flight is in the truth and not yet in the mirror, an unfollow the other way round.
-    const toUser = unapplied.filter((u) => u.toUserId === userId);
+    const toUser = source.unapplied.filter((u) => u.field === 'followers');
     const follows = toUser.filter((u) => u.delta > 0).length;
     const unfollows = toUser.length - follows;
     if (

@@ -1012,6 +1012,43 @@ describe.each<Dialect>(['sqlite', 'mariadb'])('relations on %s', (dialect) => {
     expect(walks).toBe(2);
   });
 
+  it('does not walk a long follower list for a follow landing while its sizes are read', async () => {
+    const star = await rig.newUser();
+    const fans = await rig.newUsers(4);
+    for (const fan of fans.slice(0, 3)) await sut.follow(fan, star);
+    await rig.projector.apply(await rig.drain());
+    let walks = 0;
+    let landed = false;
+    const repo: typeof rig.repo = Object.create(rig.repo) as typeof rig.repo;
+    repo.followerDiff = (...args) => {
+      walks++;
+      return rig.repo.followerDiff(...args);
+    };
+    // Right after the check read the changes in flight, another fan follows (not yet projected).
+    repo.unappliedFor = async (userId) => {
+      const unapplied = await rig.repo.unappliedFor(userId);
+      if (!landed) {
+        landed = true;
+        await sut.follow(fans[3]!, star);
+      }
+      return unapplied;
+    };
+    const reconciler = new RelationReconciler({
+      repo,
+      counters: rig.store,
+      lists: rig.lists,
+      bus: rig.bus,
+      rebuildCounters: async () => ({ written: true }),
+      metrics: rig.metrics,
+      maxCompare: 2,
+      settleMs: 10,
+      sampleSize: 50,
+    });
+    expect(hasDrift(await reconciler.check(star))).toBe(false);
+    expect(landed).toBe(true);
+    expect(walks).toBe(0);
+  });
+
   it('does not call a change committed and applied while a check reads drift', async () => {
     const [a, b, c] = [await rig.newUser(), await rig.newUser(), await rig.newUser()];
     await sut.follow(a, b);

@@ -243,17 +243,23 @@ export class RelationRepository {
    * What a user's `followings` and `followers` are by the truth, and which changes counted in them
    * have deltas that may not have reached the user-counter store yet, as of one instant (one read
    * transaction), so a counter rebuild can write the counts and mark those events applied together.
+   * With `mirror`, also the size of the user's `follower` projection as of that instant.
    */
-  async countSource(userId: number): Promise<{
+  async countSource(
+    userId: number,
+    options: { mirror?: boolean } = {},
+  ): Promise<{
     followings: number;
     followers: number;
     unapplied: { eventId: string; field: 'followings' | 'followers'; delta: number }[];
+    mirrored?: number;
   }> {
     return this.db.kysely.transaction().execute(async (trx) => {
-      const [followings, followers, pending] = [
+      const [followings, followers, pending, mirrored] = [
         await countWhere(trx, 'following', 'from_user_id', userId),
         await countWhere(trx, 'following', 'to_user_id', userId),
         await unappliedOf(trx, userId),
+        options.mirror ? await countWhere(trx, 'follower', 'to_user_id', userId) : undefined,
       ];
       const unapplied: { eventId: string; field: 'followings' | 'followers'; delta: number }[] = [];
       for (const p of pending) {
@@ -261,7 +267,9 @@ export class RelationRepository {
           unapplied.push({ eventId: p.eventId, field: 'followings', delta: p.delta });
         if (p.toUserId === userId) unapplied.push({ eventId: p.eventId, field: 'followers', delta: p.delta });
       }
-      return { followings, followers, unapplied };
+      return mirrored === undefined
+        ? { followings, followers, unapplied }
+        : { followings, followers, unapplied, mirrored };
     });
   }
 
