@@ -14,6 +14,37 @@ const signedIn: AuthGuards = {
   optional: async () => undefined,
 };
 const unlimited = { hit: async () => ({ allowed: true, retryAfterMs: 0 }) } as unknown as RateLimiter;
+const ROUTE = '/api/v1/knowposts/description/suggest';
+
+/** Asks the route on `port` for a description of `content` (or sends `raw` as the body). */
+function ask(port: number, content: string, raw?: string): Promise<Response> {
+  return fetch(`http://127.0.0.1:${port}${ROUTE}`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: raw ?? JSON.stringify({ content }),
+  });
+}
+
+/** Sends a whole request for `content` and hangs up `afterMs` later, after calling `before`. */
+async function askAndHangUp(
+  port: number,
+  content: string,
+  afterMs: number,
+  before?: () => void,
+): Promise<void> {
+  const body = JSON.stringify({ content });
+  const req = httpRequest({
+    port,
+    method: 'POST',
+    path: ROUTE,
+    headers: { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) },
+  });
+  req.on('error', () => undefined);
+  req.end(body);
+  await new Promise((resolve) => setTimeout(resolve, afterMs));
+  before?.();
+  req.destroy();
+}
 
 describe(descriptionRoutes.name, () => {
   const apps: ReturnType<typeof Fastify>[] = [];
@@ -79,18 +110,10 @@ describe(descriptionRoutes.name, () => {
       },
       { logs },
     );
-    const body = JSON.stringify({ content: '# A post\n\nSome text.' });
-    const req = httpRequest({
-      port,
-      method: 'POST',
-      path: '/api/v1/knowposts/description/suggest',
-      headers: { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) },
-    });
-    req.on('error', () => undefined);
-    req.end(body);
-    await new Promise((resolve) => setTimeout(resolve, 200));
-    expect(signal?.aborted).toBe(false); // the body was read long ago: still running
-    req.destroy();
+    await askAndHangUp(port, '# A post\n\nSome text.', 200, () =>
+      // The body was read long ago: still running.
+      expect(signal?.aborted).toBe(false),
+    );
     await abortSeen;
     expect(signal?.aborted).toBe(true);
     // Logged as what it is, not as a failure of the service.
@@ -110,29 +133,19 @@ describe(descriptionRoutes.name, () => {
       },
       { maxInFlight: 1 },
     );
-    const ask = (content: string) =>
-      fetch(`http://127.0.0.1:${port}/api/v1/knowposts/description/suggest`, {
-        method: 'POST',
-        headers: { 'content-type': 'application/json' },
-        body: JSON.stringify({ content }),
-      });
-    const first = ask('slow');
+    const first = ask(port, 'slow');
     await new Promise((resolve) => setTimeout(resolve, 100));
-    const refused = await ask('fast');
+    const refused = await ask(port, 'fast');
     expect(refused.status).toBe(429);
     expect(refused.headers.get('retry-after')).toBe('1');
     expect(await refused.json()).toMatchObject({ code: 'RATE_LIMITED' });
     release();
     expect(await (await first).json()).toEqual({ description: 'slow' });
-    expect(await (await ask('fast')).json()).toEqual({ description: 'fast' });
+    expect(await (await ask(port, 'fast')).json()).toEqual({ description: 'fast' });
     // A refused body (not JSON) frees its place too.
-    const bad = await fetch(`http://127.0.0.1:${port}/api/v1/knowposts/description/suggest`, {
-      method: 'POST',
-      headers: { 'content-type': 'application/json' },
-      body: '{',
-    });
+    const bad = await ask(port, '', '{');
     expect(bad.status).toBe(400);
-    expect(await (await ask('again')).json()).toEqual({ description: 'again' });
+    expect(await (await ask(port, 'again')).json()).toEqual({ description: 'again' });
   });
 
   it('keeps no place for a caller who left while being signed in, and asks no model for it', async () => {
@@ -153,24 +166,10 @@ describe(descriptionRoutes.name, () => {
       { maxInFlight: 1, guards: slowGuard },
     );
     for (let i = 0; i < 3; i++) {
-      const body = JSON.stringify({ content: `left ${i}` });
-      const req = httpRequest({
-        port,
-        method: 'POST',
-        path: '/api/v1/knowposts/description/suggest',
-        headers: { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) },
-      });
-      req.on('error', () => undefined);
-      req.end(body);
-      await new Promise((resolve) => setTimeout(resolve, 30));
-      req.destroy();
+      await askAndHangUp(port, `left ${i}`, 30);
       await new Promise((resolve) => setTimeout(resolve, 150));
     }
-    const res = await fetch(`http://127.0.0.1:${port}/api/v1/knowposts/description/suggest`, {
-      method: 'POST',
-      headers: { 'content-type': 'application/json' },
-      body: JSON.stringify({ content: 'stayed' }),
-    });
+    const res = await ask(port, 'stayed');
     expect(await res.json()).toEqual({ description: 'stayed' });
     expect(calls).toEqual(['stayed']);
   });
@@ -206,11 +205,7 @@ describe(descriptionRoutes.name, () => {
     expect(received.match(/HTTP\/1\.1 \d+/g)).toEqual(['HTTP/1.1 200', 'HTTP/1.1 200']);
     expect(received).toContain('{"description":"second"}');
     expect(calls.sort()).toEqual(['first', 'second']);
-    const again = await fetch(`http://127.0.0.1:${port}/api/v1/knowposts/description/suggest`, {
-      method: 'POST',
-      headers: { 'content-type': 'application/json' },
-      body: JSON.stringify({ content: 'third' }),
-    });
+    const again = await ask(port, 'third');
     expect(await again.json()).toEqual({ description: 'third' });
   });
 
@@ -231,21 +226,15 @@ describe(descriptionRoutes.name, () => {
       },
       { limiter: counting },
     );
-    const ask = (content: string) =>
-      fetch(`http://127.0.0.1:${port}/api/v1/knowposts/description/suggest`, {
-        method: 'POST',
-        headers: { 'content-type': 'application/json' },
-        body: JSON.stringify({ content }),
-      });
-    const first = [ask('slow'), ask('slow')];
+    const first = [ask(port, 'slow'), ask(port, 'slow')];
     await new Promise((resolve) => setTimeout(resolve, 100));
     const hitsBefore = hits;
-    const third = await ask('fast');
+    const third = await ask(port, 'fast');
     expect(third.status).toBe(429);
     expect(hits).toBe(hitsBefore); // the per-minute and per-day limits were not charged
     release();
     for (const answer of await Promise.all(first)) expect(answer.status).toBe(200);
-    expect(await (await ask('fast')).json()).toEqual({ description: 'fast' });
+    expect(await (await ask(port, 'fast')).json()).toEqual({ description: 'fast' });
   });
 
   it('answers a caller who waits', async () => {
@@ -254,11 +243,7 @@ describe(descriptionRoutes.name, () => {
       signal = s;
       return 'A post';
     });
-    const res = await fetch(`http://127.0.0.1:${port}/api/v1/knowposts/description/suggest`, {
-      method: 'POST',
-      headers: { 'content-type': 'application/json' },
-      body: JSON.stringify({ content: '# A post' }),
-    });
+    const res = await ask(port, '# A post');
     expect(await res.json()).toEqual({ description: 'A post' });
     expect(signal?.aborted).toBe(false);
   });
@@ -272,12 +257,7 @@ describe(descriptionRoutes.name, () => {
       },
       { maxBodyBytes: 3 * 1024 * 1024 },
     );
-    const post = async (content: string) =>
-      fetch(`http://127.0.0.1:${port}/api/v1/knowposts/description/suggest`, {
-        method: 'POST',
-        headers: { 'content-type': 'application/json' },
-        body: JSON.stringify({ content }),
-      });
+    const post = (content: string) => ask(port, content);
     const long = `# A post\n\n${'Some text about counters.\n'.repeat(100_000)}`;
     const accepted = await post(long);
     expect(accepted.status).toBe(200);
@@ -296,15 +276,8 @@ describe(descriptionRoutes.name, () => {
       },
     } as unknown as RateLimiter;
     const port = await serve(async () => 'A post', { limiter: counting });
-    const ask = async () =>
-      (
-        await fetch(`http://127.0.0.1:${port}/api/v1/knowposts/description/suggest`, {
-          method: 'POST',
-          headers: { 'content-type': 'application/json' },
-          body: JSON.stringify({ content: '# A post\n\nSome text.' }),
-        })
-      ).status;
-    expect([await ask(), await ask(), await ask()]).toEqual([200, 200, 429]);
+    const status = async () => (await ask(port, '# A post\n\nSome text.')).status;
+    expect([await status(), await status(), await status()]).toEqual([200, 200, 429]);
     expect(hits.slice(0, 2)).toEqual([
       { key: 'describe:7', limit: 10, windowMs: 60_000 },
       { key: 'describe-day:7', limit: 3, windowMs: 86_400_000 },

@@ -244,6 +244,20 @@ describe.each<Dialect>(['sqlite', 'mariadb'])('relations on %s', (dialect) => {
     await rig?.cleanup();
   });
 
+  /** A reconciler of the rig's parts over `repo` (a rig repository with some calls watched). */
+  const reconcilerOn = (repo: RelationRepository, options: { maxCompare: number }) =>
+    new RelationReconciler({
+      repo,
+      counters: rig.store,
+      lists: rig.lists,
+      bus: rig.bus,
+      rebuildCounters: (userId) => rig.counters.rebuild(userId, 'overwrite', 'drift'),
+      metrics: rig.metrics,
+      maxCompare: options.maxCompare,
+      settleMs: 10,
+      sampleSize: 0,
+    });
+
   it('changes state once: a repeated follow or unfollow is false and writes no event', async () => {
     const [a, b] = [await rig.newUser(), await rig.newUser()];
     expect(await sut.follow(a, b)).toBe(true);
@@ -979,17 +993,7 @@ describe.each<Dialect>(['sqlite', 'mariadb'])('relations on %s', (dialect) => {
       walks++;
       return rig.repo.followerDiff(...args);
     };
-    const reconciler = new RelationReconciler({
-      repo,
-      counters: rig.store,
-      lists: rig.lists,
-      bus: rig.bus,
-      rebuildCounters: async () => ({ written: true }),
-      metrics: rig.metrics,
-      maxCompare: 2,
-      settleMs: 10,
-      sampleSize: 50,
-    });
+    const reconciler = reconcilerOn(repo, { maxCompare: 2 });
     await sut.follow(fans[3]!, star); // committed; the projection not yet told
     expect(hasDrift(await reconciler.check(star))).toBe(false);
     expect(walks).toBe(0);
@@ -1033,17 +1037,7 @@ describe.each<Dialect>(['sqlite', 'mariadb'])('relations on %s', (dialect) => {
       }
       return unapplied;
     };
-    const reconciler = new RelationReconciler({
-      repo,
-      counters: rig.store,
-      lists: rig.lists,
-      bus: rig.bus,
-      rebuildCounters: async () => ({ written: true }),
-      metrics: rig.metrics,
-      maxCompare: 2,
-      settleMs: 10,
-      sampleSize: 50,
-    });
+    const reconciler = reconcilerOn(repo, { maxCompare: 2 });
     expect(hasDrift(await reconciler.check(star))).toBe(false);
     expect(landed).toBe(true);
     expect(walks).toBe(0);
@@ -1067,17 +1061,7 @@ describe.each<Dialect>(['sqlite', 'mariadb'])('relations on %s', (dialect) => {
         return source;
       },
     });
-    const reconciler = new RelationReconciler({
-      repo,
-      counters: rig.store,
-      lists: rig.lists,
-      bus: rig.bus,
-      rebuildCounters: (userId) => rig.counters.rebuild(userId, 'overwrite', 'drift'),
-      metrics: rig.metrics,
-      maxCompare: 1_000,
-      settleMs: 10,
-      sampleSize: 0,
-    });
+    const reconciler = reconcilerOn(repo, { maxCompare: 1_000 });
     expect((await reconciler.check(b)).counters).toEqual([]);
     expect(landed).toBe(true);
   });
