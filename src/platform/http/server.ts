@@ -41,9 +41,10 @@ export interface HttpServerOptions {
 
 /**
  * How long a request may take to arrive whole: an upload of 10 MiB (an image through the embedded
- * profile's upload route) at 20 kB/s fits. Past it the connection is closed (with a 408 when no
- * answer is under way on it), so a client that stops sending mid-body holds no socket for ever.
- * Node checks every 30 s, so it can take that much longer.
+ * profile's upload route) at 20 kB/s fits. Past it the connection is closed without an answer (the
+ * request's own response is under way), so a client that stops sending mid-body holds no socket for
+ * ever; headers that take too long (Node's 60 s) get the 408. Node checks every 30 s, so it can take
+ * that much longer.
  */
 export const REQUEST_TIMEOUT_MS = 600_000;
 
