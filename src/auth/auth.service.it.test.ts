@@ -476,8 +476,26 @@ describe('client addresses behind a trusted proxy', () => {
     expect(statuses.slice(0, 32).every((s) => s !== 429)).toBe(true);
     expect(statuses.slice(32)).toEqual([429, 429]);
     expect((await check('2001:db8:3:1::a')).statusCode).not.toBe(429);
-    // Password sign-ins are not limited per network (they are per identifier too).
+    // Password sign-ins are counted apart from code checks.
     expect((await login('2001:db8:2:99::a')).statusCode).toBe(401);
+  });
+
+  it('limits password sign-ins from the /64s of one IPv6 /48 together, whatever accounts they name', async () => {
+    let n = 0;
+    const spray = (forwardedFor: string) =>
+      app.http.inject({
+        method: 'POST',
+        url: '/api/v1/auth/login',
+        payload: { identifierType: 'EMAIL', identifier: `spray${n++}@example.test`, password: 'Password1' },
+        remoteAddress: '10.1.1.1',
+        headers: { 'x-forwarded-for': forwardedFor },
+      });
+    const statuses: number[] = [];
+    for (let net = 0; net < 17; net++)
+      for (const host of ['a', 'b']) statuses.push((await spray(`2001:db8:5:${net}::${host}`)).statusCode);
+    expect(statuses.slice(0, 32).every((s) => s === 401)).toBe(true);
+    expect(statuses.slice(32)).toEqual([429, 429]);
+    expect((await spray('2001:db8:6:1::a')).statusCode).toBe(401);
   });
 
   it('limits code checks per client, across accounts and apart from sends and sign-ins', async () => {

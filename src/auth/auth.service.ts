@@ -428,8 +428,9 @@ export class AuthService {
     // Requests whose address is not known share one allowance: never none.
     await this.limitBy(`auth:${action}:ip:${ctx.ip ? rateLimitSubject(ctx.ip) : '-'}`, 1, 'address');
     // An IPv6 client moving from /64 to /64 of its network meets the network's allowance: for what
-    // costs a delivery or guesses a code (password sign-ins have limits per identifier too).
-    const network = ctx.ip && action !== 'login' ? rateLimitNetwork(ctx.ip) : null;
+    // costs a delivery, guesses a code or tries a password (the limits per identifier bound one
+    // account, not a password tried against many).
+    const network = ctx.ip ? rateLimitNetwork(ctx.ip) : null;
     if (network) await this.limitBy(`auth:${action}:net:${network}`, NETWORK_ALLOWANCE, 'network');
   }
 

@@ -304,11 +304,21 @@ describe(VerificationService.name, () => {
     // ...which must not make sends to unknown accounts fail while those to real ones go out.
     expect(await errorCode(sut.send('LOGIN', 'EMAIL', 'ghost@b.cd', false))).toBe('ok');
     expect(await errorCode(sut.send('LOGIN', 'EMAIL', 'real@b.cd', true))).toBe('ok');
-    // A refused recipient that is a registered account's does: the channel may refuse everyone.
+    // Nor does one registered account whose owner made its mailbox refuse mail...
     now += 61_000;
     sender.refused.add('real@b.cd');
     expect(await errorCode(sut.send('LOGIN', 'EMAIL', 'real@b.cd', true))).toBe('UNAVAILABLE');
-    expect(await errorCode(sut.send('LOGIN', 'EMAIL', 'ghost3@b.cd', false))).toBe('UNAVAILABLE');
+    expect(await errorCode(sut.send('LOGIN', 'EMAIL', 'ghost3@b.cd', false))).toBe('ok');
+    now += 61_000;
+    expect(await errorCode(sut.send('RESET_PASSWORD', 'EMAIL', 'real@b.cd', true))).toBe('UNAVAILABLE');
+    expect(await errorCode(sut.send('LOGIN', 'EMAIL', 'ghost4@b.cd', false))).toBe('ok');
+    // ...but refusals of several registered accounts within the window do: the channel may refuse everyone.
+    sender.refused.add('real3@b.cd');
+    sender.refused.add('real4@b.cd');
+    expect(await errorCode(sut.send('LOGIN', 'EMAIL', 'real3@b.cd', true))).toBe('UNAVAILABLE');
+    expect(await errorCode(sut.send('LOGIN', 'EMAIL', 'ghost5@b.cd', false))).toBe('ok');
+    expect(await errorCode(sut.send('LOGIN', 'EMAIL', 'real4@b.cd', true))).toBe('UNAVAILABLE');
+    expect(await errorCode(sut.send('LOGIN', 'EMAIL', 'ghost6@b.cd', false))).toBe('UNAVAILABLE');
     sender.refused.clear();
     now += 31_000;
     // A failing channel still does.

@@ -21,6 +21,11 @@ const DELIVERY_SAMPLES = 32;
 const FIRST_DELIVERY_MS = 500;
 /** How long after a failed delivery a send to an unknown account fails too, as a real one would. */
 const OUTAGE_MS = 30_000;
+/**
+ * Registered recipients whose refusals within `OUTAGE_MS` make an outage: the channel refusing
+ * everyone, not one account whose owner made their own mailbox refuse mail to switch it on.
+ */
+const REFUSED_RECIPIENTS_FOR_OUTAGE = 3;
 
 export class VerificationError extends AppError {
   constructor(code: 'VERIFICATION_NOT_FOUND' | 'VERIFICATION_MISMATCH', message: string) {
@@ -48,6 +53,8 @@ export class VerificationService {
   private readonly deliveryMs = new Map<IdentifierType, number[]>();
   /** The same for deliveries that failed: how long an unknown account's send fails in an outage. */
   private readonly failedMs = new Map<IdentifierType, number[]>();
+  /** Registered recipients the channel refused lately, with when, per identifier type. */
+  private readonly refusedAt = new Map<IdentifierType, Map<string, number>>();
 
   constructor(
     private readonly kv: KeyValueStore,
@@ -148,18 +155,36 @@ export class VerificationService {
       await this.sender.send({ ...message, expireSeconds: CODE_TTL_SECONDS });
       remember(this.deliveryMs, message.identifierType, performance.now() - started);
       this.failedAt.delete(message.identifierType);
+      this.refusedAt.delete(message.identifierType);
     } catch (err) {
       remember(this.failedMs, message.identifierType, performance.now() - started);
-      // A sign-up code to a refused recipient is left out: anyone may ask for one to an address of
-      // their choosing, and an outage mode switched on at will would tell unknown accounts from real
-      // ones. Any failure to reach a registered account counts (a relay refusing every recipient).
-      if (!(err instanceof RecipientRefusedError) || message.scene !== 'REGISTER')
+      // An outage mode switched on at will would tell unknown accounts from real ones, so a refused
+      // recipient counts only as one of several registered ones refused lately (a relay refusing
+      // everyone): anyone may ask for a sign-up code to an address of their choosing, and the owner
+      // of an account may make its own mailbox refuse mail. Any other failure counts at once.
+      if (!(err instanceof RecipientRefusedError)) this.failedAt.set(message.identifierType, this.now());
+      else if (message.scene !== 'REGISTER' && this.refusedLately(message.identifierType, message.identifier))
         this.failedAt.set(message.identifierType, this.now());
       // A new code nobody received is withdrawn; a code sent before stays valid.
       if (fresh) await this.kv.delete(`vc:code:${id}`);
       await this.kv.delete(`vc:gap:${id}`);
       throw undelivered(err);
     }
+  }
+
+  /** Records a refusal of `identifier`; whether enough distinct recipients were refused lately to call it an outage. */
+  private refusedLately(type: IdentifierType, identifier: string): boolean {
+    const now = this.now();
+    let refused = this.refusedAt.get(type);
+    if (!refused) this.refusedAt.set(type, (refused = new Map<string, number>()));
+    refused.delete(identifier);
+    refused.set(identifier, now);
+    // Oldest first: what is past the window, and past a few hundred, goes.
+    for (const [id, at] of refused) {
+      if (now - at < OUTAGE_MS && refused.size <= 256) break;
+      refused.delete(id);
+    }
+    return refused.size >= REFUSED_RECIPIENTS_FOR_OUTAGE;
   }
 
   /** Consumes the code when it matches; throws the contract's verification errors otherwise. */
