@@ -273,15 +273,26 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
     onError: (err) => log.warn({ err }, 'views not published yet; will retry'),
   });
   // Anonymous feed and detail answers live as long as cached counts do, so counts show no later
-  // than elsewhere.
-  const anonymousAnswers = (maxEntries: number) => ({
+  // than elsewhere; at most 16 and 32 MiB of them (a 50-post page is about 100 kB, a detail a few).
+  const anonymousAnswers = (maxEntries: number, maxBytes: number) => ({
     ttlMs: config.postReads.countsCacheMs,
     maxEntries,
+    maxBytes,
     counts: (refs: readonly EntityRef[]) => counters.snapshots(refs),
     now,
   });
-  const feeds = new FeedService(postCache, postReads, interactions, anonymousAnswers(1_000));
-  const details = new DetailService(postCache, interactions, views, anonymousAnswers(5_000));
+  const feeds = new FeedService(
+    postCache,
+    postReads,
+    interactions,
+    anonymousAnswers(1_000, 16 * 1024 * 1024),
+  );
+  const details = new DetailService(
+    postCache,
+    interactions,
+    views,
+    anonymousAnswers(5_000, 32 * 1024 * 1024),
+  );
 
   const relationMetrics = new RelationMetrics(metrics.registry);
   const relationRepo = new RelationRepository(platform.db, new OutboxWriter(now), (changes) =>

@@ -6,6 +6,11 @@ export interface AnonymousAnswersOptions {
   /** How long a written answer lives; also the most its counts may lag. */
   ttlMs: number;
   maxEntries: number;
+  /**
+   * Most bytes of answers kept: an expired answer stays in memory until it is read again or pushed
+   * out, so entries alone would let many distinct keys (pages and sizes) hold a lot.
+   */
+  maxBytes: number;
   /** Counts read when an answer is written: not through a cache, so they are no older than the answer. */
   counts: PostInteractions['counts'];
   now?: () => number;
@@ -23,13 +28,17 @@ export class AnonymousAnswers<V = Buffer> {
   private readonly kept: LruCache<{ value: V; generation: number }>;
   private readonly writes = new SingleFlight<V>();
 
+  /** `size` tells how many bytes an answer holds (see `maxBytes`). */
   constructor(
     private readonly generation: () => number,
-    options: Pick<AnonymousAnswersOptions, 'ttlMs' | 'maxEntries' | 'now'>,
+    options: Pick<AnonymousAnswersOptions, 'ttlMs' | 'maxEntries' | 'maxBytes' | 'now'>,
+    size: (value: V) => number,
   ) {
     this.kept = new LruCache({
       ttlMs: options.ttlMs,
       maxEntries: options.maxEntries,
+      maxWeight: options.maxBytes,
+      weigh: (kept) => size(kept.value),
       ...(options.now ? { now: options.now } : {}),
     });
   }

@@ -30,7 +30,13 @@ export class DetailService {
     private readonly anonymous?: AnonymousAnswersOptions,
   ) {
     this.anonymousAnswers =
-      anonymous && anonymous.ttlMs > 0 ? new AnonymousAnswers(() => cache.localGeneration, anonymous) : null;
+      anonymous && anonymous.ttlMs > 0
+        ? new AnonymousAnswers(
+            () => cache.localGeneration,
+            anonymous,
+            (bytes: Buffer) => bytes.length,
+          )
+        : null;
   }
 
   /** `view: false` for a look that is no read (an HTTP HEAD request). */

@@ -194,6 +194,7 @@ describe.each<Profile>(['embedded', 'cluster'])('reading posts against real stor
     const answers = anonymous && {
       ...anonymous,
       maxEntries: 100,
+      maxBytes: 16 * 1024 * 1024,
       counts: (refs: readonly EntityRef[]) => interactions.counts(refs),
     };
     return {
@@ -427,6 +428,7 @@ describe.each<Profile>(['embedded', 'cluster'])('reading posts against real stor
     const feeds = new FeedService(p.cache, new PostReadRepository(backend.db), interactions, {
       ttlMs: 200,
       maxEntries: 100,
+      maxBytes: 16 * 1024 * 1024,
       now: () => now,
       counts: interactions.counts,
     });

@@ -36,6 +36,13 @@ interface KeptPage {
   template: FeedTemplate;
 }
 
+/** The bytes a kept page holds: its answer and its template (the posts are the post cache's). */
+function keptPageBytes(kept: KeptPage): number {
+  let bytes = kept.bytes.length;
+  for (const gap of kept.template.gaps) bytes += gap.length;
+  return bytes;
+}
+
 /** Where anonymous pages are kept, and the counts they are written with. */
 interface KeptPages {
   answers: AnonymousAnswers<KeptPage>;
@@ -66,7 +73,10 @@ export class FeedService {
   ) {
     this.anonymousPages =
       anonymous && anonymous.ttlMs > 0
-        ? { answers: new AnonymousAnswers(() => cache.localGeneration, anonymous), counts: anonymous.counts }
+        ? {
+            answers: new AnonymousAnswers(() => cache.localGeneration, anonymous, keptPageBytes),
+            counts: anonymous.counts,
+          }
         : null;
   }
 

@@ -71,7 +71,7 @@ describe.each<ProfileName>(['embedded', 'cluster'])('reading posts (%s profile)'
 
   const call = (method: string, path: string, token?: string, body?: unknown) =>
     client.call(method, path, { token, ...(body !== undefined ? { body } : {}) });
-  const ok = (res: { status: number; body: any }, status = 204) => {
+  const ok = <R extends { status: number; body: any }>(res: R, status = 204): R => {
     expect(res.status, JSON.stringify(res.body)).toBe(status);
     return res;
   };
@@ -174,8 +174,21 @@ describe.each<ProfileName>(['embedded', 'cluster'])('reading posts (%s profile)'
     expect(all.indexOf(ids[2]!)).toBeLessThan(all.indexOf(ids[1]!));
     expect(all.indexOf(ids[1]!)).toBeLessThan(all.indexOf(ids[0]!));
 
-    const defaults = ok(await call('GET', '/api/v1/knowposts/feed'), 200).body;
+    const anonymous = ok(await call('GET', '/api/v1/knowposts/feed'), 200);
+    const defaults = anonymous.body;
     expect([defaults.page, defaults.size]).toEqual([1, 20]);
+    // A cache in front keyed by URL keeps no signed-in caller's answer, nor gives one another's.
+    expect(anonymous.headers.get('vary')).toMatch(/authorization/i);
+    expect(anonymous.headers.get('cache-control')).toBeNull();
+    for (const path of [
+      '/api/v1/knowposts/feed',
+      '/api/v1/knowposts/mine',
+      `/api/v1/knowposts/detail/${ids[0]}`,
+    ]) {
+      const signedIn = ok(await call('GET', path, author.accessToken), 200);
+      expect(signedIn.headers.get('cache-control'), path).toBe('private, no-store');
+      expect(signedIn.headers.get('vary'), path).toMatch(/authorization/i);
+    }
     expect(ok(await call('GET', '/api/v1/knowposts/feed?size=500'), 200).body.size).toBe(50);
     expect(ok(await call('GET', '/api/v1/knowposts/feed?size=0'), 200).body.size).toBe(1);
     // The feed pages through its newest 10,000 posts.

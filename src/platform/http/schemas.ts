@@ -58,11 +58,15 @@ export function errorResponses(...statuses: number[]): Record<number, typeof Err
 
 /**
  * Sends JSON the route wrote itself, as UTF-8 bytes, past the response serializer: for answers that
- * reuse bytes encoded earlier. The route's response schema still documents them, and the route's
- * tests check that they match it.
+ * reuse bytes encoded earlier (feeds and details, which differ by caller: their flags, an author's
+ * own posts). The route's response schema still documents them, and the route's tests check that
+ * they match it. An answer to a signed-in caller is marked for no shared cache to keep, and every
+ * one as varying by `Authorization`, so a cache in front keyed by URL cannot hand one to another.
  */
 export function sendJsonBytes(reply: FastifyReply, bytes: Buffer): FastifyReply {
-  return reply.type('application/json; charset=utf-8').send(bytes);
+  if (reply.request.headers.authorization !== undefined)
+    void reply.header('cache-control', 'private, no-store');
+  return reply.header('vary', 'authorization').type('application/json; charset=utf-8').send(bytes);
 }
 
 /**
