@@ -149,6 +149,7 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
       .update(createPrivateKey(platform.signingKeyPem).export({ type: 'pkcs8', format: 'der' }))
       .digest(),
     now,
+    log.child({ module: 'auth' }),
   );
   const profiles = new ProfileService(
     users,

@@ -26,6 +26,7 @@ afterAll(() => {
 describe(AuthService.name, () => {
   let app: App;
   const codes: { identifier: string; code: string }[] = [];
+  const logged: { level: number; msg?: string }[] = [];
 
   beforeAll(async () => {
     const dataDir = tempDataDir('zg-auth-');
@@ -33,7 +34,13 @@ describe(AuthService.name, () => {
       { level: 'info' },
       {
         write(line: string) {
-          const entry = JSON.parse(line) as { msg?: string; identifier?: string; code?: string };
+          const entry = JSON.parse(line) as {
+            level: number;
+            msg?: string;
+            identifier?: string;
+            code?: string;
+          };
+          logged.push(entry);
           if (entry.msg === 'verification code' && entry.identifier && entry.code)
             codes.push({ identifier: entry.identifier, code: entry.code });
         },
@@ -250,6 +257,28 @@ describe(AuthService.name, () => {
     } finally {
       keep.mockRestore();
     }
+  });
+
+  it('answers a reset and a sign-in that happened even when their audit record cannot be written, and logs it', async () => {
+    await signUp('audit-down@example.test', '10.0.8.1');
+    const down = vi
+      .spyOn(LoginAuditRepository.prototype, 'record')
+      .mockRejectedValue(new Error('injected: audit table unreachable'));
+    try {
+      expect((await resetPassword('audit-down@example.test', 'new54321', '10.0.8.1')).statusCode).toBe(204);
+      const signedIn = await post(
+        '/api/v1/auth/login',
+        { identifierType: 'EMAIL', identifier: 'audit-down@example.test', password: 'new54321' },
+        '10.0.8.1',
+      );
+      expect(signedIn.statusCode).toBe(200);
+    } finally {
+      down.mockRestore();
+    }
+    const missed = logged.filter(
+      (l) => l.msg === 'a successful sign-in could not be put on the audit record',
+    );
+    expect(missed.map((l) => l.level)).toEqual([50, 50]);
   });
 
   it('ends a session that a sign-in opens with the old password while a reset finishes', async () => {

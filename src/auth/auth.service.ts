@@ -101,6 +101,8 @@ export class AuthService {
     /** The deployment's secret that kept refresh answers are sealed with (see `kept-answers.ts`). */
     private readonly answerSecret: Uint8Array,
     private readonly now: () => number = Date.now,
+    /** Told of a success that could not be put on the audit record (the success stands). */
+    private readonly log?: { error(obj: object, msg: string): void },
   ) {
     this.refusalsRecorded = new LruCache<true>({ maxEntries: 10_000, ttlMs: limits.windowMs });
   }
@@ -145,7 +147,10 @@ export class AuthService {
     const passwordHash = input.password === undefined ? null : await this.hasher.hash(input.password);
     const user = await this.createUser(input.identifierType, identifier, passwordHash);
     await this.rememberClient(identifier, ctx);
-    await this.record({ userId: user.id, identifier, channel: 'REGISTER', success: true, reason: null }, ctx);
+    await this.recordSuccess(
+      { userId: user.id, identifier, channel: 'REGISTER', success: true, reason: null },
+      ctx,
+    );
     return { user, token: await this.issue(user.id) };
   }
 
@@ -211,7 +216,10 @@ export class AuthService {
         .catch(() => undefined);
     }
     await this.rememberClient(identifier, ctx);
-    await this.record({ userId: user.id, identifier, channel: 'PASSWORD', success: true, reason: null }, ctx);
+    await this.recordSuccess(
+      { userId: user.id, identifier, channel: 'PASSWORD', success: true, reason: null },
+      ctx,
+    );
     return { user, token: await this.issue(user.id, verified) };
   }
 
@@ -255,7 +263,10 @@ export class AuthService {
       throw invalidCredentials();
     }
     await this.rememberClient(identifier, ctx);
-    await this.record({ userId: user.id, identifier, channel: 'CODE', success: true, reason: null }, ctx);
+    await this.recordSuccess(
+      { userId: user.id, identifier, channel: 'CODE', success: true, reason: null },
+      ctx,
+    );
     return { user, token: await this.issue(user.id) };
   }
 
@@ -357,7 +368,10 @@ export class AuthService {
     });
     await this.sessions.endAll(user.id);
     this.authenticator.forgetAllSessions();
-    await this.record({ userId: user.id, identifier, channel: 'RESET', success: true, reason: null }, ctx);
+    await this.recordSuccess(
+      { userId: user.id, identifier, channel: 'RESET', success: true, reason: null },
+      ctx,
+    );
   }
 
   /** Opens a session, under `version` when the caller read it before checking a credential. */
@@ -512,5 +526,24 @@ export class AuthService {
 
   private record(attempt: Omit<LoginAttempt, 'ip' | 'userAgent'>, ctx: RequestContext): Promise<void> {
     return this.audit.record({ ...attempt, ip: ctx.ip, userAgent: ctx.userAgent });
+  }
+
+  /**
+   * A success on the record, once what it did is done (an account made, a code used up, a password
+   * replaced): a record that cannot be written is logged, and the success answered all the same,
+   * rather than a 5xx for something that happened.
+   */
+  private async recordSuccess(
+    attempt: Omit<LoginAttempt, 'ip' | 'userAgent'>,
+    ctx: RequestContext,
+  ): Promise<void> {
+    try {
+      await this.record(attempt, ctx);
+    } catch (err) {
+      this.log?.error(
+        { err, userId: attempt.userId, channel: attempt.channel },
+        'a successful sign-in could not be put on the audit record',
+      );
+    }
   }
 }

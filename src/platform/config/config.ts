@@ -244,7 +244,7 @@ export const CONFIG_VARS = {
   },
   ZG_TRUST_PROXY: {
     description:
-      'proxies whose X-Forwarded-For names the client (rate limits, audit): false, true (any), a hop count from 0 to 16 (0 = false), or a comma-separated list of addresses, CIDRs or loopback/linklocal/uniquelocal',
+      'proxies whose X-Forwarded-For names the client (rate limits, audit): false, true (any: the leftmost entry, which a client writes itself unless every proxy replaces the header; prefer a hop count or the addresses of the proxies), a hop count from 0 to 16 (0 = false), or a comma-separated list of addresses, CIDRs or loopback/linklocal/uniquelocal',
     default: 'false',
   },
   ZG_CORS_ORIGINS: {
