@@ -28,6 +28,8 @@ describe(holdDataDir.name, () => {
   it('is let go of when the holding process dies, however it dies', async () => {
     const dir = tempDir();
     const lockModule = new URL('./data-dir-lock.ts', import.meta.url).pathname;
+    // The holder drops the release: the lock stays while it runs all the same (a garbage-collected
+    // database would let go of it; about one run in three did before the lock kept its database).
     const child = spawn(
       process.execPath,
       [

@@ -43,17 +43,23 @@ function take(dir: string): DatabaseSync | null {
 }
 
 /**
+ * The databases holding a lock: a database the garbage collector takes is closed, which would let
+ * go of the lock while the process still runs, so they are kept here until released.
+ */
+const holding = new Set<DatabaseSync>();
+
+/**
  * Takes `dir` for this process (creating it when missing); throws `DataDirBusyError` while another
- * holds it. Returns the release.
+ * holds it. Returns the release; until it is called, the lock is held as long as the process runs,
+ * whether or not the caller keeps the release.
  */
 export function holdDataDir(dir: string): () => void {
   mkdirSync(dir, { recursive: true });
   const db = take(dir);
   if (!db) throw new DataDirBusyError(dir);
-  let held = true;
+  holding.add(db);
   return () => {
-    if (!held) return;
-    held = false;
+    if (!holding.delete(db)) return;
     db.exec('ROLLBACK');
     db.close();
   };
