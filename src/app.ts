@@ -8,7 +8,7 @@ import { authRoutes } from './auth/auth.routes.js';
 import { installAuthGuards } from './auth/auth.guard.js';
 import { Authenticator } from './auth/authenticator.js';
 import { signingKeyFromPem } from './auth/keys.js';
-import { LoginAuditRepository } from './auth/login-audit.repository.js';
+import { LoginAuditRepository, loginAuditDeletedCounter } from './auth/login-audit.repository.js';
 import { PasswordHasher } from './auth/passwords.js';
 import { SessionStore } from './auth/sessions.js';
 import { TokenSigner } from './auth/tokens.js';
@@ -131,9 +131,10 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
   );
   const authenticator = new Authenticator(signer, sessions, config.sessionCheckCacheMs, 50_000, now);
   const guards = installAuthGuards(http, authenticator);
+  const loginAudit = new LoginAuditRepository(platform.db, now);
   const auth = new AuthService(
     users,
-    new LoginAuditRepository(platform.db, now),
+    loginAudit,
     new VerificationService(platform.kv, platform.codeSender, now),
     new PasswordHasher(config.passwordHashCost),
     signer,
@@ -401,6 +402,7 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
     now,
   });
   const objectsRemoved = postObjectsRemovedCounter(metrics.registry);
+  const auditRowsDeleted = loginAuditDeletedCounter(metrics.registry);
   const sweeper = new PostUploadSweeper(postRepo, platform.storage, {
     retentionMs: config.posts.uploadRetentionMs,
     maxBytes: { content: config.posts.contentMaxBytes, image: config.posts.imageMaxBytes },
@@ -438,6 +440,15 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
       'post-sweep',
       60_000,
       async () => objectsRemoved.inc({ task: 'sweep' }, (await sweeper.runOnce()).objects),
+      workerError,
+    ),
+    new PeriodicTask(
+      'login-audit-prune',
+      600_000,
+      async () => {
+        const rows = await loginAudit.deleteBefore(now() - config.loginAuditRetentionMs);
+        if (rows > 0) auditRowsDeleted.inc(rows);
+      },
       workerError,
     ),
     new PeriodicTask(

@@ -1,3 +1,4 @@
+import { Counter, type Registry } from 'prom-client';
 import type { Db } from '../platform/db/database.js';
 
 export interface LoginAttempt {
@@ -34,6 +35,34 @@ export class LoginAuditRepository {
       .execute();
   }
 
+  /**
+   * Deletes attempts recorded before `cutoff` (ms since the epoch), oldest first, in ranges of at
+   * most `batch` ids (short statements while sign-ins go on), and stops at the first attempt that is
+   * not that old or after `maxBatches` ranges; how many rows went. Ids grow with time, so it reads
+   * only the rows it deletes and one more: the table has no index on the time.
+   */
+  async deleteBefore(cutoff: number, options: { batch?: number; maxBatches?: number } = {}): Promise<number> {
+    const batch = options.batch ?? 5_000;
+    const maxBatches = options.maxBatches ?? 1_000;
+    let deleted = 0;
+    for (let i = 0; i < maxBatches; i++) {
+      const oldest = await this.db.kysely
+        .selectFrom('login_audit')
+        .select(['id', 'created_at'])
+        .orderBy('id')
+        .limit(1)
+        .executeTakeFirst();
+      if (!oldest || Number(oldest.created_at) >= cutoff) break;
+      const result = await this.db.kysely
+        .deleteFrom('login_audit')
+        .where('id', '<', Number(oldest.id) + batch)
+        .where('created_at', '<', cutoff)
+        .executeTakeFirst();
+      deleted += Number(result.numDeletedRows);
+    }
+    return deleted;
+  }
+
   async forUser(
     userId: number,
     limit = 50,
@@ -59,4 +88,13 @@ export class LoginAuditRepository {
       .limit(limit)
       .execute();
   }
+}
+
+/** `zg_login_audit_deleted_total`: attempts deleted from the login audit once past their retention. */
+export function loginAuditDeletedCounter(registry: Registry): Counter {
+  return new Counter({
+    name: 'zg_login_audit_deleted_total',
+    help: 'Sign-in attempts deleted from the login audit after ZG_LOGIN_AUDIT_DAYS',
+    registers: [registry],
+  });
 }

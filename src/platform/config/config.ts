@@ -51,6 +51,8 @@ export interface Config {
   sms: { webhookUrl: string | undefined; webhookToken: string | undefined; log: boolean };
   /** Guessing limits per 15 minutes: password sign-ins per identifier; code sends, and separately sign-ins, per client address. */
   authLimits: { passwordPerIdentifier: number; perIp: number; windowMs: number };
+  /** How long a sign-in attempt (with its client address and user agent) stays in the login audit. */
+  loginAuditRetentionMs: number;
   counters: {
     /** Redis hash-tag groups the counter keys are spread over (cluster). */
     groups: number;
@@ -241,6 +243,11 @@ export const CONFIG_VARS = {
     description:
       'code sends per client (an IPv4 address, an IPv6 /64) per 15 minutes, and as many code checks and as many password sign-ins (each counted apart); the /64s of one IPv6 /48 get sixteen times as many code sends and checks together',
     default: '60',
+  },
+  ZG_LOGIN_AUDIT_DAYS: {
+    description:
+      'days the login audit keeps each sign-up, sign-in, refresh and reset attempt with its client address and user agent; older rows are deleted by the workers every ten minutes',
+    default: '90',
   },
   ZG_TRUST_PROXY: {
     description:
@@ -666,6 +673,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: { ro
       perIp: int('ZG_AUTH_IP_LIMIT', 1, 1_000_000_000),
       windowMs: 15 * 60_000,
     },
+    loginAuditRetentionMs: int('ZG_LOGIN_AUDIT_DAYS', 1, 3650) * 86_400_000,
     counters: {
       groups: int('ZG_COUNTER_GROUPS', 1, 16_384),
       flushIntervalMs: int('ZG_COUNTER_FLUSH_MS', 10, 60_000),

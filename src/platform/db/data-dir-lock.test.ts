@@ -40,14 +40,18 @@ describe(holdDataDir.name, () => {
       ],
       { stdio: ['ignore', 'pipe', 'inherit'] },
     );
-    await new Promise<void>((resolve, reject) => {
-      child.stdout.on('data', (chunk: Buffer) => chunk.toString().includes('held') && resolve());
-      child.on('exit', (code) => reject(new Error(`holder exited with ${code}`)));
-    });
-    expect(() => holdDataDir(dir)).toThrow(DataDirBusyError);
     const exited = new Promise((resolve) => child.on('exit', resolve));
-    child.kill('SIGKILL');
-    await exited;
+    try {
+      await new Promise<void>((resolve, reject) => {
+        child.stdout.on('data', (chunk: Buffer) => chunk.toString().includes('held') && resolve());
+        child.on('exit', (code) => reject(new Error(`holder exited with ${code}`)));
+      });
+      expect(() => holdDataDir(dir)).toThrow(DataDirBusyError);
+    } finally {
+      // A failed expectation must not leave the holder running after the suite.
+      child.kill('SIGKILL');
+      await exited;
+    }
     holdDataDir(dir)();
   });
 });
