@@ -1,35 +1,20 @@
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
-import { createMysqlDatabase, openTempSqlite } from '../../test/rig/resources.js';
-import { migrate, openMysql, type Db } from '../platform/db/database.js';
+import { freshDatabases, type FreshDatabase } from '../../test/rig/resources.js';
+import type { Db } from '../platform/db/database.js';
 import { LoginAuditRepository } from './login-audit.repository.js';
 
-type Dialect = 'sqlite' | 'mysql';
-
-async function openDb(dialect: Dialect): Promise<{ db: Db; dispose: () => Promise<void> }> {
-  if (dialect === 'sqlite') return openTempSqlite();
-  const database = await createMysqlDatabase();
-  const db = await openMysql(database.url, 2);
-  await migrate(db);
-  return {
-    db,
-    dispose: async () => {
-      await db.close();
-      await database.drop();
-    },
-  };
-}
-
-describe.each<Dialect>(['sqlite', 'mysql'])(`${LoginAuditRepository.name} on %s`, (dialect) => {
+describe.each(freshDatabases({ migrated: true }))(`${LoginAuditRepository.name} on %s`, (_, open) => {
+  let fresh: FreshDatabase;
   let db: Db;
-  let dispose: () => Promise<void>;
   let clock = 0;
   let sut: LoginAuditRepository;
 
   beforeAll(async () => {
-    ({ db, dispose } = await openDb(dialect));
+    fresh = await open();
+    db = fresh.db;
     sut = new LoginAuditRepository(db, () => clock);
   });
-  afterAll(async () => dispose?.());
+  afterAll(async () => fresh?.close());
   beforeEach(async () => {
     await db.kysely.deleteFrom('login_audit').execute();
   });
