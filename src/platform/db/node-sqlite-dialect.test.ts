@@ -1,4 +1,8 @@
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { DatabaseSync } from 'node:sqlite';
+import { Worker } from 'node:worker_threads';
 import { CompiledQuery, Kysely, sql } from 'kysely';
 import { afterEach, describe, expect, it, vi } from 'vitest';
 import { createNodeSqliteDialect, nodeSqliteDatabase } from './node-sqlite-dialect.js';
@@ -82,5 +86,52 @@ describe(nodeSqliteDatabase.name, () => {
     sut.close();
     expect(sut.cachedStatements).toBe(0);
     expect(raw.isOpen).toBe(false);
+  });
+
+  it('has a transaction that reads and then writes wait for a write lock another connection holds', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'zg-sqlite-'));
+    const path = join(dir, 'db.sqlite');
+    let holder: Worker | undefined;
+    const kysely = new Kysely<Tables>({ dialect: createNodeSqliteDialect(path).dialect });
+    try {
+      await sql`CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)`.execute(kysely);
+      // Another connection (a CLI command beside the server) holds the write lock for 300 ms.
+      holder = new Worker(
+        `const { DatabaseSync } = require('node:sqlite');
+         const { parentPort, workerData } = require('node:worker_threads');
+         const db = new DatabaseSync(workerData);
+         db.exec('BEGIN IMMEDIATE');
+         db.exec("INSERT INTO t (id, v) VALUES (1, 'other')");
+         parentPort.postMessage('locked');
+         setTimeout(() => { db.exec('COMMIT'); db.close(); parentPort.postMessage('committed'); }, 300);`,
+        { eval: true, workerData: path },
+      );
+      const messages: string[] = [];
+      await new Promise<void>((resolve, reject) => {
+        holder!.on('message', (m: string) => {
+          messages.push(m);
+          if (m === 'locked') resolve();
+        });
+        holder!.on('error', reject);
+      });
+      const wrote = await kysely.transaction().execute(async (trx) => {
+        const seen = await trx.selectFrom('t').select('id').execute();
+        await trx
+          .insertInto('t')
+          .values({ id: 2, v: `after ${seen.length}` })
+          .execute();
+        return seen.length;
+      });
+      // The transaction began once the other one had committed, and saw its row.
+      expect(wrote).toBe(1);
+      expect(await kysely.selectFrom('t').select(['id', 'v']).orderBy('id').execute()).toEqual([
+        { id: 1, v: 'other' },
+        { id: 2, v: 'after 1' },
+      ]);
+    } finally {
+      await holder?.terminate();
+      await kysely.destroy();
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 });

@@ -1,5 +1,16 @@
 import { DatabaseSync, type SQLInputValue, type StatementSync } from 'node:sqlite';
-import { SqliteDialect, type SqliteDatabase, type SqliteStatement } from 'kysely';
+import {
+  CompiledQuery,
+  SqliteAdapter,
+  SqliteDialect,
+  SqliteDriver,
+  type DatabaseConnection,
+  type Driver,
+  type DialectAdapter,
+  type SqliteDatabase,
+  type SqliteDialectConfig,
+  type SqliteStatement,
+} from 'kysely';
 
 /** Prepared statements kept per connection; the least recently used one goes first. */
 export const STATEMENT_CACHE_SIZE = 200;
@@ -23,7 +34,41 @@ export function createNodeSqliteDialect(
   raw.exec('PRAGMA synchronous = NORMAL');
   raw.exec('PRAGMA foreign_keys = ON');
   raw.exec('PRAGMA busy_timeout = 5000');
-  return { dialect: new SqliteDialect({ database: nodeSqliteDatabase(raw, cacheSize) }), raw };
+  return { dialect: new NodeSqliteDialect({ database: nodeSqliteDatabase(raw, cacheSize) }), raw };
+}
+
+/**
+ * Kysely's SQLite dialect with two changes. Its transactions begin `IMMEDIATE`: in WAL mode a
+ * transaction that reads and then writes while another process (a CLI command beside the server)
+ * holds the write lock fails at once with SQLITE_BUSY, the busy timeout notwithstanding; one that
+ * takes the lock first waits for it. And migrations run in a transaction (SQLite's DDL is
+ * transactional; Kysely assumes it is not), so a step cut short by a killed process leaves nothing
+ * behind to fail the next start, and processes starting together migrate one after the other.
+ */
+class NodeSqliteDialect extends SqliteDialect {
+  constructor(private readonly settings: SqliteDialectConfig) {
+    super(settings);
+  }
+
+  override createDriver(): Driver {
+    return new ImmediateSqliteDriver(this.settings);
+  }
+
+  override createAdapter(): DialectAdapter {
+    return new TransactionalDdlSqliteAdapter();
+  }
+}
+
+class ImmediateSqliteDriver extends SqliteDriver {
+  override async beginTransaction(connection: DatabaseConnection): Promise<void> {
+    await connection.executeQuery(CompiledQuery.raw('begin immediate'));
+  }
+}
+
+class TransactionalDdlSqliteAdapter extends SqliteAdapter {
+  override get supportsTransactionalDdl(): boolean {
+    return true;
+  }
 }
 
 const toParams = (params: readonly unknown[]): SQLInputValue[] =>

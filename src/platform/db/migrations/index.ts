@@ -7,9 +7,11 @@ import type { Dialect } from '../database.js';
  * Numbered, forward-only migrations, one list per dialect. A released migration keeps its effect; a
  * change to the schema is a new entry at the end of both lists. Its text has changed only so that
  * it runs on more servers (MySQL 8 takes a default for a TEXT column only as an expression) or can
- * run again after being cut short: MySQL commits each DDL statement at once, so a step of several
- * statements interrupted half-way (a process killed during a long `UPDATE`) is run again whole at
- * the next start, and every statement of such a step must find its own work done and go on.
+ * run again after being cut short: MySQL commits each DDL statement at once, so a step interrupted
+ * half-way (a process killed during a long `UPDATE`), or after its last statement and before the
+ * migrator recorded it, is run again whole at the next start, and every statement of a MySQL step
+ * must find its own work done and go on. SQLite runs the pending steps in one transaction (see
+ * node-sqlite-dialect.ts): one cut short leaves nothing.
  */
 type Step = (db: Kysely<unknown>) => Promise<void>;
 
@@ -245,7 +247,9 @@ const mysql: Record<string, Step> = {
        created_at BIGINT NOT NULL, updated_at BIGINT NOT NULL, KEY knowposts_author (author_id, created_at)
      ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin`,
   ),
-  '0005_knowpost_content': exec(
+  '0005_knowpost_content': unlessColumn(
+    'knowposts',
+    'title',
     `ALTER TABLE knowposts
        ADD COLUMN title VARCHAR(256) NULL, ADD COLUMN description VARCHAR(255) NULL,
        ADD COLUMN tag_id BIGINT NULL, ADD COLUMN tags_json TEXT NOT NULL DEFAULT ('[]'),
@@ -279,7 +283,9 @@ const mysql: Record<string, Step> = {
   ),
   // Redis keeps the cluster profile's user-counter marks.
   '0008_user_counter_marks': exec(),
-  '0009_knowpost_purge': exec(
+  '0009_knowpost_purge': unlessColumn(
+    'knowposts',
+    'objects_purged_at',
     `ALTER TABLE knowposts ADD COLUMN objects_purged_at BIGINT NULL,
        ADD KEY knowposts_purge (status, objects_purged_at, updated_at)`,
   ),
@@ -297,8 +303,14 @@ const mysql: Record<string, Step> = {
     // The unique key compares in the column's collation.
     `ALTER TABLE users MODIFY zg_id VARCHAR(32) CHARACTER SET utf8mb4 COLLATE utf8mb4_general_ci NOT NULL`,
   ),
-  '0012_knowpost_uploads_open': exec(`ALTER TABLE knowposts ADD COLUMN uploads_open_until BIGINT NULL`),
-  '0013_knowpost_public_crossings': exec(
+  '0012_knowpost_uploads_open': unlessColumn(
+    'knowposts',
+    'uploads_open_until',
+    `ALTER TABLE knowposts ADD COLUMN uploads_open_until BIGINT NULL`,
+  ),
+  '0013_knowpost_public_crossings': unlessColumn(
+    'knowposts',
+    'public_epoch',
     `ALTER TABLE knowposts ADD COLUMN public_epoch INT NOT NULL DEFAULT 0,
        ADD COLUMN public_crossings TEXT NOT NULL DEFAULT ('[]')`,
   ),

@@ -1,9 +1,9 @@
-import { Migrator } from 'kysely/migration';
+import { Migrator, type Migration } from 'kysely/migration';
 import { afterEach, describe, expect, it } from 'vitest';
 import { freshDatabases, services } from '../../../../test/rig/resources.js';
 import { UniqueViolationError } from '../../errors/errors.js';
 import { isDeployed, migrate, openMysql, translateDbError, type Db } from '../database.js';
-import { sql } from 'kysely';
+import { sql, type Kysely } from 'kysely';
 import { migrationsFor } from './index.js';
 
 const backends = freshDatabases({ migrated: false });
@@ -220,6 +220,61 @@ describe('migrations on MariaDB cut short', () => {
         .executeTakeFirstOrThrow();
       expect(Number(row.objects_check_at)).toBe(0);
       expect(await db.kysely.selectFrom('follower').select('to_user_id').execute()).toEqual([]);
+    } finally {
+      await fresh.close();
+    }
+  });
+});
+
+describe('migrations on MariaDB run again', () => {
+  const [, open] = freshDatabases({ migrated: false }).find(([name]) => name === 'mariadb')!;
+
+  it('take every step that ran whole but was not recorded (a process killed before the record)', async () => {
+    const fresh = await open();
+    const db = fresh.db;
+    try {
+      for (const [name, migration] of Object.entries(migrationsFor('mysql'))) {
+        // The step's own statements, committed one by one, as MySQL does with DDL; then the migrator.
+        await migration.up(db.kysely as Kysely<unknown>);
+        await expect(migrateTo(db, name).then(() => name)).resolves.toBe(name);
+      }
+    } finally {
+      await fresh.close();
+    }
+  });
+});
+
+describe('migrations on SQLite cut short', () => {
+  const [, open] = freshDatabases({ migrated: false }).find(([name]) => name === 'sqlite')!;
+
+  it('leave nothing of a step that failed half-way, so the next start runs it whole', async () => {
+    const fresh = await open();
+    const db = fresh.db;
+    try {
+      await migrateTo(db, '0009_knowpost_purge');
+      const all = migrationsFor('sqlite');
+      // 0010 fails after its ALTER and its index, before it is recorded (a process killed there).
+      const cut: Record<string, Migration> = {
+        ...Object.fromEntries(Object.entries(all).filter(([name]) => name <= '0009_knowpost_purge')),
+        '0010_knowpost_sweep': {
+          up: async (trx) => {
+            await sql`ALTER TABLE knowposts ADD COLUMN objects_check_at INTEGER`.execute(trx);
+            await sql`CREATE INDEX knowposts_sweep ON knowposts (objects_check_at)`.execute(trx);
+            throw new Error('killed');
+          },
+        },
+      };
+      const { error } = await new Migrator({
+        db: db.kysely,
+        provider: { getMigrations: () => Promise.resolve(cut) },
+      }).migrateToLatest();
+      expect(error).toBeInstanceOf(Error);
+      const columns = await sql<{ name: string }>`SELECT name FROM pragma_table_info('knowposts')`.execute(
+        db.kysely,
+      );
+      expect(columns.rows.map((c) => c.name)).not.toContain('objects_check_at');
+      await migrate(db);
+      expect(await isDeployed(db)).toBe(true);
     } finally {
       await fresh.close();
     }
