@@ -185,16 +185,18 @@ describe(PostUploadSweeper.name, () => {
 
   it('leaves a check due while an upload URL may still deliver an object, and none after', async () => {
     const finished: [string, number | null][] = [];
+    // Uploads may arrive until a URL's expiry plus the retention.
+    const openUntil: Record<string, number> = {
+      '1': NOW + HOUR, // its last URL expired just now
+      '2': NOW, // no more uploads
+      '3': NOW + 2 * HOUR, // a URL still valid for an hour
+      '4': NOW + HOUR - 60_000, // its last URL expired a minute ago
+    };
     const sut = new PostUploadSweeper(
       {
-        objectsCheckDue: async () => [
-          { id: '1', due: 1 },
-          { id: '2', due: 1 },
-          { id: '3', due: 1 },
-        ],
+        objectsCheckDue: async () => Object.keys(openUntil).map((id) => ({ id, due: 1 })),
         finishObjectsCheck: async (id, _due, next) => void finished.push([id, next]),
-        find: async (id) =>
-          post(id, { uploadsOpenUntil: id === '1' ? NOW + HOUR : id === '2' ? NOW : NOW + 2 * HOUR }),
+        find: async (id) => post(id, { uploadsOpenUntil: openUntil[id]! }),
       },
       {
         // post 3 holds a young upload that is due before its uploads close
@@ -207,9 +209,11 @@ describe(PostUploadSweeper.name, () => {
     );
     await sut.runOnce();
     expect(finished).toEqual([
-      ['1', NOW + HOUR],
+      // A minute after the last URL expired: what it let through too large goes then.
+      ['1', NOW + 60_000],
       ['2', null],
       ['3', NOW - 60_000 + HOUR],
+      ['4', NOW + HOUR - 60_000],
     ]);
   });
 });

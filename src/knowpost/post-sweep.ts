@@ -2,6 +2,7 @@ import type { ObjectStorage } from '../platform/storage/object-storage.js';
 import { bodyCopyExtension, isContentKey, isImageKey, isStoredImageKey } from './post-keys.js';
 import type { PostObjectsTaskOptions } from './post-purge.js';
 import type { PostRepository } from './post.repository.js';
+import { UPLOAD_CHECK_GRACE_MS } from './post.service.js';
 
 export interface PostUploadSweepOptions extends PostObjectsTaskOptions {
   /** How old an upload or image copy the post does not use must be before it goes. */
@@ -20,9 +21,10 @@ export interface PostUploadSweepOptions extends PostObjectsTaskOptions {
  * never confirmed or referred to in a patch, and body and image copies the post no longer shows
  * (confirms and patches delete those themselves; this catches a delete that failed, and a copy
  * whose request ended before the post took it). Posts ask for
- * a check (`objects_check_at`) a minute after an upload URL they hand out expires, and when a patch
- * or confirm leaves objects behind. Until `uploads_open_until` (a URL's expiry plus the retention:
- * a PUT that started in time may finish late) a check always leaves another one due.
+ * a check (`objects_check_at`) a minute after an upload URL they hand out expires (unless one is due
+ * earlier, which then leaves that one due), and when a patch or confirm leaves objects behind.
+ * Until `uploads_open_until` (a URL's expiry plus the retention: a PUT that started in time may
+ * finish late) a check always leaves another one due.
  *
  * A check lists the post's objects, reads the post and deletes each unused one older than the
  * retention, and each upload larger than its kind may be at once; a younger one sets the next check
@@ -97,7 +99,11 @@ export class PostUploadSweeper {
       if (!post) return { deleted, next: null };
       if (post.status === 'deleted') return this.sweepDeleted(id, post.uploadsOpenUntil, now);
       if (post.uploadsOpenUntil !== null && post.uploadsOpenUntil > now) {
-        next = Math.min(next ?? Infinity, post.uploadsOpenUntil);
+        // The last URL handed out expires at `uploadsOpenUntil` less the retention: a check a
+        // minute later removes an upload too large to keep, as when that URL was handed out (a
+        // check due earlier than that one stays due, so this may be it).
+        const afterExpiry = post.uploadsOpenUntil - retentionMs + UPLOAD_CHECK_GRACE_MS;
+        next = Math.min(next ?? Infinity, afterExpiry > now ? afterExpiry : post.uploadsOpenUntil);
       }
       const used = new Set([post.contentKey, ...post.imgUrls]);
       for (const object of listed) {

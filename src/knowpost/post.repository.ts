@@ -8,6 +8,12 @@ function laterOf(column: 'objects_check_at' | 'uploads_open_until', at: number) 
   return sql<number>`CASE WHEN ${current} IS NULL OR ${current} < ${at} THEN ${at} ELSE ${current} END`;
 }
 
+/** The earlier of a nullable time column and `at`, for an UPDATE that may only move it back. */
+function earlierOf(column: 'objects_check_at', at: number) {
+  const current = sql.ref(column);
+  return sql<number>`CASE WHEN ${current} IS NULL OR ${current} > ${at} THEN ${at} ELSE ${current} END`;
+}
+
 export type PostStatus = 'draft' | 'published' | 'deleted';
 
 /** The columns the write side needs, with ids and numbers normalised across dialects. */
@@ -292,15 +298,16 @@ export class PostRepository {
   }
 
   /**
-   * An upload URL is handed out: moves the post's objects check to `checkAt`, earlier or later (see
-   * `PostService.presign`), and records that uploads may arrive until `openUntil`, so that checks
-   * go on until then (`PostUploadSweeper`).
+   * An upload URL is handed out: moves the post's objects check to `checkAt` unless one is due
+   * earlier (see `PostService.presign`), and records that uploads may arrive until `openUntil`, so
+   * that checks go on until then (`PostUploadSweeper`, whose check due earlier leaves one due after
+   * this URL expires). Never later: URLs asked for one after another would put a check off for ever.
    */
   async openUploads(id: string, checkAt: number, openUntil: number): Promise<void> {
     await this.db.kysely
       .updateTable('knowposts')
       .set({
-        objects_check_at: checkAt,
+        objects_check_at: earlierOf('objects_check_at', checkAt),
         uploads_open_until: laterOf('uploads_open_until', openUntil),
       })
       .where('id', '=', id)

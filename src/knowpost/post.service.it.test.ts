@@ -1138,9 +1138,9 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     // Written now by the sweeper's clock (ahead of the file system's here), in fractional seconds.
     const written = now + 0.25;
     utimesSync(join(root, young), written / 1000, written / 1000);
-    const scheduled = now + 600_000 + UPLOAD_CHECK_GRACE_MS;
-    expect((await row(id)).objects_check_at).toBe(scheduled);
-    await repo.finishObjectsCheck(id, scheduled, now);
+    // The check due already stays due: an upload URL never puts one off (asked for every ten
+    // minutes, URLs would put it off for ever).
+    expect((await row(id)).objects_check_at).toBe(retained);
     const round = await sweeper.runOnce();
     // Posts other tests left in the same database may be due too.
     expect(round.objects).toBeGreaterThanOrEqual(3);
@@ -1148,6 +1148,12 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
       expect({ key, exists: await exists(key) }).toEqual({ key, exists: false });
     for (const key of [body, shownCopy!, young])
       expect({ key, exists: await exists(key) }).toEqual({ key, exists: true });
+    // It leaves the next one due a minute after the URL expires, as the URL would have.
+    const scheduled = presigned + 600_000 + UPLOAD_CHECK_GRACE_MS;
+    expect((await row(id)).objects_check_at).toBe(scheduled);
+    now = scheduled;
+    await sweeper.runOnce();
+    expect(await exists(young)).toBe(true);
     const next = (await row(id)).objects_check_at!;
     expect(next).toBe(Math.ceil(written + hour));
     now = next;
@@ -1174,6 +1180,24 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     await repo.scheduleObjectsCheck(id, now + 5);
     await repo.finishObjectsCheck(id, now, null);
     expect((await row(id)).objects_check_at).toBe(now + 5);
+  });
+
+  it('never puts a post’s objects check off for another upload URL', async () => {
+    now = 1_000_000;
+    const sut = newService();
+    const id = await publishedPost(sut);
+    const presign = () =>
+      sut.presign(AUTHOR, { scene: 'knowpost_image', postId: id, contentType: 'image/png' });
+    await presign();
+    const first = now + 600_000 + UPLOAD_CHECK_GRACE_MS;
+    expect((await row(id)).objects_check_at).toBe(first);
+    // A URL every ten minutes (the first one's PUT may have stored anything): the check stays due
+    // a minute after the first URL expired.
+    for (let i = 0; i < 3; i++) {
+      now += 600_000;
+      await presign();
+      expect((await row(id)).objects_check_at).toBe(first);
+    }
   });
 
   it('asks for a check of the post’s objects after a slow patch has made its copies', async () => {

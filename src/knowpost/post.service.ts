@@ -198,7 +198,8 @@ export class PostService {
     // The post's objects are checked a minute after the URL expires (grace for the store's clock):
     // an upload too large to be accepted goes then, and whatever else is never confirmed or referred
     // to goes once it is older than the retention. The check is moved there even when one is due
-    // later, since a later one only waits for objects to age, which this one asks for again. A PUT
+    // later, since a later one only waits for objects to age, which this one asks for again; one due
+    // earlier stays, and leaves the next one due a minute after this URL expires. A PUT
     // that started before the expiry may still be running, and a URL handed out under a longer
     // expiry may still be valid: checks go on until the expiry plus the retention
     // (`uploads_open_until`, which only grows), as they did before there was an early check.
