@@ -82,6 +82,16 @@ describe(LruCache.name, () => {
     expect(sut.size).toBe(0);
   });
 
+  it('keeps an entry read between writes when its weight bound holds far fewer than its entry bound', () => {
+    const sut = new LruCache<number>({ maxEntries: 1_000, ttlMs: 60_000, maxWeight: 10, weigh: () => 1 });
+    sut.set('hot', 0);
+    for (let i = 1; i <= 100; i++) {
+      expect({ i, hot: sut.get('hot') }).toEqual({ i, hot: 0 });
+      sut.set(`k${i}`, i);
+    }
+    expect(sut.size).toBe(10);
+  });
+
   it('keeps nothing when disabled by a zero size or time to live', () => {
     const off = new LruCache<string>({ maxEntries: 0, ttlMs: 1_000 });
     const noTtl = new LruCache<string>({ maxEntries: 10, ttlMs: 0 });

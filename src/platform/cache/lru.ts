@@ -49,7 +49,8 @@ export class LruCache<V> {
       return undefined;
     }
     // Map keeps insertion order: moving the key to the end makes the first key the least recently used.
-    if (this.clock - entry.stamp >= this.options.maxEntries / 2) {
+    // Half of what it holds, not of what it may hold: with a weight bound far fewer entries fit.
+    if (this.clock - entry.stamp >= this.entries.size / 2) {
       this.entries.delete(key);
       entry.stamp = ++this.clock;
       this.entries.set(key, entry);

@@ -1,5 +1,5 @@
 import { spawn } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdtempSync, rmSync, statSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
@@ -19,6 +19,8 @@ describe(holdDataDir.name, () => {
   it('lets one holder at a time take a directory', () => {
     const dir = join(tempDir(), 'data');
     const release = holdDataDir(dir);
+    // A directory it makes is the user's alone, whatever the umask.
+    expect(statSync(dir).mode & 0o777).toBe(0o700);
     expect(() => holdDataDir(dir)).toThrow(DataDirBusyError);
     release();
     release();

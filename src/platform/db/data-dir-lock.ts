@@ -54,7 +54,8 @@ const holding = new Set<DatabaseSync>();
  * whether or not the caller keeps the release.
  */
 export function holdDataDir(dir: string): () => void {
-  mkdirSync(dir, { recursive: true });
+  // Private, as the rest of the data directory (see keepDataPrivate), which the lock comes before.
+  mkdirSync(dir, { recursive: true, mode: 0o700 });
   const db = take(dir);
   if (!db) throw new DataDirBusyError(dir);
   holding.add(db);

@@ -1,5 +1,7 @@
+import cors from '@fastify/cors';
+import Fastify from 'fastify';
 import { describe, expect, it } from 'vitest';
-import { isSingleLine, isVisible, TEXT_FORMATS } from './schemas.js';
+import { isSingleLine, isVisible, sendJsonBytes, TEXT_FORMATS } from './schemas.js';
 
 describe('text checks', () => {
   it('takes a name that shows something, not only blanks drawn as letters', () => {
@@ -26,5 +28,24 @@ describe('text checks', () => {
     const multi = TEXT_FORMATS['multi-line'].validate;
     expect(multi('one\ntwo\r\n\tthree \u2028 four')).toBe(true);
     expect(multi('bell\u0007')).toBe(false);
+  });
+});
+
+describe(sendJsonBytes.name, () => {
+  it('adds Authorization to the answer’s Vary, keeping the Origin of the CORS hook', async () => {
+    const app = Fastify();
+    await app.register(cors, { origin: true });
+    app.get('/', (_request, reply) => sendJsonBytes(reply, Buffer.from('{"a":1}')));
+    try {
+      const cross = await app.inject({ url: '/', headers: { origin: 'https://one.example' } });
+      expect(cross.json()).toEqual({ a: 1 });
+      expect(cross.headers['access-control-allow-origin']).toBe('https://one.example');
+      expect(cross.headers.vary).toBe('Origin, Authorization');
+      const plain = await app.inject({ url: '/', headers: { authorization: 'Bearer x' } });
+      expect(plain.headers.vary).toMatch(/^(Origin, )?Authorization$/);
+      expect(plain.headers['cache-control']).toBe('private, no-store');
+    } finally {
+      await app.close();
+    }
   });
 });

@@ -66,7 +66,12 @@ export function errorResponses(...statuses: number[]): Record<number, typeof Err
 export function sendJsonBytes(reply: FastifyReply, bytes: Buffer): FastifyReply {
   if (reply.request.headers.authorization !== undefined)
     void reply.header('cache-control', 'private, no-store');
-  return reply.header('vary', 'authorization').type('application/json; charset=utf-8').send(bytes);
+  // Added to what is there: the CORS hook's `Origin` (an answer echoes the caller's origin).
+  const vary = reply.getHeader('vary');
+  const already = vary === undefined ? '' : Array.isArray(vary) ? vary.join(', ') : String(vary);
+  if (!/(^|,)\s*(authorization|\*)\s*(,|$)/i.test(already))
+    void reply.header('vary', already === '' ? 'Authorization' : `${already}, Authorization`);
+  return reply.type('application/json; charset=utf-8').send(bytes);
 }
 
 /**

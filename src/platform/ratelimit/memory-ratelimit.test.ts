@@ -41,6 +41,19 @@ describe('MemoryRateLimiter bounds', () => {
     expect((await rl.hit('k0', 1, 60_000)).allowed).toBe(true);
   });
 
+  it('frees a quarter of its room when full, however few windows ended since it last did', async () => {
+    let now = 0;
+    const rl = new MemoryRateLimiter({ now: () => now, maxKeys: 8 });
+    // A window opens every second and lasts a minute: one has ended each time a new key comes.
+    for (let i = 0; i < 8; i++, now += 1_000) await rl.hit(`k${i}`, 5, 60_000);
+    now = 60_000;
+    await rl.hit('new', 5, 60_000);
+    // k0 ended and k1 went too: the next new key finds room without a walk.
+    expect(rl.size).toBe(7);
+    expect((await rl.hit('k1', 1, 60_000)).allowed).toBe(true);
+    expect((await rl.hit('k7', 1, 60_000)).allowed).toBe(false);
+  });
+
   it('refuses a bound below 1', () => {
     expect(() => new MemoryRateLimiter({ maxKeys: 0 })).toThrow(RangeError);
   });

@@ -15,7 +15,8 @@ interface Window {
  * Fixed-window `RateLimiter` in this process's memory, for limits on hot request paths where a
  * shared store would cost a round trip per request. Every process counts apart, so behind a load
  * balancer over N processes a key gets up to N times the limit. At `maxKeys`, a new key first drops
- * every ended window and then, if still full, the oldest quarter of the keys (which start again).
+ * every ended window and then, while more than three quarters of `maxKeys` are left, the oldest
+ * keys (which start again).
  */
 export class MemoryRateLimiter implements RateLimiter {
   private readonly windows = new Map<string, Window>();
@@ -59,12 +60,15 @@ export class MemoryRateLimiter implements RateLimiter {
     return decide(window.count, limit, window.endsAt - now);
   }
 
+  /**
+   * Frees a quarter of the room at least, so that the walk over every window this costs comes once
+   * per `maxKeys / 4` new keys, not for each one when only a few windows ended since the last.
+   */
   private makeRoom(now: number): void {
     for (const [key, window] of this.windows) if (window.endsAt <= now) this.windows.delete(key);
-    if (this.windows.size < this.maxKeys) return;
-    let drop = Math.max(1, Math.floor(this.maxKeys / 4));
+    const keep = this.maxKeys - Math.max(1, Math.floor(this.maxKeys / 4));
     for (const key of this.windows.keys()) {
-      if (drop-- === 0) break;
+      if (this.windows.size <= keep) break;
       this.windows.delete(key);
     }
   }
