@@ -164,8 +164,8 @@ async function main(argv: string[]): Promise<number> {
   }
 
   const config = loadConfig(process.env);
-  // The embedded server takes likes without any seal to refuse them: one taken during the replay
-  // could be lost. The replay holds the data directory, so no server starts before it is done.
+  // An embedded server's workers would fold and flush while the replay empties and refills the
+  // store: the replay holds the data directory, so no server starts before it is done.
   let releaseDataDir = (): void => undefined;
   if (command === 'replay' && config.profile === 'embedded') {
     // Before the lock, which would make the directory.

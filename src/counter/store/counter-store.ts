@@ -145,8 +145,9 @@ export interface CounterStore {
   /**
    * Records that the store holds its facts (in the given groups, by default all). Cluster: a store
    * that can lose them (Redis coming back empty) refuses toggles where they are gone, with a 503,
-   * until a replay has brought them back and sealed it again; a reset unseals. Embedded: nothing to
-   * record (facts live in the database).
+   * until a replay has brought them back and sealed it again; a reset unseals. Embedded: facts live
+   * in the database and are never lost apart from it, but a replay that stopped after emptying them
+   * leaves the store unsealed there too (one group, 0).
    */
   seal(groups?: readonly number[]): Promise<void>;
   /** Refuses toggles from now on (a replay under way); the groups that were sealed, for `seal`. */

@@ -345,6 +345,28 @@ describe('SqliteCounterStore (embedded specifics)', () => {
     expect(await store.staleUnpublished(NOW + 1e9, 0, 10)).toEqual([]);
   });
 
+  it('refuses toggles while unsealed, also after a reopen, until sealed again', async () => {
+    await store.toggle(post('60'), 'like', 1, true, NOW);
+    // A replay unseals the store before its reset and seals it once the facts are back.
+    expect(await store.unseal()).toEqual([0]);
+    await expect(store.toggle(post('60'), 'like', 2, true, NOW)).rejects.toThrow(/being restored/);
+    expect((await store.inspect(post('60'))).sealed).toBe(false);
+    // One stopped half-way (killed after its reset) leaves the next process refusing them too.
+    await store.reset();
+    const reopened = new SqliteCounterStore(db);
+    const refused = [1, 2, 3].map((user) => reopened.toggle(post('60'), 'like', user, true, NOW));
+    for (const toggle of refused) await expect(toggle).rejects.toThrow(/being restored/);
+    expect(await reopened.factCounts(post('60'))).toEqual({ like: 0, fav: 0 });
+    expect(count('event_log')).toBe(1);
+    // Unsealed already: a replay stopping before its reset leaves it so.
+    expect(await reopened.unseal()).toEqual([]);
+    await reopened.seal([]);
+    await expect(reopened.toggle(post('60'), 'like', 2, true, NOW)).rejects.toThrow(/being restored/);
+    await reopened.seal();
+    expect((await reopened.toggle(post('60'), 'like', 2, true, NOW)).changed).toBe(true);
+    expect((await reopened.inspect(post('60'))).sealed).toBe(true);
+  });
+
   it('refuses a database it cannot use', () => {
     expect(() => new SqliteCounterStore({ ...db, dialect: 'mysql' })).toThrow(/sqlite/);
   });

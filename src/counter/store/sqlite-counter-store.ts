@@ -1,5 +1,6 @@
 import type { DatabaseSync, StatementSync } from 'node:sqlite';
 import { sql, type Kysely } from 'kysely';
+import { UnavailableError } from '../../platform/errors/errors.js';
 import type { Db } from '../../platform/db/database.js';
 import type { Database } from '../../platform/db/schema.js';
 import {
@@ -144,6 +145,7 @@ export class SqliteCounterStore implements CounterStore {
           await this.exclusive(() => {
             // Taken under the lock, so toggles that arrived while waiting for it share this commit.
             jobs = this.toggleQueue.splice(0, MAX_GROUP_COMMIT);
+            if (this.s.unsealed.get() !== undefined) throw restoring();
             const only = jobs.length === 1 ? jobs[0] : undefined;
             if (only) {
               // Alone in its commit: a failure rolls back the whole transaction, which holds nothing else.
@@ -292,8 +294,9 @@ export class SqliteCounterStore implements CounterStore {
         pending: s.hasPending.get(ref.etype, ref.eid) !== undefined,
         snapshot: this.snapshotNow(ref),
         facts,
-        // One transaction holds the facts and their log: they are never lost apart.
-        sealed: true,
+        // One transaction holds the facts and their log: they are never lost apart, only
+        // emptied by a replay, which unseals the store until it has rebuilt them.
+        sealed: s.unsealed.get() === undefined,
       };
     }, 'read');
   }
@@ -451,11 +454,27 @@ export class SqliteCounterStore implements CounterStore {
     return rows.map((r) => ({ etype: r.etype as EntityType, eid: r.eid }));
   }
 
-  /** Facts are rows of the database itself: never lost apart from it. */
-  async seal(): Promise<void> {}
+  /**
+   * Facts are rows of the database itself, never lost apart from it; but a replay empties them and
+   * rebuilds them from the log. It unseals the store first and seals it once done, and the mark is
+   * a row: a replay that stops half-way (killed, or out of disk) leaves toggles refused (503) until
+   * a replay completes, as on the cluster profile. A toggle taken meanwhile would restart its
+   * entity's seq at 1, below the events the log holds, and the next replay would revert it.
+   */
+  async seal(groups?: readonly number[]): Promise<void> {
+    // One group, 0: `unseal` found the store unsealed already when it answered none.
+    if (groups && !groups.includes(0)) return;
+    await this.exclusive(() => void this.s.seal.run());
+  }
 
   async unseal(): Promise<number[]> {
-    return [];
+    const wasSealed = await this.exclusive(() => {
+      const sealed = this.s.unsealed.get() === undefined;
+      this.s.unseal.run();
+      return sealed;
+    });
+    // The one group there is: sealed again if the replay stops before its reset.
+    return wasSealed ? [0] : [];
   }
 
   async reset(): Promise<void> {
@@ -579,6 +598,9 @@ function prepareStatements(raw: DatabaseSync) {
     countFacts: p(
       'SELECT metric, count(*) AS n FROM counter_facts WHERE etype = ? AND eid = ? GROUP BY metric',
     ),
+    unsealed: p(`SELECT 1 AS one FROM counter_meta WHERE k = 'unsealed'`),
+    unseal: p(`INSERT INTO counter_meta (k, v) VALUES ('unsealed', 1) ON CONFLICT DO NOTHING`),
+    seal: p(`DELETE FROM counter_meta WHERE k = 'unsealed'`),
   };
 }
 
@@ -606,4 +628,10 @@ function chunks<T>(items: readonly T[], size: number): T[][] {
   const out: T[][] = [];
   for (let i = 0; i < items.length; i += size) out.push(items.slice(i, i + size));
   return out;
+}
+
+function restoring(): UnavailableError {
+  return new UnavailableError(
+    'Likes and favourites are being restored (a counters replay is under way or stopped half-way); try again later',
+  );
 }

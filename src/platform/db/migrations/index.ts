@@ -211,6 +211,11 @@ const sqlite: Record<string, Step> = {
   '0015_email_one_form': canonicalEmails(
     `email LIKE '%xn--%' OR length(CAST(email AS BLOB)) <> length(email)`,
   ),
+  // The counter store's own state: `unsealed` while a counters replay rebuilds it (and after one
+  // that stopped half-way), when toggles are refused.
+  '0016_counter_meta': exec(
+    `CREATE TABLE counter_meta (k TEXT NOT NULL PRIMARY KEY, v INTEGER NOT NULL) WITHOUT ROWID`,
+  ),
 };
 
 const mysql: Record<string, Step> = {
@@ -325,6 +330,8 @@ const mysql: Record<string, Step> = {
      ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin`,
   ),
   '0015_email_one_form': canonicalEmails(`email LIKE '%xn--%' OR LENGTH(email) <> CHAR_LENGTH(email)`),
+  // Redis keeps the cluster profile's counter seals.
+  '0016_counter_meta': exec(),
 };
 
 export function migrationsFor(dialect: Dialect): Record<string, Migration> {
