@@ -5,7 +5,7 @@ import { CounterMetrics } from './counter/counter.metrics.js';
 import { flushPending, rebuildAll, replayAll, verifyAll } from './counter/maintenance.js';
 import { DataDirBusyError, holdDataDir } from './platform/db/data-dir-lock.js';
 import { COUNTER_TOPIC, entityKey, parseEntityKey, type EntityRef } from './counter/model.js';
-import { ConfigError, loadConfig } from './platform/config/config.js';
+import { ConfigError, loadConfig, unknownSettings, type Config } from './platform/config/config.js';
 import { createLogger } from './platform/logging/logger.js';
 import { checkEmbeddedDeployment, createPlatform } from './platform/wiring.js';
 import { replayViews, VIEW_GROUP, VIEW_TOPIC } from './knowpost/views.js';
@@ -13,6 +13,7 @@ import { KnowpostVisibilityRepository } from './knowpost/visibility.repository.j
 import { relationUserCountParts } from './relation/user-count-parts.js';
 import { runUsersCommand, USERS_USAGE } from './user-counter/admin.js';
 import { RELATIONS_USAGE, runRelationsCommand } from './relation/admin.js';
+import { takeLease } from './platform/kv/lease.js';
 
 /** What a verify command exits with when it found drift, so a scheduled run can raise an alarm. */
 const DRIFT_EXIT = 3;
@@ -101,7 +102,7 @@ async function main(argv: string[]): Promise<number> {
     return 2;
   }
   if (area === 'users' && command === 'verify' && !values.help) {
-    const config = loadConfig(process.env);
+    const config = configFromEnv();
     const log = createLogger(config.logLevel === 'info' ? 'warn' : config.logLevel);
     const code = await runUsersCommand(
       config,
@@ -124,7 +125,7 @@ async function main(argv: string[]): Promise<number> {
     return code === 'drift' ? DRIFT_EXIT : code;
   }
   if (area === 'relations' && (command === 'verify' || command === 'rebuild') && !values.help) {
-    const config = loadConfig(process.env);
+    const config = configFromEnv();
     const log = createLogger(config.logLevel === 'info' ? 'warn' : config.logLevel);
     const code = await runRelationsCommand(
       config,
@@ -163,7 +164,7 @@ async function main(argv: string[]): Promise<number> {
     }
   }
 
-  const config = loadConfig(process.env);
+  const config = configFromEnv();
   // An embedded server's workers would fold and flush while the replay empties and refills the
   // store: the replay holds the data directory, so no server starts before it is done.
   let releaseDataDir = (): void => undefined;
@@ -187,6 +188,7 @@ async function main(argv: string[]): Promise<number> {
   const platform = await createPlatform(config, log, { replaying: command === 'replay', existing: true });
   const metrics = new CounterMetrics(new Registry());
   const started = Date.now();
+  let releaseLease = async (): Promise<void> => undefined;
   try {
     if (refs) {
       // A snapshot is kept for every entity named, so a mistyped id would leave one behind for good.
@@ -217,6 +219,17 @@ async function main(argv: string[]): Promise<number> {
     } else if (command === 'rebuild') {
       summary = { rebuilt: await rebuildAll(platform.counterStore, refs, progress) };
     } else if (command === 'replay') {
+      // One replay at a time in a deployment: a second one's reset, views and seals would interleave
+      // with the first's (views counted twice, toggles taken before the store is whole). A replay
+      // killed outright holds it for a minute more.
+      const lease = await takeLease(platform.kv, 'counters:replay', 60_000);
+      if (!lease) {
+        process.stderr.write(
+          'another counters replay is running in this deployment (or one stopped less than a minute ago); nothing was changed\n',
+        );
+        return 1;
+      }
+      releaseLease = () => lease.release();
       // The only command that reads the event log: the others work while Kafka is down.
       await platform.events.ensureTopics([COUNTER_TOPIC, VIEW_TOPIC], { keepForever: [COUNTER_TOPIC] });
       // Likes and favourites come out exact beside running workers (their folds are idempotent and
@@ -255,9 +268,21 @@ async function main(argv: string[]): Promise<number> {
     if (note) process.stderr.write(`${note}\n`);
     return code;
   } finally {
+    await releaseLease().catch(() => undefined);
     await platform.close();
     releaseDataDir();
   }
+}
+
+/** The deployment's configuration, as the server reads it; settings it does not know are named. */
+function configFromEnv(): Config {
+  const config = loadConfig(process.env);
+  const unknown = unknownSettings(process.env);
+  if (unknown.length > 0)
+    process.stderr.write(
+      `settings not known to this release were ignored (misspelt?): ${unknown.join(', ')}\n`,
+    );
+  return config;
 }
 
 main(process.argv.slice(2)).then(

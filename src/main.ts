@@ -1,7 +1,7 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import { inspect, parseArgs } from 'node:util';
 import { buildApp } from './app.js';
-import { ConfigError, loadConfig } from './platform/config/config.js';
+import { ConfigError, loadConfig, unknownSettings } from './platform/config/config.js';
 import { DataDirBusyError, holdDataDir } from './platform/db/data-dir-lock.js';
 
 /** `node dist/main.js [--role api|worker|all]`: the service, configured from the environment. */
@@ -41,6 +41,9 @@ async function main(): Promise<void> {
   const app = await buildApp(config);
   process.off('SIGTERM', onEarlySignal);
   process.off('SIGINT', onEarlySignal);
+  const unknown = unknownSettings(process.env);
+  if (unknown.length > 0)
+    app.log.warn({ names: unknown }, 'settings not known to this release were ignored (misspelt?)');
   if (early !== undefined) {
     app.log.info({ signal: early }, 'stopped before starting');
     await app.close();

@@ -25,6 +25,8 @@ import { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { RedisCounterStore } from '../../src/counter/store/redis-counter-store.js';
 import { openSqlite } from '../../src/platform/db/database.js';
+import { createRedisKv } from '../../src/platform/kv/create.js';
+import { takeLease } from '../../src/platform/kv/lease.js';
 import { services } from '../rig/resources.js';
 import {
   clusterDeployment,
@@ -530,6 +532,24 @@ describe('counters under faults (cluster profile: API and worker processes, a pr
   it('counters replay with the writers stopped rebuilds the same facts and counts from the log', async () => {
     const expected = toggler.expected();
     await Promise.all([api!.stop(), worker!.stop()]);
+    // While another replay runs in the deployment, it refuses, changing nothing.
+    const redis = new Redis(services.redisUrl(), { maxRetriesPerRequest: 2 });
+    try {
+      const running = await takeLease(
+        createRedisKv(redis, deployment!.redisPrefix),
+        'counters:replay',
+        60_000,
+      );
+      expect(running).not.toBeNull();
+      const second = await runCli(env(), ['counters', 'replay', '--yes']);
+      await running!.release();
+      expect([second.code, second.stderr]).toEqual([
+        1,
+        expect.stringContaining('another counters replay is running in this deployment'),
+      ]);
+    } finally {
+      redis.disconnect();
+    }
     // Pointed at a log that is not this store's (another topic prefix: an empty log), it refuses.
     const elsewhere = await runCli({ ...env(), ZG_KAFKA_PREFIX: `${env().ZG_KAFKA_PREFIX}other.` }, [
       'counters',

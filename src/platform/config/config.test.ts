@@ -3,7 +3,7 @@ import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
-import { ConfigError, loadConfig } from './config.js';
+import { ConfigError, loadConfig, unknownSettings } from './config.js';
 
 const rsaPem = (bits: number): string =>
   generateKeyPairSync('rsa', { modulusLength: bits })
@@ -224,5 +224,22 @@ describe(loadConfig.name, () => {
     });
     expect(loadConfig({ ZG_UPLOAD_RETENTION_HOURS: '1' }).posts.uploadRetentionMs).toBe(3_600_000);
     expect(() => loadConfig({ ZG_UPLOAD_RETENTION_HOURS: '0' })).toThrow(/ZG_UPLOAD_RETENTION_HOURS/);
+  });
+});
+
+describe(unknownSettings.name, () => {
+  it('names the ZG_ variables no setting reads, a secret given as a file included', () => {
+    expect(
+      unknownSettings({
+        ZG_NODEID: '3',
+        ZG_NODE_ID: '3',
+        ZG_JWT_PRIVATE_KEY_FILE: '/run/key.pem',
+        ZG_COUNTER_FLUSH_INTERVAL_MS: '500',
+        ZG_SMTP_URL_FIL: 'x',
+        ZG_KAFKA_PORT: '19092',
+        ZG_TEST_REDIS_URL: 'redis://127.0.0.1',
+        PATH: '/bin',
+      }),
+    ).toEqual(['ZG_COUNTER_FLUSH_INTERVAL_MS', 'ZG_NODEID', 'ZG_SMTP_URL_FIL']);
   });
 });

@@ -498,6 +498,23 @@ function signingKeyProblem(pem: string): string | undefined {
   return undefined;
 }
 
+/**
+ * The `ZG_`-prefixed variables of `env` this module does not read (with or without `_FILE`):
+ * misspelt settings, which would otherwise leave their defaults in force without a word.
+ */
+export function unknownSettings(env: NodeJS.ProcessEnv): string[] {
+  const known = new Set<string>(Object.keys(CONFIG_VARS));
+  return Object.keys(env)
+    .filter(
+      (name) => name.startsWith('ZG_') && !known.has(name.replace(/_FILE$/, '')) && !TOOLING_VARS.test(name),
+    )
+    .sort();
+}
+
+/** Variables of the test rig and of scripts/ (the local Kafka broker and S3 server), not settings. */
+const TOOLING_VARS =
+  /^ZG_(TEST_\w+|S3MOCK_\w+|CACHE_DIR|MYSQL_ROOT_URL|KAFKA_(CONTROLLER_PORT|DIR|HEAP|JAVA_OPTS|PORT|START_TIMEOUT|STOP_TIMEOUT|VERSION))$/;
+
 export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: { role?: string } = {}): Config {
   const problems: string[] = [];
 

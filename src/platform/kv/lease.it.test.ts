@@ -1,0 +1,44 @@
+import { setTimeout as sleep } from 'node:timers/promises';
+import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import { openTempSqlite } from '../../../test/rig/resources.js';
+import { createSqliteKv } from './create.js';
+import type { KeyValueStore } from './kv.js';
+import { takeLease } from './lease.js';
+
+describe(takeLease.name, () => {
+  let kv: KeyValueStore;
+  let dispose: () => Promise<void>;
+  beforeEach(async () => {
+    const opened = await openTempSqlite();
+    dispose = opened.dispose;
+    kv = createSqliteKv(opened.db);
+  });
+  afterEach(async () => dispose());
+
+  it('lets one holder at a time take a key, renewed for as long as it is held', async () => {
+    const first = await takeLease(kv, 'job', 150);
+    expect(first).not.toBeNull();
+    expect(await takeLease(kv, 'job', 150)).toBeNull();
+    // Held past its time to live: renewed meanwhile.
+    await sleep(400);
+    expect(await takeLease(kv, 'job', 150)).toBeNull();
+    await first!.release();
+    const second = await takeLease(kv, 'job', 150);
+    expect(second).not.toBeNull();
+    await second!.release();
+  });
+
+  it('is free again once a holder that stopped renewing it has let its time pass', async () => {
+    const gone = await takeLease(kv, 'job', 100);
+    expect(gone).not.toBeNull();
+    // As a killed holder: nothing renews it, nothing releases it.
+    await kv.set('job', 'someone else', 100);
+    await sleep(200);
+    const next = await takeLease(kv, 'job', 100);
+    expect(next).not.toBeNull();
+    // The first holder's release leaves the key of the one that holds it now.
+    await gone!.release();
+    expect(await takeLease(kv, 'job', 100)).toBeNull();
+    await next!.release();
+  });
+});
