@@ -203,4 +203,31 @@ describe(TieredCache.name, () => {
     expect(shared.calls.get).toBe(2);
     expect(db.asked).toHaveLength(1);
   });
+
+  it('answers from the database while its own shared invalidation is on its way, keeping nothing', async () => {
+    const shared = new MemoryShared();
+    const db = table({ a: { id: 'a', public: true, title: 'old' } });
+    const writer = cacheOf(shared).sut;
+    expect((await writer.get('a', db.load))?.title).toBe('old'); // in both tiers now
+    // The change commits; the writer drops its copy and sends the shared invalidation, which is slow.
+    db.rows.a!.title = 'new';
+    const slow = deferred<void>();
+    const invalidate = shared.invalidate.bind(shared);
+    shared.invalidate = async (guards) => {
+      await slow.promise;
+      return invalidate(guards);
+    };
+    writer.invalidateLocal(['a']);
+    const sent = writer.invalidateShared(['a']);
+    // Read meanwhile in the same process: not the shared tier's old copy.
+    expect((await writer.get('a', db.load))?.title).toBe('new');
+    expect(db.asked).toHaveLength(2);
+    slow.resolve();
+    await sent;
+    // Nothing of that read was kept: the next one reads the tiers again and fills them.
+    expect((await writer.get('a', db.load))?.title).toBe('new');
+    expect(db.asked).toHaveLength(3);
+    expect((await writer.get('a', db.load))?.title).toBe('new');
+    expect(db.asked).toHaveLength(3);
+  });
 });

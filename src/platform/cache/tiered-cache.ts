@@ -43,6 +43,11 @@ export class TieredCache<V> {
   private readonly ownGuards: boolean;
   private readonly cacheable: (value: V) => boolean;
   private readonly onSharedError: (err: unknown) => void;
+  /**
+   * Guards whose shared invalidation this process has sent and not yet seen settle, with how many
+   * are in flight: until then the shared tier may still hold what was current before the change.
+   */
+  private readonly invalidating = new Map<string, number>();
 
   constructor(private readonly options: TieredCacheOptions<V>) {
     this.lru = new LruCache<V>(options.local);
@@ -81,13 +86,19 @@ export class TieredCache<V> {
     load: (keys: readonly string[]) => Promise<Map<string, V>>,
   ): Promise<Map<string, V>> {
     const track: Load = { keys, guards: new Set(keys.map(this.guardOf)), stale: false };
+    // A change this process made whose shared invalidation is still on its way: the shared tier's
+    // value may be from before it, so the database answers, and nothing is kept from this load.
+    const passShared = [...track.guards].some((guard) => this.invalidating.has(guard));
+    if (passShared) track.stale = true;
     this.loads.add(track);
     try {
       const slots: CacheSlot[] = keys.map((key) => ({ key, guard: this.guardOf(key) }));
-      const reads = await this.options.shared.get(slots).catch((err: unknown) => {
-        this.onSharedError(err);
-        return null;
-      });
+      const reads = passShared
+        ? null
+        : await this.options.shared.get(slots).catch((err: unknown) => {
+            this.onSharedError(err);
+            return null;
+          });
       const found = new Map<string, V>();
       const rest: (CacheSlot & { gen: string | undefined })[] = [];
       slots.forEach((slot, i) => {
@@ -139,9 +150,23 @@ export class TieredCache<V> {
     }
   }
 
-  /** Makes the guards' values unreadable in the shared tier, for every process. */
-  invalidateShared(guards: readonly string[]): Promise<void> {
-    return this.options.shared.invalidate(guards);
+  /**
+   * Makes the guards' values unreadable in the shared tier, for every process. Until that is done,
+   * this process's loads for them read past the shared tier (see `readThrough`): after
+   * `invalidateLocal`, a read here cannot be given the value from before the change.
+   */
+  async invalidateShared(guards: readonly string[]): Promise<void> {
+    const unique = [...new Set(guards)];
+    for (const guard of unique) this.invalidating.set(guard, (this.invalidating.get(guard) ?? 0) + 1);
+    try {
+      await this.options.shared.invalidate(guards);
+    } finally {
+      for (const guard of unique) {
+        const left = (this.invalidating.get(guard) ?? 1) - 1;
+        if (left > 0) this.invalidating.set(guard, left);
+        else this.invalidating.delete(guard);
+      }
+    }
   }
 
   /** Drops everything this process holds (not the shared tier). */
