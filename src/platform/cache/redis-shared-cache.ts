@@ -4,18 +4,16 @@ import type { CacheFill, CacheRead, CacheSlot, SharedCache } from './shared-cach
 
 // A value is stored as "<generation>|<value>" and read only while its guard still has that
 // generation, so moving the guard hides every value under it without finding them. A guard that is
-// missing (never made, expired, or lost with Redis' data) is made with a generation of the clock:
-// values stored under a generation it had before it went can never be read again (no fixed
-// generation such as 0 comes back). A guard a read makes lives briefly unless a fill stores a value
-// under it: ids asked for and never found (a crawler's) leave no key for long.
-// KEYS: guard, value. ARGV: the ttl (ms) of a guard made here.
+// missing (never made, expired, or lost with Redis' data) reads as the generation "" and hides
+// every value; a fill under "" makes it, with a generation of the clock, and only while it is still
+// missing: an invalidation between the read and the fill made it first, and the fill stores nothing.
+// Values stored under a generation a guard had before it went can never be read again (no fixed
+// generation such as 0 comes back). A read makes no key: ids asked for and never found (a
+// crawler's) leave nothing behind.
+// KEYS: guard, value.
 const GET_LUA = `
 local g = redis.call('GET', KEYS[1])
-if not g then
-  local t = redis.call('TIME')
-  g = t[1] .. string.format('%06d', tonumber(t[2]))
-  redis.call('SET', KEYS[1], g, 'PX', ARGV[1])
-end
+if not g then return {''} end
 local v = redis.call('GET', KEYS[2])
 if v then
   local sep = string.find(v, '|', 1, true)
@@ -26,9 +24,15 @@ return {g}
 // KEYS: guard, value. ARGV: generation read, value, the value's ttl, the guard's ttl (ms).
 const FILL_LUA = `
 local g = redis.call('GET', KEYS[1])
-if g ~= ARGV[1] then return 0 end
+if ARGV[1] == '' then
+  if g then return 0 end
+  local t = redis.call('TIME')
+  g = t[1] .. string.format('%06d', tonumber(t[2]))
+elseif g ~= ARGV[1] then
+  return 0
+end
 redis.call('SET', KEYS[2], g .. '|' .. ARGV[2], 'PX', ARGV[3])
-redis.call('PEXPIRE', KEYS[1], ARGV[4])
+redis.call('SET', KEYS[1], g, 'PX', ARGV[4])
 return 1
 `;
 // KEYS: guard. ARGV: ttl ms.
@@ -50,11 +54,6 @@ export interface RedisSharedCacheOptions {
    * the clock, never one it had.
    */
   guardTtlMs?: number;
-  /**
-   * How long a guard made by a read lives until a fill stores a value under it (which keeps it
-   * `guardTtlMs`); default a minute, at most `guardTtlMs`. A fill later than that stores nothing.
-   */
-  readGuardTtlMs?: number;
 }
 
 /**
@@ -64,7 +63,6 @@ export interface RedisSharedCacheOptions {
 export class RedisSharedCache implements SharedCache {
   private readonly prefix: string;
   private readonly guardTtlMs: number;
-  private readonly readGuardTtlMs: number;
   private readonly getScript: ScriptCall;
 
   constructor(
@@ -73,7 +71,6 @@ export class RedisSharedCache implements SharedCache {
   ) {
     this.prefix = options.prefix;
     this.guardTtlMs = options.guardTtlMs ?? 24 * 3600_000;
-    this.readGuardTtlMs = Math.min(options.readGuardTtlMs ?? 60_000, this.guardTtlMs);
     this.getScript = defineScript<ScriptCall>(redis, CMD.get, 2, GET_LUA);
     // Called through pipelines, which find them on the client.
     defineScript(redis, CMD.fill, 2, FILL_LUA);
@@ -94,7 +91,7 @@ export class RedisSharedCache implements SharedCache {
     // Plain calls, not a pipeline of their own: auto-pipelining sends them in one write together
     // with whatever other requests asked for in the same tick.
     const replies = (await Promise.all(
-      slots.map((slot) => this.getScript(this.genKey(slot.guard), this.valueKey(slot), this.readGuardTtlMs)),
+      slots.map((slot) => this.getScript(this.genKey(slot.guard), this.valueKey(slot))),
     )) as [string, string?][];
     return replies.map(([gen, value]) => ({ gen: String(gen), value: value ?? null }));
   }

@@ -58,6 +58,8 @@ export function defineSharedCacheContract(name: string, factory: () => Promise<S
         { key: 'feed:2', guard: 'feed' },
         { key: 'post:1', guard: 'post:1' },
       ];
+      // Guards a change has made (a fill under a guard nobody made yet may be the only one kept).
+      await cache.invalidate(['feed', 'post:1']);
       const reads = await cache.get(slots);
       await cache.fill(
         slots.map((s, i) => ({ ...s, gen: reads[i]!.gen, value: `v${i}` })),

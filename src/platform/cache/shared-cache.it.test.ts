@@ -59,19 +59,41 @@ describe('RedisSharedCache keys', () => {
     for (const key of keys) expect(await redis.pttl(key)).toBeGreaterThan(0);
   });
 
-  it('keeps a guard only a minute when nothing was filled under it, and a day once something was', async () => {
+  it('makes no key for a miss nothing is filled for, and keeps a guard a day once something was', async () => {
     const sut = createRedisSharedCache(redis, prefix);
     const slots = [1, 2].map((n) => ({ key: `post:${n}`, guard: `post:${n}` }));
     const [missing, found] = await sut.get(slots);
     // Only the second is found and filled; the first (an id no post has) stays a miss.
     await sut.fill([{ ...slots[1]!, gen: found!.gen, value: 'v' }], 10_000);
-    const [short, long] = [await redis.pttl(`${prefix}c:{post:1}`), await redis.pttl(`${prefix}c:{post:2}`)];
-    expect(short).toBeGreaterThan(0);
-    expect(short).toBeLessThanOrEqual(60_000);
-    expect(long).toBeGreaterThan(23 * 3600_000);
-    // Read again, a missing id's guard is not kept longer.
-    expect((await sut.get([slots[0]!]))[0]!.gen).toBe(missing!.gen);
-    expect(await redis.pttl(`${prefix}c:{post:1}`)).toBeLessThanOrEqual(60_000);
+    expect(await redis.exists(`${prefix}c:{post:1}`)).toBe(0);
+    expect(await redis.pttl(`${prefix}c:{post:2}`)).toBeGreaterThan(23 * 3600_000);
+    // Asked for again and again (a crawler's ids), still nothing.
+    for (let i = 0; i < 3; i++) expect((await sut.get([slots[0]!]))[0]).toEqual(missing);
+    expect(await keysByPrefix(redis, `${prefix}c:{post:1}`)).toEqual([]);
+    expect((await sut.get([slots[1]!]))[0]!.value).toBe('v');
+  });
+
+  it('stores nothing read before an invalidation that made the guard', async () => {
+    const sut = createRedisSharedCache(redis, prefix);
+    const slot = { key: 'post:3', guard: 'post:3' };
+    const [before] = await sut.get([slot]);
+    await sut.invalidate(['post:3']);
+    await sut.fill([{ ...slot, gen: before!.gen, value: 'public v1' }], 10_000);
+    expect((await sut.get([slot]))[0]!.value).toBeNull();
+    // Two readers of a missing guard: the first fill makes it, the second stores nothing.
+    const other = { key: 'post:4', guard: 'post:4' };
+    const [[a], [b]] = await Promise.all([sut.get([other]), sut.get([other])]);
+    await sut.fill([{ ...other, gen: a!.gen, value: 'first' }], 10_000);
+    await sut.fill([{ ...other, gen: b!.gen, value: 'second' }], 10_000);
+    expect((await sut.get([other]))[0]!.value).toBe('first');
+    // So with a family under one guard nobody made yet: one value is kept, the rest at the next miss.
+    const family = ['feed:1', 'feed:2'].map((key) => ({ key, guard: 'feed' }));
+    const reads = await sut.get(family);
+    await sut.fill(
+      family.map((slot, i) => ({ ...slot, gen: reads[i]!.gen, value: slot.key })),
+      10_000,
+    );
+    expect((await sut.get(family)).map((r) => r.value)).toEqual(['feed:1', null]);
   });
 
   it('keeps hiding a value that outlived its guard after the next invalidation', async () => {
@@ -102,7 +124,10 @@ describe('RedisSharedCache keys', () => {
     await redis.del(`${prefix}c:{post:2}`);
     const [lost] = await sut.get([slot]);
     expect(lost!.value).toBeNull();
-    expect(lost!.gen).not.toBe(first!.gen);
+    // Filled again, under a generation it never had.
+    await sut.fill([{ ...slot, gen: lost!.gen, value: 'private now' }], 10_000);
+    const [again] = await sut.get([slot]);
+    expect(again).toEqual({ gen: expect.not.stringMatching(`^(${first!.gen})?$`), value: 'private now' });
   });
 
   it('refuses guards that would break the hash tag', async () => {
