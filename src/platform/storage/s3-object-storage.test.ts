@@ -39,4 +39,38 @@ describe(S3ObjectStorage.name, () => {
       Array(3).fill('"9B2CF535F27731C974343645A3985328"'),
     );
   });
+
+  it('knows its objects in the URLs it hands out, whichever form the SDK addresses the bucket in', async () => {
+    const cases: { bucket: string; region: string; endpoint?: string; forcePathStyle: boolean }[] = [
+      { bucket: 'my.bucket', region: 'eu-west-1', forcePathStyle: false },
+      { bucket: 'plain-bucket', region: 'eu-west-1', forcePathStyle: false },
+      {
+        bucket: 'my.bucket',
+        region: 'eu-west-1',
+        endpoint: 'https://objects.example.test',
+        forcePathStyle: false,
+      },
+      {
+        bucket: 'plain-bucket',
+        region: 'us-east-1',
+        endpoint: 'https://objects.example.test',
+        forcePathStyle: true,
+      },
+    ];
+    for (const settings of cases) {
+      const s3 = new S3ObjectStorage({ ...settings, accessKeyId: 'k', secretAccessKey: 's' });
+      try {
+        const key = 'posts/1/images/20250601/0badc0de.png';
+        const signed = await s3.presignGet(key, 60);
+        expect({ settings, signed, key: s3.keyOf(signed) }).toEqual({ settings, signed, key });
+        expect(s3.keyOf(signed.split('?')[0]!)).toBe(key);
+        // Another bucket's object is not this store's.
+        expect(s3.keyOf(signed.replace(settings.bucket, 'other'))).toBeNull();
+        // Public objects are read where the SDK addresses the bucket.
+        expect(s3.publicUrl(key)).toBe(signed.split('?')[0]);
+      } finally {
+        s3.close();
+      }
+    }
+  });
 });

@@ -76,7 +76,7 @@ export class S3ObjectStorage implements ObjectStorage {
       responseChecksumValidation: 'WHEN_REQUIRED',
       maxAttempts: 3,
     });
-    this.publicBase = (options.publicUrl ?? this.bucketUrl()).replace(/\/+$/, '');
+    this.publicBase = (options.publicUrl ?? this.bucketUrls()[0]!).replace(/\/+$/, '');
   }
 
   async put(key: string, body: Buffer, contentType: string): Promise<StoredObject> {
@@ -239,7 +239,7 @@ export class S3ObjectStorage implements ObjectStorage {
   }
 
   keyOf(url: string): string | null {
-    return keyBelow(url, [this.bucketUrl(), this.publicBase]);
+    return keyBelow(url, [...this.bucketUrls(), this.publicBase]);
   }
 
   /** Creates the bucket unless it exists (development and tests; production buckets are provisioned). */
@@ -279,11 +279,26 @@ export class S3ObjectStorage implements ObjectStorage {
     this.client.destroy();
   }
 
-  private bucketUrl(): string {
+  /**
+   * The bucket's addresses in both forms, the one public URLs are written with first: by path when
+   * so configured or when the bucket's name has dots (it cannot be a host name under TLS), as the
+   * SDK addresses it. An object's URL in either form names this bucket's object.
+   */
+  private bucketUrls(): string[] {
     const { endpoint, region, forcePathStyle } = this.options;
-    if (endpoint === undefined) return `https://${this.bucket}.s3.${region}.amazonaws.com`;
+    const pathFirst = forcePathStyle || this.bucket.includes('.');
+    const forms = (protocol: string, host: string, path = ''): string[] => {
+      const virtual = `${protocol}//${this.bucket}.${host}${path}`;
+      const byPath = `${protocol}//${host}${path}/${this.bucket}`;
+      return pathFirst ? [byPath, virtual] : [virtual, byPath];
+    };
+    if (endpoint === undefined) {
+      return [
+        ...forms('https:', `s3.${region}.amazonaws.com`),
+        ...(region === 'us-east-1' ? forms('https:', 's3.amazonaws.com') : []),
+      ];
+    }
     const base = new URL(endpoint);
-    if (forcePathStyle) return `${base.origin}${base.pathname.replace(/\/+$/, '')}/${this.bucket}`;
-    return `${base.protocol}//${this.bucket}.${base.host}${base.pathname.replace(/\/+$/, '')}`;
+    return forms(base.protocol, base.host, base.pathname.replace(/\/+$/, ''));
   }
 }
