@@ -148,6 +148,8 @@ export function counterRoutes(deps: { counters: CounterService; guards: AuthGuar
         onRequest: deps.guards.optional,
         schema: {
           tags,
+          // A token is optional: sent, it adds the caller's own view.
+          security: [{}, { bearerAuth: [] }],
           params: SingleParams,
           querystring: MetricsQuery,
           response: { 200: SingleCountsResponse, ...errorResponses(400, 401, 404) },
@@ -170,6 +172,8 @@ export function counterRoutes(deps: { counters: CounterService; guards: AuthGuar
         onRequest: deps.guards.optional,
         schema: {
           tags,
+          // A token is optional: sent, it adds the caller's own view.
+          security: [{}, { bearerAuth: [] }],
           params: TypeParams,
           querystring: BatchQuery,
           response: { 200: BatchCountsResponse, ...errorResponses(400, 401) },

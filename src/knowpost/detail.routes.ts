@@ -16,6 +16,8 @@ export function detailRoutes(deps: { details: DetailService; guards: AuthGuards 
         onRequest: deps.guards.optional,
         schema: {
           tags: ['knowposts'],
+          // A token is optional: sent, it adds the caller's own view.
+          security: [{}, { bearerAuth: [] }],
           description:
             'A published public post, for everyone. Its author also gets their own drafts and their ' +
             'unlisted, private, followers and school posts (audiences are not modelled yet, so only the ' +

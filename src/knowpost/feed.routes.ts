@@ -23,6 +23,8 @@ export function feedRoutes(deps: { feeds: FeedService; guards: AuthGuards }) {
         onRequest: deps.guards.optional,
         schema: {
           tags,
+          // A token is optional: sent, it adds the caller's own view.
+          security: [{}, { bearerAuth: [] }],
           description:
             'Published public posts, newest first; liked and faved are filled when a token is sent. ' +
             `Pages reach through the newest ${FEED_DEPTH} posts: the last page that does says hasMore ` +

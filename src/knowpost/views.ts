@@ -85,7 +85,7 @@ export class ViewMetrics {
     const registers = [registry];
     this.buffered = new Gauge({
       name: 'zg_views_buffered',
-      help: 'Views recorded in this process and not yet published to read-events',
+      help: 'Views recorded in this process waiting in its buffer (not those being published to read-events)',
       registers,
     });
     this.recorded = new Counter({
@@ -105,7 +105,7 @@ export class ViewMetrics {
     });
     this.dropped = new Counter({
       name: 'zg_views_dropped_total',
-      help: 'Views given up: buffer full while the event log was unreachable, or recorded after shutdown',
+      help: 'Views given up: buffer full while the event log was unreachable, recorded after shutdown, not published within the shutdown budget, or published without an answer in time',
       registers,
     });
     this.applied = new Counter({

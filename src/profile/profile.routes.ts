@@ -82,6 +82,8 @@ export function profileRoutes(deps: ProfileRouteDeps) {
         onRequest: deps.guards.optional,
         schema: {
           tags,
+          // A token is optional: sent, it adds the caller's own view.
+          security: [{}, { bearerAuth: [] }],
           description:
             "A user's profile. The caller's own carries phone and email (null when not set); " +
             "anyone else's, the public profile, leaves both out.",

@@ -21,7 +21,7 @@ export class RelationMetrics {
     });
     this.eventsConsumed = new Counter({
       name: 'zg_relation_events_consumed_total',
-      help: 'Relation events consumed by relation-proj: applied, skipped (already applied) or malformed',
+      help: 'Relation events consumed by relation-proj, by outcome: applied, redelivered (already applied) or malformed',
       labelNames: ['outcome'],
       registers,
     });

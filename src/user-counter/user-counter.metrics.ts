@@ -13,7 +13,7 @@ export class UserCounterMetrics {
     const registers = [registry];
     this.events = new Counter({
       name: 'zg_user_counter_deltas_total',
-      help: 'User counter deltas consumed by user-counters: applied, skipped as duplicates, or malformed records',
+      help: 'User counter deltas consumed by user-counters, by outcome: applied, duplicate (already applied) or malformed (records)',
       labelNames: ['outcome'],
       registers,
     });

@@ -74,6 +74,16 @@ describe.each<ProfileName>(['embedded', 'cluster'])('operations (%s profile)', (
       const parameters = doc.body.paths[path].get.parameters as { name: string; required?: boolean }[];
       expect(parameters.filter((p) => p.required).map((p) => p.name)).toEqual(['userId']);
     }
+    // Answers any route may give are documented on every route; with a body, 413 and 415 too.
+    const answers = (path: string, method: string) => Object.keys(doc.body.paths[path][method].responses);
+    expect(answers('/api/v1/auth/login', 'post')).toEqual(
+      expect.arrayContaining(['413', '415', '500', '503']),
+    );
+    expect(answers('/api/v1/knowposts/feed', 'get')).toEqual(expect.arrayContaining(['500', '503']));
+    expect(answers('/api/v1/knowposts/feed', 'get')).not.toContain('415');
+    expect(answers('/readyz', 'get')).toEqual(expect.arrayContaining(['200', '503']));
+    // A token is optional on the feed: sent, it fills the caller's flags.
+    expect(doc.body.paths['/api/v1/knowposts/feed'].get.security).toEqual([{}, { bearerAuth: [] }]);
     const ui = await fetch(`${server.baseUrl}/docs/`);
     expect(ui.status).toBe(200);
     expect(await ui.text()).toContain('<html');

@@ -1,3 +1,4 @@
+import { setTimeout as sleep } from 'node:timers/promises';
 import { pino } from 'pino';
 import { describe, expect, it } from 'vitest';
 import { Metrics } from '../metrics/metrics.js';
@@ -15,7 +16,14 @@ describe('readiness', () => {
     let draining = false;
     const app = await plainHttpServer(logger);
     await app.register(
-      opsRoutes(new Metrics(), { database: async () => true, kafka: async () => kafkaUp }, () => draining),
+      opsRoutes(
+        new Metrics(),
+        { database: async () => true, kafka: async () => kafkaUp },
+        () => draining,
+        undefined,
+        new Set(),
+        0,
+      ),
     );
     await app.ready();
     const poll = async () => (await app.inject({ method: 'GET', url: '/readyz' })).statusCode;
@@ -53,6 +61,57 @@ describe('readiness', () => {
     expect(lines.filter((l) => l.msg === 'request failed')).toEqual([]);
   });
 
+  it('checks the dependencies once for the polls of a short while, however many', async () => {
+    let checked = 0;
+    const app = await plainHttpServer(pino({ level: 'silent' }));
+    const database = async () => {
+      checked++;
+      await sleep(20);
+      return true;
+    };
+    await app.register(opsRoutes(new Metrics(), { database }, () => false, undefined, new Set(), 200));
+    await app.ready();
+    try {
+      const polls = await Promise.all(Array.from({ length: 20 }, () => app.inject({ url: '/readyz' })));
+      expect(polls.map((p) => p.statusCode)).toEqual(Array(20).fill(200));
+      expect((await app.inject({ url: '/readyz' })).json()).toEqual({
+        status: 'ok',
+        checks: { database: 'ok' },
+      });
+      expect(checked).toBe(1);
+      await sleep(250);
+      await app.inject({ url: '/readyz' });
+      expect(checked).toBe(2);
+    } finally {
+      await app.close();
+    }
+  });
+
+  it('answers /metrics to the token only, however the scheme is written', async () => {
+    const app = await plainHttpServer(pino({ level: 'silent' }));
+    await app.register(opsRoutes(new Metrics(), {}, () => false, 's3cret'));
+    await app.ready();
+    const scrape = async (authorization?: string) =>
+      (await app.inject({ url: '/metrics', headers: authorization === undefined ? {} : { authorization } }))
+        .statusCode;
+    try {
+      for (const ok of ['Bearer s3cret', 'bearer s3cret', 'Bearer  s3cret ', 'BEARER\ts3cret'])
+        expect({ ok, status: await scrape(ok) }).toEqual({ ok, status: 200 });
+      for (const refused of [
+        undefined,
+        '',
+        'Bearer',
+        'Bearer s3cre',
+        'Bearer s3cret x',
+        'Basic s3cret',
+        's3cret',
+      ])
+        expect({ refused, status: await scrape(refused) }).toEqual({ refused, status: 401 });
+    } finally {
+      await app.close();
+    }
+  });
+
   it('stays ready while an advisory dependency is down, saying it is degraded', async () => {
     let kafkaUp = false;
     let databaseUp = true;
@@ -64,6 +123,7 @@ describe('readiness', () => {
         () => false,
         undefined,
         new Set(['kafka']),
+        0,
       ),
     );
     await app.ready();

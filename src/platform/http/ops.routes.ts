@@ -6,6 +6,9 @@ import type { Metrics } from '../metrics/metrics.js';
 
 export type ReadinessCheck = () => Promise<boolean>;
 
+/** How long one round of readiness checks answers `/readyz`. */
+const READINESS_KEPT_MS = 1_000;
+
 /**
  * Liveness, readiness and metrics, served by every role. Readiness is every check but the advisory
  * ones: those are reported, and one that is down makes the status `degraded`, still 200 (a
@@ -18,10 +21,33 @@ export function opsRoutes(
   /** When set, `/metrics` answers only `Authorization: Bearer <metricsToken>`. */
   metricsToken?: string,
   advisory: ReadonlySet<string> = new Set(),
+  /** How long one round of checks answers `/readyz` (0: each request checks again). */
+  readinessKeptMs = READINESS_KEPT_MS,
 ) {
   const digest = (text: string) => createHash('sha256').update(text).digest();
-  const expected = metricsToken === undefined ? undefined : digest(`Bearer ${metricsToken}`);
+  const expected = metricsToken === undefined ? undefined : digest(metricsToken);
   let lastReadiness: string | undefined;
+  // One round of checks at a time, its answer kept a second: a client polling hard (the route is
+  // public) asks the database, Redis and Kafka no more often than that.
+  let checking: Promise<(readonly [string, 'ok' | 'down'])[]> | undefined;
+  let checkedAt = -Infinity;
+  const runChecks = () =>
+    Promise.all(
+      Object.entries(checks).map(async ([name, check]) => {
+        const ok = await Promise.race([
+          check().catch(() => false),
+          new Promise<boolean>((resolve) => setTimeout(() => resolve(false), 2000).unref()),
+        ]);
+        return [name, ok ? 'ok' : 'down'] as const;
+      }),
+    );
+  const currentChecks = () => {
+    if (!checking || performance.now() - checkedAt >= readinessKeptMs) {
+      checkedAt = performance.now();
+      checking = runChecks();
+    }
+    return checking;
+  };
   return async (app: FastifyInstance): Promise<void> => {
     const tags = ['operations'];
     app.get(
@@ -30,16 +56,25 @@ export function opsRoutes(
       async () => ({ status: 'ok' }),
     );
 
-    app.get('/readyz', { schema: { tags } }, async (request, reply) => {
-      const entries = await Promise.all(
-        Object.entries(checks).map(async ([name, check]) => {
-          const ok = await Promise.race([
-            check().catch(() => false),
-            new Promise<boolean>((resolve) => setTimeout(() => resolve(false), 2000).unref()),
-          ]);
-          return [name, ok ? 'ok' : 'down'] as const;
+    const states = Type.Record(Type.String(), Type.Union([Type.Literal('ok'), Type.Literal('down')]));
+    const readySchema = {
+      tags,
+      response: {
+        200: Type.Object({
+          status: Type.Union([Type.Literal('ok'), Type.Literal('degraded')]),
+          checks: states,
         }),
-      );
+        503: Type.Object({
+          code: Type.String(),
+          message: Type.String(),
+          requestId: Type.String(),
+          status: Type.Union([Type.Literal('draining'), Type.Literal('unavailable')]),
+          checks: states,
+        }),
+      },
+    };
+    app.get('/readyz', { schema: readySchema }, async (request, reply) => {
+      const entries = await currentChecks();
       const draining = isDraining();
       const down = entries.filter(([, state]) => state !== 'ok').map(([name]) => name);
       const ready = !draining && down.every((name) => advisory.has(name));
@@ -67,7 +102,8 @@ export function opsRoutes(
 
     app.get('/metrics', { schema: { tags, hide: true } }, async (request, reply) => {
       // Compared as digests, so the time taken tells nothing of the token.
-      if (expected && !timingSafeEqual(digest(request.headers.authorization ?? ''), expected)) {
+      const given = /^Bearer\s+(\S+)\s*$/i.exec(request.headers.authorization ?? '')?.[1] ?? '';
+      if (expected && !timingSafeEqual(digest(given), expected)) {
         throw new UnauthorizedError('/metrics needs the metrics token');
       }
       void reply.header('content-type', metrics.registry.contentType);

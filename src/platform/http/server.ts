@@ -19,7 +19,7 @@ import addFormats from 'ajv-formats';
 import type { Logger } from 'pino';
 import type { Metrics } from '../metrics/metrics.js';
 import { installErrorHandling } from './error-handler.js';
-import { TEXT_FORMATS } from './schemas.js';
+import { ErrorSchema, TEXT_FORMATS } from './schemas.js';
 
 export interface HttpServerOptions {
   logger: Logger;
@@ -186,6 +186,25 @@ function emptyOptionalQueryIsAbsent(app: FastifyInstance): void {
 }
 
 /**
+ * The answers any route may give, in the contract's error shape, added to the documented answers
+ * of every route that has a schema (a route's own entry wins): 500, and 503 (a backing service out
+ * of reach, or the server shutting down); with a body, 413 (larger than the body limit) and 415 (a
+ * content type the route does not take).
+ */
+function documentCommonErrors(app: FastifyInstance): void {
+  app.addHook('onRoute', (route) => {
+    const schema = route.schema as { response?: Record<string, unknown>; hide?: boolean } | undefined;
+    if (!schema || schema.hide) return;
+    const response = (schema.response ??= {});
+    const methods = [route.method].flat();
+    const statuses = methods.some((m) => ['POST', 'PUT', 'PATCH'].includes(m))
+      ? [413, 415, 500, 503]
+      : [500, 503];
+    for (const status of statuses) response[String(status)] ??= ErrorSchema;
+  });
+}
+
+/**
  * Each connection's peer as it was when the connection was accepted. A socket that the client has
  * reset no longer knows its peer, and neither does a request read from it before the reset.
  */
@@ -248,6 +267,7 @@ export async function createHttpServer(options: HttpServerOptions): Promise<Fast
       void (reply as FastifyReply)
         .code(400)
         .header('x-request-id', request.id)
+        .header('x-content-type-options', 'nosniff')
         .send({ code: 'BAD_REQUEST', message: `Malformed request: ${error.message}`, requestId: request.id });
     },
     // Requests Node's parser refuses before Fastify sees them (headers too large, a malformed
@@ -340,6 +360,7 @@ export async function createHttpServer(options: HttpServerOptions): Promise<Fast
     }
   });
 
+  documentCommonErrors(app);
   await app.register(multipart, { limits: { fileSize: options.uploadLimitBytes, files: 1, fields: 10 } });
   if (!options.docs) return app;
   await app.register(swagger, {
