@@ -82,6 +82,13 @@ describe.each<ProfileName>(['embedded', 'cluster'])('operations (%s profile)', (
     expect(answers('/api/v1/knowposts/feed', 'get')).toEqual(expect.arrayContaining(['500', '503']));
     expect(answers('/api/v1/knowposts/feed', 'get')).not.toContain('415');
     expect(answers('/readyz', 'get')).toEqual(expect.arrayContaining(['200', '503']));
+    // The avatar upload's file part, for a client made from the document (and the UI's file picker).
+    expect(
+      doc.body.paths['/api/v1/profile/avatar'].post.requestBody.content['multipart/form-data'].schema,
+    ).toMatchObject({
+      required: ['file'],
+      properties: { file: { type: 'string', format: 'binary' } },
+    });
     // A token is optional on the feed: sent, it fills the caller's flags.
     expect(doc.body.paths['/api/v1/knowposts/feed'].get.security).toEqual([{}, { bearerAuth: [] }]);
     const ui = await fetch(`${server.baseUrl}/docs/`);

@@ -364,6 +364,19 @@ export async function createHttpServer(options: HttpServerOptions): Promise<Fast
   await app.register(multipart, { limits: { fileSize: options.uploadLimitBytes, files: 1, fields: 10 } });
   if (!options.docs) return app;
   await app.register(swagger, {
+    // A multipart route validates no body (the parts are read by the handler): its one file part is
+    // described here, for the document only, so that the UI offers a file picker.
+    transform: ({ schema, url }) => {
+      const described = schema as { consumes?: string[]; body?: unknown } | undefined;
+      if (!described?.consumes?.includes('multipart/form-data') || described.body !== undefined)
+        return { schema, url };
+      const file = {
+        type: 'object',
+        required: ['file'],
+        properties: { file: { type: 'string', format: 'binary' } },
+      };
+      return { schema: { ...schema, body: file } as typeof schema, url };
+    },
     openapi: {
       openapi: '3.0.3',
       info: {
