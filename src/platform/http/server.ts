@@ -375,7 +375,7 @@ export async function createHttpServer(options: HttpServerOptions): Promise<Fast
         required: ['file'],
         properties: { file: { type: 'string', format: 'binary' } },
       };
-      return { schema: { ...schema, body: file } as typeof schema, url };
+      return { schema: { ...schema, body: file }, url };
     },
     openapi: {
       openapi: '3.0.3',
