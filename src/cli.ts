@@ -248,7 +248,13 @@ async function main(argv: string[]): Promise<number> {
       // A first Ctrl-C (or SIGTERM) before the store is emptied stops it, changing nothing (toggles
       // are taken again); a second one ends the process at once.
       const stop = new AbortController();
-      const onSignal = () => stop.abort(new Error('replay stopped by a signal; nothing was changed'));
+      const onSignal = () => {
+        // Past the reset the replay goes on: said, so that the signal does not look ignored.
+        process.stderr.write(
+          'stopping: a replay that has not emptied the store yet stops, changing nothing; one that has goes on until the store is whole (a second signal ends it at once, leaving likes and favourites refused until a replay completes)\n',
+        );
+        stop.abort(new Error('replay stopped by a signal; nothing was changed'));
+      };
       process.once('SIGINT', onSignal).once('SIGTERM', onSignal);
       const counters = await replayAll(platform.counterStore, platform.events, progress, {
         force: values.force ?? false,
