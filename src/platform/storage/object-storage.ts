@@ -100,7 +100,12 @@ export function keyBelow(url: string, bases: readonly string[]): string | null {
   if (target.protocol !== 'http:' && target.protocol !== 'https:') return null;
   const path = `${target.origin}${target.pathname}`;
   for (const base of bases) {
-    const parsed = new URL(base);
+    let parsed: URL;
+    try {
+      parsed = new URL(base);
+    } catch {
+      continue;
+    }
     const prefix = `${parsed.origin}${parsed.pathname.replace(/\/+$/, '')}/`;
     if (!path.startsWith(prefix)) continue;
     let key: string;

@@ -56,6 +56,9 @@ describe(S3ObjectStorage.name, () => {
         endpoint: 'https://objects.example.test',
         forcePathStyle: true,
       },
+      // Addresses, as a store on this machine: no host names below them.
+      { bucket: 'zg', region: 'us-east-1', endpoint: 'http://127.0.0.1:9090', forcePathStyle: true },
+      { bucket: 'zg', region: 'us-east-1', endpoint: 'http://[::1]:9090', forcePathStyle: false },
     ];
     for (const settings of cases) {
       const s3 = new S3ObjectStorage({ ...settings, accessKeyId: 'k', secretAccessKey: 's' });
@@ -66,6 +69,7 @@ describe(S3ObjectStorage.name, () => {
         expect(s3.keyOf(signed.split('?')[0]!)).toBe(key);
         // Another bucket's object is not this store's.
         expect(s3.keyOf(signed.replace(settings.bucket, 'other'))).toBeNull();
+        expect(s3.keyOf('https://example.com/x.png')).toBeNull();
         // Public objects are read where the SDK addresses the bucket.
         expect(s3.publicUrl(key)).toBe(signed.split('?')[0]);
       } finally {

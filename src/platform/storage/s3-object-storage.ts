@@ -1,3 +1,4 @@
+import { isIP } from 'node:net';
 import { createHash } from 'node:crypto';
 import { Readable } from 'node:stream';
 import {
@@ -288,8 +289,10 @@ export class S3ObjectStorage implements ObjectStorage {
     const { endpoint, region, forcePathStyle } = this.options;
     const pathFirst = forcePathStyle || this.bucket.includes('.');
     const forms = (protocol: string, host: string, path = ''): string[] => {
-      const virtual = `${protocol}//${this.bucket}.${host}${path}`;
       const byPath = `${protocol}//${host}${path}/${this.bucket}`;
+      // An address (127.0.0.1:9000, [::1]) has no names below it: by path only.
+      if (isIP(host.replace(/^\[|\]?(:\d+)?$/g, '')) !== 0) return [byPath];
+      const virtual = `${protocol}//${this.bucket}.${host}${path}`;
       return pathFirst ? [byPath, virtual] : [virtual, byPath];
     };
     if (endpoint === undefined) {
