@@ -56,7 +56,7 @@ export class PostUploadSweeper {
     for (const { id, due } of await this.posts.objectsCheckDue(now, this.batch)) {
       try {
         const swept = await this.sweep(id, now);
-        await this.posts.finishObjectsCheck(id, due, swept.next);
+        await this.posts.finishObjectsCheck(id, due, swept.next, swept.openUntil);
         objects += swept.deleted;
         posts += 1;
       } catch (err) {
@@ -72,21 +72,22 @@ export class PostUploadSweeper {
    * A deleted post has a check due only when the purge left one for uploads that may still arrive:
    * whatever came since goes, and another check is left while uploads may still come.
    */
-  private async sweepDeleted(
-    id: string,
-    uploadsOpenUntil: number | null,
-    now: number,
-  ): Promise<{ deleted: number; next: number | null }> {
+  private async sweepDeleted(id: string, uploadsOpenUntil: number | null, now: number): Promise<Swept> {
     const deleted = await this.storage.deletePrefix(`posts/${id}`);
-    return { deleted, next: uploadsOpenUntil !== null && uploadsOpenUntil > now ? uploadsOpenUntil : null };
+    return {
+      deleted,
+      next: uploadsOpenUntil !== null && uploadsOpenUntil > now ? uploadsOpenUntil : null,
+      openUntil: uploadsOpenUntil,
+    };
   }
 
-  private async sweep(id: string, now: number): Promise<{ deleted: number; next: number | null }> {
+  private async sweep(id: string, now: number): Promise<Swept> {
     const { retentionMs, maxBytes } = this.options;
     const oversize = (key: string, size: number) =>
       size > (isContentKey(id, key) ? maxBytes.content : isImageKey(id, key) ? maxBytes.image : Infinity);
     let deleted = 0;
     let next: number | null = null;
+    let openUntil: number | null | undefined;
     const passes: [string, (postId: string, key: string) => boolean][] = [
       [`posts/${id}`, (postId, key) => isContentKey(postId, key) || isImageKey(postId, key)],
       [`posts/${id}/pictures`, isStoredImageKey],
@@ -98,6 +99,7 @@ export class PostUploadSweeper {
       const post = await this.posts.find(id);
       if (!post) return { deleted, next: null };
       if (post.status === 'deleted') return this.sweepDeleted(id, post.uploadsOpenUntil, now);
+      openUntil = post.uploadsOpenUntil;
       if (post.uploadsOpenUntil !== null && post.uploadsOpenUntil > now) {
         // The last URL handed out expires at `uploadsOpenUntil` less the retention: a check a
         // minute later removes an upload too large to keep, as when that URL was handed out (a
@@ -117,6 +119,16 @@ export class PostUploadSweeper {
         }
       }
     }
-    return { deleted, next };
+    return openUntil === undefined ? { deleted, next } : { deleted, next, openUntil };
   }
+}
+
+/**
+ * What a check did, when the next one is due, and the `uploads_open_until` it read last: uploads
+ * opened after that read keep this check due (see `PostRepository.finishObjectsCheck`).
+ */
+interface Swept {
+  deleted: number;
+  next: number | null;
+  openUntil?: number | null;
 }

@@ -328,15 +328,28 @@ export class PostRepository {
 
   /**
    * Ends the check that was due at `due`: the next one at `next` (none when null), unless the check
-   * was moved meanwhile (a presign), which then stands.
+   * was moved meanwhile (a patch), or, given the `uploads_open_until` the check read last, uploads
+   * were opened since (a presign, which keeps a check due earlier): the check then stays due, and
+   * the next round runs it again with what changed.
    */
-  async finishObjectsCheck(id: string, due: number, next: number | null): Promise<void> {
-    await this.db.kysely
+  async finishObjectsCheck(
+    id: string,
+    due: number,
+    next: number | null,
+    openUntilRead?: number | null,
+  ): Promise<void> {
+    let update = this.db.kysely
       .updateTable('knowposts')
       .set({ objects_check_at: next })
       .where('id', '=', id)
-      .where('objects_check_at', '=', due)
-      .execute();
+      .where('objects_check_at', '=', due);
+    if (openUntilRead !== undefined)
+      update = update.where((eb) =>
+        openUntilRead === null
+          ? eb('uploads_open_until', 'is', null)
+          : eb('uploads_open_until', '=', openUntilRead),
+      );
+    await update.execute();
   }
 
   /**

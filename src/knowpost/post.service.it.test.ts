@@ -1200,6 +1200,33 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     }
   });
 
+  it('keeps a check due when an upload URL is handed out while it runs', async () => {
+    now = 2_000_000;
+    const sut = newService({ uploadRetentionMs: 3_600_000 });
+    const id = await publishedPost(sut);
+    await backend.db.kysely
+      .updateTable('knowposts')
+      .set({ objects_check_at: now, uploads_open_until: null })
+      .where('id', '=', id)
+      .execute();
+    const repo = new PostRepository(backend.db);
+    const presign = () =>
+      sut.presign(AUTHOR, { scene: 'knowpost_image', postId: id, contentType: 'image/png' });
+    // The URL is handed out after the check read the post, before it ends.
+    const racing = Object.assign(Object.create(repo) as PostRepository, {
+      finishObjectsCheck: async (...args: Parameters<PostRepository['finishObjectsCheck']>) => {
+        if (args[0] === id) await presign();
+        return repo.finishObjectsCheck(...args);
+      },
+    });
+    const options = { retentionMs: 3_600_000, maxBytes: { content: 1024, image: 1024 }, now: () => now };
+    await new PostUploadSweeper(racing, storage, options).runOnce();
+    expect((await row(id)).objects_check_at).toBe(now);
+    // Run again, it leaves the next check due a minute after that URL expires.
+    await new PostUploadSweeper(repo, storage, options).runOnce();
+    expect((await row(id)).objects_check_at).toBe(now + 600_000 + UPLOAD_CHECK_GRACE_MS);
+  });
+
   it('asks for a check of the post’s objects after a slow patch has made its copies', async () => {
     const sut = newService();
     const id = await publishedPost(sut);
