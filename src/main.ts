@@ -3,6 +3,7 @@ import { inspect, parseArgs } from 'node:util';
 import { buildApp } from './app.js';
 import { ConfigError, loadConfig, unknownSettings } from './platform/config/config.js';
 import { DataDirBusyError, holdDataDir } from './platform/db/data-dir-lock.js';
+import { createLogger } from './platform/logging/logger.js';
 
 /** `node dist/main.js [--role api|worker|all]`: the service, configured from the environment. */
 async function main(): Promise<void> {
@@ -17,6 +18,14 @@ async function main(): Promise<void> {
     }
     throw err;
   }
+
+  // Named before anything can fail: a misspelt setting may be why it does.
+  const unknown = unknownSettings(process.env);
+  if (unknown.length > 0)
+    createLogger(config.logLevel).warn(
+      { names: unknown },
+      'settings not known to this release were ignored (misspelt?)',
+    );
 
   // One embedded server per data directory, and none during a counters replay (src/cli.ts).
   if (config.profile === 'embedded') {
@@ -41,9 +50,6 @@ async function main(): Promise<void> {
   const app = await buildApp(config);
   process.off('SIGTERM', onEarlySignal);
   process.off('SIGINT', onEarlySignal);
-  const unknown = unknownSettings(process.env);
-  if (unknown.length > 0)
-    app.log.warn({ names: unknown }, 'settings not known to this release were ignored (misspelt?)');
   if (early !== undefined) {
     app.log.info({ signal: early }, 'stopped before starting');
     await app.close();

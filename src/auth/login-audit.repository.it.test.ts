@@ -62,6 +62,12 @@ describe.each(freshDatabases({ migrated: true }))(`${LoginAuditRepository.name} 
     expect(await remaining()).toEqual([1_003, 3_000]);
   });
 
+  it('goes on past an attempt stamped far ahead by a wrong clock', async () => {
+    await recordAt(1_000, 9_000_000_000_000, ...Array.from({ length: 9 }, (_, i) => 1_001 + i), 5_000);
+    expect(await sut.deleteBefore(2_000, { batch: 3 })).toBe(10);
+    expect(await remaining()).toEqual([9_000_000_000_000, 5_000]);
+  });
+
   it('does nothing on an empty table or when the oldest attempt is recent', async () => {
     expect(await sut.deleteBefore(10_000)).toBe(0);
     await recordAt(20_000);

@@ -36,31 +36,42 @@ export class LoginAuditRepository {
   }
 
   /**
-   * Deletes attempts recorded before `cutoff` (ms since the epoch), oldest first, in ranges of at
-   * most `batch` ids (short statements while sign-ins go on), and stops at the first attempt that is
-   * not that old or after `maxBatches` ranges; how many rows went. Ids grow with time, so it reads
-   * only the rows it deletes and one more: the table has no index on the time.
+   * Deletes attempts recorded before `cutoff` (ms since the epoch), oldest first, range by range of
+   * at most `batch` ids (short statements while sign-ins go on), and stops at the first range with
+   * nothing that old or after `maxBatches` ranges; how many rows went. Ids grow with time, so it
+   * reads little more than the rows it deletes (the table has no index on the time), and a row
+   * stamped far ahead by a wrong clock does not stop it: its range holds older ones.
    */
   async deleteBefore(cutoff: number, options: { batch?: number; maxBatches?: number } = {}): Promise<number> {
     const batch = options.batch ?? 5_000;
     const maxBatches = options.maxBatches ?? 1_000;
     let deleted = 0;
-    for (let i = 0; i < maxBatches; i++) {
-      const oldest = await this.db.kysely
-        .selectFrom('login_audit')
-        .select(['id', 'created_at'])
-        .orderBy('id')
-        .limit(1)
-        .executeTakeFirst();
-      if (!oldest || Number(oldest.created_at) >= cutoff) break;
+    let from = await this.firstIdFrom(0);
+    for (let i = 0; i < maxBatches && from !== undefined; i++) {
       const result = await this.db.kysely
         .deleteFrom('login_audit')
-        .where('id', '<', Number(oldest.id) + batch)
+        .where('id', '>=', from)
+        .where('id', '<', from + batch)
         .where('created_at', '<', cutoff)
         .executeTakeFirst();
-      deleted += Number(result.numDeletedRows);
+      const n = Number(result.numDeletedRows);
+      if (n === 0) break;
+      deleted += n;
+      from = await this.firstIdFrom(from + batch);
     }
     return deleted;
+  }
+
+  /** The first id at or above `id` (past a gap in the ids), if any. */
+  private async firstIdFrom(id: number): Promise<number | undefined> {
+    const row = await this.db.kysely
+      .selectFrom('login_audit')
+      .select('id')
+      .where('id', '>=', id)
+      .orderBy('id')
+      .limit(1)
+      .executeTakeFirst();
+    return row === undefined ? undefined : Number(row.id);
   }
 
   async forUser(

@@ -89,7 +89,7 @@ export async function createPlatform(
   const existing = options.existing ?? false;
   if (existing) checkEmbeddedDeployment(config);
   return config.profile === 'embedded'
-    ? createEmbedded(config, log, existing)
+    ? createEmbedded(config, log, existing, options.serves ?? false)
     : createCluster(
         config,
         log,
@@ -192,7 +192,12 @@ export function keepDataPrivate(dataDir: string): string[] {
   return left;
 }
 
-async function createEmbedded(config: Config, log: Logger, existing: boolean): Promise<Platform> {
+async function createEmbedded(
+  config: Config,
+  log: Logger,
+  existing: boolean,
+  serves: boolean,
+): Promise<Platform> {
   const open = keepDataPrivate(config.dataDir);
   if (open.length > 0)
     log.warn(
@@ -213,6 +218,18 @@ async function createEmbedded(config: Config, log: Logger, existing: boolean): P
     closers.unshift(async () => codeSender.close());
     const invalidation = createLocalInvalidationBus();
     closers.unshift(() => invalidation.close());
+    let unsealedToldAt = Number.NEGATIVE_INFINITY;
+    const tellUnsealed = () => {
+      if (Date.now() - unsealedToldAt < 60_000) return;
+      unsealedToldAt = Date.now();
+      log.error(
+        'likes and favourites are refused: a counters replay emptied the counter store and stopped before it was whole; ' +
+          'they are refused until `zhiguang counters replay --yes` (with the server stopped) completes',
+      );
+    };
+    const counterStore = new SqliteCounterStore(db, { onUnsealed: tellUnsealed });
+    // Said at start too: nothing else shows it until the first like is refused.
+    if (serves && (await counterStore.unsealedGroups()) > 0) tellUnsealed();
     return {
       db,
       kv: createSqliteKv(db),
@@ -220,7 +237,7 @@ async function createEmbedded(config: Config, log: Logger, existing: boolean): P
       events,
       outboxStore: new SqliteOutboxStore(db),
       storage: localStorage(config),
-      counterStore: new SqliteCounterStore(db),
+      counterStore,
       sealCounters: async () => undefined,
       userCounterStore: new SqliteUserCounterStore(db),
       relationLists: new MemoryListCache({

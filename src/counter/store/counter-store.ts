@@ -152,6 +152,8 @@ export interface CounterStore {
   seal(groups?: readonly number[]): Promise<void>;
   /** Refuses toggles from now on (a replay under way); the groups that were sealed, for `seal`. */
   unseal(): Promise<number[]>;
+  /** How many groups refuse toggles now (a replay under way, or one stopped half-way; data lost). */
+  unsealedGroups(): Promise<number>;
   /** Overwrites (or with null deletes) a snapshot's raw bytes; for tests and repair tools only. */
   writeRawSnapshot(ref: EntityRef, bytes: Buffer | null): Promise<void>;
 }

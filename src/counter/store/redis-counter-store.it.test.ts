@@ -69,20 +69,24 @@ describe('RedisCounterStore (cluster specifics)', () => {
       .filter((r, i, all) => all.findIndex((o) => store.groupOf(o) === store.groupOf(r)) === i);
     expect(refs.length).toBeGreaterThan(1);
     const toggle = (ref: EntityRef, user: number) => store.toggle(ref, 'like', user, true, NOW);
+    expect(await store.unsealedGroups()).toBe(4);
     await expect(toggle(refs[0]!, 1)).rejects.toThrow(/being restored/);
     expect((await store.inspect(refs[0]!)).sealed).toBe(false);
     await store.seal([store.groupOf(refs[0]!)]);
+    expect(await store.unsealedGroups()).toBe(3);
     expect((await toggle(refs[0]!, 1)).changed).toBe(true);
     expect((await store.inspect(refs[0]!)).sealed).toBe(true);
     expect((await store.inspect(refs[1]!)).sealed).toBe(false);
     // A store that does not require seals takes every group's facts as whole.
     expect((await open({ groups: 4 }).inspect(refs[1]!)).sealed).toBe(true);
+    expect(await open({ groups: 4 }).unsealedGroups()).toBe(0);
     await expect(toggle(refs[1]!, 1)).rejects.toThrow(/being restored/);
     // Nothing was changed by the refused ones.
     expect(await store.factCounts(refs[1]!)).toEqual({ like: 0, fav: 0 });
     expect(await store.unseal()).toEqual([store.groupOf(refs[0]!)]);
     await expect(toggle(refs[0]!, 2)).rejects.toThrow(/being restored/);
     await store.seal();
+    expect(await store.unsealedGroups()).toBe(0);
     for (const ref of refs) expect((await toggle(ref, 3)).changed).toBe(true);
     expect((await store.unseal()).length).toBe(4);
   });

@@ -870,6 +870,18 @@ export class RedisCounterStore implements CounterStore {
     return sealed;
   }
 
+  async unsealedGroups(): Promise<number> {
+    if (!this.requireSeal) return 0;
+    let unsealed = 0;
+    for (let from = 0; from < this.groups; from += SCAN_CHUNK) {
+      const pipeline = this.redis.pipeline();
+      const end = Math.min(this.groups, from + SCAN_CHUNK);
+      for (let g = from; g < end; g++) pipeline.hexists(this.groupKey('seq', g), SEAL_FIELD);
+      for (const n of (await execPipeline(pipeline)) as number[]) if (n === 0) unsealed++;
+    }
+    return unsealed;
+  }
+
   async flags(userId: number, refs: readonly EntityRef[]): Promise<Flags[]> {
     checkUserId(userId);
     if (refs.length === 0) return [];

@@ -347,15 +347,19 @@ describe('SqliteCounterStore (embedded specifics)', () => {
 
   it('refuses toggles while unsealed, also after a reopen, until sealed again', async () => {
     await store.toggle(post('60'), 'like', 1, true, NOW);
+    expect(await store.unsealedGroups()).toBe(0);
     // A replay unseals the store before its reset and seals it once the facts are back.
     expect(await store.unseal()).toEqual([0]);
+    expect(await store.unsealedGroups()).toBe(1);
     await expect(store.toggle(post('60'), 'like', 2, true, NOW)).rejects.toThrow(/being restored/);
     expect((await store.inspect(post('60'))).sealed).toBe(false);
     // One stopped half-way (killed after its reset) leaves the next process refusing them too.
     await store.reset();
-    const reopened = new SqliteCounterStore(db);
+    let told = 0;
+    const reopened = new SqliteCounterStore(db, { onUnsealed: () => told++ });
     const refused = [1, 2, 3].map((user) => reopened.toggle(post('60'), 'like', user, true, NOW));
     for (const toggle of refused) await expect(toggle).rejects.toThrow(/being restored/);
+    expect(told).toBeGreaterThan(0);
     expect(await reopened.factCounts(post('60'))).toEqual({ like: 0, fav: 0 });
     expect(count('event_log')).toBe(1);
     // Unsealed already: a replay stopping before its reset leaves it so.
@@ -363,6 +367,7 @@ describe('SqliteCounterStore (embedded specifics)', () => {
     await reopened.seal([]);
     await expect(reopened.toggle(post('60'), 'like', 2, true, NOW)).rejects.toThrow(/being restored/);
     await reopened.seal();
+    expect(await reopened.unsealedGroups()).toBe(0);
     expect((await reopened.toggle(post('60'), 'like', 2, true, NOW)).changed).toBe(true);
     expect((await reopened.inspect(post('60'))).sealed).toBe(true);
   });

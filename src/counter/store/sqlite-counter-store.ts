@@ -30,6 +30,8 @@ import { prepareTransactionStatements, runExclusive } from '../../platform/db/sq
 export interface SqliteCounterStoreOptions {
   /** Event log topic the toggles append to. */
   topic?: string;
+  /** Told of each toggle refused because the store is unsealed (a replay stopped half-way). */
+  onUnsealed?: () => void;
 }
 
 // Far below SQLite's bound-parameter limit, and keeps each IN list's plan cheap.
@@ -81,6 +83,7 @@ export class SqliteCounterStore implements CounterStore {
   private readonly kysely: Kysely<Database>;
   private readonly raw: DatabaseSync;
   private readonly topic: string;
+  private readonly onUnsealed: () => void;
   private statements: Statements | undefined;
   private clamped = 0;
   private readonly toggleQueue: ToggleJob[] = [];
@@ -95,6 +98,7 @@ export class SqliteCounterStore implements CounterStore {
     this.kysely = db.kysely;
     this.raw = db.raw;
     this.topic = options.topic ?? COUNTER_TOPIC;
+    this.onUnsealed = options.onUnsealed ?? (() => undefined);
   }
 
   /** Prepared on first use, since the store may be built before the migrations ran. */
@@ -145,7 +149,10 @@ export class SqliteCounterStore implements CounterStore {
           await this.exclusive(() => {
             // Taken under the lock, so toggles that arrived while waiting for it share this commit.
             jobs = this.toggleQueue.splice(0, MAX_GROUP_COMMIT);
-            if (this.s.unsealed.get() !== undefined) throw restoring();
+            if (this.s.unsealed.get() !== undefined) {
+              this.onUnsealed();
+              throw restoring();
+            }
             const only = jobs.length === 1 ? jobs[0] : undefined;
             if (only) {
               // Alone in its commit: a failure rolls back the whole transaction, which holds nothing else.
@@ -475,6 +482,10 @@ export class SqliteCounterStore implements CounterStore {
     });
     // The one group there is: sealed again if the replay stops before its reset.
     return wasSealed ? [0] : [];
+  }
+
+  async unsealedGroups(): Promise<number> {
+    return this.exclusive(() => (this.s.unsealed.get() === undefined ? 0 : 1), 'read');
   }
 
   async reset(): Promise<void> {

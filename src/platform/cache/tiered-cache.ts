@@ -87,9 +87,10 @@ export class TieredCache<V> {
   ): Promise<Map<string, V>> {
     const track: Load = { keys, guards: new Set(keys.map(this.guardOf)), stale: false };
     // A change this process made whose shared invalidation is still on its way: the shared tier's
-    // value may be from before it, so the database answers, and nothing is kept from this load.
+    // value may be from before it, so the database answers. What it answers is kept in this
+    // process (unless another change comes meanwhile), not in the shared tier: a fill there now
+    // would be under the generation the invalidation is moving.
     const passShared = [...track.guards].some((guard) => this.invalidating.has(guard));
-    if (passShared) track.stale = true;
     this.loads.add(track);
     try {
       const slots: CacheSlot[] = keys.map((key) => ({ key, guard: this.guardOf(key) }));
@@ -122,7 +123,7 @@ export class TieredCache<V> {
               value: this.options.encode(value),
             });
         }
-        if (fills.length > 0 && !track.stale) {
+        if (fills.length > 0 && !track.stale && !passShared) {
           await this.options.shared.fill(fills, this.options.sharedTtlMs).catch((err: unknown) => {
             this.onSharedError(err);
           });

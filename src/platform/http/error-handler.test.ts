@@ -3,6 +3,7 @@ import Fastify, { type FastifyInstance } from 'fastify';
 import { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { openMysql } from '../db/database.js';
+import { UnavailableError } from '../errors/errors.js';
 import { S3ObjectStorage } from '../storage/s3-object-storage.js';
 import { installErrorHandling } from './error-handler.js';
 
@@ -101,6 +102,34 @@ describe('errors of unreachable dependencies', () => {
         message: 'Internal error',
       });
       expect(res.headers['retry-after']).toBeUndefined();
+    }
+  });
+});
+
+describe('refusals the service decides on', () => {
+  it('answers 503 in the contract shape and logs a warning without a stack, not an error', async () => {
+    const lines: { level: number; msg: string; err?: unknown; reason?: string }[] = [];
+    const app = Fastify({
+      logger: {
+        level: 'info',
+        stream: { write: (line: string) => void lines.push(JSON.parse(line) as never) },
+      },
+    });
+    installErrorHandling(app);
+    app.get('/refused', async () => {
+      throw new UnavailableError('Likes and favourites are being restored; try again later');
+    });
+    try {
+      const res = await app.inject({ method: 'GET', url: '/refused' });
+      expect(res.statusCode).toBe(503);
+      expect(res.json()).toMatchObject({ code: 'UNAVAILABLE', message: expect.stringContaining('restored') });
+      const told = lines.filter((l) => l.msg.startsWith('request refused'));
+      expect(told).toHaveLength(1);
+      expect(told[0]).toMatchObject({ level: 40, reason: expect.stringContaining('restored') });
+      expect(told[0]!.err).toBeUndefined();
+      expect(lines.filter((l) => l.level >= 50)).toEqual([]);
+    } finally {
+      await app.close();
     }
   });
 });

@@ -1,5 +1,5 @@
 import type { FastifyError, FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
-import { AppError, RateLimitedError } from '../errors/errors.js';
+import { AppError, RateLimitedError, UnavailableError } from '../errors/errors.js';
 import { isDependencyOutage } from '../errors/outage.js';
 import { TEXT_FORMATS } from './schemas.js';
 
@@ -60,7 +60,11 @@ export function installErrorHandling(app: FastifyInstance): void {
         if (error instanceof RateLimitedError && error.retryAfterSeconds !== undefined) {
           void reply.header('retry-after', String(Math.max(1, Math.ceil(error.retryAfterSeconds))));
         }
-        if (error.status >= 500) request.log.error({ err: error }, 'request failed');
+        // A refusal the service decided on (its cause logged where it was found, such as likes
+        // refused while counts are restored) is no failure of the request: said, without a stack.
+        if (error instanceof UnavailableError)
+          request.log.warn({ code: error.code, reason: error.message }, 'request refused: unavailable');
+        else if (error.status >= 500) request.log.error({ err: error }, 'request failed');
         return reply.status(error.status).send({ code: error.code, message: error.message, requestId });
       }
       const fe = error as FastifyError;

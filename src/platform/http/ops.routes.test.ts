@@ -90,6 +90,10 @@ describe('readiness', () => {
   it('answers /metrics to the token only, however the scheme is written', async () => {
     const app = await plainHttpServer(pino({ level: 'silent' }));
     await app.register(opsRoutes(new Metrics(), {}, () => false, 's3cret'));
+    const spaced = await plainHttpServer(pino({ level: 'silent' }));
+    await spaced.register(opsRoutes(new Metrics(), {}, () => false, 'two words'));
+    const spacedStatus = async (authorization: string) =>
+      (await spaced.inject({ url: '/metrics', headers: { authorization } })).statusCode;
     await app.ready();
     const scrape = async (authorization?: string) =>
       (await app.inject({ url: '/metrics', headers: authorization === undefined ? {} : { authorization } }))
@@ -107,8 +111,12 @@ describe('readiness', () => {
         's3cret',
       ])
         expect({ refused, status: await scrape(refused) }).toEqual({ refused, status: 401 });
+      // A token with a space in it, as before the scheme was read apart.
+      expect(await spacedStatus('Bearer two words')).toBe(200);
+      expect(await spacedStatus('Bearer two')).toBe(401);
     } finally {
       await app.close();
+      await spaced.close();
     }
   });
 

@@ -29,16 +29,35 @@ describe(takeLease.name, () => {
   });
 
   it('is free again once a holder that stopped renewing it has let its time pass', async () => {
-    const gone = await takeLease(kv, 'job', 100);
+    let told = 0;
+    const gone = await takeLease(kv, 'job', 100, () => told++);
     expect(gone).not.toBeNull();
     // As a killed holder: nothing renews it, nothing releases it.
     await kv.set('job', 'someone else', 100);
     await sleep(200);
     const next = await takeLease(kv, 'job', 100);
     expect(next).not.toBeNull();
+    // The first holder found its key another's, and was told once.
+    expect(told).toBe(1);
     // The first holder's release leaves the key of the one that holds it now.
     await gone!.release();
     expect(await takeLease(kv, 'job', 100)).toBeNull();
     await next!.release();
+  });
+
+  it('tells a holder whose renewals fail for its whole time to live that it may have lost it', async () => {
+    let told = 0;
+    let down = false;
+    const flaky: KeyValueStore = Object.assign(Object.create(kv) as KeyValueStore, {
+      get: (key: string) => (down ? Promise.reject(new Error('unreachable')) : kv.get(key)),
+    });
+    const lease = await takeLease(flaky, 'job', 90, () => told++);
+    await sleep(100);
+    expect(told).toBe(0);
+    down = true;
+    await sleep(200);
+    expect(told).toBe(1);
+    down = false;
+    await lease!.release();
   });
 });

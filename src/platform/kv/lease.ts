@@ -11,17 +11,37 @@ export interface Lease {
  * Takes `key` for this process unless another holds it (null then). The key lives `ttlMs` and is
  * renewed every third of that while held, so a holder that dies without releasing it (killed, or
  * its machine lost) frees it within `ttlMs`. For long admin commands that must not run twice at
- * once, not for short critical sections: a holder paused past `ttlMs` (a stopped process) loses it.
+ * once, not for short critical sections: a holder that cannot renew it for `ttlMs` (the store out
+ * of reach, the process stopped) may lose it, and `onLost` is told once, when it finds the key gone
+ * or another's, or its renewals have failed for that long.
  */
-export async function takeLease(kv: KeyValueStore, key: string, ttlMs: number): Promise<Lease | null> {
+export async function takeLease(
+  kv: KeyValueStore,
+  key: string,
+  ttlMs: number,
+  onLost: () => void = () => undefined,
+): Promise<Lease | null> {
   const token = randomUUID();
   if (!(await kv.setIfAbsent(key, token, ttlMs))) return null;
+  let renewedAt = performance.now();
+  let lost = false;
+  const lose = () => {
+    if (lost) return;
+    lost = true;
+    onLost();
+  };
   let renewing: Promise<unknown> = Promise.resolve();
   const timer = setInterval(
     () => {
       renewing = (async () => {
-        if ((await kv.get(key)) === token) await kv.expire(key, ttlMs);
-      })().catch(() => undefined);
+        try {
+          if ((await kv.get(key)) !== token) return lose();
+          await kv.expire(key, ttlMs);
+          renewedAt = performance.now();
+        } catch {
+          if (performance.now() - renewedAt >= ttlMs) lose();
+        }
+      })();
     },
     Math.max(1, Math.floor(ttlMs / 3)),
   );
