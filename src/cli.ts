@@ -41,7 +41,8 @@ ${RELATIONS_USAGE}
 
 Exit status: 0 done (for verify: every user or entity checked, none drifted); ${DRIFT_EXIT} verify found
 drift (with --fix: and healed all of it); 1 verify could not check some (busy: changes kept landing)
-or --fix could not heal some (the summary counts them: run it again), or any other failure; 2 usage
+or --fix could not heal some (the summary counts them: run it again), or counters verify found the
+store being restored (unsealedGroups: run counters replay), or any other failure; 2 usage
 or an entity that does not exist.
 Configuration comes from the environment, as for the server (see .env.example).`;
 
@@ -208,10 +209,12 @@ async function main(argv: string[]): Promise<number> {
     if (command === 'verify') {
       // Busy entities are checked again once a flush has had time to fold their deltas.
       const recheckMs = Math.max(1_500, config.counters.flushIntervalMs + 500);
-      const report = await verifyAll(platform.counterStore, values.fix ?? false, progress, recheckMs);
       // Groups whose facts are being restored (or were lost) compare their counts with facts that
-      // are not whole: agreeing, they prove nothing.
-      const unsealedGroups = await platform.counterStore.unsealedGroups();
+      // are not whole: agreeing, they prove nothing. Asked before and after, so that a restore
+      // that ended while the check ran still counts.
+      const unsealedBefore = await platform.counterStore.unsealedGroups();
+      const report = await verifyAll(platform.counterStore, values.fix ?? false, progress, recheckMs);
+      const unsealedGroups = Math.max(unsealedBefore, await platform.counterStore.unsealedGroups());
       summary = {
         ...report,
         driftedEntities: report.drifted.length,
@@ -220,7 +223,7 @@ async function main(argv: string[]): Promise<number> {
       };
       if (unsealedGroups > 0) {
         code = 1;
-        note = `the counter store is being restored in ${unsealedGroups} group(s) (a replay under way, or one stopped before it was whole; or Redis lost its data): likes and favourites are refused there until \`zhiguang counters replay --yes\` completes`;
+        note = `the counter store is being restored in ${unsealedGroups} group(s), or was while this ran (a replay under way, or one stopped before it was done; on the cluster profile also Redis having lost its data, or a deployment no server has started yet): likes and favourites are refused there until \`zhiguang counters replay --yes\` completes; the counts compared prove nothing`;
       }
       // Busy entities (deltas not folded yet) were not compared: not verified, whatever else was found.
       else if (report.busy > 0) {

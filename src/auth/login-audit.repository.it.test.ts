@@ -66,6 +66,10 @@ describe.each(freshDatabases({ migrated: true }))(`${LoginAuditRepository.name} 
     await recordAt(1_000, 9_000_000_000_000, ...Array.from({ length: 9 }, (_, i) => 1_001 + i), 5_000);
     expect(await sut.deleteBefore(2_000, { batch: 3 })).toBe(10);
     expect(await remaining()).toEqual([9_000_000_000_000, 5_000]);
+    // Later, alone in its range, it still does not stop the rounds.
+    clock = 6_000;
+    expect(await sut.deleteBefore(5_500, { batch: 3 })).toBe(1);
+    expect(await remaining()).toEqual([9_000_000_000_000]);
   });
 
   it('does nothing on an empty table or when the oldest attempt is recent', async () => {

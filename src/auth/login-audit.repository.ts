@@ -38,9 +38,9 @@ export class LoginAuditRepository {
   /**
    * Deletes attempts recorded before `cutoff` (ms since the epoch), oldest first, range by range of
    * at most `batch` ids (short statements while sign-ins go on), and stops at the first range with
-   * nothing that old or after `maxBatches` ranges; how many rows went. Ids grow with time, so it
-   * reads little more than the rows it deletes (the table has no index on the time), and a row
-   * stamped far ahead by a wrong clock does not stop it: its range holds older ones.
+   * nothing that old (and a recent attempt) or after `maxBatches` ranges; how many rows went. Ids
+   * grow with time, so it reads little more than the rows it deletes (the table has no index on the
+   * time); a row stamped more than a day ahead by a wrong clock is kept and walked past.
    */
   async deleteBefore(cutoff: number, options: { batch?: number; maxBatches?: number } = {}): Promise<number> {
     const batch = options.batch ?? 5_000;
@@ -55,11 +55,27 @@ export class LoginAuditRepository {
         .where('created_at', '<', cutoff)
         .executeTakeFirst();
       const n = Number(result.numDeletedRows);
-      if (n === 0) break;
+      // Nothing that old here: the recent rows begin, unless every row here is stamped far ahead
+      // (a wrong clock), which is never deleted and must not stop later rounds.
+      if (n === 0 && (await this.holdsRecent(from, from + batch, cutoff))) break;
       deleted += n;
       from = await this.firstIdFrom(from + batch);
     }
     return deleted;
+  }
+
+  /** Whether ids [from, to) hold an attempt made since `cutoff` and not stamped beyond a day ahead. */
+  private async holdsRecent(from: number, to: number, cutoff: number): Promise<boolean> {
+    const row = await this.db.kysely
+      .selectFrom('login_audit')
+      .select('id')
+      .where('id', '>=', from)
+      .where('id', '<', to)
+      .where('created_at', '>=', cutoff)
+      .where('created_at', '<=', this.now() + 86_400_000)
+      .limit(1)
+      .executeTakeFirst();
+    return row !== undefined;
   }
 
   /** The first id at or above `id` (past a gap in the ids), if any. */

@@ -223,8 +223,8 @@ async function createEmbedded(
       if (Date.now() - unsealedToldAt < 60_000) return;
       unsealedToldAt = Date.now();
       log.error(
-        'likes and favourites are refused: a counters replay emptied the counter store and stopped before it was whole; ' +
-          'they are refused until `zhiguang counters replay --yes` (with the server stopped) completes',
+        'likes and favourites are refused: the counter store is unsealed, by a counters replay under way (--force, beside this server) ' +
+          'or one that stopped before it was done; they are refused until `zhiguang counters replay --yes` (with the server stopped) completes',
       );
     };
     const counterStore = new SqliteCounterStore(db, { onUnsealed: tellUnsealed });

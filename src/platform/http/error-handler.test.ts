@@ -119,6 +119,11 @@ describe('refusals the service decides on', () => {
     app.get('/refused', async () => {
       throw new UnavailableError('Likes and favourites are being restored; try again later');
     });
+    app.get('/undelivered', async () => {
+      throw new UnavailableError('The verification code could not be delivered', {
+        cause: new Error('535 authentication failed'),
+      });
+    });
     try {
       const res = await app.inject({ method: 'GET', url: '/refused' });
       expect(res.statusCode).toBe(503);
@@ -128,6 +133,11 @@ describe('refusals the service decides on', () => {
       expect(told[0]).toMatchObject({ level: 40, reason: expect.stringContaining('restored') });
       expect(told[0]!.err).toBeUndefined();
       expect(lines.filter((l) => l.level >= 50)).toEqual([]);
+      // With a failure behind it, the failure is logged, cause and all.
+      expect((await app.inject({ method: 'GET', url: '/undelivered' })).statusCode).toBe(503);
+      const failed = lines.filter((l) => l.level >= 50);
+      expect(failed).toHaveLength(1);
+      expect(JSON.stringify(failed[0]!.err)).toContain('535 authentication failed');
     } finally {
       await app.close();
     }

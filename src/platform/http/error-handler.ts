@@ -60,9 +60,10 @@ export function installErrorHandling(app: FastifyInstance): void {
         if (error instanceof RateLimitedError && error.retryAfterSeconds !== undefined) {
           void reply.header('retry-after', String(Math.max(1, Math.ceil(error.retryAfterSeconds))));
         }
-        // A refusal the service decided on (its cause logged where it was found, such as likes
-        // refused while counts are restored) is no failure of the request: said, without a stack.
-        if (error instanceof UnavailableError)
+        // A refusal the service decided on with nothing failing behind it (likes refused while
+        // counts are restored, told where that was found) is said without a stack; one with a
+        // failure behind it (a code the mail server would not take) is logged with that failure.
+        if (error instanceof UnavailableError && error.cause === undefined)
           request.log.warn({ code: error.code, reason: error.message }, 'request refused: unavailable');
         else if (error.status >= 500) request.log.error({ err: error }, 'request failed');
         return reply.status(error.status).send({ code: error.code, message: error.message, requestId });

@@ -16,14 +16,14 @@ describe(takeLease.name, () => {
   afterEach(async () => dispose());
 
   it('lets one holder at a time take a key, renewed for as long as it is held', async () => {
-    const first = await takeLease(kv, 'job', 150);
+    const first = await takeLease(kv, 'job', 600);
     expect(first).not.toBeNull();
-    expect(await takeLease(kv, 'job', 150)).toBeNull();
+    expect(await takeLease(kv, 'job', 600)).toBeNull();
     // Held past its time to live: renewed meanwhile.
-    await sleep(400);
-    expect(await takeLease(kv, 'job', 150)).toBeNull();
+    await sleep(1_000);
+    expect(await takeLease(kv, 'job', 600)).toBeNull();
     await first!.release();
-    const second = await takeLease(kv, 'job', 150);
+    const second = await takeLease(kv, 'job', 600);
     expect(second).not.toBeNull();
     await second!.release();
   });
@@ -51,11 +51,11 @@ describe(takeLease.name, () => {
     const flaky: KeyValueStore = Object.assign(Object.create(kv) as KeyValueStore, {
       get: (key: string) => (down ? Promise.reject(new Error('unreachable')) : kv.get(key)),
     });
-    const lease = await takeLease(flaky, 'job', 90, () => told++);
-    await sleep(100);
+    const lease = await takeLease(flaky, 'job', 600, () => told++);
+    await sleep(700);
     expect(told).toBe(0);
     down = true;
-    await sleep(200);
+    await sleep(800);
     expect(told).toBe(1);
     down = false;
     await lease!.release();

@@ -31,20 +31,21 @@ export async function takeLease(
     onLost();
   };
   let renewing: Promise<unknown> = Promise.resolve();
-  const timer = setInterval(
-    () => {
-      renewing = (async () => {
-        try {
-          if ((await kv.get(key)) !== token) return lose();
-          await kv.expire(key, ttlMs);
-          renewedAt = performance.now();
-        } catch {
-          if (performance.now() - renewedAt >= ttlMs) lose();
-        }
-      })();
-    },
-    Math.max(1, Math.floor(ttlMs / 3)),
-  );
+  const interval = Math.max(1, Math.floor(ttlMs / 3));
+  const timer = setInterval(() => {
+    renewing = (async () => {
+      // The key lives `ttlMs` from the renewal's start at the latest: timed from there.
+      const started = performance.now();
+      try {
+        if ((await kv.get(key)) !== token) return lose();
+        await kv.expire(key, ttlMs);
+        renewedAt = started;
+      } catch {
+        // Told by the last tick before the key may be gone, not a third of its life after.
+        if (performance.now() - renewedAt >= ttlMs - interval) lose();
+      }
+    })();
+  }, interval);
   timer.unref();
   return {
     release: async () => {
