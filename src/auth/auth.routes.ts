@@ -166,18 +166,21 @@ export function authRoutes(deps: AuthRouteDeps) {
       },
     );
 
-    app.get(
-      '/.well-known/jwks.json',
-      {
-        schema: {
-          tags,
-          response: { 200: Type.Object({ keys: Type.Array(Type.Record(Type.String(), Type.Unknown())) }) },
+    // At the root, where JWKS consumers look, and under the auth routes, where the contract lists it.
+    for (const url of ['/.well-known/jwks.json', '/api/v1/auth/.well-known/jwks.json']) {
+      app.get(
+        url,
+        {
+          schema: {
+            tags,
+            response: { 200: Type.Object({ keys: Type.Array(Type.Record(Type.String(), Type.Unknown())) }) },
+          },
         },
-      },
-      async (_request, reply) => {
-        void reply.header('cache-control', 'public, max-age=300');
-        return { keys: deps.jwks };
-      },
-    );
+        async (_request, reply) => {
+          void reply.header('cache-control', 'public, max-age=300');
+          return { keys: deps.jwks };
+        },
+      );
+    }
   };
 }

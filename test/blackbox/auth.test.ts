@@ -466,5 +466,8 @@ describe.each<ProfileName>(['embedded', 'cluster'])('accounts (%s profile)', (pr
     expect(res.body.keys[0]).toMatchObject({ kty: 'RSA', alg: 'RS256', use: 'sig' });
     expect(typeof res.body.keys[0].kid).toBe('string');
     expect(res.body.keys[0].d).toBeUndefined();
+    // Also under the auth routes, where the contract lists it.
+    const listed = await client.call('GET', '/api/v1/auth/.well-known/jwks.json');
+    expect([listed.status, listed.body]).toEqual([200, res.body]);
   });
 });
