@@ -723,6 +723,12 @@ describe('counters under faults (embedded profile: one process, killed with SIGK
       1,
       expect.stringContaining('zhiguang counters replay --yes'),
     ]);
+    // The authors' likes received are counted from those facts: not verified, and told why.
+    const authors = await runCli(deployment!.env, ['users', 'verify']);
+    expect([authors.code, authors.stderr]).toEqual([
+      1,
+      expect.stringContaining('the counter store is being restored'),
+    ]);
     const replay = await runCli(deployment!.env, ['counters', 'replay', '--yes']);
     expect(replay.code).toBe(0);
     expect(replay.json).toMatchObject({ command: 'counters replay', malformed: 0, entities: EMBEDDED_POSTS });
