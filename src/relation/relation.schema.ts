@@ -56,4 +56,12 @@ export const PublicProfileResponse = Type.Object({
   tagJson: Type.String(),
 });
 
-export const ListResponse = Type.Array(PublicProfileResponse);
+export const ListResponse = Type.Array(PublicProfileResponse, {
+  // Documented with the answer (the serializer leaves it alone).
+  headers: {
+    'X-Next-Cursor': {
+      type: 'string',
+      description: 'The cursor of the next page, sent only when more items follow',
+    },
+  },
+});

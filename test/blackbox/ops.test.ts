@@ -89,6 +89,10 @@ describe.each<ProfileName>(['embedded', 'cluster'])('operations (%s profile)', (
       required: ['file'],
       properties: { file: { type: 'string', format: 'binary' } },
     });
+    // A list page names the header that carries the next page's cursor.
+    expect(doc.body.paths['/api/v1/relation/followers'].get.responses['200'].headers).toMatchObject({
+      'X-Next-Cursor': { schema: { type: 'string' } },
+    });
     // A token is optional on the feed: sent, it fills the caller's flags.
     expect(doc.body.paths['/api/v1/knowposts/feed'].get.security).toEqual([{}, { bearerAuth: [] }]);
     const ui = await fetch(`${server.baseUrl}/docs/`);
