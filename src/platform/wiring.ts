@@ -218,15 +218,12 @@ async function createEmbedded(
     closers.unshift(async () => codeSender.close());
     const invalidation = createLocalInvalidationBus();
     closers.unshift(() => invalidation.close());
-    let unsealedToldAt = Number.NEGATIVE_INFINITY;
-    const tellUnsealed = () => {
-      if (Date.now() - unsealedToldAt < 60_000) return;
-      unsealedToldAt = Date.now();
+    const tellUnsealed = oncePerMinute(() =>
       log.error(
         'likes and favourites are refused: the counter store is unsealed, by a counters replay under way (--force, beside this server) ' +
           'or one that stopped before it was done; they are refused until `zhiguang counters replay --yes` (with the server stopped) completes',
-      );
-    };
+      ),
+    );
     const counterStore = new SqliteCounterStore(db, { onUnsealed: tellUnsealed });
     // Said at start too: nothing else shows it until the first like is refused.
     if (serves && (await counterStore.unsealedGroups()) > 0) tellUnsealed();
@@ -547,20 +544,18 @@ async function createCluster(
     watchRedisConnection(redis, log, 'commands');
     closers.unshift(async () => void (await redis.quit().catch(() => redis.disconnect())));
     const { RedisCounterStore } = await import('../counter/store/redis-counter-store.js');
-    let unsealedToldAt = Number.NEGATIVE_INFINITY;
+    const tellUnsealed = oncePerMinute((group: number) =>
+      log.error(
+        { prefix: config.redisPrefix, group },
+        'a like or favourite was refused: counter group holds no facts (Redis lost them, or a replay is under way); ' +
+          'they are refused until `zhiguang counters replay --yes` brings them back',
+      ),
+    );
     const counterStore = new RedisCounterStore(redis, {
       prefix: config.redisPrefix,
       groups: config.counters.groups,
       requireSeal: true,
-      onUnsealed: (group) => {
-        if (Date.now() - unsealedToldAt < 60_000) return;
-        unsealedToldAt = Date.now();
-        log.error(
-          { prefix: config.redisPrefix, group },
-          'a like or favourite was refused: counter group holds no facts (Redis lost them, or a replay is under way); ' +
-            'they are refused until `zhiguang counters replay --yes` brings them back',
-        );
-      },
+      onUnsealed: tellUnsealed,
     });
     await checkRedisAtStart(
       redis,
@@ -659,4 +654,14 @@ async function closeAll(closers: (() => Promise<void>)[]): Promise<void> {
       // Closing is best effort: one stuck connection must not keep the others open.
     }
   }
+}
+
+/** `tell`, at most once a minute (the first call at once): for a state every request would report. */
+function oncePerMinute<A extends unknown[]>(tell: (...args: A) => void): (...args: A) => void {
+  let toldAt = Number.NEGATIVE_INFINITY;
+  return (...args) => {
+    if (Date.now() - toldAt < 60_000) return;
+    toldAt = Date.now();
+    tell(...args);
+  };
 }

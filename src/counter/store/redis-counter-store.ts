@@ -849,13 +849,7 @@ export class RedisCounterStore implements CounterStore {
 
   /** The groups sealed now are read first, so a failure half-way seals them again before it is told. */
   async unseal(): Promise<number[]> {
-    const sealed: number[] = [];
-    for (let from = 0; from < this.groups; from += SCAN_CHUNK) {
-      const pipeline = this.redis.pipeline();
-      const end = Math.min(this.groups, from + SCAN_CHUNK);
-      for (let g = from; g < end; g++) pipeline.hexists(this.groupKey('seq', g), SEAL_FIELD);
-      ((await execPipeline(pipeline)) as number[]).forEach((n, i) => n > 0 && sealed.push(from + i));
-    }
+    const sealed = (await this.sealFlags()).flatMap((on, g) => (on ? [g] : []));
     try {
       for (let from = 0; from < sealed.length; from += SCAN_CHUNK) {
         const pipeline = this.redis.pipeline();
@@ -872,14 +866,19 @@ export class RedisCounterStore implements CounterStore {
 
   async unsealedGroups(): Promise<number> {
     if (!this.requireSeal) return 0;
-    let unsealed = 0;
+    return (await this.sealFlags()).filter((on) => !on).length;
+  }
+
+  /** Whether each group, by number, carries its seal. */
+  private async sealFlags(): Promise<boolean[]> {
+    const flags: boolean[] = [];
     for (let from = 0; from < this.groups; from += SCAN_CHUNK) {
       const pipeline = this.redis.pipeline();
       const end = Math.min(this.groups, from + SCAN_CHUNK);
       for (let g = from; g < end; g++) pipeline.hexists(this.groupKey('seq', g), SEAL_FIELD);
-      for (const n of (await execPipeline(pipeline)) as number[]) if (n === 0) unsealed++;
+      for (const n of (await execPipeline(pipeline)) as number[]) flags.push(n > 0);
     }
-    return unsealed;
+    return flags;
   }
 
   async flags(userId: number, refs: readonly EntityRef[]): Promise<Flags[]> {
