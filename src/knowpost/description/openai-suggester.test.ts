@@ -1,5 +1,6 @@
 import { createServer, type IncomingHttpHeaders, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { ANALYSED_CHARS, EmptyContentError, SCANNED_CHARS, type DescriptionLog } from './describer.js';
 import { ExtractiveSuggester } from './extractive.js';
@@ -8,6 +9,7 @@ import {
   OpenAiSuggester,
   promptContent,
   PROMPT_CONTENT_CHARS,
+  retryAfterMs,
   type OpenAiSuggesterOptions,
 } from './openai-suggester.js';
 
@@ -216,6 +218,64 @@ describe('OpenAiSuggester', () => {
     expect(performance.now() - started).toBeLessThan(400 + 700);
     expect(fake.received).toHaveLength(1);
   }, 5_000);
+
+  it('after a long retry-after, leaves the provider alone until the wait is over', async () => {
+    const fake = await FakeProvider.start(
+      { status: 429, body: { error: { message: 'quota used up' } }, headers: { 'retry-after': '1' } },
+      completion('基于 Redis 与事件日志的精确计数器设计'),
+    );
+    const log = memoryLog();
+    const ai = suggester(fake, { timeoutMs: 300, maxRetries: 3 }, log);
+    expect((await ai.suggest(POST)).source).toBe('extractive');
+    expect((await ai.suggest(POST)).source).toBe('extractive');
+    // One call only: the wait was longer than a suggestion may take, and the next one did not ask.
+    expect(fake.received).toHaveLength(1);
+    expect(log.lines.filter((line) => line.includes('asked to wait'))).toHaveLength(1);
+    await sleep(1_050);
+    expect(await ai.suggest(POST)).toEqual({
+      description: '基于 Redis 与事件日志的精确计数器设计',
+      source: 'ai',
+    });
+    expect(fake.received).toHaveLength(2);
+  }, 5_000);
+
+  it('waits out a short retry-after given as a date, within the timeout', async () => {
+    const fake = await FakeProvider.start(
+      {
+        status: 503,
+        body: { error: { message: 'busy' } },
+        headers: { 'retry-after': new Date(Date.now() + 1_000).toUTCString() },
+      },
+      completion('基于 Redis 与事件日志的精确计数器设计'),
+    );
+    const started = performance.now();
+    const result = await suggester(fake, { timeoutMs: 3_000, maxRetries: 1 }).suggest(POST);
+    expect(result.source).toBe('ai');
+    expect(fake.received).toHaveLength(2);
+    expect(performance.now() - started).toBeLessThan(2_500);
+  }, 5_000);
+
+  it('does not retry what the provider says not to', async () => {
+    const fake = await FakeProvider.start({
+      status: 500,
+      body: { error: { message: 'bad input' } },
+      headers: { 'x-should-retry': 'false' },
+    });
+    expect((await suggester(fake, { maxRetries: 3 }).suggest(POST)).source).toBe('extractive');
+    expect(fake.received).toHaveLength(1);
+  });
+
+  it('reads retry-after headers', () => {
+    const now = Date.parse('2026-12-07T00:00:00Z');
+    const headers = (entries: Record<string, string>) => new Headers(entries);
+    expect(retryAfterMs(headers({ 'retry-after-ms': '250' }), now)).toBe(250);
+    expect(retryAfterMs(headers({ 'retry-after': '3' }), now)).toBe(3_000);
+    expect(retryAfterMs(headers({ 'retry-after': 'Mon, 07 Dec 2026 00:00:10 GMT' }), now)).toBe(10_000);
+    expect(retryAfterMs(headers({ 'retry-after': 'Sun, 06 Dec 2026 23:59:00 GMT' }), now)).toBe(0);
+    expect(retryAfterMs(headers({ 'retry-after': 'soon' }), now)).toBeUndefined();
+    expect(retryAfterMs(headers({}), now)).toBeUndefined();
+    expect(retryAfterMs(undefined, now)).toBeUndefined();
+  });
 
   it('falls back when the provider cannot be reached', async () => {
     const fake = await FakeProvider.start(completion('不会用到'));

@@ -1,4 +1,5 @@
-import OpenAI, { APIError } from 'openai';
+import { setTimeout as sleep } from 'node:timers/promises';
+import OpenAI, { APIConnectionError, APIError, APIUserAbortError } from 'openai';
 import {
   DESCRIPTION_MAX_LENGTH,
   EmptyContentError,
@@ -29,6 +30,12 @@ const MAX_TOKENS = 160;
 const TEMPERATURE = 0.3;
 // Shorter answers are fragments ("好文", "OK"), not descriptions.
 const MIN_LENGTH = 4;
+// Waits between attempts without a Retry-After: 0.5 s, doubling, at most 8 s.
+const FIRST_RETRY_MS = 500;
+const LAST_RETRY_MS = 8_000;
+// A provider that asks for a wait longer than a suggestion may take is not asked again before it is
+// over, but for no longer than this: a wrong header must not turn the model off for the day.
+const MAX_REST_MS = 10 * 60_000;
 
 export const SYSTEM_PROMPT = [
   `You write the one-line description shown under a post's title on Zhiguang, a knowledge-sharing community.`,
@@ -84,7 +91,7 @@ export function promptContent(content: string): string {
 }
 
 function untilAborted<T>(work: Promise<T>, signal: AbortSignal): Promise<T> {
-  // The client checks its signal only between attempts: a retry-after sleep would outlast the deadline.
+  // The deadline holds whatever the client does between receiving bytes.
   return new Promise<T>((resolve, reject) => {
     const onAbort = (): void => reject(signal.reason as Error);
     if (signal.aborted) {
@@ -96,12 +103,40 @@ function untilAborted<T>(work: Promise<T>, signal: AbortSignal): Promise<T> {
   });
 }
 
+/** What a failed attempt says about the next one: whether to try again, and after how long if it said. */
+function retryAdvice(err: unknown): { retry: boolean; afterMs?: number } {
+  if (err instanceof APIUserAbortError) return { retry: false };
+  if (err instanceof APIConnectionError) return { retry: true };
+  if (!(err instanceof APIError) || err.status === undefined) return { retry: false };
+  const headers = err.headers as Headers | undefined;
+  const should = headers?.get('x-should-retry');
+  const retry =
+    should === 'true' ||
+    (should !== 'false' &&
+      (err.status === 408 || err.status === 409 || err.status === 429 || err.status >= 500));
+  const afterMs = retryAfterMs(headers);
+  return afterMs === undefined ? { retry } : { retry, afterMs };
+}
+
+/** The wait a `retry-after-ms` or `Retry-After` (seconds or an HTTP date) header asks for. */
+export function retryAfterMs(headers: Headers | undefined, now = Date.now()): number | undefined {
+  const ms = Number.parseFloat(headers?.get('retry-after-ms') ?? '');
+  if (Number.isFinite(ms) && ms >= 0) return ms;
+  const value = headers?.get('retry-after')?.trim();
+  if (!value) return undefined;
+  if (/^\d+(?:\.\d+)?$/.test(value)) return Number.parseFloat(value) * 1000;
+  const at = Date.parse(value);
+  return Number.isFinite(at) ? Math.max(0, at - now) : undefined;
+}
+
 /**
  * Descriptions from an OpenAI-compatible chat model (DeepSeek by default), falling back to another
  * suggester whenever the model fails, is too slow or answers with something that is not a description.
  */
 export class OpenAiSuggester implements DescriptionSuggester {
   private readonly client: OpenAI;
+  /** Until when the provider asked not to be called (a Retry-After past a suggestion's timeout). */
+  private restingUntil = 0;
 
   constructor(
     private readonly options: OpenAiSuggesterOptions,
@@ -112,7 +147,9 @@ export class OpenAiSuggester implements DescriptionSuggester {
       apiKey: options.apiKey,
       baseURL: options.baseURL,
       timeout: options.timeoutMs,
-      maxRetries: options.maxRetries,
+      // Retries are made here: the client would sleep out any Retry-After, however long, holding the
+      // request after its caller has been answered.
+      maxRetries: 0,
       // Not taken from OPENAI_* variables: they belong to another provider, and the client's own
       // debug logging would print request details.
       organization: null,
@@ -125,6 +162,7 @@ export class OpenAiSuggester implements DescriptionSuggester {
     signal?.throwIfAborted();
     if (normalizeDescription(analysedPart(content)) === '') throw new EmptyContentError();
     const started = Date.now();
+    if (started < this.restingUntil) return this.fallback.suggest(content, signal);
     try {
       const answer = await this.ask(content, signal);
       const description = descriptionFromAnswer(answer);
@@ -144,33 +182,58 @@ export class OpenAiSuggester implements DescriptionSuggester {
   }
 
   private async ask(content: string, signal: AbortSignal | undefined): Promise<string> {
-    const { model, timeoutMs } = this.options;
+    const { model, timeoutMs, maxRetries } = this.options;
     const deadline = new AbortController();
+    const endsAt = Date.now() + timeoutMs;
     const timer = setTimeout(
       () => deadline.abort(new DOMException(`no answer within ${timeoutMs} ms`, 'TimeoutError')),
       timeoutMs,
     );
     const onCallerAbort = (): void => deadline.abort(signal?.reason);
     signal?.addEventListener('abort', onCallerAbort, { once: true });
+    const body = {
+      model,
+      messages: [
+        { role: 'system' as const, content: SYSTEM_PROMPT },
+        { role: 'user' as const, content: `<post>\n${promptContent(content)}\n</post>` },
+      ],
+      max_tokens: MAX_TOKENS,
+      temperature: TEMPERATURE,
+    };
     try {
-      const request = this.client.chat.completions.create(
-        {
-          model,
-          messages: [
-            { role: 'system', content: SYSTEM_PROMPT },
-            { role: 'user', content: `<post>\n${promptContent(content)}\n</post>` },
-          ],
-          max_tokens: MAX_TOKENS,
-          temperature: TEMPERATURE,
-        },
-        { signal: deadline.signal },
-      );
-      const completion = await untilAborted(request, deadline.signal);
-      return completion.choices[0]?.message.content ?? '';
+      for (let attempt = 0; ; attempt += 1) {
+        try {
+          const request = this.client.chat.completions.create(body, { signal: deadline.signal });
+          const completion = await untilAborted(request, deadline.signal);
+          return completion.choices[0]?.message.content ?? '';
+        } catch (err) {
+          if (deadline.signal.aborted) throw err;
+          const advice = retryAdvice(err);
+          const remaining = endsAt - Date.now();
+          if (advice.afterMs !== undefined && advice.afterMs > remaining) this.rest(advice.afterMs, err);
+          if (!advice.retry || attempt >= maxRetries) throw err;
+          const backoff = Math.min(FIRST_RETRY_MS * 2 ** attempt, LAST_RETRY_MS) * (1 - Math.random() * 0.25);
+          const waitMs = advice.afterMs ?? backoff;
+          // A wait the deadline would cut short only delays the fallback.
+          if (waitMs >= remaining) throw err;
+          await sleep(waitMs, undefined, { signal: deadline.signal });
+        }
+      }
     } finally {
       clearTimeout(timer);
       signal?.removeEventListener('abort', onCallerAbort);
     }
+  }
+
+  /** The provider asked for a wait longer than a suggestion may take: no calls until it is over. */
+  private rest(afterMs: number, err: unknown): void {
+    const until = Date.now() + Math.min(afterMs, MAX_REST_MS);
+    if (until <= this.restingUntil) return;
+    this.restingUntil = until;
+    this.log?.warn(
+      { model: this.options.model, error: this.describeError(err), restMs: until - Date.now() },
+      'AI provider asked to wait; using the extractive summary until then',
+    );
   }
 
   /** Providers echo (parts of) a rejected key in error messages; none of it may reach the logs. */

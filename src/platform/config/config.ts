@@ -296,14 +296,19 @@ export const CONFIG_VARS = {
     description: 'base URL of the OpenAI-compatible API (/chat/completions is appended)',
     default: 'https://api.deepseek.com',
   },
-  ZG_AI_MODEL: { description: 'chat model used for post descriptions', default: 'deepseek-chat' },
+  ZG_AI_MODEL: {
+    description:
+      'chat model used for post descriptions (not a reasoning model: its reasoning would use up the 160 tokens an answer may take)',
+    default: 'deepseek-chat',
+  },
   ZG_AI_TIMEOUT_MS: {
     description:
       'longest a description suggestion waits for the model, retries included, before the extractive summary is used',
     default: '10000',
   },
   ZG_AI_MAX_RETRIES: {
-    description: 'further attempts after a connection error, 408, 409, 429 or 5xx, within the timeout',
+    description:
+      'further attempts after a connection error, 408, 409, 429 or 5xx, within the timeout; a provider asking for a longer wait (Retry-After) is not called until it is over, 10 minutes at most',
     default: '1',
   },
   ZG_AI_RATE_LIMIT: { description: 'description suggestions per user per minute', default: '20' },
