@@ -40,6 +40,31 @@ describe(S3ObjectStorage.name, () => {
     );
   });
 
+  it('gives up on a store that takes a request and never answers', async () => {
+    // Reads the request, answers nothing, keeps the connection: TCP alone would wait for ever.
+    const mute = createServer((req) => req.resume());
+    await new Promise<void>((ok) => mute.listen(0, '127.0.0.1', ok));
+    try {
+      const silent = new S3ObjectStorage({
+        endpoint: `http://127.0.0.1:${(mute.address() as AddressInfo).port}`,
+        region: 'us-east-1',
+        bucket: 'b',
+        accessKeyId: 'k',
+        secretAccessKey: 's',
+        forcePathStyle: true,
+        timeoutMs: 200,
+      });
+      const started = performance.now();
+      await expect(silent.listPrefix('posts/1')).rejects.toThrow();
+      await expect(silent.head('posts/1/a.md')).rejects.toThrow();
+      // Three attempts each, with the SDK's back-off between them.
+      expect(performance.now() - started).toBeLessThan(4_000);
+    } finally {
+      mute.closeAllConnections();
+      await new Promise<void>((ok) => mute.close(() => ok()));
+    }
+  }, 10_000);
+
   it('knows its objects in the URLs it hands out, whichever form the SDK addresses the bucket in', async () => {
     const cases: { bucket: string; region: string; endpoint?: string; forcePathStyle: boolean }[] = [
       { bucket: 'my.bucket', region: 'eu-west-1', forcePathStyle: false },

@@ -38,7 +38,16 @@ export interface S3ObjectStorageOptions {
   forcePathStyle: boolean;
   /** Where public objects are read (a CDN, or the bucket's own URL when absent). */
   publicUrl?: string;
+  /**
+   * Longest an attempt may wait for the store's answer, or go without a byte of it; default 20 s.
+   * Without a bound, a store that accepts a connection and never answers would hold a request,
+   * or a worker's task, for ever.
+   */
+  timeoutMs?: number;
 }
+
+const DEFAULT_TIMEOUT_MS = 20_000;
+const CONNECT_TIMEOUT_MS = 5_000;
 
 /** Keys whose type a browser may run script in when the URL is opened (HTML, SVG, XML). */
 const SCRIPTABLE = /\.(html?|xhtml|svg|xml)$/i;
@@ -76,6 +85,12 @@ export class S3ObjectStorage implements ObjectStorage {
       requestChecksumCalculation: 'WHEN_REQUIRED',
       responseChecksumValidation: 'WHEN_REQUIRED',
       maxAttempts: 3,
+      requestHandler: {
+        connectionTimeout: Math.min(CONNECT_TIMEOUT_MS, options.timeoutMs ?? DEFAULT_TIMEOUT_MS),
+        requestTimeout: options.timeoutMs ?? DEFAULT_TIMEOUT_MS,
+        throwOnRequestTimeout: true,
+        socketTimeout: options.timeoutMs ?? DEFAULT_TIMEOUT_MS,
+      },
     });
     this.publicBase = (options.publicUrl ?? this.bucketUrls()[0]!).replace(/\/+$/, '');
   }
