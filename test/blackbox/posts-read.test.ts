@@ -179,7 +179,7 @@ describe.each<ProfileName>(['embedded', 'cluster'])('reading posts (%s profile)'
     expect([defaults.page, defaults.size]).toEqual([1, 20]);
     // A cache in front keyed by URL keeps no signed-in caller's answer, nor gives one another's.
     expect(anonymous.headers.get('vary')).toMatch(/authorization/i);
-    expect(anonymous.headers.get('cache-control')).toBeNull();
+    expect(anonymous.headers.get('cache-control')).toBe('no-store');
     for (const path of [
       '/api/v1/knowposts/feed',
       '/api/v1/knowposts/mine',

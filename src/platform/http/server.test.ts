@@ -258,6 +258,26 @@ describe('requests from web pages (CORS)', () => {
     expect(res.headers['x-content-type-options']).toBe('nosniff');
   });
 
+  it('marks answers for no cache to keep, unless the route says otherwise', async () => {
+    const app = await plainHttpServer(pino({ level: 'silent' }));
+    app.get('/mine', async () => ({ phone: '13800000000' }));
+    app.get('/kept', async (_request, reply) => {
+      void reply.header('cache-control', 'public, max-age=300');
+      return { key: 'k' };
+    });
+    await app.ready();
+    const mine = await app.inject({ method: 'GET', url: '/mine', headers: { authorization: 'Bearer x' } });
+    const anonymous = await app.inject({ method: 'GET', url: '/mine' });
+    const missing = await app.inject({ method: 'GET', url: '/nothing' });
+    const malformed = await app.inject({ method: 'GET', url: '/mine%zz' });
+    const kept = await app.inject({ method: 'GET', url: '/kept' });
+    await app.close();
+    for (const res of [mine, anonymous, missing, malformed])
+      expect(res.headers['cache-control']).toBe('no-store');
+    expect(malformed.statusCode).toBe(400);
+    expect(kept.headers['cache-control']).toBe('public, max-age=300');
+  });
+
   it('with a list of origins, answers only those', async () => {
     const app = await plainHttpServer(pino({ level: 'silent' }), {
       corsOrigins: ['https://zhiguang.example', 'http://localhost:5173'],

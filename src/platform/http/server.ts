@@ -268,6 +268,7 @@ export async function createHttpServer(options: HttpServerOptions): Promise<Fast
         .code(400)
         .header('x-request-id', request.id)
         .header('x-content-type-options', 'nosniff')
+        .header('cache-control', 'no-store')
         .send({ code: 'BAD_REQUEST', message: `Malformed request: ${error.message}`, requestId: request.id });
     },
     // Requests Node's parser refuses before Fastify sees them (headers too large, a malformed
@@ -321,7 +322,12 @@ export async function createHttpServer(options: HttpServerOptions): Promise<Fast
   // address become limits for the whole site: said once, when the first forwarded request comes.
   let untrustedForwardSeen = trust !== false;
   app.addHook('onRequest', (request, reply, done) => {
-    void reply.header('x-request-id', request.id).header('x-content-type-options', 'nosniff');
+    // No answer is for a cache to keep unless its route says so (objects, the JWKS): answers differ
+    // by caller (an owner's profile has their phone number) and change (a post made private).
+    void reply
+      .header('x-request-id', request.id)
+      .header('x-content-type-options', 'nosniff')
+      .header('cache-control', 'no-store');
     if (!untrustedForwardSeen && request.headers['x-forwarded-for'] !== undefined) {
       untrustedForwardSeen = true;
       request.log.warn(
