@@ -5,14 +5,15 @@ import { OutboxWriter } from '../platform/outbox/outbox.js';
 import { createPlatform } from '../platform/wiring.js';
 import { createUserCounters } from '../user-counter/user-counters.js';
 import { rebuildRelations, verifyRelations } from './maintenance.js';
-import { RelationReconciler } from './reconciler.js';
+import { ORPHAN_AFTER_MS, RelationReconciler } from './reconciler.js';
 import { RelationMetrics } from './relation.metrics.js';
 import { RelationRepository } from './relation.repository.js';
 import { relationUserCountParts } from './user-count-parts.js';
 
 export const RELATIONS_USAGE = `  relations verify [--fix]            compare every user's follower projection, followings/followers counters
                                       and cached lists with the following table (what differs is checked
-                                      again 2 s later); --fix heals what differs both times
+                                      again 2 s later) and find changes whose events were lost (over a day
+                                      unapplied); --fix heals what differs both times and settles those
   relations rebuild                   re-derive the follower projection, every user's counters and the list
                                       caches from the following table`;
 
@@ -57,20 +58,20 @@ export async function runRelationsCommand(
     let summary: object;
     let drifted = false;
     let incomplete = false;
+    const reconciler = new RelationReconciler({
+      repo,
+      counters: platform.userCounterStore,
+      lists: platform.relationLists,
+      bus: platform.invalidation,
+      rebuildCounters,
+      metrics: new RelationMetrics(new Registry()),
+      maxCompare: Number.MAX_SAFE_INTEGER,
+      settleMs: 0,
+      sampleSize: 0,
+    });
     if (command === 'verify') {
-      const reconciler = new RelationReconciler({
-        repo,
-        counters: platform.userCounterStore,
-        lists: platform.relationLists,
-        bus: platform.invalidation,
-        rebuildCounters,
-        metrics: new RelationMetrics(new Registry()),
-        maxCompare: Number.MAX_SAFE_INTEGER,
-        settleMs: 0,
-        sampleSize: 0,
-      });
       const report = await verifyRelations(repo, reconciler, options.fix, (message) => io.progress(message));
-      drifted = report.driftedUsers > 0;
+      drifted = report.driftedUsers > 0 || report.lostEvents > 0;
       incomplete = report.notFixed > 0;
       summary = report;
     } else {
@@ -78,8 +79,17 @@ export async function runRelationsCommand(
         { repo, lists: platform.relationLists, bus: platform.invalidation, rebuildCounters },
         (message) => io.progress(message),
       );
-      incomplete = report.countersBusy > 0 || report.firstPagesNotAnnounced > 0;
-      summary = report;
+      // The counters now count the changes whose events were lost; their marks go too, or else
+      // they would look in flight for ever.
+      let lostEventsSettled = 0;
+      for (;;) {
+        const round = await reconciler.settleOrphans(1_000);
+        lostEventsSettled += round.settled;
+        if (round.found < 1_000 || round.settled === 0) break;
+      }
+      const lostEventsLeft = (await repo.unappliedSummary(Date.now(), Date.now() - ORPHAN_AFTER_MS)).orphaned;
+      incomplete = report.countersBusy > 0 || report.firstPagesNotAnnounced > 0 || lostEventsLeft > 0;
+      summary = { ...report, lostEventsSettled, lostEventsLeft };
     }
     io.summary(
       JSON.stringify({

@@ -1,7 +1,7 @@
 import type { InvalidationBus } from '../platform/cache/invalidation-bus.js';
 import type { ListCache } from './list-cache/list-cache.js';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { hasDrift, type RelationDrift, type RelationReconciler } from './reconciler.js';
+import { hasDrift, ORPHAN_AFTER_MS, type RelationDrift, type RelationReconciler } from './reconciler.js';
 import type { Pair, RelationRepository } from './relation.repository.js';
 import { FIRST_PAGE_SCOPE } from './relation.service.js';
 
@@ -34,6 +34,12 @@ export interface RelationVerifyReport {
   /** Changes whose counter deltas are still on their way, and the age of the oldest (ms). */
   inFlight: number;
   oldestInFlightMs: number | null;
+  /**
+   * Changes whose events the log lost (marks over a day old, counted in no counter): found, and
+   * settled with --fix (`RelationReconciler.settleOrphans`).
+   */
+  lostEvents: number;
+  lostEventsSettled: number;
 }
 
 /**
@@ -58,6 +64,8 @@ export async function verifyRelations(
     notFixed: 0,
     inFlight: 0,
     oldestInFlightMs: null,
+    lostEvents: 0,
+    lostEventsSettled: 0,
   };
   let after = 0;
   for (;;) {
@@ -88,9 +96,21 @@ export async function verifyRelations(
     after = page[page.length - 1]!;
     progress(`relations verify: ${report.checked} users checked, ${report.driftedUsers} drifted`);
   }
-  const inFlight = await repo.unappliedSummary(now());
-  report.inFlight = inFlight.count;
-  report.oldestInFlightMs = inFlight.oldestAgeMs;
+  const inFlight = await repo.unappliedSummary(now(), now() - ORPHAN_AFTER_MS);
+  report.lostEvents = inFlight.orphaned;
+  if (fix && inFlight.orphaned > 0) {
+    // Rounds until none is left, or one settles none (counters that kept changing: run again).
+    for (;;) {
+      const round = await reconciler.settleOrphans(1_000);
+      report.lostEventsSettled += round.settled;
+      progress(`relations verify: ${report.lostEventsSettled} changes with lost events settled`);
+      if (round.found < 1_000 || round.settled === 0) break;
+    }
+    if (report.lostEventsSettled < report.lostEvents) report.notFixed++;
+  }
+  const left = fix ? await repo.unappliedSummary(now(), now() - ORPHAN_AFTER_MS) : inFlight;
+  report.inFlight = left.count;
+  report.oldestInFlightMs = left.oldestAgeMs;
   return report;
 }
 

@@ -33,7 +33,19 @@ export interface RelationReconcilerDeps {
   settleMs: number;
   /** Users per periodic round: recently touched ones first, then random ones. */
   sampleSize: number;
+  /** Age past which an unapplied mark is taken for an event lost (default a day). */
+  orphanAfterMs?: number;
+  now?: () => number;
 }
+
+/**
+ * A change's deltas reach the counters within seconds, or within the hours of an outage; a mark a
+ * day old is of an event the log lost (a consumer group that lagged past the topic's retention, a
+ * topic made again), which nothing will ever apply.
+ */
+export const ORPHAN_AFTER_MS = 24 * 3_600_000;
+/** Orphaned marks settled per round. */
+const ORPHANS_PER_ROUND = 100;
 
 /** Pairs healed per transaction. */
 const HEAL_SLICE = 5_000;
@@ -201,6 +213,40 @@ export class RelationReconciler {
     return complete;
   }
 
+  /**
+   * Settles the changes whose events were lost (marks older than `orphanAfterMs`, at most `limit`):
+   * the pair's projection is synced from the truth, both users' counters rebuilt (exact: the
+   * rebuild counts the change and records its event applied, so the event arriving after all
+   * would be skipped), their lists dropped, and the mark deleted. Until then such a change looked
+   * in flight for ever: counted in no counter, and hidden from every check. A mark whose users'
+   * counters kept changing while rebuilt stays for the next round.
+   */
+  async settleOrphans(limit = ORPHANS_PER_ROUND): Promise<{ found: number; settled: number }> {
+    const { repo, metrics } = this.deps;
+    const now = (this.deps.now ?? Date.now)();
+    const orphans = await repo.unappliedBefore(now - (this.deps.orphanAfterMs ?? ORPHAN_AFTER_MS), limit);
+    let settled = 0;
+    for (const mark of orphans) {
+      metrics.driftFound.inc({ kind: 'lost-event' });
+      await repo.syncPairs([mark]);
+      let rewritten = true;
+      for (const userId of [mark.fromUserId, mark.toUserId]) {
+        const rebuilt = await this.deps.rebuildCounters(userId);
+        if (rebuilt && !rebuilt.written) rewritten = false;
+      }
+      await this.deps.lists.invalidate([
+        { owner: mark.fromUserId, kind: 'following' },
+        { owner: mark.toUserId, kind: 'followers' },
+      ]);
+      const announced = await this.announce([mark.toUserId]);
+      if (!rewritten) continue;
+      await repo.markApplied([mark.eventId]);
+      metrics.driftHealed.inc({ kind: 'lost-event' });
+      if (announced) settled++;
+    }
+    return { found: orphans.length, settled };
+  }
+
   /** Users whose healed lists other processes could not be told of yet. */
   private readonly unannounced = new Set<number>();
 
@@ -226,6 +272,7 @@ export class RelationReconciler {
    */
   async runOnce(): Promise<{ checked: number; drifted: number; healed: number }> {
     if (this.unannounced.size > 0) await this.announce([...this.unannounced]);
+    const orphans = await this.settleOrphans();
     const sample = [...this.recent].slice(-this.deps.sampleSize).reverse();
     for (const id of sample) this.recent.delete(id);
     if (sample.length < this.deps.sampleSize) {
@@ -237,10 +284,10 @@ export class RelationReconciler {
       const drift = await this.check(userId);
       if (hasDrift(drift)) suspects.push(drift);
     }
-    if (suspects.length === 0) return { checked: sample.length, drifted: 0, healed: 0 };
+    let drifted = orphans.found;
+    let healed = orphans.settled;
+    if (suspects.length === 0) return { checked: sample.length, drifted, healed };
     await sleep(this.deps.settleMs);
-    let drifted = 0;
-    let healed = 0;
     for (const first of suspects) {
       const confirmed = await this.recheck(first);
       if (!hasDrift(confirmed)) continue;

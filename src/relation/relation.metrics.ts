@@ -39,7 +39,7 @@ export class RelationMetrics {
     });
     this.driftFound = new Counter({
       name: 'zg_relation_drift_found_total',
-      help: 'Drift found by the relation reconciler, by kind (projection, counters, cache)',
+      help: 'Drift found by the relation reconciler, by kind (projection, counters, cache, lost-event: a change whose event the log lost)',
       labelNames: ['kind'],
       registers,
     });

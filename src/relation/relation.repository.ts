@@ -629,17 +629,55 @@ export class RelationRepository {
     return sampleUserIds(this.db, limit);
   }
 
-  /** Changes whose counter deltas are not applied yet, and the age of the oldest (ms), or null. */
-  async unappliedSummary(now: number): Promise<{ count: number; oldestAgeMs: number | null }> {
+  /**
+   * Unapplied marks written before `before`, oldest first: past the bound a change takes through
+   * the pipeline, they are of events the log no longer holds (see `RelationReconciler.settleOrphans`).
+   */
+  async unappliedBefore(
+    before: number,
+    limit: number,
+  ): Promise<(Pair & { eventId: string; delta: number; createdAt: number })[]> {
+    const rows = await this.db.kysely
+      .selectFrom('relation_unapplied')
+      .select(['event_id', 'from_user_id', 'to_user_id', 'delta', 'created_at'])
+      .where('created_at', '<', before)
+      .orderBy('created_at')
+      .limit(limit)
+      .execute();
+    return rows.map((r) => ({
+      ...toPair(r),
+      eventId: r.event_id,
+      delta: Number(r.delta),
+      createdAt: Number(r.created_at),
+    }));
+  }
+
+  /**
+   * Changes whose counter deltas are not applied yet, the age of the oldest (ms), or null, and how
+   * many were made before `orphanedBefore`.
+   */
+  async unappliedSummary(
+    now: number,
+    orphanedBefore: number,
+  ): Promise<{ count: number; oldestAgeMs: number | null; orphaned: number }> {
     const row = await this.db.kysely
       .selectFrom('relation_unapplied')
       .select((eb) => [
         eb.fn.countAll<number | string>().as('n'),
         eb.fn.min<number | string>('created_at').as('oldest'),
+        eb.fn
+          .sum<number | string | null>(
+            eb.case().when('created_at', '<', orphanedBefore).then(1).else(0).end(),
+          )
+          .as('orphaned'),
       ])
       .executeTakeFirst();
     const oldest = row?.oldest === null || row?.oldest === undefined ? null : Number(row.oldest);
-    return { count: Number(row?.n ?? 0), oldestAgeMs: oldest === null ? null : Math.max(0, now - oldest) };
+    return {
+      count: Number(row?.n ?? 0),
+      oldestAgeMs: oldest === null ? null : Math.max(0, now - oldest),
+      orphaned: Number(row?.orphaned ?? 0),
+    };
   }
 }
 
