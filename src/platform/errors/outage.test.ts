@@ -18,6 +18,13 @@ describe('isDependencyOutage', () => {
       new Error("READONLY You can't write against a read only replica."),
       new Error("OOM command not allowed when used memory > 'maxmemory'."),
       Object.assign(new Error('Service Unavailable'), { $metadata: { httpStatusCode: 503 } }),
+      // Contention that passes: a row lock held too long, a deadlock, SQLite's busy timeout.
+      Object.assign(new Error('Lock wait timeout exceeded; try restarting transaction'), {
+        code: 'ER_LOCK_WAIT_TIMEOUT',
+        errno: 1205,
+      }),
+      Object.assign(new Error('Deadlock found when trying to get lock'), { code: 'ER_LOCK_DEADLOCK' }),
+      Object.assign(new Error('database is locked'), { code: 'ERR_SQLITE_ERROR', errcode: 5 }),
       new Error('wrapped', { cause: new Error('Command timed out') }),
       new AggregateError([new Error('x'), Object.assign(new Error('y'), { code: 'ETIMEDOUT' })]),
     ];

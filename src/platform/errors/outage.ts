@@ -24,6 +24,10 @@ const CODES = new Set([
   'PROTOCOL_SEQUENCE_TIMEOUT',
   'ER_CON_COUNT_ERROR',
   'ER_SERVER_SHUTDOWN',
+  // A row lock held past innodb_lock_wait_timeout (a long rebuild), a deadlock retried no more:
+  // contention, which passes.
+  'ER_LOCK_WAIT_TIMEOUT',
+  'ER_LOCK_DEADLOCK',
 ]);
 
 /** Error names: ioredis giving up on a command, the AWS SDK's timeouts and S3's throttling answers. */
@@ -36,11 +40,12 @@ const NAMES = new Set([
 ]);
 
 /**
- * ioredis on a closed connection, a command past its timeout or refused while the connection is
- * lost, and Redis replies that mean "not now" (a failover under way, a Redis out of memory).
+ * SQLite's busy timeout run out (another process held the write lock), ioredis on a closed
+ * connection, a command past its timeout or refused while the connection is lost, and Redis
+ * replies that mean "not now" (a failover under way, a Redis out of memory).
  */
 const MESSAGE =
-  /^(?:Connection is closed\.|Command timed out|Stream isn't writeable|LOADING |TRYAGAIN |CLUSTERDOWN |MASTERDOWN |BUSY |READONLY |OOM )/;
+  /^(?:database is locked|Connection is closed\.|Command timed out|Stream isn't writeable|LOADING |TRYAGAIN |CLUSTERDOWN |MASTERDOWN |BUSY |READONLY |OOM )/;
 
 interface Described {
   name?: unknown;
