@@ -1,4 +1,5 @@
 import { createServer, type AddressInfo } from 'node:net';
+import { setTimeout as sleep } from 'node:timers/promises';
 import Fastify, { type FastifyInstance } from 'fastify';
 import { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -138,6 +139,45 @@ describe('refusals the service decides on', () => {
       const failed = lines.filter((l) => l.level >= 50);
       expect(failed).toHaveLength(1);
       expect(JSON.stringify(failed[0]!.err)).toContain('535 authentication failed');
+    } finally {
+      await app.close();
+    }
+  });
+});
+
+describe('a flood of 503s', () => {
+  it('logs the first at once and then a line a second, each with how many it held back', async () => {
+    const lines: { level: number; msg: string; heldBack?: number }[] = [];
+    const app = Fastify({
+      logger: {
+        level: 'info',
+        stream: { write: (line: string) => void lines.push(JSON.parse(line) as never) },
+      },
+    });
+    installErrorHandling(app);
+    app.get('/down', async () => {
+      throw Object.assign(new Error('connect ECONNREFUSED 127.0.0.1:6379'), { code: 'ECONNREFUSED' });
+    });
+    app.get('/restoring', async () => {
+      throw new UnavailableError('Likes and favourites are being restored; try again later');
+    });
+    app.get('/bug', async () => {
+      throw new Error('a bug');
+    });
+    const said = (msg: string) => lines.filter((l) => l.msg === msg);
+    try {
+      for (let i = 0; i < 50; i++) {
+        expect((await app.inject({ method: 'GET', url: '/down' })).statusCode).toBe(503);
+        expect((await app.inject({ method: 'GET', url: '/restoring' })).statusCode).toBe(503);
+      }
+      expect(said('a backing service is unavailable')).toMatchObject([{ level: 50, heldBack: 0 }]);
+      expect(said('request refused: unavailable')).toMatchObject([{ level: 40, heldBack: 0 }]);
+      // Bugs are not floods to damp: every one is told.
+      for (let i = 0; i < 3; i++) await app.inject({ method: 'GET', url: '/bug' });
+      expect(said('unhandled error')).toHaveLength(3);
+      await sleep(1_050);
+      await app.inject({ method: 'GET', url: '/down' });
+      expect(said('a backing service is unavailable')).toMatchObject([{ heldBack: 0 }, { heldBack: 49 }]);
     } finally {
       await app.close();
     }

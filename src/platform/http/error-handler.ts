@@ -1,6 +1,7 @@
 import type { FastifyError, FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { AppError, RateLimitedError, UnavailableError } from '../errors/errors.js';
 import { isDependencyOutage } from '../errors/outage.js';
+import { damped } from '../logging/damper.js';
 import { TEXT_FORMATS } from './schemas.js';
 
 /** The contract's error body: every non-2xx answer has this shape. */
@@ -53,6 +54,9 @@ function validationMessage(err: FastifyError): string {
  * that cannot be reached answers 503 with `Retry-After`, anything else unexpected 500.
  */
 export function installErrorHandling(app: FastifyInstance): void {
+  // While a dependency is out every request fails alike: a line a second says so, with the count.
+  const refusal = damped();
+  const outage = damped();
   app.setErrorHandler(
     (error: FastifyError | AppError | Error, request: FastifyRequest, reply: FastifyReply) => {
       const requestId = String(request.id);
@@ -64,7 +68,14 @@ export function installErrorHandling(app: FastifyInstance): void {
         // counts are restored, told where that was found) is said without a stack; one with a
         // failure behind it (a code the mail server would not take) is logged with that failure.
         if (error instanceof UnavailableError && error.cause === undefined)
-          request.log.warn({ code: error.code, reason: error.message }, 'request refused: unavailable');
+          refusal((heldBack) =>
+            request.log.warn(
+              { code: error.code, reason: error.message, heldBack },
+              'request refused: unavailable',
+            ),
+          );
+        else if (error.status === 503)
+          outage((heldBack) => request.log.error({ err: error, heldBack }, 'request failed'));
         else if (error.status >= 500) request.log.error({ err: error }, 'request failed');
         return reply.status(error.status).send({ code: error.code, message: error.message, requestId });
       }
@@ -79,7 +90,7 @@ export function installErrorHandling(app: FastifyInstance): void {
       }
       const unavailable = status === 503 || isDependencyOutage(error);
       if (unavailable) {
-        request.log.error({ err: error }, 'a backing service is unavailable');
+        outage((heldBack) => request.log.error({ err: error, heldBack }, 'a backing service is unavailable'));
         void reply.header('retry-after', '1');
       } else request.log.error({ err: error }, 'unhandled error');
       return reply.status(unavailable ? 503 : 500).send({

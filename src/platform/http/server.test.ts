@@ -258,6 +258,31 @@ describe('requests from web pages (CORS)', () => {
     expect(res.headers['x-content-type-options']).toBe('nosniff');
   });
 
+  it('says a flood of 503s in a line a second, and every 500', async () => {
+    const lines: { msg: string; status?: number; heldBack?: number }[] = [];
+    const log = pino(
+      { level: 'info' },
+      { write: (line: string) => void lines.push(JSON.parse(line) as never) },
+    );
+    const app = await plainHttpServer(log);
+    app.get('/down', async () => {
+      throw Object.assign(new Error('connect ECONNREFUSED 127.0.0.1:6379'), { code: 'ECONNREFUSED' });
+    });
+    app.get('/bug', async () => {
+      throw new Error('a bug');
+    });
+    await app.ready();
+    for (let i = 0; i < 20; i++) await app.inject({ method: 'GET', url: '/down' });
+    for (let i = 0; i < 2; i++) await app.inject({ method: 'GET', url: '/bug' });
+    await app.close();
+    const failed = lines.filter((l) => l.msg === 'request failed');
+    expect(failed.map((l) => [l.status, l.heldBack])).toEqual([
+      [503, 0],
+      [500, undefined],
+      [500, undefined],
+    ]);
+  });
+
   it('marks answers for no cache to keep, unless the route says otherwise', async () => {
     const app = await plainHttpServer(pino({ level: 'silent' }));
     app.get('/mine', async () => ({ phone: '13800000000' }));

@@ -18,6 +18,7 @@ import { Ajv } from 'ajv';
 import addFormats from 'ajv-formats';
 import type { Logger } from 'pino';
 import type { Metrics } from '../metrics/metrics.js';
+import { damped } from '../logging/damper.js';
 import { installErrorHandling } from './error-handler.js';
 import { ErrorSchema, TEXT_FORMATS } from './schemas.js';
 
@@ -354,16 +355,20 @@ export async function createHttpServer(options: HttpServerOptions): Promise<Fast
       requestId: request.id,
     });
   });
+  // 503s come in floods while a dependency is out: at most a line a second, with the count.
+  const unavailable = damped();
   app.addHook('onResponse', async (request, reply) => {
     const route = request.routeOptions.url ?? 'unmatched';
+    const status = reply.statusCode;
     options.metrics.httpDuration.observe(
-      { method: request.method, route, status: String(reply.statusCode) },
+      { method: request.method, route, status: String(status) },
       reply.elapsedTime / 1000,
     );
     // `/readyz` answers 503 by design while not ready; its own handler logs when that changes.
-    if (reply.statusCode >= 500 && route !== '/readyz') {
-      request.log.warn({ route, status: reply.statusCode }, 'request failed');
-    }
+    if (status === 503) {
+      if (route !== '/readyz')
+        unavailable((heldBack) => request.log.warn({ route, status, heldBack }, 'request failed'));
+    } else if (status >= 500) request.log.warn({ route, status }, 'request failed');
   });
 
   documentCommonErrors(app);
