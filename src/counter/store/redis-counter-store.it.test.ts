@@ -179,7 +179,12 @@ describe('RedisCounterStore (cluster specifics)', () => {
     const before = await store.factCounts(ref);
     const probe = Array.from({ length: 400 }, (_, i) => i * 17);
     const flagsBefore = await Promise.all(probe.map((u) => store.flags(u, [ref])));
+    // The shared cache's keys share the prefix: not the reset's.
+    await redis.set(`${prefix}c:{posts}`, '7', 'EX', 60);
+    await redis.set(`${prefix}c:{posts}:detail:42`, 'x', 'EX', 60);
     await store.reset();
+    expect(await redis.mget(`${prefix}c:{posts}`, `${prefix}c:{posts}:detail:42`)).toEqual(['7', 'x']);
+    expect(await redis.keys(`${prefix}c:[a-z]*`)).toEqual([]);
     await store.replayFacts(events);
     expect(await store.factCounts(ref)).toEqual(before);
     expect(await Promise.all(probe.map((u) => store.flags(u, [ref])))).toEqual(flagsBefore);

@@ -1380,7 +1380,9 @@ export class RedisCounterStore implements CounterStore {
   }
 
   async reset(): Promise<void> {
-    const pattern = `${this.prefix.replace(/[*?[\]\\]/g, '\\$&')}c:*`;
+    // Every counter key goes on with a letter (`c:seq:`, `c:f:`, `c:dirty`, …); the shared cache's
+    // `c:{guard}…` keys share the prefix and are left alone.
+    const pattern = `${this.prefix.replace(/[*?[\]\\]/g, '\\$&')}c:[a-z]*`;
     let cursor = '0';
     do {
       const [next, keys] = await this.redis.scan(cursor, 'MATCH', pattern, 'COUNT', 1_000);
