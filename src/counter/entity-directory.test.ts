@@ -105,6 +105,22 @@ describe(CachedEntityDirectory.name, () => {
       expect(late.state.value).toEqual([false]);
     });
 
+    it('loads again when the clock was stepped back past an entry', async () => {
+      const { calls, clock, answer, lookup } = rig();
+      clock.now = 3_600_000;
+      lookup([post('1')]);
+      await turn();
+      await answer(PUBLIC);
+      // An hour back: the entry's age is unknown, so it is not taken as fresh for an hour more.
+      clock.now = 0;
+      const after = lookup([post('1')]);
+      await turn();
+      expect(after.state.settled).toBe(false);
+      expect(calls).toHaveLength(2);
+      await answer(HIDDEN);
+      expect(after.state.value).toEqual([false]);
+    });
+
     it('keeps the entry when a background refresh fails, and still stops serving it at the TTL', async () => {
       const { calls, clock, answer, lookup } = rig();
       lookup([post('1')]);

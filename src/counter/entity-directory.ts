@@ -108,7 +108,8 @@ export class CachedEntityDirectory implements EntityDirectory {
       const key = entityKey(ref);
       const hit = this.cache.get(key) ?? this.missing.get(key);
       const age = hit ? now - hit.at : Infinity;
-      if (hit && age < this.ttlMs) {
+      // A negative age: the clock was stepped back, and how old the answer is is unknown.
+      if (hit && age >= 0 && age < this.ttlMs) {
         if (age >= this.ttlMs - this.refreshAheadMs) this.fetch(key, ref, false).catch(() => undefined);
         out[i] = mayView(hit.value, viewerId);
       } else {

@@ -19,6 +19,16 @@ describe(LruCache.name, () => {
     expect(sut.size).toBe(0);
   });
 
+  it('takes an entry set after the clock says it is now (a clock stepped back) as expired', () => {
+    const c = clock();
+    const sut = new LruCache<string>({ maxEntries: 10, ttlMs: 100, now: c.now });
+    sut.set('a', 'A');
+    c.advance(-3_600_000);
+    expect(sut.get('a')).toBeUndefined();
+    sut.set('a', 'B');
+    expect(sut.get('a')).toBe('B');
+  });
+
   it('evicts the least recently used entry, counting reads as use', () => {
     const sut = new LruCache<number>({ maxEntries: 3, ttlMs: 1_000 });
     sut.set('a', 1);

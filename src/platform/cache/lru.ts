@@ -44,7 +44,9 @@ export class LruCache<V> {
   get(key: string): V | undefined {
     const entry = this.entries.get(key);
     if (entry === undefined) return undefined;
-    if (entry.expiresAt <= this.now()) {
+    const now = this.now();
+    // Set later than now: the clock was stepped back, and the entry's age is unknown.
+    if (entry.expiresAt <= now || entry.expiresAt - this.options.ttlMs > now) {
       this.delete(key);
       return undefined;
     }
