@@ -126,10 +126,22 @@ describe(AuthService.name, () => {
         })
       ).statusCode,
     ).toBe(401);
+    // A reset is a sign-in by code: a guessed code is on the record too.
+    expect(
+      (
+        await post('/api/v1/auth/password/reset', {
+          identifierType: 'EMAIL',
+          identifier,
+          code: '000000',
+          newPassword: 'xyz98765',
+        })
+      ).statusCode,
+    ).toBe(400);
 
     const audit = new LoginAuditRepository(app.platform.db);
     const rows = await audit.forIdentifier(identifier);
     expect(rows.map((r) => [r.channel, r.success, r.reason])).toEqual([
+      ['RESET', 0, 'VERIFICATION_NOT_FOUND'],
       ['CODE', 0, 'VERIFICATION_NOT_FOUND'],
       ['PASSWORD', 1, null],
       ['PASSWORD', 0, 'INVALID_CREDENTIALS'],

@@ -358,10 +358,23 @@ export class AuthService {
   ) {
     const identifier = normalizeIdentifier(type, rawIdentifier);
     if (!meetsPasswordPolicy(newPassword)) throw passwordPolicy();
-    await this.limitIp('verify', ctx);
-    await this.verification.verify('RESET_PASSWORD', identifier, code);
+    // A reset is a sign-in by code: its guesses and refusals are on the record as a code sign-in's.
+    await this.limitSignIn('verify', identifier, 'RESET', ctx);
+    try {
+      await this.verification.verify('RESET_PASSWORD', identifier, code);
+    } catch (err) {
+      const reason = err instanceof AppError ? err.code : 'ERROR';
+      await this.record({ userId: null, identifier, channel: 'RESET', success: false, reason }, ctx);
+      throw err;
+    }
     const user = await this.users.findByIdentifier(type, identifier);
-    if (!user) throw new BadRequestError('No valid code; ask for a new one', 'VERIFICATION_NOT_FOUND');
+    if (!user) {
+      await this.record(
+        { userId: null, identifier, channel: 'RESET', success: false, reason: 'VERIFICATION_NOT_FOUND' },
+        ctx,
+      );
+      throw new BadRequestError('No valid code; ask for a new one', 'VERIFICATION_NOT_FOUND');
+    }
     await this.users.update(user.id, {
       password_hash: await this.hasher.hash(newPassword),
       updated_at: this.now(),
@@ -462,7 +475,7 @@ export class AuthService {
   private async limitSignIn(
     action: string,
     identifier: string,
-    channel: 'PASSWORD' | 'CODE',
+    channel: 'PASSWORD' | 'CODE' | 'RESET',
     ctx: RequestContext,
   ): Promise<void> {
     try {
@@ -482,7 +495,7 @@ export class AuthService {
    */
   private async recordRefusal(
     identifier: string,
-    channel: 'PASSWORD' | 'CODE',
+    channel: 'PASSWORD' | 'CODE' | 'RESET',
     ctx: RequestContext,
     scope: string,
   ) {
