@@ -7,7 +7,7 @@ import { AuthService } from './auth/auth.service.js';
 import { authRoutes } from './auth/auth.routes.js';
 import { installAuthGuards } from './auth/auth.guard.js';
 import { Authenticator } from './auth/authenticator.js';
-import { signingKeyFromPem } from './auth/keys.js';
+import { signingKeyFromPem, verificationKeyFromPem } from './auth/keys.js';
 import { LoginAuditRepository, loginAuditDeletedCounter } from './auth/login-audit.repository.js';
 import { PasswordHasher } from './auth/passwords.js';
 import { SessionStore } from './auth/sessions.js';
@@ -117,11 +117,16 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
 
   const users = new UsersRepository(platform.db);
   const signingKey = await signingKeyFromPem(platform.signingKeyPem, config.jwt.keyId);
+  // The signing key given again, or a key given twice, is published once.
+  const acceptedKeys = (await Promise.all(config.jwt.acceptedKeyPems.map(verificationKeyFromPem))).filter(
+    (k, i, all) => !signingKey.publicKey.equals(k.publicKey) && all.findIndex((o) => o.kid === k.kid) === i,
+  );
   const signer = new TokenSigner(
     signingKey,
     config.jwt.issuer,
     { access: config.jwt.accessTtlSeconds, refresh: config.jwt.refreshTtlSeconds },
     now,
+    acceptedKeys,
   );
   const sessions = new SessionStore(
     platform.kv,
@@ -343,7 +348,14 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
     ),
   );
   if (config.role !== 'worker') {
-    await http.register(authRoutes({ auth, users, guards, jwks: [signingKey.publicJwk] }));
+    await http.register(
+      authRoutes({
+        auth,
+        users,
+        guards,
+        jwks: [signingKey.publicJwk, ...acceptedKeys.map((k) => k.publicJwk)],
+      }),
+    );
     await http.register(profileRoutes({ profiles, guards, avatarMaxBytes: config.avatarMaxBytes }));
     await http.register(filesRoutes(platform.storage));
     await http.register(counterRoutes({ counters, guards }));

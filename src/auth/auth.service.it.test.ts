@@ -1,8 +1,10 @@
+import { generateKeyPairSync } from 'node:crypto';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { connect, type AddressInfo } from 'node:net';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
+import type { LightMyRequestResponse } from 'fastify';
 import pino from 'pino';
 import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { buildApp, type App } from '../app.js';
@@ -710,5 +712,85 @@ describe('phone codes without an SMS gateway', () => {
       });
     }
     expect((await send('REGISTER', 'EMAIL', 'mail@example.test')).statusCode).toBe(200);
+  });
+});
+
+describe('a signing key rotation', () => {
+  it('keeps users signed in when the new key comes with the old one accepted, and lists both', async () => {
+    const dataDir = tempDataDir('zg-rotate-');
+    const pem = () =>
+      generateKeyPairSync('rsa', { modulusLength: 2048 })
+        .privateKey.export({ type: 'pkcs8', format: 'pem' })
+        .toString();
+    const [oldKey, newKey] = [pem(), pem()];
+    const codes: string[] = [];
+    const logger = pino(
+      { level: 'info' },
+      {
+        write(line: string) {
+          const entry = JSON.parse(line) as { msg?: string; code?: string };
+          if (entry.msg === 'verification code' && entry.code) codes.push(entry.code);
+        },
+      },
+    );
+    const start = (env: Record<string, string>) =>
+      buildApp(loadConfig({ ZG_DATA_DIR: dataDir, ZG_PASSWORD_HASH_COST: '10', PORT: '0', ...env }), {
+        logger,
+      });
+    const call = (
+      app: App,
+      method: 'GET' | 'POST',
+      url: string,
+      token?: string,
+      payload?: object,
+    ): Promise<LightMyRequestResponse> =>
+      app.http.inject({
+        method,
+        url,
+        ...(payload === undefined ? {} : { payload }),
+        headers: token === undefined ? {} : { authorization: `Bearer ${token}` },
+      });
+
+    let app = await start({ ZG_JWT_PRIVATE_KEY: oldKey });
+    const identifier = 'rotate@example.test';
+    await call(app, 'POST', '/api/v1/auth/send-code', undefined, {
+      scene: 'REGISTER',
+      identifierType: 'EMAIL',
+      identifier,
+    });
+    const registered = await call(app, 'POST', '/api/v1/auth/register', undefined, {
+      identifierType: 'EMAIL',
+      identifier,
+      code: codes.at(-1),
+      agreeTerms: true,
+    });
+    const { accessToken, refreshToken } = registered.json<{
+      token: { accessToken: string; refreshToken: string };
+    }>().token;
+    await app.close();
+
+    app = await start({ ZG_JWT_PRIVATE_KEY: newKey, ZG_JWT_ACCEPTED_KEYS: oldKey });
+    try {
+      expect((await call(app, 'GET', '/api/v1/auth/me', accessToken)).statusCode).toBe(200);
+      const refreshed = await call(app, 'POST', '/api/v1/auth/token/refresh', undefined, { refreshToken });
+      expect(refreshed.statusCode).toBe(200);
+      const fresh = refreshed.json<{ accessToken: string }>().accessToken;
+      expect((await call(app, 'GET', '/api/v1/auth/me', fresh)).statusCode).toBe(200);
+      const jwks = (await call(app, 'GET', '/.well-known/jwks.json')).json<{ keys: { kid: string }[] }>();
+      expect(jwks.keys).toHaveLength(2);
+      // The new tokens name the new key, the first listed.
+      const header = JSON.parse(Buffer.from(fresh.split('.')[0]!, 'base64url').toString()) as { kid: string };
+      expect(header.kid).toBe(jwks.keys[0]!.kid);
+    } finally {
+      await app.close();
+    }
+
+    // Without the old key, its tokens are refused.
+    app = await start({ ZG_JWT_PRIVATE_KEY: newKey });
+    try {
+      expect((await call(app, 'GET', '/api/v1/auth/me', accessToken)).statusCode).toBe(401);
+    } finally {
+      await app.close();
+    }
   });
 });

@@ -20,6 +20,22 @@ export async function signingKeyFromPem(pem: string, kid?: string): Promise<Sign
   return { kid: keyId, privateKey, publicKey, publicJwk: { ...jwk, kid: keyId, alg: 'RS256', use: 'sig' } };
 }
 
+/** A key whose tokens are accepted but never signed with (the next key before a rotation, the previous one after). */
+export interface VerificationKey {
+  kid: string;
+  publicKey: KeyObject;
+  publicJwk: JWK;
+}
+
+/** From a public key's PEM, or a private key's (only its public half is kept). */
+export async function verificationKeyFromPem(pem: string): Promise<VerificationKey> {
+  const publicKey = createPublicKey(pem);
+  if (publicKey.asymmetricKeyType !== 'rsa') throw new Error('a JWT key must be an RSA key');
+  const jwk = await exportJWK(publicKey);
+  const kid = await calculateJwkThumbprint(jwk);
+  return { kid, publicKey, publicJwk: { ...jwk, kid, alg: 'RS256', use: 'sig' } };
+}
+
 /** Reads the key at `path`, creating it (mode 0600) on first start. */
 export function loadOrCreatePem(path: string): string {
   if (existsSync(path)) return readFileSync(path, 'utf8');

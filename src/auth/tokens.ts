@@ -1,6 +1,6 @@
-import { randomUUID } from 'node:crypto';
-import { SignJWT, jwtVerify, errors as joseErrors } from 'jose';
-import type { SigningKey } from './keys.js';
+import { randomUUID, type KeyObject } from 'node:crypto';
+import { SignJWT, decodeProtectedHeader, jwtVerify, errors as joseErrors } from 'jose';
+import type { SigningKey, VerificationKey } from './keys.js';
 
 export type TokenType = 'access' | 'refresh';
 
@@ -23,14 +23,23 @@ export interface IssuedToken {
 /**
  * Signs and verifies RS256 JWTs. Verification pins the algorithm, the issuer and the token type,
  * so a refresh token never passes as an access token and a token from another issuer never passes.
+ * Tokens of the keys only accepted (`ZG_JWT_ACCEPTED_KEYS`) pass too, so a key is rotated without
+ * signing anyone out.
  */
 export class TokenSigner {
+  /** The signing key's public half first, then the keys only accepted, by kid. */
+  private readonly keys: Map<string, KeyObject>;
+
   constructor(
     private readonly key: SigningKey,
     private readonly issuer: string,
     private readonly ttlSeconds: Record<TokenType, number>,
     private readonly now: () => number = Date.now,
-  ) {}
+    accepted: readonly VerificationKey[] = [],
+  ) {
+    this.keys = new Map([[key.kid, key.publicKey]]);
+    for (const k of accepted) if (!this.keys.has(k.kid)) this.keys.set(k.kid, k.publicKey);
+  }
 
   async sign(typ: TokenType, userId: number, sid: string, ver: number): Promise<IssuedToken> {
     const jti = randomUUID();
@@ -50,11 +59,21 @@ export class TokenSigner {
   /** The claims when the token is genuine, unexpired and of type `typ`; null otherwise. */
   async verify(token: string, typ: TokenType): Promise<TokenClaims | null> {
     try {
-      const { payload } = await jwtVerify(token, this.key.publicKey, {
-        algorithms: ['RS256'],
-        issuer: this.issuer,
-        currentDate: new Date(this.now()),
-      });
+      const candidates = this.keysFor(token);
+      let payload;
+      for (let i = 0; ; i++) {
+        try {
+          ({ payload } = await jwtVerify(token, candidates[i]!, {
+            algorithms: ['RS256'],
+            issuer: this.issuer,
+            currentDate: new Date(this.now()),
+          }));
+          break;
+        } catch (err) {
+          if (!(err instanceof joseErrors.JWSSignatureVerificationFailed) || i + 1 >= candidates.length)
+            throw err;
+        }
+      }
       const userId = Number(payload.sub);
       if (payload.typ !== typ || !Number.isSafeInteger(userId) || userId <= 0) return null;
       if (
@@ -69,5 +88,20 @@ export class TokenSigner {
       if (err instanceof joseErrors.JOSEError) return null;
       throw err;
     }
+  }
+
+  /**
+   * The key a token names (`kid`); every key, the signing one first, when it names none of them (a
+   * key id set by `ZG_JWT_KID` before a rotation is not the thumbprint an accepted key is known by).
+   */
+  private keysFor(token: string): KeyObject[] {
+    let kid: unknown;
+    try {
+      kid = decodeProtectedHeader(token).kid;
+    } catch {
+      // Malformed: the verification says so.
+    }
+    const named = typeof kid === 'string' ? this.keys.get(kid) : undefined;
+    return named ? [named] : [...this.keys.values()];
   }
 }

@@ -99,6 +99,29 @@ describe(loadConfig.name, () => {
     }
   });
 
+  it('takes keys to accept besides the signing key, public or private, one after another', () => {
+    const next = generateKeyPairSync('rsa', { modulusLength: 2048 })
+      .publicKey.export({ type: 'spki', format: 'pem' })
+      .toString();
+    const previous = rsaPem(2048);
+    expect(loadConfig(CLUSTER_ENV).jwt.acceptedKeyPems).toEqual([]);
+    expect(
+      loadConfig({ ...CLUSTER_ENV, ZG_JWT_ACCEPTED_KEYS: `${next}\n${previous}` }).jwt.acceptedKeyPems,
+    ).toEqual([next.trim(), previous.trim()]);
+    const oneLine = `${next}${previous}`.replace(/\n/g, '\\n');
+    expect(loadConfig({ ...CLUSTER_ENV, ZG_JWT_ACCEPTED_KEYS: oneLine }).jwt.acceptedKeyPems).toHaveLength(2);
+    const ec = generateKeyPairSync('ec', { namedCurve: 'P-256' })
+      .publicKey.export({ type: 'spki', format: 'pem' })
+      .toString();
+    for (const [bad, why] of [
+      ['not a key', /one or more PEM-encoded RSA keys/],
+      [`${next}${ec}`, /key 2.*RSA key \(got ec\)/],
+      ['-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----', /key 1.*PEM-encoded/],
+    ] as const) {
+      expect(() => loadConfig({ ...CLUSTER_ENV, ZG_JWT_ACCEPTED_KEYS: bad }), bad).toThrow(why);
+    }
+  });
+
   it('refuses a Kafka prefix that Kafka would refuse in a topic name', () => {
     expect(loadConfig({ ...CLUSTER_ENV, ZG_KAFKA_PREFIX: 'prod-1_zg.' }).kafkaPrefix).toBe('prod-1_zg.');
     for (const bad of ['zg:prod/', 'zg prod', 'x'.repeat(181)]) {

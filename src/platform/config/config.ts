@@ -1,4 +1,4 @@
-import { createPrivateKey } from 'node:crypto';
+import { createPrivateKey, createPublicKey } from 'node:crypto';
 import { isIP } from 'node:net';
 import { readFileSync } from 'node:fs';
 import { MAX_WORKER_ID } from '../ids/snowflake.js';
@@ -34,6 +34,8 @@ export interface Config {
   kafkaPartitions: number;
   jwt: {
     privateKeyPem: string | undefined;
+    /** Keys whose tokens are accepted as well (PEM, public or private). */
+    acceptedKeyPems: string[];
     keyId: string | undefined;
     issuer: string;
     accessTtlSeconds: number;
@@ -183,6 +185,11 @@ export const CONFIG_VARS = {
   ZG_KAFKA_PARTITIONS: { description: 'partitions for topics the service creates', default: '6' },
   ZG_JWT_PRIVATE_KEY: {
     description: 'RS256 private key (PKCS#8 PEM); embedded generates one under ZG_DATA_DIR if unset',
+    secret: true,
+  },
+  ZG_JWT_ACCEPTED_KEYS: {
+    description:
+      'further RSA keys (PEM, public or private, one after another) whose tokens are accepted, never signed with, and published in the JWKS: the next key before a rotation, the previous one after it',
     secret: true,
   },
   ZG_JWT_KID: { description: 'key id published in the JWKS (default: the key thumbprint)' },
@@ -488,19 +495,29 @@ function parseCorsOrigins(value: string, problems: string[]): true | string[] {
   return origins;
 }
 
-/** Why a PEM cannot sign RS256 tokens, or undefined when it can. */
-function signingKeyProblem(pem: string): string | undefined {
+/**
+ * Why a PEM cannot sign RS256 tokens (`private`), or have them checked against it (a public key, or
+ * a private one's public half); undefined when it can.
+ */
+function rsaKeyProblem(pem: string, use: 'private' | 'public'): string | undefined {
   let key;
   try {
-    key = createPrivateKey(pem);
+    key = use === 'private' ? createPrivateKey(pem) : createPublicKey(pem);
   } catch {
-    return 'expected a PEM-encoded private key (PKCS#8 or PKCS#1, not encrypted)';
+    return use === 'private'
+      ? 'expected a PEM-encoded private key (PKCS#8 or PKCS#1, not encrypted)'
+      : 'expected a PEM-encoded public or private key';
   }
   if (key.asymmetricKeyType !== 'rsa')
     return `expected an RSA key (got ${key.asymmetricKeyType ?? 'another kind'})`;
   const bits = key.asymmetricKeyDetails?.modulusLength ?? 0;
   if (bits < 2048) return `an RSA key of at least 2048 bits is needed for RS256 (got ${bits})`;
   return undefined;
+}
+
+/** The PEM blocks of `text` (keys given together in one setting, one after another). */
+function pemBlocks(text: string): string[] {
+  return [...text.matchAll(/-----BEGIN ([A-Z0-9 ]+)-----[\s\S]*?-----END \1-----/g)].map((m) => m[0]);
 }
 
 /**
@@ -642,8 +659,16 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: { ro
     );
   }
   if (privateKeyPem) {
-    const problem = signingKeyProblem(privateKeyPem);
+    const problem = rsaKeyProblem(privateKeyPem, 'private');
     if (problem) problems.push(`ZG_JWT_PRIVATE_KEY: ${problem}`);
+  }
+  const acceptedKeys = raw('ZG_JWT_ACCEPTED_KEYS')?.replace(/\\n/g, '\n');
+  const acceptedKeyPems = acceptedKeys === undefined ? [] : pemBlocks(acceptedKeys);
+  if (acceptedKeys !== undefined && acceptedKeyPems.length === 0)
+    problems.push('ZG_JWT_ACCEPTED_KEYS: expected one or more PEM-encoded RSA keys');
+  for (const [i, pem] of acceptedKeyPems.entries()) {
+    const problem = rsaKeyProblem(pem, 'public');
+    if (problem) problems.push(`ZG_JWT_ACCEPTED_KEYS (key ${i + 1}): ${problem}`);
   }
   const kafkaPrefix = raw('ZG_KAFKA_PREFIX') ?? 'zg.';
   // Kafka names topics and groups with these characters only, in at most 249 of them.
@@ -671,6 +696,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: { ro
     kafkaPartitions: int('ZG_KAFKA_PARTITIONS', 1, 1024),
     jwt: {
       privateKeyPem,
+      acceptedKeyPems,
       keyId: raw('ZG_JWT_KID'),
       issuer: raw('ZG_JWT_ISSUER') ?? 'zhiguang',
       accessTtlSeconds: int('ZG_ACCESS_TOKEN_TTL', 60, 86_400),
