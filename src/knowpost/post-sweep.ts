@@ -14,6 +14,8 @@ export interface PostUploadSweepOptions extends PostObjectsTaskOptions {
   maxBytes: { content: number; image: number };
   /** When a post whose check failed is tried again; default 10 minutes. */
   retryMs?: number;
+  /** A round takes further batches while the last was full, until it has run this long; default 30 s. */
+  budgetMs?: number;
 }
 
 /**
@@ -51,21 +53,31 @@ export class PostUploadSweeper {
   /** One round; resolves to how many posts were checked and objects deleted. */
   async runOnce(): Promise<{ posts: number; objects: number }> {
     const now = this.now();
+    const started = performance.now();
     let posts = 0;
     let objects = 0;
-    for (const { id, due } of await this.posts.objectsCheckDue(now, this.batch)) {
-      try {
-        const swept = await this.sweep(id, now);
-        await this.posts.finishObjectsCheck(id, due, swept.next, swept.openUntil);
-        objects += swept.deleted;
-        posts += 1;
-      } catch (err) {
-        // One post the store refuses must not hold up the others, now or in the next rounds.
-        this.options.onError?.(err, id);
-        await this.posts.finishObjectsCheck(id, due, now + (this.options.retryMs ?? 600_000));
+    // A backlog (every post after the upgrade that added checks) goes at a batch after another, not
+    // a batch a minute; page by page, so a check left due (moved meanwhile) waits for the next round.
+    let after: { id: string; due: number } | undefined;
+    for (;;) {
+      const due = await this.posts.objectsCheckDue(now, this.batch, after);
+      for (const check of due) {
+        const { id } = check;
+        try {
+          const swept = await this.sweep(id, now);
+          await this.posts.finishObjectsCheck(id, check.due, swept.next, swept.openUntil);
+          objects += swept.deleted;
+          posts += 1;
+        } catch (err) {
+          // One post the store refuses must not hold up the others, now or in the next rounds.
+          this.options.onError?.(err, id);
+          await this.posts.finishObjectsCheck(id, check.due, now + (this.options.retryMs ?? 600_000));
+        }
       }
+      if (due.length < this.batch || performance.now() - started >= (this.options.budgetMs ?? 30_000))
+        return { posts, objects };
+      after = due[due.length - 1];
     }
-    return { posts, objects };
   }
 
   /**

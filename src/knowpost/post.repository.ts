@@ -314,15 +314,27 @@ export class PostRepository {
       .execute();
   }
 
-  /** Posts whose objects check is due at `now`, earliest first, with when each was due. */
-  async objectsCheckDue(now: number, limit: number): Promise<{ id: string; due: number }[]> {
-    const rows = await this.db.kysely
+  /**
+   * Posts whose objects check is due at `now`, earliest first (then by id), with when each was due;
+   * past `after`, the last of a previous page, when given.
+   */
+  async objectsCheckDue(
+    now: number,
+    limit: number,
+    after?: { id: string; due: number },
+  ): Promise<{ id: string; due: number }[]> {
+    let query = this.db.kysely
       .selectFrom('knowposts')
       .select(['id', 'objects_check_at'])
-      .where('objects_check_at', '<=', now)
-      .orderBy('objects_check_at')
-      .limit(limit)
-      .execute();
+      .where('objects_check_at', '<=', now);
+    if (after)
+      query = query.where((eb) =>
+        eb.or([
+          eb('objects_check_at', '>', after.due),
+          eb.and([eb('objects_check_at', '=', after.due), eb('id', '>', after.id)]),
+        ]),
+      );
+    const rows = await query.orderBy('objects_check_at').orderBy('id').limit(limit).execute();
     return rows.map((r) => ({ id: String(r.id), due: Number(r.objects_check_at) }));
   }
 

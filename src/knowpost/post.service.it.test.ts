@@ -1075,6 +1075,44 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     expect((await row(hidden)).title).toBeNull();
   });
 
+  it('works through a backlog of checks a batch after another in one round, each check once', async () => {
+    const sut = newService();
+    const repo = new PostRepository(backend.db);
+    const ids: string[] = [];
+    for (let i = 0; i < 5; i++) ids.push(await publishedPost(sut));
+    // As the upgrade that added checks left every post: due long ago, at one and the same time.
+    await backend.db.kysely
+      .updateTable('knowposts')
+      .set({ objects_check_at: 0 })
+      .where('id', 'in', ids)
+      .execute();
+    const stuck = ids[2]!;
+    const found = new Map<string, number>();
+    const sweeper = new PostUploadSweeper(
+      {
+        objectsCheckDue: (at, limit, after) => repo.objectsCheckDue(at, limit, after),
+        find: (id) => {
+          found.set(id, (found.get(id) ?? 0) + 1);
+          return repo.find(id);
+        },
+        // One check stays due, as when it was moved meanwhile: the next round's, not this one's again.
+        finishObjectsCheck: (id, due, next, openUntil) =>
+          id === stuck ? Promise.resolve() : repo.finishObjectsCheck(id, due, next, openUntil),
+      },
+      storage,
+      { retentionMs: 3_600_000, maxBytes: { content: 1024, image: 1024 }, batch: 2, now: () => now },
+    );
+    // (Other tests' posts may be due as well.)
+    expect((await sweeper.runOnce()).posts).toBeGreaterThanOrEqual(5);
+    expect(ids.map((id) => found.get(id))).toEqual([3, 3, 3, 3, 3]);
+    // Each finished check is no longer due (another is left for when its upload URL expires).
+    for (const id of ids) {
+      const next = (await row(id)).objects_check_at;
+      if (id === stuck) expect(next).toBe(0);
+      else expect(next === null || next > now).toBe(true);
+    }
+  });
+
   it('removes uploads never confirmed or used, and images a post no longer shows', async () => {
     // Objects carry the store's real write times.
     now = Date.now();
