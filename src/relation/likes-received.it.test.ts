@@ -25,7 +25,7 @@ import { SqliteCounterStore } from '../counter/store/sqlite-counter-store.js';
 import { migrate, openMysql, openSqlite, type Db } from '../platform/db/database.js';
 import type { EventLog } from '../platform/eventlog/eventlog.js';
 import { ZERO_USER_COUNTS } from '../user-counter/model.js';
-import { UserCounterReconciler } from '../user-counter/reconciler.js';
+import { UserCounterReconciler, type UserReconcilerOptions } from '../user-counter/reconciler.js';
 import { DbUserCountSource } from '../user-counter/source.js';
 import { RedisUserCounterStore } from '../user-counter/store/redis-user-counter-store.js';
 import { SqliteUserCounterStore } from '../user-counter/store/sqlite-user-counter-store.js';
@@ -47,8 +47,9 @@ interface Rig {
   counters: CounterStore;
   store: UserCounterStore;
   service: UserCounterService;
-  /** The user-counter reconciler over the likes-received part. */
+  /** The user-counter reconciler over the likes-received part, and one with other options. */
   reconciler: UserCounterReconciler;
+  reconcilerWith(options: Partial<UserReconcilerOptions>): UserCounterReconciler;
   sut: LikesReceivedConsumer;
   gaps: number[];
   /** Rebuilds still to fail on a gap (each failing one throws out of `apply`), or to be refused. */
@@ -154,6 +155,7 @@ async function openRig(dialect: Dialect): Promise<Rig> {
     store,
     service,
     reconciler,
+    reconcilerWith: (options) => new UserCounterReconciler(store, source, service, metrics, options),
     sut,
     gaps,
     failing,
@@ -700,6 +702,22 @@ describe.each<Dialect>(['sqlite', 'mariadb'])('likes received on %s', (dialect) 
     expect(report).toMatchObject({ checked: 2, ok: 1, busy: 1, busyUsers: [b], driftedUsers: 0 });
     expect(progress).toContain('checking 2 busy users again');
     expect(progress.at(-1)).toMatch(/verified 2 users: 0 drifted, 0 without a snapshot, 1 busy/);
+  });
+
+  it('verify --fix rewrites users still busy, those past what it keeps to check again too', async () => {
+    const [a, b] = [await newUser(), await newUser()];
+    const [pa, pb] = [await newPost(a), await newPost(b)];
+    for (const u of [a, b]) await received(u);
+    // Both with a like in flight, and a snapshot off by no more than that: busy.
+    await toggle(pa, 'like', 1, true);
+    await toggle(pb, 'like', 1, true);
+    // One kept to be checked again, the other past that.
+    const report = await rig
+      .reconcilerWith({ recheckMs: 10, recheckMaxUsers: 1 })
+      .verifyAll(true, () => undefined);
+    expect(report).toMatchObject({ checked: 2, busy: 2, busyRewritten: 2 });
+    expect(await received(a)).toEqual({ likes: 1, favs: 0 });
+    expect(await received(b)).toEqual({ likes: 1, favs: 0 });
   });
 
   it('skips events of posts it does not know', async () => {

@@ -24,6 +24,8 @@ export interface UserReconcilerOptions {
   sampleRandom: number;
   /** `verifyAll`: the pause before users found busy are checked again (twice at most). */
   recheckMs: number;
+  /** `verifyAll`: users found busy kept to be checked again; those past it are reported busy at once. */
+  recheckMaxUsers?: number;
 }
 
 const DEFAULT_OPTIONS: UserReconcilerOptions = {
@@ -193,8 +195,8 @@ export class UserCounterReconciler {
         const outcome = await this.check(userId, fix);
         report.checked++;
         if (outcome !== 'busy') count(userId, outcome);
-        else if (busy.length < RECHECK_MAX_USERS) busy.push(userId);
-        else listBusy(report, userId);
+        else if (busy.length < (this.options.recheckMaxUsers ?? RECHECK_MAX_USERS)) busy.push(userId);
+        else await this.stillBusy(report, userId, fix);
       }
       after = page[page.length - 1]!;
       progress(tally());
@@ -211,12 +213,15 @@ export class UserCounterReconciler {
       },
       (n) => progress(`checking ${n} busy users again`),
     );
-    for (const userId of unsettled) {
-      listBusy(report, userId);
-      if (fix && (await this.service.rebuild(userId, 'overwrite', 'admin'))?.written) report.busyRewritten++;
-    }
+    for (const userId of unsettled) await this.stillBusy(report, userId, fix);
     if (rechecking) progress(tally());
     return report;
+  }
+
+  /** A user still busy: reported so, and with `fix` rewritten from the database all the same. */
+  private async stillBusy(report: UserVerifyReport, userId: number, fix: boolean): Promise<void> {
+    listBusy(report, userId);
+    if (fix && (await this.service.rebuild(userId, 'overwrite', 'admin'))?.written) report.busyRewritten++;
   }
 }
 
