@@ -97,7 +97,7 @@ export class FeedService {
     if (!pages) return feedResponseBytes(await this.feed(page, size, viewerId));
     const hot = pages.answers.peek(`${page}:${size}`);
     if (hot) return this.withFlags(hot, viewerId, new Map());
-    const { ids } = await this.cache.feedPage(page, size);
+    const { ids } = await this.cache.feedPage(page, size, this.reach(page, size));
     const [kept, flags] = await Promise.all([
       this.keptPage(pages, page, size),
       ids.length > 0 ? this.interactions.flags(viewerId, ids.map(refOf)) : Promise.resolve([]),
@@ -137,7 +137,7 @@ export class FeedService {
     viewerId: number | null,
     counts: PostInteractions['counts'] = this.cachedCounts,
   ): Promise<FeedPage> {
-    const { ids, hasMore } = await this.cache.feedPage(page, size);
+    const { ids, hasMore } = await this.cache.feedPage(page, size, this.reach(page, size));
     const posts = await this.cache.postsById(ids);
     // Checked again on every hit: a page may be a moment older than a post's latest state.
     const shown = ids.flatMap((id) => {
@@ -150,6 +150,11 @@ export class FeedService {
       size,
       hasMore: hasMore && page * size < this.depth,
     };
+  }
+
+  /** How much of a page lies within the depth: a page reaching past it is cut there (the route answers pages starting past it). */
+  private reach(page: number, size: number): number {
+    return Math.max(1, Math.min(size, this.depth - (page - 1) * size));
   }
 
   /** The caller's published posts of any visibility, top ones first, then newest. */

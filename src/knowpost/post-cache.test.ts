@@ -96,6 +96,15 @@ describe('PostCache feed pages', () => {
     }
   });
 
+  it('cuts a page short when asked, reading no block past the cut', async () => {
+    const { feed, queries, cache } = feedOf(1_000);
+    // Page 334 of 30 starts at 9,990 of a feed 10,000 deep: 10 ids, one block (here: 190 at 50).
+    expect(await cache.feedPage(7, 30, 10)).toEqual({ ids: feed.slice(180, 190), hasMore: true });
+    expect(queries).toEqual([[150, 51]]);
+    expect(await cache.feedPage(1, 5, 5)).toEqual({ ids: feed.slice(0, 5), hasMore: true });
+    await expect(cache.feedPage(1, 5, 6)).rejects.toThrow(RangeError);
+  });
+
   it('keeps one key per block, whatever pages and sizes are asked for, and reads a page with one query', async () => {
     const { queries, cache } = feedOf(1_000);
     expect(await cache.feedPage(2, 30)).toMatchObject({ ids: expect.arrayContaining(['p30', 'p59']) });

@@ -144,12 +144,14 @@ export class PostCache {
    * One page of the public feed: ids, newest first (`size` at most `FEED_BLOCK`). Cut from the one or
    * two blocks it spans; when any is not cached, all of them are read with one query.
    */
-  async feedPage(page: number, size: number): Promise<IdPage> {
+  async feedPage(page: number, size: number, take = size): Promise<IdPage> {
     if (!Number.isSafeInteger(size) || size < 1 || size > FEED_BLOCK)
       throw new RangeError(`feed page size out of range: ${size}`);
+    if (!Number.isSafeInteger(take) || take < 1 || take > size)
+      throw new RangeError(`feed page cut out of range: ${take}`);
     const start = (page - 1) * size;
     const first = Math.floor(start / FEED_BLOCK);
-    const last = Math.floor((start + size - 1) / FEED_BLOCK);
+    const last = Math.floor((start + take - 1) / FEED_BLOCK);
     const keys: string[] = [];
     for (let b = first; b <= last; b++) keys.push(`${FEED_BLOCK_PREFIX}${b}`);
     // Blocks not cached are read together with the page's others, and the page is cut from that one
@@ -179,8 +181,8 @@ export class PostCache {
     }
     const from = start - first * FEED_BLOCK;
     return {
-      ids: ids.slice(from, from + size),
-      hasMore: ids.length > from + size || (ids.length === from + size && more),
+      ids: ids.slice(from, from + take),
+      hasMore: ids.length > from + take || (ids.length === from + take && more),
     };
   }
 
