@@ -445,20 +445,20 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
     new PeriodicTask(
       'post-purge',
       60_000,
-      async () => objectsRemoved.inc({ task: 'purge' }, (await purger.runOnce()).objects),
+      async (signal) => objectsRemoved.inc({ task: 'purge' }, (await purger.runOnce(signal)).objects),
       workerError,
     ),
     new PeriodicTask(
       'post-sweep',
       60_000,
-      async () => objectsRemoved.inc({ task: 'sweep' }, (await sweeper.runOnce()).objects),
+      async (signal) => objectsRemoved.inc({ task: 'sweep' }, (await sweeper.runOnce(signal)).objects),
       workerError,
     ),
     new PeriodicTask(
       'login-audit-prune',
       600_000,
-      async () => {
-        const rows = await loginAudit.deleteBefore(now() - config.loginAuditRetentionMs);
+      async (signal) => {
+        const rows = await loginAudit.deleteBefore(now() - config.loginAuditRetentionMs, { signal });
         if (rows > 0) auditRowsDeleted.inc(rows);
       },
       workerError,

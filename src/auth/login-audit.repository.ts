@@ -42,12 +42,15 @@ export class LoginAuditRepository {
    * grow with time, so it reads little more than the rows it deletes (the table has no index on the
    * time); a row stamped more than a day ahead by a wrong clock is kept and walked past.
    */
-  async deleteBefore(cutoff: number, options: { batch?: number; maxBatches?: number } = {}): Promise<number> {
+  async deleteBefore(
+    cutoff: number,
+    options: { batch?: number; maxBatches?: number; signal?: AbortSignal } = {},
+  ): Promise<number> {
     const batch = options.batch ?? 5_000;
     const maxBatches = options.maxBatches ?? 1_000;
     let deleted = 0;
     let from = await this.firstIdFrom(0);
-    for (let i = 0; i < maxBatches && from !== undefined; i++) {
+    for (let i = 0; i < maxBatches && from !== undefined && !options.signal?.aborted; i++) {
       const result = await this.db.kysely
         .deleteFrom('login_audit')
         .where('id', '>=', from)

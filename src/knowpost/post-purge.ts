@@ -46,8 +46,8 @@ export class PostObjectPurger {
     this.now = options.now ?? Date.now;
   }
 
-  /** One round; resolves to how many posts were purged. */
-  async runOnce(): Promise<{ posts: number; objects: number }> {
+  /** One round, ended early once `signal` is aborted; resolves to how many posts were purged. */
+  async runOnce(signal?: AbortSignal): Promise<{ posts: number; objects: number }> {
     const now = this.now();
     for (const [id, due] of this.refused) if (due <= now) this.refused.delete(id);
     const ids = (await this.posts.deletedUnpurged(now - this.options.graceMs, this.batch + this.refused.size))
@@ -56,6 +56,7 @@ export class PostObjectPurger {
     let objects = 0;
     let posts = 0;
     for (const id of ids) {
+      if (signal?.aborted) break;
       try {
         objects += await this.storage.deletePrefix(`posts/${id}`);
         await this.posts.markPurged(id, this.now());

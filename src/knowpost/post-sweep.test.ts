@@ -217,3 +217,24 @@ describe(PostUploadSweeper.name, () => {
     ]);
   });
 });
+
+describe('a sweep stopped half-way', () => {
+  it('checks no further post once its signal is aborted, leaving those checks due', async () => {
+    const stop = new AbortController();
+    const finished: string[] = [];
+    const sut = new PostUploadSweeper(
+      {
+        objectsCheckDue: async () => ['1', '2', '3'].map((id) => ({ id, due: 1 })),
+        finishObjectsCheck: async (id) => {
+          finished.push(id);
+          stop.abort(); // the worker is told to stop while the first check ends
+        },
+        find: async (id) => post(id),
+      },
+      { listPrefix: async () => [], delete: async () => undefined, deletePrefix: async () => 0 },
+      { retentionMs: HOUR, maxBytes: { content: 100, image: 200 }, now: () => NOW },
+    );
+    expect(await sut.runOnce(stop.signal)).toEqual({ posts: 1, objects: 0 });
+    expect(finished).toEqual(['1']);
+  });
+});

@@ -50,8 +50,8 @@ export class PostUploadSweeper {
     this.now = options.now ?? Date.now;
   }
 
-  /** One round; resolves to how many posts were checked and objects deleted. */
-  async runOnce(): Promise<{ posts: number; objects: number }> {
+  /** One round, ended early once `signal` is aborted; resolves to how many posts were checked and objects deleted. */
+  async runOnce(signal?: AbortSignal): Promise<{ posts: number; objects: number }> {
     const now = this.now();
     const started = performance.now();
     let posts = 0;
@@ -62,6 +62,8 @@ export class PostUploadSweeper {
     for (;;) {
       const due = await this.posts.objectsCheckDue(now, this.batch, after);
       for (const check of due) {
+        // A check not begun stays due for the next round.
+        if (signal?.aborted) return { posts, objects };
         const { id } = check;
         try {
           const swept = await this.sweep(id, now);

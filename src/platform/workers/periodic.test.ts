@@ -113,6 +113,33 @@ describe(PeriodicTask.name, () => {
     expect(relative(r.starts)).toEqual([1000]);
   });
 
+  it('tells the run in flight to end when stopped, and a start after it runs with a fresh signal', async () => {
+    const seen: AbortSignal[] = [];
+    let steps = 0;
+    // A long run in steps of 100 ms that ends at the first step after its signal is aborted.
+    const task = async (signal: AbortSignal): Promise<void> => {
+      seen.push(signal);
+      for (let i = 0; i < 100 && !signal.aborted; i++) {
+        await new Promise((resolve) => setTimeout(resolve, 100));
+        steps++;
+      }
+    };
+    const sut = new PeriodicTask('t', 1000, task, () => undefined, { now: clock() });
+    sut.start();
+    await vi.advanceTimersByTimeAsync(1_350);
+    let stopped = false;
+    const stopping = sut.stop().then(() => (stopped = true));
+    await vi.advanceTimersByTimeAsync(100);
+    await stopping;
+    expect(stopped).toBe(true);
+    expect(steps).toBe(4);
+    expect(seen[0]!.aborted).toBe(true);
+    sut.start();
+    await vi.advanceTimersByTimeAsync(1_050);
+    expect(seen[1]!.aborted).toBe(false);
+    await stopAll(sut);
+  });
+
   it('runNow waits for a scheduled run in flight instead of overlapping it', async () => {
     const r = recorder(400);
     const sut = new PeriodicTask('t', 1000, r.task, () => undefined, { fixedRate: true, now: clock() });

@@ -11,8 +11,8 @@ export interface PeriodicOptions {
 
 /**
  * Runs `task` every `intervalMs` until stopped: by default measured from the end of the previous run,
- * with `fixedRate` from its start; runs never overlap either way. `stop` waits for the run in flight.
- * A failing run is reported and the loop goes on.
+ * with `fixedRate` from its start; runs never overlap either way. `stop` aborts the signal the task
+ * is given and waits for the run in flight. A failing run is reported and the loop goes on.
  */
 export class PeriodicTask {
   private timer: NodeJS.Timeout | undefined;
@@ -22,11 +22,13 @@ export class PeriodicTask {
   private epoch = 0;
   private readonly fixedRate: boolean;
   private readonly now: () => number;
+  /** Aborted by `stop`: a long run (a backlog worked through) ends at its next step. */
+  private stopping = new AbortController();
 
   constructor(
     private readonly name: string,
     private readonly intervalMs: number,
-    private readonly task: () => Promise<unknown>,
+    private readonly task: (signal: AbortSignal) => Promise<unknown>,
     private readonly onError: (name: string, err: unknown) => void,
     options: PeriodicOptions = {},
   ) {
@@ -38,6 +40,7 @@ export class PeriodicTask {
     if (!this.stopped) return;
     this.stopped = false;
     this.epoch++;
+    if (this.stopping.signal.aborted) this.stopping = new AbortController();
     this.schedule(this.intervalMs);
   }
 
@@ -48,6 +51,7 @@ export class PeriodicTask {
 
   async stop(): Promise<void> {
     this.stopped = true;
+    this.stopping.abort();
     if (this.timer) clearTimeout(this.timer);
     this.timer = undefined;
     await this.running;
@@ -84,7 +88,7 @@ export class PeriodicTask {
 
   private async runOnce(): Promise<void> {
     try {
-      await this.task();
+      await this.task(this.stopping.signal);
     } catch (err) {
       try {
         this.onError(this.name, err);
