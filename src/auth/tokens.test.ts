@@ -45,6 +45,27 @@ describe(TokenSigner.name, () => {
       await verificationKeyFromPem(oldKey.publicPem),
     ]);
     expect(await after.verify(issued.token, 'access')).toMatchObject({ userId: 9 });
+    // A key id kept across the rotation: the token names the id the other key now has.
+    const kept = new TokenSigner(
+      await signingKeyFromPem(newKey.privatePem, '2025-key'),
+      'zhiguang',
+      TTL,
+      Date.now,
+      [await verificationKeyFromPem(oldKey.publicPem)],
+    );
+    expect(await kept.verify(issued.token, 'access')).toMatchObject({ userId: 9 });
+    const keptBefore = new TokenSigner(
+      await signingKeyFromPem(oldKey.privatePem, '2025-key'),
+      'zhiguang',
+      TTL,
+      Date.now,
+      [await verificationKeyFromPem(newKey.publicPem)],
+    );
+    expect(await keptBefore.verify((await kept.sign('access', 9, 'sid-3', 1)).token, 'access')).toMatchObject(
+      {
+        userId: 9,
+      },
+    );
 
     const [header, payload, signature] = issued.token.split('.') as [string, string, string];
     const claims = JSON.parse(Buffer.from(payload, 'base64url').toString()) as Record<string, unknown>;

@@ -91,8 +91,9 @@ export class TokenSigner {
   }
 
   /**
-   * The key a token names (`kid`); every key, the signing one first, when it names none of them (a
-   * key id set by `ZG_JWT_KID` before a rotation is not the thumbprint an accepted key is known by).
+   * The keys to check a token against: the one it names (`kid`) first, then the others, the signing
+   * key first. A key id set by `ZG_JWT_KID` is not the thumbprint an accepted key is known by, and
+   * stays the same across a rotation when kept: a token naming it may be another key's.
    */
   private keysFor(token: string): KeyObject[] {
     let kid: unknown;
@@ -102,6 +103,7 @@ export class TokenSigner {
       // Malformed: the verification says so.
     }
     const named = typeof kid === 'string' ? this.keys.get(kid) : undefined;
-    return named ? [named] : [...this.keys.values()];
+    const all = [...this.keys.values()];
+    return named ? [named, ...all.filter((k) => k !== named)] : all;
   }
 }
