@@ -239,6 +239,22 @@ describe('OpenAiSuggester', () => {
     expect(fake.received).toHaveLength(2);
   }, 5_000);
 
+  it('after a retry-after shorter than the timeout but past what is left of it, asks again next time', async () => {
+    const fake = await FakeProvider.start(
+      {
+        status: 503,
+        body: { error: { message: 'busy' } },
+        headers: { 'retry-after-ms': '800' },
+        delayMs: 500,
+      },
+      completion('基于 Redis 与事件日志的精确计数器设计'),
+    );
+    const ai = suggester(fake, { timeoutMs: 1_000, maxRetries: 1 });
+    expect((await ai.suggest(POST)).source).toBe('extractive');
+    expect((await ai.suggest(POST)).source).toBe('ai');
+    expect(fake.received).toHaveLength(2);
+  }, 5_000);
+
   it('waits out a short retry-after given as a date, within the timeout', async () => {
     const fake = await FakeProvider.start(
       {

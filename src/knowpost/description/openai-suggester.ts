@@ -210,7 +210,7 @@ export class OpenAiSuggester implements DescriptionSuggester {
           if (deadline.signal.aborted) throw err;
           const advice = retryAdvice(err);
           const remaining = endsAt - Date.now();
-          if (advice.afterMs !== undefined && advice.afterMs > remaining) this.rest(advice.afterMs, err);
+          if (advice.afterMs !== undefined && advice.afterMs > timeoutMs) this.rest(advice.afterMs, err);
           if (!advice.retry || attempt >= maxRetries) throw err;
           const backoff = Math.min(FIRST_RETRY_MS * 2 ** attempt, LAST_RETRY_MS) * (1 - Math.random() * 0.25);
           const waitMs = advice.afterMs ?? backoff;
