@@ -65,6 +65,39 @@ describe(S3ObjectStorage.name, () => {
     }
   }, 10_000);
 
+  it('gives an upload the time it takes to send, besides the time the answer may take', async () => {
+    // Takes in the body slowly (400 ms), as over a slow link, then answers at once.
+    const slow = createServer((req, res) => {
+      req.pause();
+      setTimeout(() => {
+        req.resume();
+        req.on('end', () => {
+          res.writeHead(200, { etag: '"abc"' });
+          res.end();
+        });
+      }, 400);
+    });
+    await new Promise<void>((ok) => slow.listen(0, '127.0.0.1', ok));
+    try {
+      const store = new S3ObjectStorage({
+        endpoint: `http://127.0.0.1:${(slow.address() as AddressInfo).port}`,
+        region: 'us-east-1',
+        bucket: 'b',
+        accessKeyId: 'k',
+        secretAccessKey: 's',
+        forcePathStyle: true,
+        timeoutMs: 200,
+      });
+      // 256 kB: 1 s more at 256 kB/s.
+      expect(await store.put('avatars/1.png', Buffer.alloc(256 * 1024), 'image/png')).toMatchObject({
+        etag: '"abc"',
+      });
+    } finally {
+      slow.closeAllConnections();
+      await new Promise<void>((ok) => slow.close(() => ok()));
+    }
+  }, 10_000);
+
   it('knows its objects in the URLs it hands out, whichever form the SDK addresses the bucket in', async () => {
     const cases: { bucket: string; region: string; endpoint?: string; forcePathStyle: boolean }[] = [
       { bucket: 'my.bucket', region: 'eu-west-1', forcePathStyle: false },

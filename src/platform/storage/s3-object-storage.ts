@@ -39,15 +39,17 @@ export interface S3ObjectStorageOptions {
   /** Where public objects are read (a CDN, or the bucket's own URL when absent). */
   publicUrl?: string;
   /**
-   * Longest an attempt may wait for the store's answer, or go without a byte of it; default 20 s.
-   * Without a bound, a store that accepts a connection and never answers would hold a request,
-   * or a worker's task, for ever.
+   * Longest an attempt may wait for the store's answer (an upload's time at 256 kB/s besides);
+   * default 20 s. The SDK makes three attempts, so a call gives up after about a minute. A body
+   * being read may pause for a minute. Without a bound, a store that accepts a connection and never
+   * answers would hold a request, or a worker's task, for ever.
    */
   timeoutMs?: number;
 }
 
 const DEFAULT_TIMEOUT_MS = 20_000;
 const CONNECT_TIMEOUT_MS = 5_000;
+const IDLE_TIMEOUT_MS = 60_000;
 
 /** Keys whose type a browser may run script in when the URL is opened (HTML, SVG, XML). */
 const SCRIPTABLE = /\.(html?|xhtml|svg|xml)$/i;
@@ -72,9 +74,11 @@ export class S3ObjectStorage implements ObjectStorage {
   private readonly client: S3Client;
   private readonly bucket: string;
   private readonly publicBase: string;
+  private readonly timeoutMs: number;
 
   constructor(private readonly options: S3ObjectStorageOptions) {
     this.bucket = options.bucket;
+    this.timeoutMs = options.timeoutMs ?? DEFAULT_TIMEOUT_MS;
     this.client = new S3Client({
       region: options.region,
       ...(options.endpoint !== undefined ? { endpoint: options.endpoint } : {}),
@@ -86,10 +90,12 @@ export class S3ObjectStorage implements ObjectStorage {
       responseChecksumValidation: 'WHEN_REQUIRED',
       maxAttempts: 3,
       requestHandler: {
-        connectionTimeout: Math.min(CONNECT_TIMEOUT_MS, options.timeoutMs ?? DEFAULT_TIMEOUT_MS),
-        requestTimeout: options.timeoutMs ?? DEFAULT_TIMEOUT_MS,
+        connectionTimeout: Math.min(CONNECT_TIMEOUT_MS, this.timeoutMs),
+        requestTimeout: this.timeoutMs,
         throwOnRequestTimeout: true,
-        socketTimeout: options.timeoutMs ?? DEFAULT_TIMEOUT_MS,
+        // A body on its way that stops coming (a stalled read of an object): a minute, which is
+        // longer than an upload waits for its answer.
+        socketTimeout: Math.max(IDLE_TIMEOUT_MS, this.timeoutMs),
       },
     });
     this.publicBase = (options.publicUrl ?? this.bucketUrls()[0]!).replace(/\/+$/, '');
@@ -105,6 +111,8 @@ export class S3ObjectStorage implements ObjectStorage {
         ContentType: contentType,
         ContentLength: body.length,
       }),
+      // The bound runs until the answer's headers, so the upload is within it: allowed at 256 kB/s.
+      { requestTimeout: this.timeoutMs + Math.ceil(body.length / 256) },
     );
     const etag = res.ETag ?? `"${createHash('md5').update(body).digest('hex')}"`;
     return { size: body.length, etag, contentType };
