@@ -47,15 +47,30 @@ const canonicalEmails =
     }
   };
 
-/** Runs `statement` unless `table` has `column` already (MySQL 8 has no `ADD COLUMN IF NOT EXISTS`). */
-const unlessColumn =
-  (table: string, column: string, statement: string): Step =>
+/** Runs `statement` unless `existing` (a query of information_schema) finds a row. */
+const unlessFound =
+  (existing: (db: Kysely<unknown>) => Promise<{ rows: unknown[] }>, statement: string): Step =>
   async (db) => {
-    const { rows } = await sql`
-      SELECT 1 FROM information_schema.COLUMNS
-       WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ${table} AND COLUMN_NAME = ${column}`.execute(db);
-    if (rows.length === 0) await sql.raw(statement).execute(db);
+    if ((await existing(db)).rows.length === 0) await sql.raw(statement).execute(db);
   };
+
+/** Runs `statement` unless `table` has `column` already (MySQL 8 has no `ADD COLUMN IF NOT EXISTS`). */
+const unlessColumn = (table: string, column: string, statement: string): Step =>
+  unlessFound(
+    (db) =>
+      sql`SELECT 1 FROM information_schema.COLUMNS
+           WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ${table} AND COLUMN_NAME = ${column}`.execute(db),
+    statement,
+  );
+
+/** Runs `statement` unless `table` has the index `index` already. */
+const unlessIndex = (table: string, index: string, statement: string): Step =>
+  unlessFound(
+    (db) =>
+      sql`SELECT 1 FROM information_schema.STATISTICS
+           WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ${table} AND INDEX_NAME = ${index}`.execute(db),
+    statement,
+  );
 
 const inTurn =
   (...steps: Step[]): Step =>
@@ -216,6 +231,13 @@ const sqlite: Record<string, Step> = {
   '0016_counter_meta': exec(
     `CREATE TABLE counter_meta (k TEXT NOT NULL PRIMARY KEY, v INTEGER NOT NULL) WITHOUT ROWID`,
   ),
+  // The reconciler's lost relation events (marks by age), and the objects sweep's pages, which go
+  // by (time due, id): the old index ordered by time alone, and ties (a backlog) were sorted whole.
+  '0017_unapplied_age_sweep_order': exec(
+    `CREATE INDEX relation_unapplied_created ON relation_unapplied (created_at)`,
+    `CREATE INDEX knowposts_sweep_order ON knowposts (objects_check_at, id)`,
+    `DROP INDEX knowposts_sweep`,
+  ),
 };
 
 const mysql: Record<string, Step> = {
@@ -332,6 +354,12 @@ const mysql: Record<string, Step> = {
   '0015_email_one_form': canonicalEmails(`email LIKE '%xn--%' OR LENGTH(email) <> CHAR_LENGTH(email)`),
   // Redis keeps the cluster profile's counter seals.
   '0016_counter_meta': exec(),
+  // InnoDB's index on objects_check_at holds the primary key: the sweep's order is there already.
+  '0017_unapplied_age_sweep_order': unlessIndex(
+    'relation_unapplied',
+    'relation_unapplied_created',
+    `ALTER TABLE relation_unapplied ADD KEY relation_unapplied_created (created_at)`,
+  ),
 };
 
 export function migrationsFor(dialect: Dialect): Record<string, Migration> {

@@ -34,6 +34,32 @@ describe.each(backends)('migrations on %s', (_name, open) => {
     return backend.db;
   }
 
+  it('0017 lets the objects sweep page and the reconciler find old marks by index, with no sort', async () => {
+    const db = await databaseAt('0017_unapplied_age_sweep_order');
+    const plan = async (query: string): Promise<string> =>
+      db.dialect === 'sqlite'
+        ? (await sql.raw<{ detail: string }>(`EXPLAIN QUERY PLAN ${query}`).execute(db.kysely)).rows
+            .map((r) => r.detail)
+            .join('; ')
+        : JSON.stringify((await sql.raw(`EXPLAIN ${query}`).execute(db.kysely)).rows);
+    const sweep = await plan(
+      `SELECT id, objects_check_at FROM knowposts WHERE objects_check_at <= 5
+        AND (objects_check_at > 1 OR (objects_check_at = 1 AND id > '7'))
+        ORDER BY objects_check_at, id LIMIT 100`,
+    );
+    const marks = await plan(
+      `SELECT event_id FROM relation_unapplied WHERE created_at < 5 ORDER BY created_at LIMIT 100`,
+    );
+    if (db.dialect === 'sqlite') {
+      expect(sweep).toContain('knowposts_sweep_order');
+      expect(marks).toContain('relation_unapplied_created');
+      expect(`${sweep}; ${marks}`).not.toContain('TEMP B-TREE');
+    } else {
+      expect(marks).toContain('relation_unapplied_created');
+      expect(`${sweep} ${marks}`).not.toContain('filesort');
+    }
+  });
+
   it('tells a database no server migrated from a deployment', async () => {
     const backend = await open();
     close = () => backend.close();
