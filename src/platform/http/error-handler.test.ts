@@ -164,6 +164,9 @@ describe('a flood of 503s', () => {
     app.get('/bug', async () => {
       throw new Error('a bug');
     });
+    app.get('/locked', async () => {
+      throw Object.assign(new Error('Lock wait timeout exceeded'), { code: 'ER_LOCK_WAIT_TIMEOUT' });
+    });
     const said = (msg: string) => lines.filter((l) => l.msg === msg);
     try {
       for (let i = 0; i < 50; i++) {
@@ -172,12 +175,19 @@ describe('a flood of 503s', () => {
       }
       expect(said('a backing service is unavailable')).toMatchObject([{ level: 50, heldBack: 0 }]);
       expect(said('request refused: unavailable')).toMatchObject([{ level: 40, heldBack: 0 }]);
+      // Another kind of failure in the flood is told at once, apart.
+      expect((await app.inject({ method: 'GET', url: '/locked' })).statusCode).toBe(503);
+      expect(said('a backing service is unavailable')).toHaveLength(2);
       // Bugs are not floods to damp: every one is told.
       for (let i = 0; i < 3; i++) await app.inject({ method: 'GET', url: '/bug' });
       expect(said('unhandled error')).toHaveLength(3);
       await sleep(1_050);
       await app.inject({ method: 'GET', url: '/down' });
-      expect(said('a backing service is unavailable')).toMatchObject([{ heldBack: 0 }, { heldBack: 49 }]);
+      expect(said('a backing service is unavailable')).toMatchObject([
+        { heldBack: 0 },
+        { heldBack: 0 },
+        { heldBack: 49 },
+      ]);
     } finally {
       await app.close();
     }

@@ -1,7 +1,7 @@
 import type { FastifyError, FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { AppError, RateLimitedError, UnavailableError } from '../errors/errors.js';
 import { isDependencyOutage } from '../errors/outage.js';
-import { damped } from '../logging/damper.js';
+import { damped, dampedByKind } from '../logging/damper.js';
 import { TEXT_FORMATS } from './schemas.js';
 
 /** The contract's error body: every non-2xx answer has this shape. */
@@ -49,6 +49,14 @@ function validationMessage(err: FastifyError): string {
   return `${name} ${first.message ?? 'is invalid'}`;
 }
 
+/** What a failure is, for damping its lines: its code, else its name and its message's first word. */
+function kindOf(error: Error): string {
+  const { code, cause } = error as { code?: unknown; cause?: unknown };
+  if (typeof code === 'string') return code;
+  if (cause instanceof Error) return kindOf(cause);
+  return `${error.name}:${error.message.split(/\s/, 1)[0] ?? ''}`;
+}
+
 /**
  * Maps every error to the contract's shape; 5xx answers never carry internals. A backing service
  * that cannot be reached answers 503 with `Retry-After`, anything else unexpected 500.
@@ -56,7 +64,8 @@ function validationMessage(err: FastifyError): string {
 export function installErrorHandling(app: FastifyInstance): void {
   // While a dependency is out every request fails alike: a line a second says so, with the count.
   const refusal = damped();
-  const outage = damped();
+  // Per kind of failure: a deadlock during a Redis outage still gets its line, with its stack.
+  const outage = dampedByKind();
   app.setErrorHandler(
     (error: FastifyError | AppError | Error, request: FastifyRequest, reply: FastifyReply) => {
       const requestId = String(request.id);
@@ -75,7 +84,7 @@ export function installErrorHandling(app: FastifyInstance): void {
             ),
           );
         else if (error.status === 503)
-          outage((heldBack) => request.log.error({ err: error, heldBack }, 'request failed'));
+          outage(kindOf(error), (heldBack) => request.log.error({ err: error, heldBack }, 'request failed'));
         else if (error.status >= 500) request.log.error({ err: error }, 'request failed');
         return reply.status(error.status).send({ code: error.code, message: error.message, requestId });
       }
@@ -90,7 +99,9 @@ export function installErrorHandling(app: FastifyInstance): void {
       }
       const unavailable = status === 503 || isDependencyOutage(error);
       if (unavailable) {
-        outage((heldBack) => request.log.error({ err: error, heldBack }, 'a backing service is unavailable'));
+        outage(kindOf(error), (heldBack) =>
+          request.log.error({ err: error, heldBack }, 'a backing service is unavailable'),
+        );
         void reply.header('retry-after', '1');
       } else request.log.error({ err: error }, 'unhandled error');
       return reply.status(unavailable ? 503 : 500).send({

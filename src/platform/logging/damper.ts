@@ -22,3 +22,26 @@ export function damped(
     write(before);
   };
 }
+
+/** Kinds of line damped apart, at most; a new kind past them starts the table again. */
+const KINDS_KEPT = 256;
+
+/**
+ * `damped` per kind (an error's code, say): one kind flooding the log does not hold back the first
+ * line of another.
+ */
+export function dampedByKind(
+  intervalMs = 1_000,
+  now: () => number = () => performance.now(),
+): (kind: string, write: (held: number) => void) => void {
+  const kinds = new Map<string, (write: (held: number) => void) => void>();
+  return (kind, write) => {
+    let damper = kinds.get(kind);
+    if (!damper) {
+      if (kinds.size >= KINDS_KEPT) kinds.clear();
+      damper = damped(intervalMs, now);
+      kinds.set(kind, damper);
+    }
+    damper(write);
+  };
+}
