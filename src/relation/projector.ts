@@ -105,8 +105,11 @@ export class RelationProjector {
       changes.push({ owner: s.toUserId, kind: 'followers', userId: s.fromUserId, createdAt: s.createdAt });
     }
     await lists.apply(changes);
+    // Told, or the batch fails and comes again (every step above is idempotent): a process whose
+    // bus stayed connected (so no gap makes it drop its pages) would keep a big account's first
+    // followers page without the change for as long as the page is kept.
     const followed = [...new Set(events.map((e) => String(e.toUserId)))];
-    await this.deps.bus.publish(FIRST_PAGE_SCOPE, followed).catch((err: unknown) => this.deps.onError(err));
+    await this.deps.bus.publish(FIRST_PAGE_SCOPE, followed);
 
     // Two deltas an event; an event counts as redelivered when its deltas were skipped.
     const redelivered = Math.min(events.length, Math.round(skipped / 2));

@@ -776,6 +776,33 @@ describe.each<Dialect>(['sqlite', 'mariadb'])('relations on %s', (dialect) => {
     }
   });
 
+  it('fails a batch whose followed users other processes could not be told of, so it comes again', async () => {
+    const [a, b] = [await rig.newUser(), await rig.newUser()];
+    await sut.follow(a, b);
+    const events = await rig.drain();
+    let down = true;
+    const told: string[][] = [];
+    const projector = new RelationProjector({
+      events: undefined as unknown as EventLog,
+      repo: rig.repo,
+      counters: rig.store,
+      lists: rig.lists,
+      bus: Object.assign(Object.create(rig.bus) as typeof rig.bus, {
+        publish: async (_scope: string, keys: string[]) => {
+          if (down) throw new Error('bus down');
+          told.push(keys);
+        },
+      }),
+      metrics: rig.metrics,
+      onError: () => undefined,
+    });
+    await expect(projector.apply(events)).rejects.toThrow('bus down');
+    down = false;
+    await projector.apply(events);
+    expect(told).toEqual([[String(b)]]);
+    expect((await rig.counters.countsMany([b]))[0]).toMatchObject({ followers: 1 });
+  });
+
   it('finds and heals drift of the projection, the counters and the caches', async () => {
     const [a, b, c] = [await rig.newUser(), await rig.newUser(), await rig.newUser()];
     await sut.follow(a, b);
