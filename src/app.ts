@@ -341,10 +341,16 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
   await http.register(
     opsRoutes(
       metrics,
-      { ...platform.readiness, consumers: async () => consumersStarted },
+      {
+        ...platform.readiness,
+        consumers: async () => consumersStarted,
+        // Down while likes and favourites are refused until a counters replay: the process serves
+        // all else, so it stays in rotation (degraded), and tells why.
+        counters: async () => !(await platform.counterStore.restoring()),
+      },
       () => draining,
       config.metricsToken,
-      new Set(config.role === 'worker' ? [] : ['kafka', 'consumers']),
+      new Set(config.role === 'worker' ? ['counters'] : ['kafka', 'consumers', 'counters']),
     ),
   );
   if (config.role !== 'worker') {

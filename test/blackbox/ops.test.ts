@@ -34,7 +34,9 @@ describe.each<ProfileName>(['embedded', 'cluster'])('operations (%s profile)', (
     const ready = await client.call('GET', '/readyz');
     expect(ready.status).toBe(200);
     const expected =
-      profile === 'embedded' ? ['consumers', 'database'] : ['consumers', 'database', 'kafka', 'redis'];
+      profile === 'embedded'
+        ? ['consumers', 'counters', 'database']
+        : ['consumers', 'counters', 'database', 'kafka', 'redis'];
     expect(Object.keys(ready.body.checks).sort()).toEqual(expected);
     expect(Object.values(ready.body.checks).every((s) => s === 'ok')).toBe(true);
   });

@@ -135,6 +135,13 @@ describe('a cluster server while its Redis is down', () => {
     const refused = await like(again.accessToken);
     expect([refused.status, refused.body?.code]).toEqual([503, 'UNAVAILABLE']);
     expect(refused.body?.message).toContain('being restored');
+    // Still in rotation (all else is served), and says why likes are refused.
+    const restoring = await eventually(
+      async () => await client.call('GET', '/readyz'),
+      (r) => r.body?.checks?.counters === 'down',
+      5_000,
+    );
+    expect([restoring.status, restoring.body?.status]).toEqual([200, 'degraded']);
     const replay = await runCli(server.env, ['counters', 'replay', '--yes'], 60_000);
     expect([replay.code, replay.json]).toMatchObject([0, { command: 'counters replay', entities: 1 }]);
     // Beside a server of role `all`, which is its own workers: views may be off, and it says so.
@@ -147,6 +154,12 @@ describe('a cluster server while its Redis is down', () => {
       5_000,
     );
     expect(counted).toBe(2);
+    const restored = await eventually(
+      async () => await client.call('GET', '/readyz'),
+      (r) => r.body?.status === 'ok',
+      5_000,
+    );
+    expect(restored.body?.checks?.counters).toBe('ok');
 
     // The loss and the return are told once each, not once per reconnection attempt.
     const told = server.logLines().map((line) => line.msg);

@@ -154,6 +154,11 @@ export interface CounterStore {
   unseal(): Promise<number[]>;
   /** How many groups refuse toggles now (a replay under way, or one stopped half-way; data lost). */
   unsealedGroups(): Promise<number>;
+  /**
+   * Whether toggles are refused now for a restore (one read: the first group's seal, which a replay
+   * takes away with every other and a loss of the data with it); for readiness.
+   */
+  restoring(): Promise<boolean>;
   /** Overwrites (or with null deletes) a snapshot's raw bytes; for tests and repair tools only. */
   writeRawSnapshot(ref: EntityRef, bytes: Buffer | null): Promise<void>;
 }

@@ -70,6 +70,7 @@ describe('RedisCounterStore (cluster specifics)', () => {
     expect(refs.length).toBeGreaterThan(1);
     const toggle = (ref: EntityRef, user: number) => store.toggle(ref, 'like', user, true, NOW);
     expect(await store.unsealedGroups()).toBe(4);
+    expect(await store.restoring()).toBe(true);
     await expect(toggle(refs[0]!, 1)).rejects.toThrow(/being restored/);
     expect((await store.inspect(refs[0]!)).sealed).toBe(false);
     await store.seal([store.groupOf(refs[0]!)]);
@@ -80,6 +81,7 @@ describe('RedisCounterStore (cluster specifics)', () => {
     // A store that does not require seals takes every group's facts as whole.
     expect((await open({ groups: 4 }).inspect(refs[1]!)).sealed).toBe(true);
     expect(await open({ groups: 4 }).unsealedGroups()).toBe(0);
+    expect(await open({ groups: 4 }).restoring()).toBe(false);
     await expect(toggle(refs[1]!, 1)).rejects.toThrow(/being restored/);
     // Nothing was changed by the refused ones.
     expect(await store.factCounts(refs[1]!)).toEqual({ like: 0, fav: 0 });
@@ -87,8 +89,10 @@ describe('RedisCounterStore (cluster specifics)', () => {
     await expect(toggle(refs[0]!, 2)).rejects.toThrow(/being restored/);
     await store.seal();
     expect(await store.unsealedGroups()).toBe(0);
+    expect(await store.restoring()).toBe(false);
     for (const ref of refs) expect((await toggle(ref, 3)).changed).toBe(true);
     expect((await store.unseal()).length).toBe(4);
+    expect(await store.restoring()).toBe(true);
   });
 
   it('converts sparse → sharded packed → bitmap and keeps membership exact throughout', async () => {

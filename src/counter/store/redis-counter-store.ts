@@ -869,6 +869,11 @@ export class RedisCounterStore implements CounterStore {
     return (await this.sealFlags()).filter((on) => !on).length;
   }
 
+  async restoring(): Promise<boolean> {
+    if (!this.requireSeal) return false;
+    return (await this.redis.hexists(this.groupKey('seq', 0), SEAL_FIELD)) === 0;
+  }
+
   /** Whether each group, by number, carries its seal. */
   private async sealFlags(): Promise<boolean[]> {
     const flags: boolean[] = [];

@@ -349,8 +349,10 @@ describe('SqliteCounterStore (embedded specifics)', () => {
     await store.toggle(post('60'), 'like', 1, true, NOW);
     expect(await store.unsealedGroups()).toBe(0);
     // A replay unseals the store before its reset and seals it once the facts are back.
+    expect(await store.restoring()).toBe(false);
     expect(await store.unseal()).toEqual([0]);
     expect(await store.unsealedGroups()).toBe(1);
+    expect(await store.restoring()).toBe(true);
     await expect(store.toggle(post('60'), 'like', 2, true, NOW)).rejects.toThrow(/being restored/);
     expect((await store.inspect(post('60'))).sealed).toBe(false);
     // One stopped half-way (killed after its reset) leaves the next process refusing them too.

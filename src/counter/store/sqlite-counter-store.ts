@@ -488,6 +488,10 @@ export class SqliteCounterStore implements CounterStore {
     return this.exclusive(() => (this.s.unsealed.get() === undefined ? 0 : 1), 'read');
   }
 
+  async restoring(): Promise<boolean> {
+    return (await this.unsealedGroups()) > 0;
+  }
+
   async reset(): Promise<void> {
     await this.exclusive(() => {
       for (const table of ['counter_facts', 'counter_entities', 'counter_pending', 'counter_snapshots']) {
