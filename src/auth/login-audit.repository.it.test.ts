@@ -41,6 +41,10 @@ describe.each(freshDatabases({ migrated: true }))(`${LoginAuditRepository.name} 
 
   it('deletes the attempts older than the cutoff, over several ranges, and keeps the rest', async () => {
     await recordAt(...Array.from({ length: 23 }, (_, i) => 1_000 + i), 5_000, 5_001);
+    // Stopped (the worker shuts down): no further range.
+    const stop = new AbortController();
+    stop.abort();
+    expect(await sut.deleteBefore(1_020, { batch: 4, signal: stop.signal })).toBe(0);
     expect(await sut.deleteBefore(1_020, { batch: 4 })).toBe(20);
     expect(await remaining()).toEqual([1_020, 1_021, 1_022, 5_000, 5_001]);
     expect(await sut.deleteBefore(1_020, { batch: 4 })).toBe(0);

@@ -35,6 +35,40 @@ describe(PostObjectPurger.name, () => {
     expect(purged).toEqual(['1', '3', '2']);
   });
 
+  it('ends its round at a store out of reach, and at its stop signal, never between a delete and its mark', async () => {
+    const purged: string[] = [];
+    const deleted: string[] = [];
+    const posts = {
+      deletedUnpurged: async () => ['1', '2', '3'].filter((id) => !purged.includes(id)),
+      markPurged: async (id: string) => void purged.push(id),
+    };
+    let down = true;
+    const storage = {
+      deletePrefix: async (prefix: string) => {
+        if (down) throw Object.assign(new Error('connect ECONNREFUSED'), { code: 'ECONNREFUSED' });
+        deleted.push(prefix);
+        return 1;
+      },
+    };
+    const errors: string[] = [];
+    let now = 1_000_000;
+    const sut = new PostObjectPurger(posts, storage, {
+      graceMs: 0,
+      now: () => now,
+      onError: (_e, id) => errors.push(id),
+    });
+    // Out of reach: one post tried, the others wait for the next round.
+    expect(await sut.runOnce()).toEqual({ posts: 0, objects: 0 });
+    expect(errors).toEqual(['1']);
+    down = false;
+    now += 10 * 60_000;
+    const stop = new AbortController();
+    const stopping = { ...posts, markPurged: async (id: string) => (purged.push(id), stop.abort()) };
+    const stopped = new PostObjectPurger(stopping, storage, { graceMs: 0, now: () => now });
+    expect(await stopped.runOnce(stop.signal)).toEqual({ posts: 1, objects: 1 });
+    expect([deleted, purged]).toEqual([['posts/1'], ['1']]);
+  });
+
   it('is not held up by a full batch of posts the store keeps refusing', async () => {
     const purged: string[] = [];
     const ids = Array.from({ length: 6 }, (_, i) => String(i + 1));

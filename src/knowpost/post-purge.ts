@@ -1,4 +1,5 @@
 import { Counter, type Registry } from 'prom-client';
+import { isDependencyOutage } from '../platform/errors/outage.js';
 import type { ObjectStorage } from '../platform/storage/object-storage.js';
 import type { PostRepository } from './post.repository.js';
 
@@ -65,6 +66,8 @@ export class PostObjectPurger {
         // One post the store refuses must not hold up the others, in this round or the next ones.
         if (this.refused.size < REFUSED_KEPT) this.refused.set(id, now + REFUSED_RETRY_MS);
         this.options.onError?.(err, id);
+        // A store out of reach fails every post alike (each after its timeouts): the rest wait.
+        if (isDependencyOutage(err)) break;
       }
     }
     return { posts, objects };

@@ -218,6 +218,29 @@ describe(PostUploadSweeper.name, () => {
   });
 });
 
+describe('a sweep meeting a store out of reach', () => {
+  it('leaves the other checks for the next round', async () => {
+    const finished: [string, number | null][] = [];
+    const sut = new PostUploadSweeper(
+      {
+        objectsCheckDue: async () => ['1', '2', '3'].map((id) => ({ id, due: 1 })),
+        finishObjectsCheck: async (id, _due, next) => void finished.push([id, next]),
+        find: async (id) => post(id),
+      },
+      {
+        listPrefix: async () => {
+          throw Object.assign(new Error('connect ETIMEDOUT'), { code: 'ETIMEDOUT' });
+        },
+        delete: async () => undefined,
+        deletePrefix: async () => 0,
+      },
+      { retentionMs: HOUR, maxBytes: { content: 100, image: 200 }, now: () => NOW },
+    );
+    expect(await sut.runOnce()).toEqual({ posts: 0, objects: 0 });
+    expect(finished).toEqual([['1', NOW + 600_000]]);
+  });
+});
+
 describe('a sweep stopped half-way', () => {
   it('checks no further post once its signal is aborted, leaving those checks due', async () => {
     const stop = new AbortController();

@@ -1,3 +1,4 @@
+import { isDependencyOutage } from '../platform/errors/outage.js';
 import type { ObjectStorage } from '../platform/storage/object-storage.js';
 import { bodyCopyExtension, isContentKey, isImageKey, isStoredImageKey } from './post-keys.js';
 import type { PostObjectsTaskOptions } from './post-purge.js';
@@ -74,6 +75,8 @@ export class PostUploadSweeper {
           // One post the store refuses must not hold up the others, now or in the next rounds.
           this.options.onError?.(err, id);
           await this.posts.finishObjectsCheck(id, check.due, now + (this.options.retryMs ?? 600_000));
+          // A store out of reach fails every post alike (each after its timeouts): the rest wait.
+          if (isDependencyOutage(err)) return { posts, objects };
         }
       }
       if (due.length < this.batch || performance.now() - started >= (this.options.budgetMs ?? 30_000))
