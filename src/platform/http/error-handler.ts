@@ -50,11 +50,17 @@ function validationMessage(err: FastifyError): string {
 }
 
 /** What a failure is, for damping its lines: its code, else its name and its message's first word. */
-function kindOf(error: Error): string {
-  const { code, cause } = error as { code?: unknown; cause?: unknown };
+function kindOf(error: unknown, depth = 0): string {
+  const { code, cause, name, message } = (error ?? {}) as {
+    code?: unknown;
+    cause?: unknown;
+    name?: unknown;
+    message?: unknown;
+  };
   if (typeof code === 'string') return code;
-  if (cause instanceof Error) return kindOf(cause);
-  return `${error.name}:${error.message.split(/\s/, 1)[0] ?? ''}`;
+  if (cause instanceof Error && depth < 5) return kindOf(cause, depth + 1);
+  const first = typeof message === 'string' ? (message.split(/\s/, 1)[0] ?? '') : '';
+  return `${typeof name === 'string' ? name : 'Error'}:${first}`;
 }
 
 /**

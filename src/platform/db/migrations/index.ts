@@ -234,9 +234,9 @@ const sqlite: Record<string, Step> = {
   // The reconciler's lost relation events (marks by age), and the objects sweep's pages, which go
   // by (time due, id): the old index ordered by time alone, and ties (a backlog) were sorted whole.
   '0017_unapplied_age_sweep_order': exec(
-    `CREATE INDEX relation_unapplied_created ON relation_unapplied (created_at)`,
-    `CREATE INDEX knowposts_sweep_order ON knowposts (objects_check_at, id)`,
-    `DROP INDEX knowposts_sweep`,
+    `CREATE INDEX IF NOT EXISTS relation_unapplied_created ON relation_unapplied (created_at)`,
+    `CREATE INDEX IF NOT EXISTS knowposts_sweep_order ON knowposts (objects_check_at, id)`,
+    `DROP INDEX IF EXISTS knowposts_sweep`,
   ),
 };
 
