@@ -409,6 +409,26 @@ export function defineObjectStorageContract(
         }
       });
 
+      it('lets anyone keep a public object for good (its name is never written again)', async () => {
+        const k = `avatars/${randomBytes(4).toString('hex')}/a.png`;
+        await storage.put(k, Buffer.from('png'), 'image/png');
+        const res = await fetch(storage.publicUrl(k));
+        expect(res.status).toBe(200);
+        await res.arrayBuffer();
+        expect(res.headers.get('cache-control')).toBe('public, max-age=31536000, immutable');
+        await storage.delete(k);
+      });
+
+      it('lets the reader alone keep what it read, for no longer than the URL lasts', async () => {
+        const k = key('body.md');
+        await storage.put(k, Buffer.from('private draft'), 'text/markdown');
+        const res = await fetch(await storage.presignGet(k, 120));
+        await res.arrayBuffer();
+        const cache = res.headers.get('cache-control') ?? '';
+        expect(cache).toMatch(/^private, max-age=\d+$/);
+        expect(Number(/max-age=(\d+)/.exec(cache)![1])).toBeLessThanOrEqual(120);
+      });
+
       it('answers 404 for a missing object', async () => {
         const res = await fetch(await storage.presignGet(key('missing.md'), 60));
         expect(res.status).toBe(404);

@@ -110,6 +110,9 @@ export class S3ObjectStorage implements ObjectStorage {
         Body: body,
         ContentType: contentType,
         ContentLength: body.length,
+        // Read through public URLs under names never written twice (avatars), as the local adapter
+        // serves them; anything else is read through signed URLs, which say their own.
+        ...(key.startsWith('avatars/') ? { CacheControl: 'public, max-age=31536000, immutable' } : {}),
       }),
       // The bound runs until the answer's headers, so the upload is within it: allowed at 256 kB/s.
       { requestTimeout: this.timeoutMs + Math.ceil(body.length / 256) },
@@ -253,9 +256,14 @@ export class S3ObjectStorage implements ObjectStorage {
     // The store cannot send a sandboxing CSP, so a page that could run script in its origin is
     // handed out as a download: opening the URL saves it, a client's fetch still reads the bytes.
     const download = SCRIPTABLE.test(key) ? { ResponseContentDisposition: 'attachment' } : {};
-    return getSignedUrl(this.client, new GetObjectCommand({ Bucket: this.bucket, Key: key, ...download }), {
-      expiresIn: expiresInSeconds,
+    // Kept by the reader alone, and no longer than the URL lasts (a post made private meanwhile).
+    const command = new GetObjectCommand({
+      Bucket: this.bucket,
+      Key: key,
+      ResponseCacheControl: `private, max-age=${expiresInSeconds}`,
+      ...download,
     });
+    return getSignedUrl(this.client, command, { expiresIn: expiresInSeconds });
   }
 
   publicUrl(key: string): string {
