@@ -117,6 +117,9 @@ describe(loadConfig.name, () => {
       ['not a key', /one or more PEM-encoded RSA keys/],
       [`${next}${ec}`, /key 2.*RSA key \(got ec\)/],
       ['-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----', /key 1.*PEM-encoded/],
+      // A second key cut short, and words around a key.
+      [`${next}${previous.slice(0, 300)}`, /outside the PEM blocks/],
+      [`old: ${next}`, /outside the PEM blocks/],
     ] as const) {
       expect(() => loadConfig({ ...CLUSTER_ENV, ZG_JWT_ACCEPTED_KEYS: bad }), bad).toThrow(why);
     }

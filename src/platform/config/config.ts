@@ -515,9 +515,16 @@ function rsaKeyProblem(pem: string, use: 'private' | 'public'): string | undefin
   return undefined;
 }
 
+const PEM_BLOCK = /-----BEGIN ([A-Z0-9 ]+)-----[\s\S]*?-----END \1-----/g;
+
 /** The PEM blocks of `text` (keys given together in one setting, one after another). */
 function pemBlocks(text: string): string[] {
-  return [...text.matchAll(/-----BEGIN ([A-Z0-9 ]+)-----[\s\S]*?-----END \1-----/g)].map((m) => m[0]);
+  return [...text.matchAll(PEM_BLOCK)].map((m) => m[0]);
+}
+
+/** What `text` holds besides its PEM blocks, trimmed. */
+function outsidePemBlocks(text: string): string {
+  return text.replace(PEM_BLOCK, '').trim();
 }
 
 /**
@@ -666,6 +673,11 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: { ro
   const acceptedKeyPems = acceptedKeys === undefined ? [] : pemBlocks(acceptedKeys);
   if (acceptedKeys !== undefined && acceptedKeyPems.length === 0)
     problems.push('ZG_JWT_ACCEPTED_KEYS: expected one or more PEM-encoded RSA keys');
+  else if (acceptedKeys !== undefined && outsidePemBlocks(acceptedKeys) !== '')
+    // A key cut short (no END line) would be left out without a word, and its tokens refused.
+    problems.push(
+      'ZG_JWT_ACCEPTED_KEYS: text outside the PEM blocks (a key cut short?): only keys, one after another',
+    );
   for (const [i, pem] of acceptedKeyPems.entries()) {
     const problem = rsaKeyProblem(pem, 'public');
     if (problem) problems.push(`ZG_JWT_ACCEPTED_KEYS (key ${i + 1}): ${problem}`);
