@@ -98,6 +98,8 @@ export async function verifyRelations(
   }
   const inFlight = await repo.unappliedSummary(now(), now() - ORPHAN_AFTER_MS);
   report.lostEvents = inFlight.orphaned;
+  if (inFlight.orphaned > 0)
+    progress(`relations verify: ${inFlight.orphaned} changes whose events were lost (over a day unapplied)`);
   if (fix && inFlight.orphaned > 0) {
     // Rounds until none is left, or one settles none (counters that kept changing: run again).
     for (;;) {

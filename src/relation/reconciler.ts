@@ -270,9 +270,16 @@ export class RelationReconciler {
    * One periodic round: check the sample, check the drifted users again after `settleMs`, heal
    * what both checks found. Resolves with what it did.
    */
-  async runOnce(): Promise<{ checked: number; drifted: number; healed: number }> {
+  async runOnce(): Promise<{
+    checked: number;
+    drifted: number;
+    healed: number;
+    lostEvents: number;
+    lostEventsSettled: number;
+  }> {
     if (this.unannounced.size > 0) await this.announce([...this.unannounced]);
     const orphans = await this.settleOrphans();
+    const lost = { lostEvents: orphans.found, lostEventsSettled: orphans.settled };
     const sample = [...this.recent].slice(-this.deps.sampleSize).reverse();
     for (const id of sample) this.recent.delete(id);
     if (sample.length < this.deps.sampleSize) {
@@ -284,9 +291,9 @@ export class RelationReconciler {
       const drift = await this.check(userId);
       if (hasDrift(drift)) suspects.push(drift);
     }
-    let drifted = orphans.found;
-    let healed = orphans.settled;
-    if (suspects.length === 0) return { checked: sample.length, drifted, healed };
+    let drifted = 0;
+    let healed = 0;
+    if (suspects.length === 0) return { checked: sample.length, drifted, healed, ...lost };
     await sleep(this.deps.settleMs);
     for (const first of suspects) {
       const confirmed = await this.recheck(first);
@@ -296,7 +303,7 @@ export class RelationReconciler {
       // A user whose counters kept changing is tried again at a later round.
       if (await this.heal(confirmed)) healed++;
     }
-    return { checked: sample.length, drifted, healed };
+    return { checked: sample.length, drifted, healed, ...lost };
   }
 
   count(drift: RelationDrift): void {

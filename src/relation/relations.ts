@@ -109,7 +109,7 @@ export function createRelations(deps: RelationsDeps): Relations {
     deps.config.reconcileIntervalMs,
     async () => {
       const round = await reconciler.runOnce();
-      if (round.drifted > 0) log.warn(round, 'relation drift found and healed');
+      if (round.drifted > 0 || round.lostEvents > 0) log.warn(round, 'relation drift found and healed');
     },
     (_name, err) => log.warn({ err }, 'relation reconcile failed; will retry'),
   );
