@@ -346,7 +346,8 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
         consumers: async () => consumersStarted,
         // Down while likes and favourites are refused until a counters replay: the process serves
         // all else, so it stays in rotation (degraded), and tells why.
-        counters: async () => !(await platform.counterStore.restoring()),
+        // Unknown (Redis out of reach, which its own check reports) is not taken for a restore.
+        counters: async () => !(await platform.counterStore.restoring().catch(() => false)),
       },
       () => draining,
       config.metricsToken,

@@ -62,6 +62,25 @@ describe('RedisCounterStore (cluster specifics)', () => {
       ? ((bytes[offset >> 3]! >> (7 - (offset & 7))) & 1) === 1
       : Array.from({ length: bytes.length / 2 }, (_, i) => bytes.readUInt16BE(i * 2)).includes(offset);
 
+  it('says it is restoring until every group is sealed, wherever a seal stops', async () => {
+    const store = open({ groups: 600, requireSeal: true });
+    expect(await store.restoring()).toBe(true);
+    // The second of three pipelines fails (a timeout, a process killed).
+    const real = redis.pipeline.bind(redis);
+    let made = 0;
+    const spy = vi.spyOn(redis, 'pipeline').mockImplementation((...args: Parameters<typeof real>) => {
+      const pipeline = real(...args);
+      if (++made === 2) pipeline.exec = () => Promise.reject(new Error('Command timed out'));
+      return pipeline;
+    });
+    await expect(store.seal()).rejects.toThrow('Command timed out');
+    spy.mockRestore();
+    expect(await store.unsealedGroups()).toBeGreaterThan(0);
+    expect(await store.restoring()).toBe(true);
+    await store.seal();
+    expect(await store.restoring()).toBe(false);
+  });
+
   it('refuses toggles in groups not sealed, and unseals and seals again the groups it is told', async () => {
     const store = open({ groups: 4, requireSeal: true });
     const refs = ['7300000000000000001', '7300000000000000002', '7300000000000000003', '7300000000000000004']

@@ -838,7 +838,9 @@ export class RedisCounterStore implements CounterStore {
    * at the first start of a release that checks seals, and after a replay brought the facts back.
    */
   async seal(groups?: readonly number[]): Promise<void> {
-    const all = groups ?? Array.from({ length: this.groups }, (_, g) => g);
+    // Highest first, so that group 0 (which `unseal` takes first) is sealed last: while it is not,
+    // some group may not be (`restoring`), whichever pipeline a failure stops at.
+    const all = [...(groups ?? Array.from({ length: this.groups }, (_, g) => g))].sort((a, b) => b - a);
     for (let from = 0; from < all.length; from += SCAN_CHUNK) {
       const pipeline = this.redis.pipeline();
       for (const g of all.slice(from, from + SCAN_CHUNK))
@@ -869,6 +871,7 @@ export class RedisCounterStore implements CounterStore {
     return (await this.sealFlags()).filter((on) => !on).length;
   }
 
+  /** Group 0's seal: the last `seal` sets and the first `unseal` takes away. */
   async restoring(): Promise<boolean> {
     if (!this.requireSeal) return false;
     return (await this.redis.hexists(this.groupKey('seq', 0), SEAL_FIELD)) === 0;
