@@ -246,13 +246,7 @@ export class AuthService {
     const identifier = normalizeIdentifier(type, rawIdentifier);
     // A code's five tries are per identifier: one client guessing across many accounts is held here.
     await this.limitSignIn('verify', identifier, 'CODE', ctx);
-    try {
-      await this.verification.verify('LOGIN', identifier, code);
-    } catch (err) {
-      const reason = err instanceof AppError ? err.code : 'ERROR';
-      await this.record({ userId: null, identifier, channel: 'CODE', success: false, reason }, ctx);
-      throw err;
-    }
+    await this.verifyOnRecord('LOGIN', identifier, code, 'CODE', ctx);
     const user = await this.users.findByIdentifier(type, identifier);
     if (!user) {
       // A code is only ever sent to existing accounts for LOGIN; this is a deleted account.
@@ -360,13 +354,7 @@ export class AuthService {
     if (!meetsPasswordPolicy(newPassword)) throw passwordPolicy();
     // A reset is a sign-in by code: its guesses and refusals are on the record as a code sign-in's.
     await this.limitSignIn('verify', identifier, 'RESET', ctx);
-    try {
-      await this.verification.verify('RESET_PASSWORD', identifier, code);
-    } catch (err) {
-      const reason = err instanceof AppError ? err.code : 'ERROR';
-      await this.record({ userId: null, identifier, channel: 'RESET', success: false, reason }, ctx);
-      throw err;
-    }
+    await this.verifyOnRecord('RESET_PASSWORD', identifier, code, 'RESET', ctx);
     const user = await this.users.findByIdentifier(type, identifier);
     if (!user) {
       await this.record(
@@ -469,6 +457,23 @@ export class AuthService {
         `Too many requests from this ${what}; try again later`,
         decision.retryAfterMs / 1000,
       );
+  }
+
+  /** Checks a code; a wrong one (or any failure) is on the record under `channel`. */
+  private async verifyOnRecord(
+    scene: Scene,
+    identifier: string,
+    code: string,
+    channel: 'CODE' | 'RESET',
+    ctx: RequestContext,
+  ): Promise<void> {
+    try {
+      await this.verification.verify(scene, identifier, code);
+    } catch (err) {
+      const reason = err instanceof AppError ? err.code : 'ERROR';
+      await this.record({ userId: null, identifier, channel, success: false, reason }, ctx);
+      throw err;
+    }
   }
 
   /** The per-address limit of a sign-in; a refusal is on the record like any failed sign-in. */

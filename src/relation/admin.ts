@@ -81,12 +81,7 @@ export async function runRelationsCommand(
       );
       // The counters now count the changes whose events were lost; their marks go too, or else
       // they would look in flight for ever.
-      let lostEventsSettled = 0;
-      for (;;) {
-        const round = await reconciler.settleOrphans(1_000);
-        lostEventsSettled += round.settled;
-        if (round.found < 1_000 || round.settled === 0) break;
-      }
+      const lostEventsSettled = await reconciler.settleAllOrphans();
       const lostEventsLeft = (await repo.unappliedSummary(Date.now(), Date.now() - ORPHAN_AFTER_MS)).orphaned;
       incomplete = report.countersBusy > 0 || report.firstPagesNotAnnounced > 0 || lostEventsLeft > 0;
       summary = { ...report, lostEventsSettled, lostEventsLeft };

@@ -101,13 +101,9 @@ export async function verifyRelations(
   if (inFlight.orphaned > 0)
     progress(`relations verify: ${inFlight.orphaned} changes whose events were lost (over a day unapplied)`);
   if (fix && inFlight.orphaned > 0) {
-    // Rounds until none is left, or one settles none (counters that kept changing: run again).
-    for (;;) {
-      const round = await reconciler.settleOrphans(1_000);
-      report.lostEventsSettled += round.settled;
-      progress(`relations verify: ${report.lostEventsSettled} changes with lost events settled`);
-      if (round.found < 1_000 || round.settled === 0) break;
-    }
+    report.lostEventsSettled = await reconciler.settleAllOrphans((settled) =>
+      progress(`relations verify: ${settled} changes with lost events settled`),
+    );
     if (report.lostEventsSettled < report.lostEvents) report.notFixed++;
   }
   const left = fix ? await repo.unappliedSummary(now(), now() - ORPHAN_AFTER_MS) : inFlight;

@@ -44,8 +44,9 @@ export interface RelationReconcilerDeps {
  * topic made again), which nothing will ever apply.
  */
 export const ORPHAN_AFTER_MS = 24 * 3_600_000;
-/** Orphaned marks settled per round. */
+/** Orphaned marks settled per round, and per round of the admin commands. */
 const ORPHANS_PER_ROUND = 100;
+const SETTLE_ALL_ROUND = 1_000;
 
 /** Pairs healed per transaction. */
 const HEAL_SLICE = 5_000;
@@ -245,6 +246,20 @@ export class RelationReconciler {
       if (announced) settled++;
     }
     return { found: orphans.length, settled };
+  }
+
+  /**
+   * `settleOrphans` in rounds until none is left, or a round settles none (counters that kept
+   * changing: run again); how many were settled.
+   */
+  async settleAllOrphans(progress?: (settled: number) => void): Promise<number> {
+    let settled = 0;
+    for (;;) {
+      const round = await this.settleOrphans(SETTLE_ALL_ROUND);
+      settled += round.settled;
+      progress?.(settled);
+      if (round.found < SETTLE_ALL_ROUND || round.settled === 0) return settled;
+    }
   }
 
   /** Users whose healed lists other processes could not be told of yet. */

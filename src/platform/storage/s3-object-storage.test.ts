@@ -3,6 +3,19 @@ import type { AddressInfo } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { S3ObjectStorage } from './s3-object-storage.js';
 
+/** A store whose endpoint is `server`, with attempts bounded at `timeoutMs` (else the default). */
+function storeAt(server: Server, timeoutMs?: number): S3ObjectStorage {
+  return new S3ObjectStorage({
+    endpoint: `http://127.0.0.1:${(server.address() as AddressInfo).port}`,
+    region: 'us-east-1',
+    bucket: 'b',
+    accessKeyId: 'k',
+    secretAccessKey: 's',
+    forcePathStyle: true,
+    ...(timeoutMs === undefined ? {} : { timeoutMs }),
+  });
+}
+
 describe(S3ObjectStorage.name, () => {
   let server: Server;
   const seen: IncomingHttpHeaders[] = [];
@@ -17,14 +30,7 @@ describe(S3ObjectStorage.name, () => {
       res.end('<?xml version="1.0"?><Error><Code>PreconditionFailed</Code><Message>no</Message></Error>');
     });
     await new Promise<void>((ok) => server.listen(0, '127.0.0.1', ok));
-    storage = new S3ObjectStorage({
-      endpoint: `http://127.0.0.1:${(server.address() as AddressInfo).port}`,
-      region: 'us-east-1',
-      bucket: 'b',
-      accessKeyId: 'k',
-      secretAccessKey: 's',
-      forcePathStyle: true,
-    });
+    storage = storeAt(server);
   });
   afterAll(() => new Promise<void>((ok) => server.close(() => ok())));
 
@@ -45,15 +51,7 @@ describe(S3ObjectStorage.name, () => {
     const mute = createServer((req) => req.resume());
     await new Promise<void>((ok) => mute.listen(0, '127.0.0.1', ok));
     try {
-      const silent = new S3ObjectStorage({
-        endpoint: `http://127.0.0.1:${(mute.address() as AddressInfo).port}`,
-        region: 'us-east-1',
-        bucket: 'b',
-        accessKeyId: 'k',
-        secretAccessKey: 's',
-        forcePathStyle: true,
-        timeoutMs: 200,
-      });
+      const silent = storeAt(mute, 200);
       const started = performance.now();
       await expect(silent.listPrefix('posts/1')).rejects.toThrow();
       await expect(silent.head('posts/1/a.md')).rejects.toThrow();
@@ -79,15 +77,7 @@ describe(S3ObjectStorage.name, () => {
     });
     await new Promise<void>((ok) => slow.listen(0, '127.0.0.1', ok));
     try {
-      const store = new S3ObjectStorage({
-        endpoint: `http://127.0.0.1:${(slow.address() as AddressInfo).port}`,
-        region: 'us-east-1',
-        bucket: 'b',
-        accessKeyId: 'k',
-        secretAccessKey: 's',
-        forcePathStyle: true,
-        timeoutMs: 200,
-      });
+      const store = storeAt(slow, 200);
       // 256 kB: 1 s more at 256 kB/s.
       expect(await store.put('avatars/1.png', Buffer.alloc(256 * 1024), 'image/png')).toMatchObject({
         etag: '"abc"',
