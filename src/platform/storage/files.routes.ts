@@ -5,10 +5,15 @@ import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import { Type } from 'typebox';
 import { ForbiddenError, NotFoundError, PayloadTooLargeError } from '../errors/errors.js';
 import { LocalObjectStorage } from './local-object-storage.js';
-import { isSafeKey, type ObjectStorage, type StoredObject } from './object-storage.js';
+import {
+  isPublicKey,
+  isSafeKey,
+  PUBLIC_OBJECT_CACHE_CONTROL,
+  type ObjectStorage,
+  type StoredObject,
+} from './object-storage.js';
 
 /** Prefixes of objects anyone may read straight from the app (local storage only). */
-const PUBLIC_PREFIXES = ['avatars/'];
 
 const DEFAULT_AVATAR_SVG =
   '<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 96 96"><rect width="96" height="96" rx="48" fill="#e8eef7"/>' +
@@ -84,10 +89,10 @@ export function filesRoutes(storage: ObjectStorage) {
           if (!found) throw new NotFoundError();
           return sendObject(reply, found, `private, max-age=${local.secondsLeft(check.expiresAt)}`);
         }
-        if (!PUBLIC_PREFIXES.some((p) => key.startsWith(p)) || !isSafeKey(key)) throw new NotFoundError();
+        if (!isPublicKey(key) || !isSafeKey(key)) throw new NotFoundError();
         const found = await storage.get(key);
         if (!found) throw new NotFoundError();
-        return sendObject(reply, found, 'public, max-age=31536000, immutable');
+        return sendObject(reply, found, PUBLIC_OBJECT_CACHE_CONTROL);
       },
     );
 

@@ -24,6 +24,17 @@ import type { Readable } from 'node:stream';
  *
  * `publicUrl` is where anyone may GET an object under a public prefix (avatars), without a signature.
  */
+/** Where objects anyone may read through `publicUrl` live. */
+const PUBLIC_PREFIXES = ['avatars/'];
+
+/** Whether `key` lies under a public prefix. */
+export function isPublicKey(key: string): boolean {
+  return PUBLIC_PREFIXES.some((p) => key.startsWith(p));
+}
+
+/** How long a public object may be kept: for good, since its name is never written twice. */
+export const PUBLIC_OBJECT_CACHE_CONTROL = 'public, max-age=31536000, immutable';
+
 export interface StoredObject {
   size: number;
   etag: string;

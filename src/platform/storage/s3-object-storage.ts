@@ -19,7 +19,9 @@ import {
   assertContentType,
   assertPresignExpiry,
   assertSafeKey,
+  isPublicKey,
   keyBelow,
+  PUBLIC_OBJECT_CACHE_CONTROL,
   type ListedObject,
   type ObjectStorage,
   type PresignedPut,
@@ -112,7 +114,7 @@ export class S3ObjectStorage implements ObjectStorage {
         ContentLength: body.length,
         // Read through public URLs under names never written twice (avatars), as the local adapter
         // serves them; anything else is read through signed URLs, which say their own.
-        ...(key.startsWith('avatars/') ? { CacheControl: 'public, max-age=31536000, immutable' } : {}),
+        ...(isPublicKey(key) ? { CacheControl: PUBLIC_OBJECT_CACHE_CONTROL } : {}),
       }),
       // The bound runs until the answer's headers, so the upload is within it: allowed at 256 kB/s.
       { requestTimeout: this.timeoutMs + Math.ceil(body.length / 256) },
