@@ -17,6 +17,7 @@ import type { Config } from './platform/config/config.js';
 import { closeWithin, createHttpServer } from './platform/http/server.js';
 import { opsRoutes } from './platform/http/ops.routes.js';
 import { createLogger } from './platform/logging/logger.js';
+import { damped } from './platform/logging/damper.js';
 import { Metrics } from './platform/metrics/metrics.js';
 import { OutboxRelay } from './platform/outbox/relay.js';
 import { OutboxWakeSender, wakeOnAnnouncements } from './platform/outbox/wake.js';
@@ -193,13 +194,13 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
 
   // After a commit that wrote outbox rows: the relay of this process starts a round at once; a
   // process without a relay (the api role) tells the relays of worker processes through the bus.
-  let outboxWakeWarnedAt = -Infinity;
-  const outboxWake = new OutboxWakeSender(platform.invalidation, (err) => {
-    // Every announcement fails alike while Redis is away: one line per 5 s is enough.
-    if (now() - outboxWakeWarnedAt < 5_000) return;
-    outboxWakeWarnedAt = now();
-    log.warn({ err }, 'could not announce outbox rows; relays find them at their next poll');
-  });
+  // Every announcement fails alike while Redis is away: one line per 5 s is enough.
+  const outboxWakeWarning = damped(5_000);
+  const outboxWake = new OutboxWakeSender(platform.invalidation, (err) =>
+    outboxWakeWarning((heldBack) =>
+      log.warn({ err, heldBack }, 'could not announce outbox rows; relays find them at their next poll'),
+    ),
+  );
   const outboxCommitted = (): void => (config.role === 'api' ? outboxWake.committed() : relay.notify());
 
   // Told after every committed post change (this process only); caches of posts add themselves here.
@@ -234,7 +235,7 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
 
   // Read side of posts: caches in every process kept in step through the invalidation bus.
   const postReads = new PostReadRepository(platform.db);
-  let sharedCacheWarnedAt = -Infinity;
+  const sharedCacheWarning = damped(5_000);
   const postCache = new PostCache({
     repo: postReads,
     signer: new PostUrlSigner(platform.storage, config.postReads.urlTtlSeconds, now),
@@ -243,11 +244,10 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
     localMaxEntries: config.postReads.localCacheEntries,
     sharedTtlMs: config.postReads.sharedCacheMs,
     // Every read fails alike while Redis is away: one line per 5 s is enough.
-    onError: (err) => {
-      if (now() - sharedCacheWarnedAt < 5_000) return;
-      sharedCacheWarnedAt = now();
-      log.warn({ err }, 'shared post cache unavailable; reading the database');
-    },
+    onError: (err) =>
+      sharedCacheWarning((heldBack) =>
+        log.warn({ err, heldBack }, 'shared post cache unavailable; reading the database'),
+      ),
     now,
   });
   subscribePostCache(postCache, platform.invalidation);
@@ -274,10 +274,13 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
     flags: (userId, refs) => platform.counterStore.flags(userId, refs),
   };
   const viewMetrics = new ViewMetrics(metrics.registry);
+  const viewsWarning = damped(5_000);
   const views = new ViewRecorder(platform.events, viewMetrics, {
     maxItems: config.views.flushItems,
     flushMs: config.views.flushMs,
-    onError: (err) => log.warn({ err }, 'views not published yet; will retry'),
+    // Every record fails alike while Kafka is away: one line per 5 s is enough.
+    onError: (err) =>
+      viewsWarning((heldBack) => log.warn({ err, heldBack }, 'views not published yet; will retry')),
   });
   // Anonymous feed and detail answers live as long as cached counts do, so counts show no later
   // than elsewhere; at most 16 and 32 MiB of them (a 50-post page is about 100 kB, a detail a few).
