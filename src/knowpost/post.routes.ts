@@ -24,17 +24,28 @@ export interface PostRouteDeps {
 }
 
 /**
- * The body of a metadata edit, before validation. The server strips unknown body fields by default;
- * here every field is optional, so a misspelt one would be a silently ignored edit: a 400 instead.
- * A field sent as null is left as it is, except `tagId`, where null clears the tag.
+ * The body of a metadata edit, before validation. As on every route, fields it does not take are
+ * dropped (a client may send its whole edit object, an `id` say), and a field sent as null is left
+ * as it is, except `tagId`, where null clears the tag. An edit left with nothing to change is a 400
+ * naming what was sent, so that a misspelt field alone is not taken for an edit.
  */
 function patchFields(fields: readonly string[]): preValidationAsyncHookHandler {
   return async (request) => {
     const body: unknown = request.body;
     if (body === null || typeof body !== 'object' || Array.isArray(body)) return;
-    const unknown = Object.keys(body).find((key) => !fields.includes(key));
-    if (unknown !== undefined) throw new BadRequestError(`body.${unknown} is not a field of a post edit`);
+    const record = body as Record<string, unknown>;
+    const sent = Object.keys(record);
+    for (const key of sent) if (!fields.includes(key)) delete record[key];
     dropNullFields(request, ['tagId']);
+    if (Object.keys(record).length > 0) return;
+    const unknown = sent.find((key) => !fields.includes(key));
+    if (unknown !== undefined)
+      throw new BadRequestError(`body.${unknown} is not a field of a post edit (${fields.join(', ')})`);
+    if (sent.length > 0)
+      throw new BadRequestError(
+        `body.${sent[0]} is null, which leaves it as it is: the edit changes nothing`,
+      );
+    throw new BadRequestError(`body must set at least one of ${fields.join(', ')}`);
   };
 }
 
@@ -102,8 +113,9 @@ export function postRoutes(deps: PostRouteDeps) {
           security,
           summary: 'Edit metadata',
           description:
-            'A field sent as null is left as it is, except tagId, where null clears the tag; a field ' +
-            'that is not one of these is a 400 (a misspelt edit is not ignored). ' +
+            'A field sent as null is left as it is, except tagId, where null clears the tag; fields ' +
+            'that are not among these are ignored, and an edit left with nothing to change (only ' +
+            'unknown or null fields, or none) is a 400 naming what was sent. ' +
             '`imgUrls` entries are image keys of this post (from presign, under posts/{id}/images/) or ' +
             "absolute http(s) URLs. A URL of this post's own objects stands for its key: the upload URL " +
             'with or without its query, or an image URL from a detail answer (signed, possibly expired); ' +

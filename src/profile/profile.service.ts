@@ -92,7 +92,10 @@ export class ProfileService {
       changes.birthday = patch.birthday === '' ? null : this.checkBirthday(patch.birthday);
     if (patch.tagJson !== undefined) changes.tags_json = checkTags(patch.tagJson);
     if (Object.keys(changes).length === 0)
-      throw new BadRequestError('body must contain at least one profile field');
+      throw new BadRequestError(
+        'body must set at least one profile field (nickname, bio, gender, birthday, school, zgId, ' +
+          'tagJson); unknown fields are ignored and a null field is left as it is',
+      );
     changes.updated_at = this.now();
     await this.get(userId);
     try {
