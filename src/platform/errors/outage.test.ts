@@ -17,6 +17,19 @@ describe('isDependencyOutage', () => {
       // A replica promoted away under us, and a Redis out of memory: not now, rather than a bug.
       new Error("READONLY You can't write against a read only replica."),
       new Error("OOM command not allowed when used memory > 'maxmemory'."),
+      // The same of MySQL: a primary turned read-only during a failover.
+      Object.assign(
+        new Error(
+          'The MariaDB server is running with the --read-only option so it cannot execute this statement',
+        ),
+        { code: 'ER_OPTION_PREVENTS_STATEMENT', errno: 1290 },
+      ),
+      Object.assign(
+        new Error(
+          'The MySQL server is running with the --super-read-only option so it cannot execute this statement',
+        ),
+        { code: 'ER_OPTION_PREVENTS_STATEMENT', errno: 1290 },
+      ),
       Object.assign(new Error('Service Unavailable'), { $metadata: { httpStatusCode: 503 } }),
       // Contention that passes: a row lock held too long, a deadlock, SQLite's busy timeout.
       Object.assign(new Error('Lock wait timeout exceeded; try restarting transaction'), {
@@ -41,6 +54,13 @@ describe('isDependencyOutage', () => {
       new Error('ERR wrong number of arguments'),
       new Error('NOSCRIPT No matching script'),
       Object.assign(new Error('Duplicate entry'), { code: 'ER_DUP_ENTRY' }),
+      // Another option that prevents a statement is a misconfiguration.
+      Object.assign(
+        new Error(
+          'The MySQL server is running with the --secure-file-priv option so it cannot execute this statement',
+        ),
+        { code: 'ER_OPTION_PREVENTS_STATEMENT' },
+      ),
       Object.assign(new Error('Forbidden'), { $metadata: { httpStatusCode: 403 } }),
       'Command timed out',
       null,

@@ -30,6 +30,12 @@ const CODES = new Set([
   'ER_LOCK_DEADLOCK',
 ]);
 
+/**
+ * A MySQL primary that turned read-only (a failover under way), as Redis's `READONLY`: the option
+ * error is an outage only when it names that option.
+ */
+const READ_ONLY = /--(?:super-)?read-only/;
+
 /** Error names: ioredis giving up on a command, the AWS SDK's timeouts and S3's throttling answers. */
 const NAMES = new Set([
   'MaxRetriesPerRequestError',
@@ -60,6 +66,8 @@ function walk(err: unknown, depth: number): boolean {
   if (depth > 5 || typeof err !== 'object' || err === null) return false;
   const e = err as Described;
   if (typeof e.code === 'string' && CODES.has(e.code)) return true;
+  if (e.code === 'ER_OPTION_PREVENTS_STATEMENT' && typeof e.message === 'string' && READ_ONLY.test(e.message))
+    return true;
   if (typeof e.name === 'string' && NAMES.has(e.name)) return true;
   if (typeof e.message === 'string' && MESSAGE.test(e.message)) return true;
   // An HTTP service (the object store) answered that it, or a gateway before it, is not available.

@@ -1,6 +1,7 @@
 import { Writable } from 'node:stream';
 import { Redis } from 'ioredis';
 import { describe, expect, it } from 'vitest';
+import { createConnection } from 'mysql2/promise';
 import { services } from '../../../test/rig/resources.js';
 import { createLogger } from './logger.js';
 
@@ -47,5 +48,28 @@ describe(createLogger.name, () => {
     }
     expect(lines.join('')).not.toContain('secret-field-77ab');
     expect(lines.join('')).not.toContain('zg-logger-test-secret-key-1f9c');
+  });
+
+  it('drops the statement of an error as mysql2 reports it, values written in', async () => {
+    const { lines, log } = capture();
+    const conn = await createConnection({ uri: services.mysqlRootUrl() });
+    try {
+      // A statement the server refuses: mysql2 attaches it with the values in place.
+      const err = await conn
+        .query('SELECT * FROM zg_logger_no_such_db.users WHERE password_hash = ?', [
+          '$scrypt$secret-hash-5d1e',
+        ])
+        .catch((e: unknown) => e);
+      expect((err as { sql?: string }).sql).toContain('secret-hash-5d1e');
+      log.error({ err: new Error('request failed', { cause: err }) }, 'first');
+      log.error({ err }, 'second');
+    } finally {
+      await conn.end();
+    }
+    const text = lines.join('');
+    expect(text).not.toContain('secret-hash-5d1e');
+    expect(JSON.parse(lines[1]!)).toMatchObject({
+      err: { code: 'ER_NO_SUCH_TABLE', errno: expect.any(Number) },
+    });
   });
 });

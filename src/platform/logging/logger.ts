@@ -28,7 +28,9 @@ function installed(name: string): boolean {
 /**
  * pino's error serializer, without what a client library attached of the command that failed: a
  * Redis error carries the command's arguments (`command.args`), which can be a verification code,
- * an e-mail address or a session key. The command's name stays; so do causes, cleaned alike.
+ * an e-mail address or a session key; a MySQL error the statement with its values written in
+ * (`sql`: a password hash, a phone number). The command's name and the error's codes stay; so do
+ * causes, cleaned alike.
  */
 export function serializeError(err: unknown): unknown {
   const serialized = pino.stdSerializers.err(err as Error) as unknown;
@@ -43,6 +45,7 @@ function withoutArguments(value: unknown, depth: number): unknown {
     const { args: _args, ...rest } = command as Record<string, unknown>;
     record.command = rest;
   }
+  delete record.sql;
   for (const key of ['cause', 'previousErrors', 'lastNodeError']) {
     if (record[key] !== undefined) record[key] = withoutArguments(record[key], depth + 1);
   }
