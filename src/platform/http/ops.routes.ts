@@ -3,6 +3,7 @@ import type { FastifyInstance } from 'fastify';
 import { Type } from 'typebox';
 import { UnauthorizedError } from '../errors/errors.js';
 import type { Metrics } from '../metrics/metrics.js';
+import { READINESS_ROUTE } from './schemas.js';
 
 export type ReadinessCheck = () => Promise<boolean>;
 
@@ -73,7 +74,7 @@ export function opsRoutes(
         }),
       },
     };
-    app.get('/readyz', { schema: readySchema }, async (request, reply) => {
+    app.get(READINESS_ROUTE, { schema: readySchema }, async (request, reply) => {
       const entries = await currentChecks();
       const draining = isDraining();
       const down = entries.filter(([, state]) => state !== 'ok').map(([name]) => name);

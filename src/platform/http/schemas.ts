@@ -88,3 +88,6 @@ export function dropNullFields(request: FastifyRequest, keep: readonly string[] 
     if (value === null && !keep.includes(key)) delete record[key];
   }
 }
+
+/** The readiness route (`ops.routes.ts`), whose answers the server itself gives while it closes. */
+export const READINESS_ROUTE = '/readyz';

@@ -4,7 +4,9 @@ import { Type } from 'typebox';
 import { pino } from 'pino';
 import { describe, expect, it } from 'vitest';
 import { plainHttpServer } from '../../../test/rig/fakes.js';
-import { closeWithin } from './server.js';
+import { Metrics } from '../metrics/metrics.js';
+import { opsRoutes } from './ops.routes.js';
+import { bareAddress, clientAddress, closeWithin } from './server.js';
 
 describe('the HTTP server while it closes', () => {
   it('finishes a request in flight, answers later ones 503 in the contract shape, and ends their connections', async () => {
@@ -16,6 +18,7 @@ describe('the HTTP server while it closes', () => {
       return { done: true };
     });
     app.get('/fast', async () => ({ fast: true }));
+    await app.register(opsRoutes(new Metrics(), {}, () => false));
     await app.listen({ host: '127.0.0.1', port: 0 });
     const { port } = app.server.address() as AddressInfo;
 
@@ -31,14 +34,17 @@ describe('the HTTP server while it closes', () => {
     busy.send('GET /slow HTTP/1.1\r\nHost: x\r\n\r\n');
     const late = open();
     late.send('GET /fast HTTP/1.1\r\nHost: x\r\nOrigin: https://app.example\r\n');
+    const poll = open();
+    poll.send('GET /readyz HTTP/1.1\r\nHost: x\r\n');
     await sleep(50);
     const closed = app.close();
     await sleep(50);
     late.send('\r\n');
+    poll.send('\r\n');
     await sleep(50);
     release();
     // Both answers end their connections, so the close does not wait for a keep-alive timeout.
-    await Promise.all([busy.ended, late.ended, closed]);
+    await Promise.all([busy.ended, late.ended, poll.ended, closed]);
 
     expect(busy.received()).toMatch(/^HTTP\/1\.1 200 /);
     expect(busy.received()).toContain('{"done":true}');
@@ -53,6 +59,16 @@ describe('the HTTP server while it closes', () => {
       code: 'UNAVAILABLE',
       message: 'This server is shutting down; try again',
       requestId: expect.any(String),
+    });
+    // A load balancer's readiness poll is told the server is draining, in that route's shape.
+    const polled = poll.received();
+    expect(polled).toMatch(/^HTTP\/1\.1 503 /);
+    expect(JSON.parse(polled.slice(polled.indexOf('\r\n\r\n') + 4))).toEqual({
+      code: 'UNAVAILABLE',
+      message: 'This server is shutting down; try again',
+      requestId: expect.any(String),
+      status: 'draining',
+      checks: {},
     });
   });
 });
@@ -214,6 +230,7 @@ describe('requests through a proxy', () => {
       trustProxy === undefined ? {} : { trustProxy },
     );
     app.get('/ip', async (request) => ({ ip: request.ip }));
+    app.get('/client', async (request) => ({ client: clientAddress(request) }));
     await app.ready();
     return { app, lines };
   };
@@ -230,6 +247,41 @@ describe('requests through a proxy', () => {
     await trusted.app.close();
     expect(res.json()).toEqual({ ip: '198.51.100.7' });
     expect(trusted.lines.filter((l) => l.msg.includes('not trusted'))).toEqual([]);
+  });
+
+  it('takes the client from a forwarded address with a port or in brackets', async () => {
+    const { app, lines } = await serve(1);
+    const client = async (forwardedFor: string) =>
+      (
+        await app.inject({
+          method: 'GET',
+          url: '/client',
+          headers: { 'x-forwarded-for': forwardedFor },
+          remoteAddress: '10.0.0.9',
+        })
+      ).json<{ client: string }>().client;
+    try {
+      expect(await client('198.51.100.7:5555')).toBe('198.51.100.7');
+      expect(await client('[2001:db8::1]:443')).toBe('2001:db8::1');
+      expect(await client('[2001:db8::2]')).toBe('2001:db8::2');
+      expect(await client('2001:db8::3')).toBe('2001:db8::3');
+      expect(lines.filter((l) => l.msg.includes('cannot be read'))).toEqual([]);
+      // Anything else is the proxy's own address, said once.
+      expect(await client('unknown')).toBe('10.0.0.9');
+      expect(await client('[198.51.100.7]:80')).toBe('10.0.0.9');
+      expect(lines.filter((l) => l.msg.includes('cannot be read')).map((l) => l.level)).toEqual([40]);
+    } finally {
+      await app.close();
+    }
+  });
+
+  it('reads addresses as proxies forward them', () => {
+    expect(bareAddress('198.51.100.7')).toBe('198.51.100.7');
+    expect(bareAddress('198.51.100.7:1')).toBe('198.51.100.7');
+    expect(bareAddress('::ffff:198.51.100.7')).toBe('::ffff:198.51.100.7');
+    expect(bareAddress('[::1]:8080')).toBe('::1');
+    for (const text of ['', 'unknown', '198.51.100.7:', '1.2.3:4', '[::1]:x', '[::1', '::1]:80', '_hidden'])
+      expect({ text, address: bareAddress(text) }).toEqual({ text, address: null });
   });
 });
 

@@ -20,7 +20,7 @@ import type { Logger } from 'pino';
 import type { Metrics } from '../metrics/metrics.js';
 import { damped } from '../logging/damper.js';
 import { installErrorHandling } from './error-handler.js';
-import { ErrorSchema, TEXT_FORMATS } from './schemas.js';
+import { ErrorSchema, READINESS_ROUTE, TEXT_FORMATS } from './schemas.js';
 
 export interface HttpServerOptions {
   logger: Logger;
@@ -217,9 +217,35 @@ const peers = new WeakMap<object, string>();
  * not accept (an injected request without an address).
  */
 export function clientAddress(request: FastifyRequest): string | null {
-  if (isIP(request.ip) !== 0) return request.ip;
+  const resolved = bareAddress(request.ip);
+  if (resolved !== null) return resolved;
   const socket = request.socket;
-  return socket.remoteAddress ?? peers.get(socket) ?? null;
+  const peer = socket.remoteAddress ?? peers.get(socket) ?? null;
+  // A trusted proxy forwarded something that is no address: every client it forwards would share
+  // the proxy's, and the limits per address become limits for the whole site. Said once.
+  if (!unreadableForwardSeen && request.ip !== peer && request.headers['x-forwarded-for'] !== undefined) {
+    unreadableForwardSeen = true;
+    request.log.warn(
+      { forwarded: request.ip.slice(0, 100) },
+      'a trusted proxy forwarded a client address that cannot be read (X-Forwarded-For): its clients are ' +
+        "taken for the proxy, and share its limits per address; have it send the client's address alone",
+    );
+  }
+  return peer;
+}
+let unreadableForwardSeen = false;
+
+/**
+ * An address as proxies forward it: alone, or with a port (`198.51.100.7:5555`, `[2001:db8::1]:443`),
+ * or bracketed (`[2001:db8::1]`); null when it is none of these.
+ */
+export function bareAddress(text: string): string | null {
+  if (isIP(text) !== 0) return text;
+  const bracketed = /^\[([^\]]+)\](?::\d{1,5})?$/.exec(text);
+  if (bracketed && isIP(bracketed[1]!) === 6) return bracketed[1]!;
+  const withPort = /^([\d.]+):\d{1,5}$/.exec(text);
+  if (withPort && isIP(withPort[1]!) === 4) return withPort[1]!;
+  return null;
 }
 
 const CLIENT_ERRORS: Record<string, [number, string, string]> = {
@@ -349,11 +375,16 @@ export async function createHttpServer(options: HttpServerOptions): Promise<Fast
   });
   app.addHook('onRequest', (request, reply, done) => {
     if (!closing) return done();
-    void reply.code(503).header('connection', 'close').send({
-      code: 'UNAVAILABLE',
-      message: 'This server is shutting down; try again',
-      requestId: request.id,
-    });
+    void reply
+      .code(503)
+      .header('connection', 'close')
+      .send({
+        code: 'UNAVAILABLE',
+        message: 'This server is shutting down; try again',
+        requestId: request.id,
+        // The readiness route's answer has its state too (its schema wants it): draining.
+        ...(request.routeOptions.url === READINESS_ROUTE ? { status: 'draining', checks: {} } : {}),
+      });
   });
   // 503s come in floods while a dependency is out: at most a line a second, with the count.
   const unavailable = damped();
@@ -366,7 +397,7 @@ export async function createHttpServer(options: HttpServerOptions): Promise<Fast
     );
     // `/readyz` answers 503 by design while not ready; its own handler logs when that changes.
     if (status === 503) {
-      if (route !== '/readyz')
+      if (route !== READINESS_ROUTE)
         unavailable((heldBack) => request.log.warn({ route, status, heldBack }, 'request failed'));
     } else if (status >= 500) request.log.warn({ route, status }, 'request failed');
   });
