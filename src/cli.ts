@@ -300,13 +300,13 @@ async function main(argv: string[]): Promise<number> {
 
 /** The deployment's configuration, as the server reads it; settings it does not know are named. */
 function configFromEnv(): Config {
-  const config = loadConfig(process.env);
+  // Named first, also for a configuration refused: a misspelt setting may be why it is.
   const unknown = unknownSettings(process.env);
   if (unknown.length > 0)
     process.stderr.write(
       `settings not known to this release were ignored (misspelt?): ${unknown.join(', ')}\n`,
     );
-  return config;
+  return loadConfig(process.env);
 }
 
 main(process.argv.slice(2)).then(

@@ -8,19 +8,22 @@ import { createLogger } from './platform/logging/logger.js';
 /** `node dist/main.js [--role api|worker|all]`: the service, configured from the environment. */
 async function main(): Promise<void> {
   const { values } = parseArgs({ options: { role: { type: 'string' } }, allowPositionals: false });
+  // Named even when the configuration is refused: a misspelt setting may be why it is.
+  const unknown = unknownSettings(process.env);
   let config;
   try {
     config = loadConfig(process.env, values.role === undefined ? {} : { role: values.role });
   } catch (err) {
     if (err instanceof ConfigError) {
       process.stderr.write(`${err.message}\n`);
+      if (unknown.length > 0)
+        process.stderr.write(`settings not known to this release (misspelt?): ${unknown.join(', ')}\n`);
       process.exit(2);
     }
     throw err;
   }
 
   // Named before anything can fail: a misspelt setting may be why it does.
-  const unknown = unknownSettings(process.env);
   if (unknown.length > 0)
     createLogger(config.logLevel).warn(
       { names: unknown },

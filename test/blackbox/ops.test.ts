@@ -1,6 +1,7 @@
+import { spawnSync } from 'node:child_process';
 import { existsSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { join, resolve } from 'node:path';
 import { DatabaseSync } from 'node:sqlite';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Client, startServer, type ProfileName, type Server } from './harness.js';
@@ -16,6 +17,8 @@ async function deploy(dataDir: string): Promise<void> {
     await db.close();
   }
 }
+
+const ROOT = resolve(import.meta.dirname, '../..');
 
 const METRICS_OPEN = 'GET /metrics answers anyone who reaches this port; set ZG_METRICS_TOKEN';
 
@@ -169,6 +172,29 @@ describe('the admin command line', () => {
       const result = await runCli(env, args, 30_000);
       expect({ args, code: result.code }).toEqual({ args, code: 2 });
       expect(result.stderr).toContain(`${args[0]} ${args[1]} takes no`);
+    }
+  });
+
+  it('names settings it does not know, also when the configuration is refused (server and command)', async () => {
+    // A misspelt name is why the required one is missing: both are said.
+    const env = {
+      PATH: process.env.PATH ?? '',
+      ZG_PROFILE: 'cluster',
+      ZG_REDIS_ULR: 'redis://127.0.0.1:6379',
+    };
+    const cli = await runCli(env, ['counters', 'verify'], 30_000);
+    const server = spawnSync(process.execPath, [join(ROOT, 'dist/main.js')], {
+      env,
+      encoding: 'utf8',
+      timeout: 30_000,
+    });
+    for (const [name, code, stderr] of [
+      ['cli', cli.code, cli.stderr],
+      ['server', server.status, server.stderr],
+    ] as const) {
+      expect({ name, code }).toEqual({ name, code: name === 'cli' ? 1 : 2 });
+      expect(stderr).toContain('ZG_REDIS_URL: required on the cluster profile');
+      expect(stderr).toMatch(/settings not known to this release.*\(misspelt\?\): ZG_REDIS_ULR/);
     }
   });
 

@@ -194,6 +194,17 @@ describe(loadConfig.name, () => {
     expect(() => loadConfig({ ZG_PROFILE: 'clustre' })).toThrow(/ZG_PROFILE/);
   });
 
+  it("refuses a cluster's settings with no profile rather than starting embedded", () => {
+    const { ZG_PROFILE: _profile, ...withoutProfile } = CLUSTER_ENV;
+    expect(() => loadConfig(withoutProfile)).toThrow(
+      /ZG_PROFILE: not set, so embedded, which does not use ZG_MYSQL_URL, ZG_REDIS_URL, ZG_KAFKA_BROKERS, .*set ZG_PROFILE=cluster/,
+    );
+    expect(() => loadConfig({ ZG_S3_BUCKET: 'zhiguang' })).toThrow(/does not use ZG_S3_BUCKET:/);
+    // Named embedded, they are ignored as asked.
+    expect(loadConfig({ ...withoutProfile, ZG_PROFILE: 'embedded' }).profile).toBe('embedded');
+    expect(loadConfig({}).profile).toBe('embedded');
+  });
+
   it('lets --role win over ZG_ROLE and validates it', () => {
     const cluster = { ...CLUSTER_ENV, ZG_ROLE: 'api' };
     expect(loadConfig(cluster, { role: 'worker' }).role).toBe('worker');
@@ -211,7 +222,7 @@ describe(loadConfig.name, () => {
     const dir = mkdtempSync(join(tmpdir(), 'zg-config-'));
     try {
       writeFileSync(join(dir, 'redis'), 'redis://secret@127.0.0.1:6379\n');
-      expect(loadConfig({ ZG_REDIS_URL_FILE: join(dir, 'redis') }).redisUrl).toBe(
+      expect(loadConfig({ ZG_PROFILE: 'embedded', ZG_REDIS_URL_FILE: join(dir, 'redis') }).redisUrl).toBe(
         'redis://secret@127.0.0.1:6379',
       );
       expect(() => loadConfig({ ZG_REDIS_URL_FILE: join(dir, 'missing') })).toThrow(/ZG_REDIS_URL_FILE/);

@@ -150,7 +150,8 @@ interface VarSpec {
 /** Every variable the service reads, with its one-line description (also the source for `.env.example`). */
 export const CONFIG_VARS = {
   ZG_PROFILE: {
-    description: 'embedded (SQLite, local files, one process) or cluster (MySQL, Redis, Kafka)',
+    description:
+      'embedded (SQLite, local files, one process) or cluster (MySQL, Redis, Kafka); left unset beside cluster settings (ZG_MYSQL_URL, ZG_REDIS_URL, ZG_KAFKA_BROKERS, ZG_S3_*) it refuses to start',
     default: 'embedded',
   },
   ZG_ROLE: {
@@ -540,6 +541,17 @@ export function unknownSettings(env: NodeJS.ProcessEnv): string[] {
     .sort();
 }
 
+/** Settings only the cluster profile reads: given without a profile, they were meant for one. */
+const CLUSTER_SETTINGS: readonly VarName[] = [
+  'ZG_MYSQL_URL',
+  'ZG_REDIS_URL',
+  'ZG_KAFKA_BROKERS',
+  'ZG_S3_ENDPOINT',
+  'ZG_S3_BUCKET',
+  'ZG_S3_ACCESS_KEY_ID',
+  'ZG_S3_SECRET_ACCESS_KEY',
+];
+
 /** Variables of the test rig and of scripts/ (the local Kafka broker and S3 server), not settings. */
 const TOOLING_VARS =
   /^ZG_(TEST_\w+|S3MOCK_\w+|CACHE_DIR|MYSQL_ROOT_URL|KAFKA_(CONTROLLER_PORT|DIR|HEAP|JAVA_OPTS|PORT|START_TIMEOUT|STOP_TIMEOUT|VERSION))$/;
@@ -626,9 +638,21 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: { ro
     if (!mysqlUrl) problems.push('ZG_MYSQL_URL: required on the cluster profile');
     if (!redisUrl) problems.push('ZG_REDIS_URL: required on the cluster profile');
     if (kafkaBrokers.length === 0) problems.push('ZG_KAFKA_BROKERS: required on the cluster profile');
-  } else if (role !== 'all') {
-    // The event log, the outbox's wake-ups and the caches' invalidations live inside the process.
-    problems.push('ZG_ROLE: the embedded profile runs every role in one process (all)');
+  } else {
+    if (role !== 'all') {
+      // The event log, the outbox's wake-ups and the caches' invalidations live inside the process.
+      problems.push('ZG_ROLE: the embedded profile runs every role in one process (all)');
+    }
+    // A cluster's settings with the profile left out (dropped from a manifest, say) would start a
+    // server on a local SQLite file that takes sign-ups and loses them with its container.
+    const given = (name: VarName) => Boolean(env[name]?.trim() || env[`${name}_FILE`]);
+    const clusterOnly = CLUSTER_SETTINGS.filter(given);
+    if (!given('ZG_PROFILE') && clusterOnly.length > 0) {
+      problems.push(
+        `ZG_PROFILE: not set, so embedded, which does not use ${clusterOnly.join(', ')}: ` +
+          'set ZG_PROFILE=cluster, or ZG_PROFILE=embedded to ignore them',
+      );
+    }
   }
   const storageSigningKey = raw('ZG_STORAGE_SIGNING_KEY');
   if (storageSigningKey !== undefined && Buffer.byteLength(storageSigningKey) < 32) {
