@@ -107,6 +107,14 @@ describe(Authenticator.name, () => {
     await expect(sut.authenticate(access)).rejects.toMatchObject({ code: 'UNAUTHORIZED' });
   });
 
+  it('asks the session store again once the clock stepped back', async () => {
+    const { sut, sessions, sid, access, advance } = await setup(1000);
+    await sut.authenticate(access);
+    await sessions.end(sid);
+    advance(-60_000);
+    await expect(sut.authenticate(access)).rejects.toMatchObject({ code: 'UNAUTHORIZED' });
+  });
+
   it('honours a revocation made in this process at once', async () => {
     const { sut, sessions, sid, access } = await setup(60_000);
     await sut.authenticate(access);

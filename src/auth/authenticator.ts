@@ -72,6 +72,8 @@ export class Authenticator {
       cached &&
       cached.userId === claims.userId &&
       cached.ver === claims.ver &&
+      // An answer from before a clock stepped back is as old as can be, not fresh for the step.
+      now >= cached.at &&
       now - cached.at < this.sessionCheckMs
     ) {
       return cached.active;
