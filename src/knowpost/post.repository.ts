@@ -3,7 +3,7 @@ import { translateDbError, type Db } from '../platform/db/database.js';
 import type { Database, KnowpostsTable } from '../platform/db/schema.js';
 
 /** The later of a nullable time column and `at`, for an UPDATE that may only move it forward. */
-function laterOf(column: 'objects_check_at' | 'uploads_open_until', at: number) {
+function laterOf(column: 'uploads_open_until', at: number) {
   const current = sql.ref(column);
   return sql<number>`CASE WHEN ${current} IS NULL OR ${current} < ${at} THEN ${at} ELSE ${current} END`;
 }
@@ -284,24 +284,11 @@ export class PostRepository {
   }
 
   /**
-   * Asks for the post's objects to be checked (`PostUploadSweeper`) at `at`: moves the check there
-   * unless one is due later already, which covers everything this one would find.
-   */
-  async scheduleObjectsCheck(id: string, at: number): Promise<void> {
-    await this.db.kysely
-      .updateTable('knowposts')
-      .set({
-        objects_check_at: laterOf('objects_check_at', at),
-      })
-      .where('id', '=', id)
-      .execute();
-  }
-
-  /**
-   * An upload URL is handed out: moves the post's objects check to `checkAt` unless one is due
-   * earlier (see `PostService.presign`), and records that uploads may arrive until `openUntil`, so
-   * that checks go on until then (`PostUploadSweeper`, whose check due earlier leaves one due after
-   * this URL expires). Never later: URLs asked for one after another would put a check off for ever.
+   * An upload URL is handed out (or a patch may leave copies behind): moves the post's objects
+   * check to `checkAt` unless one is due earlier (see `PostService.presign`), and records that
+   * uploads may arrive until `openUntil`, so that checks go on until then (`PostUploadSweeper`,
+   * whose check due earlier leaves one due after this URL expires). Never later: URLs or patches
+   * asked for one after another would put a check off for ever.
    */
   async openUploads(id: string, checkAt: number, openUntil: number): Promise<void> {
     await this.db.kysely

@@ -1154,9 +1154,9 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     const oversize = `posts/${id}/content.md`;
     await storage.put(oversize, Buffer.alloc(64 * 1024 + 1), 'text/markdown');
 
-    // Checked just after the last upload URL has expired: the oversize upload goes, the rest stays
-    // until it is older than the retention.
-    const due = start + 600_000 + UPLOAD_CHECK_GRACE_MS;
+    // Checked 5 minutes after the patches (which may leave copies behind), earlier than the upload
+    // URLs asked for: the oversize upload goes, the rest stays until it is older than the retention.
+    const due = start + 5 * 60_000;
     expect((await row(id)).objects_check_at).toBe(due);
     now = due - 1;
     await sweeper.runOnce();
@@ -1164,6 +1164,12 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     now = due;
     await sweeper.runOnce();
     expect(await exists(oversize)).toBe(false);
+    for (const key of [unconfirmed, unused, stray]) expect(await exists(key)).toBe(true);
+    // That check leaves the one the URLs asked for, a minute after the last one expired.
+    const afterUrls = start + 600_000 + UPLOAD_CHECK_GRACE_MS;
+    expect((await row(id)).objects_check_at).toBe(afterUrls);
+    now = afterUrls;
+    await sweeper.runOnce();
     for (const key of [unconfirmed, unused, stray]) expect(await exists(key)).toBe(true);
     // Looked at again when the oldest is old enough (written since `start`, by this machine's clock).
     const retained = (await row(id)).objects_check_at!;
@@ -1212,10 +1218,14 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     expect((await row(id)).objects_check_at).toBeNull();
 
     // A check moved while one ran stands.
-    await repo.scheduleObjectsCheck(id, now);
-    await repo.scheduleObjectsCheck(id, now - 5);
+    await repo.openUploads(id, now + 5, 0);
+    await repo.openUploads(id, now, 0);
     expect((await row(id)).objects_check_at).toBe(now);
-    await repo.scheduleObjectsCheck(id, now + 5);
+    await backend.db.kysely
+      .updateTable('knowposts')
+      .set({ objects_check_at: now + 5 })
+      .where('id', '=', id)
+      .execute();
     await repo.finishObjectsCheck(id, now, null);
     expect((await row(id)).objects_check_at).toBe(now + 5);
   });
@@ -1279,8 +1289,39 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
       ...serviceOptions(),
       storage: new Slow(root, 'http://files.invalid/files'),
     });
+    const started = now;
     await slow.update(AUTHOR, id, { imgUrls: [image] });
+    // The check the upload URL asked for stays due (no later than the patch's own first ask)...
+    expect((await row(id)).objects_check_at).toBeLessThanOrEqual(started + 5 * 60_000);
+    // ...and, run, leaves the next one due 5 minutes after the copies were made.
+    const sweeper = new PostUploadSweeper(new PostRepository(backend.db), storage, {
+      retentionMs: 24 * 3_600_000, // the service's default
+      maxBytes: { content: 1024, image: 1024 },
+      now: () => now,
+    });
+    await sweeper.runOnce();
     expect((await row(id)).objects_check_at).toBe(now + 5 * 60_000);
+  });
+
+  it('never puts a due objects check off for edits of the images, however often', async () => {
+    now = 3_000_000;
+    const sut = newService();
+    const id = await publishedPost(sut);
+    const { objectKey } = await uploadObject(sut, id, 'knowpost_image', 'image/png', 'kept');
+    const due = (await row(id)).objects_check_at!;
+    // An edit of the images every 4 minutes, refused or not: the check is never moved later.
+    let latest = due;
+    for (let i = 0; i < 5; i++) {
+      now += 4 * 60_000;
+      await sut.update(AUTHOR, id, { imgUrls: [] });
+      await expect(sut.update(AUTHOR, id, { imgUrls: ['x'] })).rejects.toMatchObject({ status: 400 });
+      const at = (await row(id)).objects_check_at!;
+      expect(at).toBeLessThanOrEqual(latest);
+      latest = at;
+    }
+    await sut.update(AUTHOR, id, { imgUrls: [objectKey] });
+    expect((await row(id)).objects_check_at).toBeLessThanOrEqual(latest);
+    expect(latest).toBeLessThan(now);
   });
 
   it('judges an edit of images again when another overlapped it, so every image shown exists', async () => {

@@ -342,9 +342,19 @@ export class PostService {
     await this.discard(postId, copied);
   }
 
-  /** Asks for a check of the post's objects by `at`; a failure is logged, not thrown. */
+  /**
+   * Asks for a check of the post's objects at `at` or after. A check due earlier stays due: moved
+   * later, edits repeated every few minutes would put it off for ever, and with it the removal of
+   * an upload too large to keep. That check leaves one due at `at` (`uploads_open_until` is taken
+   * as if an upload URL expired then; see `PostUploadSweeper`).
+   */
+  private checkObjectsAt(postId: string, at: number): Promise<void> {
+    return this.posts.openUploads(postId, at, at - UPLOAD_CHECK_GRACE_MS + this.limits.uploadRetentionMs);
+  }
+
+  /** `checkObjectsAt`, with a failure logged, not thrown. */
   private async askForObjectsCheck(postId: string, at: number): Promise<void> {
-    await this.posts.scheduleObjectsCheck(postId, at).catch((err: unknown) => {
+    await this.checkObjectsAt(postId, at).catch((err: unknown) => {
       this.log?.warn({ err, post: postId }, 'could not schedule a check of a post’s objects');
     });
   }
@@ -452,7 +462,7 @@ export class PostService {
       // objects are checked after every such patch has made its copies, and that check waits for
       // them to be older than the retention. Asked before anything changes (so a failure here
       // changes nothing) and again once this patch's copies are made, however long they took.
-      await this.posts.scheduleObjectsCheck(post.id, this.now() + PATCH_SETTLE_MS);
+      await this.checkObjectsAt(post.id, this.now() + PATCH_SETTLE_MS);
       // Copies this patch made that no post row shows (an attempt refused, or one another edit got
       // ahead of): deleted before answering, so a refused patch leaves no storage behind.
       const unused: string[] = [];
