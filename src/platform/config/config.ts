@@ -151,7 +151,7 @@ interface VarSpec {
 export const CONFIG_VARS = {
   ZG_PROFILE: {
     description:
-      'embedded (SQLite, local files, one process) or cluster (MySQL, Redis, Kafka); left unset beside cluster settings (ZG_MYSQL_URL, ZG_REDIS_URL, ZG_KAFKA_BROKERS, ZG_S3_*) it refuses to start',
+      'embedded (SQLite, local files, one process) or cluster (MySQL, Redis, Kafka); left unset beside cluster settings (ZG_MYSQL_URL, ZG_REDIS_URL, ZG_KAFKA_BROKERS, ZG_S3_ENDPOINT, ZG_S3_BUCKET, ZG_S3_ACCESS_KEY_ID, ZG_S3_SECRET_ACCESS_KEY) it refuses to start',
     default: 'embedded',
   },
   ZG_ROLE: {

@@ -273,6 +273,21 @@ describe('requests through a proxy', () => {
     } finally {
       await app.close();
     }
+    // With no proxy trusted the header is not read at all: the peer, and no word of it beyond the
+    // warning that a proxy is not trusted.
+    const untrusted = await serve();
+    try {
+      const res = await untrusted.app.inject({
+        method: 'GET',
+        url: '/client',
+        headers: { 'x-forwarded-for': 'junk' },
+        remoteAddress: '10.0.0.8',
+      });
+      expect(res.json()).toEqual({ client: '10.0.0.8' });
+      expect(untrusted.lines.filter((l) => l.msg.includes('cannot be read'))).toEqual([]);
+    } finally {
+      await untrusted.app.close();
+    }
   });
 
   it('reads addresses as proxies forward them', () => {

@@ -221,10 +221,16 @@ export function clientAddress(request: FastifyRequest): string | null {
   if (resolved !== null) return resolved;
   const socket = request.socket;
   const peer = socket.remoteAddress ?? peers.get(socket) ?? null;
-  // A trusted proxy forwarded something that is no address: every client it forwards would share
-  // the proxy's, and the limits per address become limits for the whole site. Said once.
-  if (!unreadableForwardSeen && request.ip !== peer && request.headers['x-forwarded-for'] !== undefined) {
-    unreadableForwardSeen = true;
+  // A trusted proxy forwarded something that is no address (untrusted, Fastify's address is the
+  // peer's): every client it forwards would share the proxy's, and the limits per address become
+  // limits for the whole site. Said once per server.
+  if (
+    typeof request.ip === 'string' &&
+    request.ip !== peer &&
+    request.headers['x-forwarded-for'] !== undefined &&
+    !unreadableForwardSeen.has(request.server)
+  ) {
+    unreadableForwardSeen.add(request.server);
     request.log.warn(
       { forwarded: request.ip.slice(0, 100) },
       'a trusted proxy forwarded a client address that cannot be read (X-Forwarded-For): its clients are ' +
@@ -233,7 +239,7 @@ export function clientAddress(request: FastifyRequest): string | null {
   }
   return peer;
 }
-let unreadableForwardSeen = false;
+const unreadableForwardSeen = new WeakSet<FastifyInstance>();
 
 /**
  * An address as proxies forward it: alone, or with a port (`198.51.100.7:5555`, `[2001:db8::1]:443`),

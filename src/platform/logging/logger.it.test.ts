@@ -50,6 +50,23 @@ describe(createLogger.name, () => {
     expect(lines.join('')).not.toContain('zg-logger-test-secret-key-1f9c');
   });
 
+  it("drops a duplicate key's value from MySQL's message", () => {
+    const { lines, log } = capture();
+    const message = "Duplicate entry '13812345678' for key 'users.uk_phone'";
+    const duplicate = Object.assign(new Error(message), {
+      code: 'ER_DUP_ENTRY',
+      errno: 1062,
+      sqlMessage: message,
+      sql: "insert into `users` (`phone`) values ('13812345678')",
+    });
+    log.error({ err: new Error('request failed', { cause: duplicate }) }, 'first');
+    log.error({ err: duplicate }, 'second');
+    expect(lines.join('')).not.toContain('13812345678');
+    expect(JSON.parse(lines[1]!)).toMatchObject({
+      err: { code: 'ER_DUP_ENTRY', message: "Duplicate entry '…' for key 'users.uk_phone'" },
+    });
+  });
+
   it('drops the statement of an error as mysql2 reports it, values written in', async () => {
     const { lines, log } = capture();
     const conn = await createConnection({ uri: services.mysqlRootUrl() });

@@ -46,10 +46,18 @@ function withoutArguments(value: unknown, depth: number): unknown {
     record.command = rest;
   }
   delete record.sql;
+  // A duplicate key's value (a phone number, an e-mail address) is in MySQL's message.
+  delete record.sqlMessage;
+  for (const key of ['message', 'stack'])
+    if (typeof record[key] === 'string') record[key] = withoutDuplicateValue(record[key]);
   for (const key of ['cause', 'previousErrors', 'lastNodeError']) {
     if (record[key] !== undefined) record[key] = withoutArguments(record[key], depth + 1);
   }
   if (Array.isArray(record.aggregateErrors))
     record.aggregateErrors = record.aggregateErrors.map((e) => withoutArguments(e, depth + 1));
   return record;
+}
+
+function withoutDuplicateValue(message: string): string {
+  return message.replace(/Duplicate entry '[\s\S]*?' for key/g, "Duplicate entry '…' for key");
 }
