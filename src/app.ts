@@ -87,6 +87,9 @@ export interface App {
 
 /** The longest wait between two attempts to start the event log's consumers while it is out of reach. */
 const CONSUMER_START_RETRY_MAX_MS = 5_000;
+/** Longest and between looks a graceful stop of the embedded profile waits for its events to settle. */
+const SETTLE_MAX_MS = 5_000;
+const SETTLE_POLL_MS = 10;
 
 export interface BuildOptions {
   logger?: Logger;
@@ -526,6 +529,32 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
       [...new Set([COUNTER_TOPIC, POST_TOPIC, VIEW_TOPIC, ...userCounters.topics, ...relations.topics])],
       { keepForever: [COUNTER_TOPIC] },
     );
+  /**
+   * Embedded, at a graceful stop, with requests and views closed: what they wrote is carried through
+   * before the workers stop (outbox rows published, every consumer caught up with the log, pending
+   * counts folded into snapshots), so that the counts on disk are whole and the admin commands find
+   * nothing on its way. Within `budgetMs`; what is left then is carried on at the next start.
+   */
+  const settle = async (caughtUp: () => Promise<boolean>, budgetMs: number): Promise<void> => {
+    const deadline = performance.now() + budgetMs;
+    try {
+      for (;;) {
+        const published = await relay.runOnce();
+        if (published === 0 && (await caughtUp())) {
+          await flushPending(platform.counterStore, counterMetrics);
+          return;
+        }
+        if (performance.now() >= deadline) break;
+        await sleep(SETTLE_POLL_MS);
+      }
+      log.warn({ budgetMs }, 'events still on their way at shutdown; they are carried on at the next start');
+    } catch (err) {
+      log.warn(
+        { err },
+        'could not carry every event through at shutdown; the rest is carried on at the next start',
+      );
+    }
+  };
   const stopping = new AbortController();
   let lateStart: Promise<void> = Promise.resolve();
   /** Starts the consumers in `pending` in order, taking each off once started; stops at the first failure. */
@@ -610,6 +639,11 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
       outboxWake.close();
       // Side by side, and the publisher for a bounded time: what it leaves is in the store's records.
       await Promise.all([publisher.close(), views.close()]);
+      if (platform.eventsCaughtUp && workers.length > 0)
+        await settle(
+          platform.eventsCaughtUp,
+          Math.min(SETTLE_MAX_MS, Math.ceil(config.shutdownTimeoutMs / 4)),
+        );
       // Side by side: each commits what it handled; one slow to leave its group holds up no other.
       const stopped = await Promise.allSettled(workers.map((worker) => worker.stop()));
       await platform.close();

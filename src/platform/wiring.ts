@@ -59,6 +59,12 @@ export interface Platform {
   invalidation: InvalidationBus;
   signingKeyPem: string;
   readiness: Record<string, () => Promise<boolean>>;
+  /**
+   * Embedded only (one process writes and consumes everything): whether every consumer of this
+   * process has handled every record written so far (`SqliteEventLog.caughtUp`). A graceful stop
+   * waits for it so that nothing is left on its way (see `App.close`).
+   */
+  eventsCaughtUp?: () => Promise<boolean>;
   /** Closes every connection, in reverse order of opening. */
   close(): Promise<void>;
 }
@@ -258,6 +264,7 @@ async function createEmbedded(
             .execute()
             .then(() => true),
       },
+      eventsCaughtUp: () => events.caughtUp(),
       close: () => closeAll(closers),
     };
   } catch (err) {

@@ -45,6 +45,8 @@ export interface Server {
   insertPost(post: FixturePost): Promise<void>;
   /** Sends SIGTERM and returns; `stop` then waits for the exit and cleans up. */
   terminate(): void;
+  /** The process's exit code, once it exited (before `stop` cleans up its deployment). */
+  exited: Promise<number | null>;
   stop(): Promise<void>;
 }
 
@@ -294,6 +296,7 @@ export async function startServer(
     terminate() {
       if (child.exitCode === null) child.kill('SIGTERM');
     },
+    exited,
     async stop() {
       if (child.exitCode === null) {
         child.kill('SIGTERM');

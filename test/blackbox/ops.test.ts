@@ -4,7 +4,7 @@ import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { DatabaseSync } from 'node:sqlite';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { Client, startServer, type ProfileName, type Server } from './harness.js';
+import { Client, signUp, startServer, type ProfileName, type Server } from './harness.js';
 import { runCli } from '../fault/processes.js';
 import { migrate, openSqlite } from '../../src/platform/db/database.js';
 
@@ -154,6 +154,43 @@ describe('a graceful stop', () => {
       expect([ready.status, ready.body.status]).toEqual([503, 'draining']);
       expect((await client.call('GET', '/api/v1/knowposts/feed')).status).toBe(200);
       expect(Date.now() - signalled).toBeLessThan(2_000);
+    } finally {
+      await server.stop();
+    }
+  });
+});
+
+describe('a graceful stop of the embedded profile', () => {
+  it('carries what the requests wrote through before it exits: the admin checks find nothing on its way', async () => {
+    const server = await startServer('embedded', { ZG_COUNTER_FLUSH_MS: '60000' });
+    try {
+      const client = new Client(server.baseUrl);
+      const [author, reader] = [await signUp(server, client), await signUp(server, client)];
+      const posts = Array.from({ length: 10 }, (_, i) => String(8_100_000_000_000 + i));
+      for (const id of posts) await server.insertPost({ id, authorId: author.userId });
+      // Likes and a follow, then at once the signal: the flush (a minute apart here) has not run.
+      for (const id of posts) {
+        const liked = await client.call('POST', '/api/v1/action/like', {
+          token: reader.accessToken,
+          body: { entityType: 'knowpost', entityId: id },
+        });
+        expect(liked.status).toBe(200);
+      }
+      const followed = await client.call('POST', `/api/v1/relation/follow?toUserId=${author.userId}`, {
+        token: reader.accessToken,
+      });
+      expect(followed.status).toBe(200);
+      server.terminate();
+      expect(await server.exited).toBe(0);
+      const settled = { counters: { busy: 0 }, users: { busy: 0 }, relations: { inFlight: 0 } };
+      for (const [area, nothingOnItsWay] of Object.entries(settled)) {
+        const result = await runCli(server.env, [area, 'verify']);
+        expect([area, result.code, result.json]).toMatchObject([
+          area,
+          0,
+          { ...nothingOnItsWay, drifted: [] },
+        ]);
+      }
     } finally {
       await server.stop();
     }

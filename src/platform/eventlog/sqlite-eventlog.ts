@@ -162,6 +162,32 @@ export class SqliteEventLog implements EventLog {
     return new Map([[0, last === null || last === undefined ? 0n : BigInt(last) + 1n]]);
   }
 
+  /**
+   * Whether every subscription open in this process has handled (committed past) the newest record
+   * of each of its topics: nothing written so far is still on its way to a consumer here.
+   */
+  async caughtUp(): Promise<boolean> {
+    if (this.subscriptions.size === 0) return true;
+    const [ends, commits] = await Promise.all([
+      this.db.kysely
+        .selectFrom('event_log')
+        .select(['topic', (eb) => eb.fn.max<number>('offset').as('last')])
+        .groupBy('topic')
+        .execute(),
+      this.db.kysely.selectFrom('consumer_offsets').select(['group_id', 'topic', 'next_offset']).execute(),
+    ]);
+    const last = new Map(ends.map((row) => [row.topic, Number(row.last)]));
+    const next = new Map(
+      commits.map((row) => [`${row.group_id}\u0000${row.topic}`, Number(row.next_offset)]),
+    );
+    for (const sub of this.subscriptions)
+      for (const topic of sub.topics) {
+        const newest = last.get(topic);
+        if (newest !== undefined && (next.get(`${sub.group}\u0000${topic}`) ?? 0) <= newest) return false;
+      }
+    return true;
+  }
+
   async groupMembers(group: string): Promise<number> {
     return this.groupQueues.get(group)?.length ?? 0;
   }
