@@ -272,6 +272,34 @@ describe(`${SqliteEventLog.name} retention`, () => {
     expect(failures.slice(0, 2)).toEqual([new Error('database is locked'), new Error('database is locked')]);
     expect(prune.mock.calls.length).toBeGreaterThanOrEqual(2);
   });
+
+  it('tells whether every subscription of this process has handled every record of its topics', async () => {
+    const { db } = await newDb();
+    const log = newLog(db);
+    expect(await log.caughtUp()).toBe(true);
+    await publish(log, 'a', '1');
+    let release!: () => void;
+    const gate = new Promise<void>((resolve) => (release = resolve));
+    const seen: string[] = [];
+    const sub = await log.subscribe({
+      group: 'g',
+      topics: ['a', 'b'],
+      handler: async (batch) => {
+        await gate;
+        seen.push(...batch.records.map((r) => r.value));
+      },
+    });
+    cleanups.push(() => sub.close());
+    // A record handed over and not yet handled, and one of another topic not yet read.
+    await publish(log, 'b', '2');
+    expect(await log.caughtUp()).toBe(false);
+    release();
+    await vi.waitFor(() => expect(seen.sort()).toEqual(['1', '2']));
+    await vi.waitFor(async () => expect(await log.caughtUp()).toBe(true));
+    // Records of topics nobody here reads do not count.
+    await publish(log, 'c', '3');
+    expect(await log.caughtUp()).toBe(true);
+  });
 });
 
 function delay(ms: number): Promise<void> {
