@@ -232,4 +232,25 @@ describe(TieredCache.name, () => {
     expect((await reader.get('a', db.load))?.title).toBe('new');
     expect([db.asked.length, shared.calls.fill]).toEqual([3, 2]);
   });
+
+  it('reads past the shared tier while a failed invalidation may have left an old value there', async () => {
+    const shared = new MemoryShared();
+    const db = table({ a: { id: 'a', public: true, title: 'old' } });
+    const writer = cacheOf(shared, { sharedTtlMs: 200 }).sut;
+    expect((await writer.get('a', db.load))?.title).toBe('old'); // in both tiers now
+    db.rows.a!.title = 'new';
+    shared.invalidate = async () => {
+      throw new Error('shared tier down');
+    };
+    writer.invalidateLocal(['a']);
+    await expect(writer.invalidateShared(['a'])).rejects.toThrow('shared tier down');
+    // The shared tier still holds the old copy: this process answers from the database.
+    expect((await writer.get('a', db.load))?.title).toBe('new');
+    expect([db.asked.length, shared.calls.get]).toEqual([2, 1]);
+    // Once that copy has expired there, the shared tier is read again.
+    await new Promise((resolve) => setTimeout(resolve, 250));
+    writer.clearLocal();
+    await writer.get('a', db.load);
+    expect(shared.calls.get).toBe(2);
+  });
 });

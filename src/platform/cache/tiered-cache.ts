@@ -19,6 +19,9 @@ export interface TieredCacheOptions<V> {
   onSharedError?: (err: unknown) => void;
 }
 
+/** Guards of failed shared invalidations remembered at most (the values of others may be read again). */
+const MAX_UNSETTLED = 10_000;
+
 interface Load {
   keys: readonly string[];
   guards: ReadonlySet<string>;
@@ -48,6 +51,11 @@ export class TieredCache<V> {
    * are in flight: until then the shared tier may still hold what was current before the change.
    */
   private readonly invalidating = new Map<string, number>();
+  /**
+   * Guards whose shared invalidation failed, with until when (`performance.now()`) the shared tier
+   * may still hold what was current before the change: its values live `sharedTtlMs` at most.
+   */
+  private readonly unsettled = new Map<string, number>();
 
   constructor(private readonly options: TieredCacheOptions<V>) {
     this.lru = new LruCache<V>(options.local);
@@ -90,7 +98,9 @@ export class TieredCache<V> {
     // value may be from before it, so the database answers. What it answers is kept in this
     // process (unless another change comes meanwhile), not in the shared tier: a fill there now
     // would be under the generation the invalidation is moving.
-    const passShared = [...track.guards].some((guard) => this.invalidating.has(guard));
+    const passShared = [...track.guards].some(
+      (guard) => this.invalidating.has(guard) || this.isUnsettled(guard),
+    );
     this.loads.add(track);
     try {
       const slots: CacheSlot[] = keys.map((key) => ({ key, guard: this.guardOf(key) }));
@@ -154,19 +164,46 @@ export class TieredCache<V> {
   /**
    * Makes the guards' values unreadable in the shared tier, for every process. Until that is done,
    * this process's loads for them read past the shared tier (see `readThrough`): after
-   * `invalidateLocal`, a read here cannot be given the value from before the change.
+   * `invalidateLocal`, a read here cannot be given the value from before the change. When it fails
+   * (rejecting), they go on reading past it until the values there have expired.
    */
   async invalidateShared(guards: readonly string[]): Promise<void> {
     const unique = [...new Set(guards)];
     for (const guard of unique) this.invalidating.set(guard, (this.invalidating.get(guard) ?? 0) + 1);
     try {
       await this.options.shared.invalidate(guards);
+    } catch (err) {
+      // The old values may stay readable there until they expire: this process reads past them.
+      const until = performance.now() + this.options.sharedTtlMs;
+      if (this.unsettled.size >= MAX_UNSETTLED) this.forgetSettled();
+      for (const guard of unique) this.unsettled.set(guard, until);
+      throw err;
     } finally {
       for (const guard of unique) {
         const left = (this.invalidating.get(guard) ?? 1) - 1;
         if (left > 0) this.invalidating.set(guard, left);
         else this.invalidating.delete(guard);
       }
+    }
+  }
+
+  private isUnsettled(guard: string): boolean {
+    const until = this.unsettled.get(guard);
+    if (until === undefined) return false;
+    if (performance.now() < until) return true;
+    this.unsettled.delete(guard);
+    return false;
+  }
+
+  /** Drops the guards whose old shared values have expired; the oldest half when none has. */
+  private forgetSettled(): void {
+    const now = performance.now();
+    for (const [guard, until] of this.unsettled) if (until <= now) this.unsettled.delete(guard);
+    if (this.unsettled.size < MAX_UNSETTLED) return;
+    let drop = this.unsettled.size / 2;
+    for (const guard of this.unsettled.keys()) {
+      if (drop-- <= 0) break;
+      this.unsettled.delete(guard);
     }
   }
 
