@@ -26,7 +26,7 @@ const row = (id: string, visible = 'public'): PostReadRow => ({
   publishTime: 1,
 });
 
-function setup(shared = new NoSharedCache()) {
+function setup(shared = new NoSharedCache(), localMaxBytes?: number) {
   const rows = new Map<string, PostReadRow>([
     ['1', row('1')],
     ['2', row('2', 'private')],
@@ -46,6 +46,7 @@ function setup(shared = new NoSharedCache()) {
     shared,
     localTtlMs: 60_000,
     localMaxEntries: 100,
+    ...(localMaxBytes === undefined ? {} : { localMaxBytes }),
     sharedTtlMs: 60_000,
   });
   return { rows, loads, cache, repo };
@@ -57,6 +58,22 @@ describe(PostCache.name, () => {
     await cache.postsById(['1', '2']);
     await cache.postsById(['1', '2']);
     expect(loads).toEqual([['1', '2'], ['2']]);
+  });
+
+  it('keeps no more bytes of posts than it is given, whatever the entry bound', async () => {
+    const { rows, loads, cache } = setup(new NoSharedCache(), 128 * 1024);
+    // Posts of about 80 kB each (20 image URLs of a kilobyte, and as fetched): one fits, two do not.
+    for (const id of ['3', '4'])
+      rows.set(id, {
+        ...row(id),
+        imgUrls: Array.from({ length: 20 }, (_, i) => `https://img.example/${i}/${'x'.repeat(1000)}`),
+      });
+    await cache.postsById(['3']);
+    await cache.postsById(['3']);
+    expect(loads).toEqual([['3']]);
+    await cache.postsById(['4']);
+    await cache.postsById(['3', '4']);
+    expect(loads).toEqual([['3'], ['4'], ['3']]);
   });
 });
 

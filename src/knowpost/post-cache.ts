@@ -1,5 +1,5 @@
 import type { InvalidationBus } from '../platform/cache/invalidation-bus.js';
-import { LruCache } from '../platform/cache/lru.js';
+import { LruCache, roughBytes } from '../platform/cache/lru.js';
 import type { SharedCache } from '../platform/cache/shared-cache.js';
 import { SingleFlight } from '../platform/cache/single-flight.js';
 import { TieredCache } from '../platform/cache/tiered-cache.js';
@@ -12,6 +12,8 @@ import { isListed, type PostUrlSigner, type PostView } from './post-read.model.j
 export const POST_INVALIDATION_SCOPE = 'knowpost';
 
 const FEED_GUARD = 'feed';
+/** Most bytes (about) of posts one process keeps, whatever `localMaxEntries` allows. */
+const LOCAL_POSTS_MAX_BYTES = 128 * 1024 * 1024;
 /**
  * Feed pages are cut from blocks of this many ids at fixed offsets, and the blocks are what both
  * tiers keep: whatever pages and sizes callers ask for, the feed's depth makes at most
@@ -29,6 +31,8 @@ export interface PostCacheOptions {
   /** In-process tier: posts, feed pages and authors live this long in each process. */
   localTtlMs: number;
   localMaxEntries: number;
+  /** About how many bytes of posts this process keeps at most (default 128 MiB). */
+  localMaxBytes?: number;
   /** Shared tier (cluster): posts and feed pages live this long in Redis. */
   sharedTtlMs: number;
   onError?: (err: unknown) => void;
@@ -100,7 +104,8 @@ export class PostCache {
       ...(options.now ? { now: options.now } : {}),
     };
     this.posts = new TieredCache<PostView>({
-      local,
+      // A post may hold 20 image URLs of a kilobyte and more: bounded in bytes as well.
+      local: { ...local, maxWeight: options.localMaxBytes ?? LOCAL_POSTS_MAX_BYTES, weigh: roughBytes },
       shared: options.shared,
       sharedTtlMs: options.sharedTtlMs,
       encode,

@@ -1,6 +1,6 @@
 import type { Logger } from 'pino';
 import type { InvalidationBus } from '../platform/cache/invalidation-bus.js';
-import { LruCache } from '../platform/cache/lru.js';
+import { LruCache, roughBytes } from '../platform/cache/lru.js';
 import { SingleFlight } from '../platform/cache/single-flight.js';
 import { BadRequestError, NotFoundError } from '../platform/errors/errors.js';
 import { enforceLimit, type RateLimiter } from '../platform/ratelimit/ratelimit.js';
@@ -25,6 +25,8 @@ export const MAX_PAGE = 100;
 
 /** Invalidation-bus scope of big accounts' first followers pages; keys are user ids. */
 export const FIRST_PAGE_SCOPE = 'relation-first-page';
+/** Most bytes (about) of big accounts' first pages one process keeps. */
+const FIRST_PAGES_MAX_BYTES = 64 * 1024 * 1024;
 
 export interface RelationLimits {
   /** Follows plus unfollows one user may make per minute. */
@@ -127,6 +129,9 @@ export class RelationService {
     this.now = deps.now ?? Date.now;
     this.firstPages = new LruCache<FirstPage>({
       maxEntries: 10_000,
+      // A page of 100 profiles with their bios and tags is a few hundred kilobytes.
+      maxWeight: FIRST_PAGES_MAX_BYTES,
+      weigh: (page) => roughBytes(page.entries) + roughBytes(page.profiles),
       ttlMs: deps.limits.firstPageTtlMs,
       now: this.now,
     });

@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { LruCache } from './lru.js';
+import { LruCache, roughBytes } from './lru.js';
 
 describe(LruCache.name, () => {
   const clock = () => {
@@ -119,5 +119,19 @@ describe(LruCache.name, () => {
     expect([sut.get('feed:1'), sut.get('post:2')]).toEqual([undefined, 3]);
     sut.clear();
     expect(sut.size).toBe(0);
+  });
+});
+
+describe(roughBytes.name, () => {
+  it('weighs strings by their length and containers by what they hold', () => {
+    expect(roughBytes('abcd')).toBe(24);
+    expect(roughBytes(7)).toBe(16);
+    expect(roughBytes(['ab', 'cd'])).toBe(32 + 20 + 20);
+    expect(roughBytes({ a: 'x'.repeat(1000), b: [1, 2] })).toBe(32 + 2016 + 32 + 16 + 16);
+    expect(roughBytes(new Map([[1, 'ab']]))).toBe(32 + 20);
+    // Four levels deep at most: a value that holds itself ends.
+    const loop: unknown[] = [];
+    loop.push(loop);
+    expect(roughBytes(loop)).toBe(32 * 4 + 16);
   });
 });

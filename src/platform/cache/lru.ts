@@ -99,3 +99,20 @@ export class LruCache<V> {
     this.weight = 0;
   }
 }
+
+/**
+ * About how many bytes a plain value holds in memory, for `weigh`: strings at two bytes a character,
+ * 16 bytes for anything else, arrays, plain objects and Maps by what they hold (four levels deep).
+ */
+export function roughBytes(value: unknown, depth = 0): number {
+  if (typeof value === 'string') return 16 + 2 * value.length;
+  if (value === null || typeof value !== 'object' || depth >= 4) return 16;
+  let total = 32;
+  const items = Array.isArray(value)
+    ? value
+    : value instanceof Map
+      ? [...value.values()]
+      : Object.values(value);
+  for (const item of items) total += roughBytes(item, depth + 1);
+  return total;
+}

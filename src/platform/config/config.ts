@@ -367,7 +367,10 @@ export const CONFIG_VARS = {
       'how long each process keeps posts, feed pages and authors in memory (changes are announced at once; this bounds profile edits and missed announcements)',
     default: '1000',
   },
-  ZG_POST_CACHE_ENTRIES: { description: 'posts each process keeps in memory at most', default: '10000' },
+  ZG_POST_CACHE_ENTRIES: {
+    description: 'posts each process keeps in memory at most (and about 128 MiB of them)',
+    default: '10000',
+  },
   ZG_POST_SHARED_CACHE_MS: {
     description:
       'how long posts and feed pages stay in the Redis cache tier (cluster; embedded has no such tier, yet the value counts in the ZG_POST_URL_TTL_SECONDS check on both profiles)',
