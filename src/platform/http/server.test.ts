@@ -73,6 +73,43 @@ describe('the HTTP server while it closes', () => {
   });
 });
 
+describe('clients that keep their connections busy while the server closes', () => {
+  it('get an answer to every request, none a cut connection', async () => {
+    const app = await plainHttpServer(pino({ level: 'silent' }));
+    app.post('/work', async () => {
+      await sleep(2);
+      return { done: true };
+    });
+    await app.listen({ host: '127.0.0.1', port: 0 });
+    const { port } = app.server.address() as AddressInfo;
+    const answers = new Map<number, number>();
+    const failures: string[] = [];
+    let running = true;
+    // Each client sends its next request as soon as it has the answer, on the kept-alive connection.
+    const clients = Array.from({ length: 10 }, async () => {
+      while (running) {
+        try {
+          const res = await fetch(`http://127.0.0.1:${port}/work`, { method: 'POST' });
+          await res.arrayBuffer();
+          answers.set(res.status, (answers.get(res.status) ?? 0) + 1);
+        } catch (err) {
+          const cause = (err as { cause?: { code?: string } }).cause;
+          // Refused: the listener is closed and the request never reached a server; fine.
+          if (cause?.code === 'ECONNREFUSED') break;
+          failures.push(cause?.code ?? String(err));
+          break;
+        }
+      }
+    });
+    await sleep(300);
+    await closeWithin(app, 5_000);
+    running = false;
+    await Promise.all(clients);
+    expect(failures).toEqual([]);
+    expect(answers.get(200)).toBeGreaterThan(0);
+  });
+});
+
 describe('requests that stop arriving', () => {
   const stalled = (port: number) => {
     const socket = connect(port, '127.0.0.1');

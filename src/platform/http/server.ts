@@ -1,6 +1,7 @@
 import { randomUUID } from 'node:crypto';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { STATUS_CODES } from 'node:http';
-import { isIP, type Socket } from 'node:net';
+import { isIP, Server, type Socket } from 'node:net';
 import Fastify, {
   LogController,
   type FastifyBaseLogger,
@@ -343,13 +344,12 @@ export async function createHttpServer(options: HttpServerOptions): Promise<Fast
   installErrorHandling(app);
   // Once closing, requests still arriving on open connections are turned away: the client should
   // retry on another process (the listener is closed; requests in flight finish).
-  let closing = false;
   app.addHook('preClose', async () => {
-    closing = true;
+    closingServers.add(app);
   });
   // Answers given while closing end their connection, so none keeps the close waiting.
   app.addHook('onSend', async (_request, reply) => {
-    if (closing) void reply.header('connection', 'close');
+    if (closingServers.has(app)) void reply.header('connection', 'close');
   });
   // Behind a proxy that is not trusted every client has the proxy's address, and the limits per
   // address become limits for the whole site: said once, when the first forwarded request comes.
@@ -380,7 +380,7 @@ export async function createHttpServer(options: HttpServerOptions): Promise<Fast
     exposedHeaders: ['X-Next-Cursor', 'X-Request-Id'],
   });
   app.addHook('onRequest', (request, reply, done) => {
-    if (!closing) return done();
+    if (!closingServers.has(app)) return done();
     void reply
       .code(503)
       .header('connection', 'close')
@@ -442,12 +442,31 @@ export async function createHttpServer(options: HttpServerOptions): Promise<Fast
   return app;
 }
 
+/** Servers closing: their answers end their connections, and requests arriving are answered 503. */
+const closingServers = new WeakSet<FastifyInstance>();
+
+/** How long a closing server keeps listening and answering 503 before it closes its connections. */
+const CLOSE_NOTICE_MS = 250;
+
 /**
- * Closes the server: requests in flight are answered, for `graceMs` at most; then their connections
- * are cut, so a client that stops sending mid-request, or a request stuck on a dependency, cannot
- * hold up the rest of a shutdown (flushing buffered views and events, leaving consumer groups).
+ * Closes the server. It stops listening (a new connection is refused: nothing of it reached the
+ * server) and, for a moment (`CLOSE_NOTICE_MS`), keeps its open connections, every answer saying
+ * the connection closes after it and requests still arriving answered 503: a client whose next
+ * request was on its way on a kept-alive connection gets an answer, where a connection closed under
+ * it would leave it not knowing whether a POST was done. Then it closes idle connections; requests in flight are answered, for `graceMs` at most; then their
+ * connections are cut, so a client that stops sending mid-request, or a request stuck on a
+ * dependency, cannot hold up the rest of a shutdown (flushing buffered views and events, leaving
+ * consumer groups).
  */
 export async function closeWithin(app: FastifyInstance, graceMs: number): Promise<void> {
+  closingServers.add(app);
+  const noticeMs = Math.min(CLOSE_NOTICE_MS, Math.floor(graceMs / 4));
+  if (noticeMs > 0 && app.server.listening) {
+    // New connections are refused from now on (nothing of theirs reached the server), but open ones
+    // stay open: the HTTP server's own close would end the idle ones at once.
+    Server.prototype.close.call(app.server);
+    await sleep(noticeMs);
+  }
   const closed = app.close();
   let timer: NodeJS.Timeout | undefined;
   const late = await Promise.race([
