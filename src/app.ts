@@ -536,24 +536,30 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
    * nothing on its way. Within `budgetMs`; what is left then is carried on at the next start.
    */
   const settle = async (caughtUp: () => Promise<boolean>, budgetMs: number): Promise<void> => {
-    const deadline = performance.now() + budgetMs;
-    try {
-      for (;;) {
-        const published = await relay.runOnce();
-        if (published === 0 && (await caughtUp())) {
-          await flushPending(platform.counterStore, counterMetrics);
-          return;
-        }
-        if (performance.now() >= deadline) break;
-        await sleep(SETTLE_POLL_MS);
-      }
-      log.warn({ budgetMs }, 'events still on their way at shutdown; they are carried on at the next start');
-    } catch (err) {
-      log.warn(
-        { err },
-        'could not carry every event through at shutdown; the rest is carried on at the next start',
-      );
+    if (!consumersStarted) {
+      log.warn('the consumers never started; events written are carried on at the next start');
+      return;
     }
+    const deadline = performance.now() + budgetMs;
+    let failure: unknown;
+    for (;;) {
+      // Consumers first, then the outbox: a row committed meanwhile is published (and looked for again).
+      const consumed = await caughtUp().catch((err: unknown) => ((failure = err), false));
+      const published = await relay.runOnce().catch((err: unknown) => ((failure = err), -1));
+      if (consumed && published === 0) break;
+      if (performance.now() >= deadline) {
+        log.warn(
+          { budgetMs, err: failure },
+          'events still on their way at shutdown; they are carried on at the next start',
+        );
+        break;
+      }
+      await sleep(SETTLE_POLL_MS);
+    }
+    // Whatever the consumers applied goes into the snapshots.
+    await flushPending(platform.counterStore, counterMetrics).catch((err: unknown) =>
+      log.warn({ err }, 'could not fold pending counts at shutdown; the next start does'),
+    );
   };
   const stopping = new AbortController();
   let lateStart: Promise<void> = Promise.resolve();
@@ -630,6 +636,7 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
       draining = true;
     },
     async close() {
+      const closingAt = performance.now();
       draining = true;
       // Consumers starting late stop trying; an attempt under way is waited for after everything
       // else has closed, for a few seconds at most (its join may take longer while Kafka is away).
@@ -639,11 +646,13 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
       outboxWake.close();
       // Side by side, and the publisher for a bounded time: what it leaves is in the store's records.
       await Promise.all([publisher.close(), views.close()]);
-      if (platform.eventsCaughtUp && workers.length > 0)
-        await settle(
-          platform.eventsCaughtUp,
-          Math.min(SETTLE_MAX_MS, Math.ceil(config.shutdownTimeoutMs / 4)),
-        );
+      // Within the shutdown's time, leaving a quarter of it for the workers and connections to close.
+      const settleMs = Math.min(
+        SETTLE_MAX_MS,
+        (config.shutdownTimeoutMs * 3) / 4 - (performance.now() - closingAt),
+      );
+      if (platform.eventsCaughtUp && workers.length > 0 && settleMs > 0)
+        await settle(platform.eventsCaughtUp, settleMs);
       // Side by side: each commits what it handled; one slow to leave its group holds up no other.
       const stopped = await Promise.allSettled(workers.map((worker) => worker.stop()));
       await platform.close();

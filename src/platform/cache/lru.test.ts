@@ -84,12 +84,18 @@ describe(LruCache.name, () => {
     sut.delete('c');
     sut.set('e', [1, 2, 3, 4, 5, 6, 7, 8]);
     expect(['b', 'd', 'e'].map((k) => sut.get(k)?.length)).toEqual([1, 1, 8]);
-    // A value heavier than the bound is not kept, nor does it keep anything else.
+    // A value heavier than the whole bound is not kept, and pushes nothing out; set under a key
+    // held, it replaces what the key held all the same.
     sut.set(
       'f',
       Array.from({ length: 11 }, () => 0),
     );
-    expect(sut.size).toBe(0);
+    expect([sut.get('f'), sut.size]).toEqual([undefined, 3]);
+    sut.set(
+      'b',
+      Array.from({ length: 11 }, () => 0),
+    );
+    expect([sut.get('b'), sut.size]).toEqual([undefined, 2]);
   });
 
   it('keeps an entry read between writes when its weight bound holds far fewer than its entry bound', () => {

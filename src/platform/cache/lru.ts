@@ -65,9 +65,11 @@ export class LruCache<V> {
     if (maxEntries <= 0 || ttlMs <= 0) return;
     this.delete(key);
     const weight = this.options.weigh?.(value) ?? 0;
+    const maxWeight = this.options.maxWeight ?? Infinity;
+    // Heavier than the whole bound: kept, it would push out everything else and then itself.
+    if (weight > maxWeight) return;
     this.entries.set(key, { value, expiresAt: this.now() + ttlMs, stamp: ++this.clock, weight });
     this.weight += weight;
-    const maxWeight = this.options.maxWeight ?? Infinity;
     while (this.entries.size > maxEntries || this.weight > maxWeight) {
       const oldest = this.entries.keys().next();
       if (oldest.done) break;

@@ -30,10 +30,11 @@ export function createNodeSqliteDialect(
   cacheSize = STATEMENT_CACHE_SIZE,
 ): { dialect: SqliteDialect; raw: DatabaseSync } {
   const raw = new DatabaseSync(path);
+  // First: the pragmas after it wait for a lock another process holds (a server recovering its WAL).
+  raw.exec('PRAGMA busy_timeout = 5000');
   raw.exec('PRAGMA journal_mode = WAL');
   raw.exec('PRAGMA synchronous = NORMAL');
   raw.exec('PRAGMA foreign_keys = ON');
-  raw.exec('PRAGMA busy_timeout = 5000');
   return { dialect: new NodeSqliteDialect({ database: nodeSqliteDatabase(raw, cacheSize) }), raw };
 }
 

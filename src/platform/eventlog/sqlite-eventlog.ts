@@ -168,15 +168,24 @@ export class SqliteEventLog implements EventLog {
    */
   async caughtUp(): Promise<boolean> {
     if (this.subscriptions.size === 0) return true;
+    const topics = [...new Set([...this.subscriptions].flatMap((sub) => sub.topics))];
+    // One lookup per topic on its index (a GROUP BY over the log would read every record).
     const [ends, commits] = await Promise.all([
-      this.db.kysely
-        .selectFrom('event_log')
-        .select(['topic', (eb) => eb.fn.max<number>('offset').as('last')])
-        .groupBy('topic')
-        .execute(),
+      Promise.all(
+        topics.map(async (topic) => {
+          const row = await this.db.kysely
+            .selectFrom('event_log')
+            .select((eb) => eb.fn.max<number | null>('offset').as('last'))
+            .where('topic', '=', topic)
+            .executeTakeFirst();
+          return [topic, row?.last ?? null] as const;
+        }),
+      ),
       this.db.kysely.selectFrom('consumer_offsets').select(['group_id', 'topic', 'next_offset']).execute(),
     ]);
-    const last = new Map(ends.map((row) => [row.topic, Number(row.last)]));
+    const last = new Map(
+      ends.flatMap(([topic, end]) => (end === null ? [] : [[topic, Number(end)] as const])),
+    );
     const next = new Map(
       commits.map((row) => [`${row.group_id}\u0000${row.topic}`, Number(row.next_offset)]),
     );

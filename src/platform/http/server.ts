@@ -445,7 +445,7 @@ export async function createHttpServer(options: HttpServerOptions): Promise<Fast
 /** Servers closing: their answers end their connections, and requests arriving are answered 503. */
 const closingServers = new WeakSet<FastifyInstance>();
 
-/** How long a closing server keeps listening and answering 503 before it closes its connections. */
+/** How long a closing server, no longer listening, keeps its open connections before it closes idle ones. */
 const CLOSE_NOTICE_MS = 250;
 
 /**
@@ -466,6 +466,7 @@ export async function closeWithin(app: FastifyInstance, graceMs: number): Promis
     // stay open: the HTTP server's own close would end the idle ones at once.
     Server.prototype.close.call(app.server);
     await sleep(noticeMs);
+    graceMs -= noticeMs;
   }
   const closed = app.close();
   let timer: NodeJS.Timeout | undefined;
