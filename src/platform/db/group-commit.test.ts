@@ -112,6 +112,48 @@ describe('GroupCommit', () => {
     expect(r.batches.map((b) => b.map((i) => i.value))).toEqual([[1], [2, 3, 4], [2], [3], [4]]);
   });
 
+  it('fails a whole batch at once when the database is out of reach, and retries contention alone', async () => {
+    for (const [failure, alone] of [
+      [Object.assign(new Error('connect ECONNREFUSED 10.0.0.5:3306'), { code: 'ECONNREFUSED' }), false],
+      [Object.assign(new Error('lost', { cause: { code: 'PROTOCOL_CONNECTION_LOST' } })), false],
+      [
+        Object.assign(new Error('Deadlock found when trying to get lock'), { code: 'ER_LOCK_DEADLOCK' }),
+        true,
+      ],
+      [Object.assign(new Error('database is locked'), { code: 'ERR_SQLITE_ERROR' }), true],
+    ] as const) {
+      const batches: number[][] = [];
+      let hold!: () => void;
+      const held = new Promise<void>((resolve) => (hold = resolve));
+      const run = async (items: Item[]): Promise<number[]> => {
+        batches.push(items.map((i) => i.value));
+        if (items[0]!.value === 1) await held;
+        if (items.length > 1) throw failure;
+        return items.map((i) => i.value * 10);
+      };
+      const gc = new GroupCommit(run, { maxBatch: 10, key: (i) => i.key });
+      const first = gc.submit(item('a', 1));
+      const rest = [2, 3, 4].map((v) => gc.submit(item(`k${v}`, v)));
+      hold();
+      await first;
+      const settled = await Promise.allSettled(rest);
+      const label = failure.message;
+      if (alone) {
+        expect({ label, settled: settled.map((s) => s.status) }).toEqual({
+          label,
+          settled: ['fulfilled', 'fulfilled', 'fulfilled'],
+        });
+        expect({ label, batches }).toEqual({ label, batches: [[1], [2, 3, 4], [2], [3], [4]] });
+      } else {
+        expect({ label, settled: settled.map((s) => s.status) }).toEqual({
+          label,
+          settled: ['rejected', 'rejected', 'rejected'],
+        });
+        expect({ label, batches }).toEqual({ label, batches: [[1], [2, 3, 4]] });
+      }
+    }
+  });
+
   it('keeps going after a failure', async () => {
     const r = recorder((items) => items[0]!.value === 1);
     const gc = new GroupCommit(r.run, { maxBatch: 10, key: (i) => i.key });

@@ -1,3 +1,5 @@
+import { isContention, isDependencyOutage } from '../errors/outage.js';
+
 /**
  * Group commit: writes submitted while a transaction is running wait and then commit together in
  * the next one, so under load many requests share one transaction's round trips and one log flush,
@@ -9,7 +11,9 @@
  * items as independent.
  *
  * When a batch of several items fails, each of them is run again alone, so one bad item cannot fail
- * the writes it happened to be grouped with; an item that fails alone rejects its own promise.
+ * the writes it happened to be grouped with; an item that fails alone rejects its own promise. But
+ * when the database is out of reach (not merely contended), every item of the batch fails at once:
+ * alone, each would wait out its own timeout while later writes queue behind it.
  */
 export interface GroupCommitOptions<I> {
   /** Most items in one batch. */
@@ -86,8 +90,8 @@ export class GroupCommit<I, O> {
       }
       batch.forEach((w, i) => w.resolve(results[i]!));
     } catch (err) {
-      if (batch.length === 1) {
-        batch[0]!.reject(err);
+      if (batch.length === 1 || (isDependencyOutage(err) && !isContention(err))) {
+        for (const w of batch) w.reject(err);
         return;
       }
       for (const w of batch) await this.runBatch([w]);

@@ -76,3 +76,18 @@ function walk(err: unknown, depth: number): boolean {
   if (Array.isArray(e.errors) && e.errors.some((inner) => walk(inner, depth + 1))) return true;
   return walk(e.cause, depth + 1);
 }
+
+/** Lock contention: a row lock waited on too long, a deadlock, SQLite's busy timeout run out. */
+const CONTENTION_CODES = new Set(['ER_LOCK_WAIT_TIMEOUT', 'ER_LOCK_DEADLOCK']);
+
+/**
+ * Whether an error is lock contention (see `CONTENTION_CODES`) rather than a service out of reach:
+ * it passes, and a smaller transaction may well get through at once. Looks through `cause` chains.
+ */
+export function isContention(err: unknown, depth = 0): boolean {
+  if (depth > 5 || typeof err !== 'object' || err === null) return false;
+  const e = err as Described;
+  if (typeof e.code === 'string' && CONTENTION_CODES.has(e.code)) return true;
+  if (typeof e.message === 'string' && e.message.startsWith('database is locked')) return true;
+  return isContention(e.cause, depth + 1);
+}
