@@ -87,8 +87,9 @@ export interface App {
 
 /** The longest wait between two attempts to start the event log's consumers while it is out of reach. */
 const CONSUMER_START_RETRY_MAX_MS = 5_000;
-/** Longest and between looks a graceful stop of the embedded profile waits for its events to settle. */
+/** Longest a graceful stop of the embedded profile waits for its events to settle (see `settle`). */
 const SETTLE_MAX_MS = 5_000;
+/** The pause between two looks at whether they have. */
 const SETTLE_POLL_MS = 10;
 
 export interface BuildOptions {
