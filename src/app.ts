@@ -542,12 +542,15 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
       return;
     }
     const deadline = performance.now() + budgetMs;
+    // The relay's own rounds stop (the one under way finishes): this loop runs the last ones, so an
+    // empty round here means nothing was published that the consumers have not been asked about.
+    await relay.stop();
     let failure: unknown;
     for (;;) {
-      // Consumers first, then the outbox: a row committed meanwhile is published (and looked for again).
-      const consumed = await caughtUp().catch((err: unknown) => ((failure = err), false));
+      failure = undefined;
       const published = await relay.runOnce().catch((err: unknown) => ((failure = err), -1));
-      if (consumed && published === 0) break;
+      const consumed = await caughtUp().catch((err: unknown) => ((failure = err), false));
+      if (published === 0 && consumed) break;
       if (performance.now() >= deadline) {
         log.warn(
           { budgetMs, err: failure },

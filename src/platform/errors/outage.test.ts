@@ -30,6 +30,8 @@ describe('isDependencyOutage', () => {
         ),
         { code: 'ER_OPTION_PREVENTS_STATEMENT', errno: 1290 },
       ),
+      // mysql2 on a connection it lost, as a transaction's ROLLBACK then throws.
+      Object.assign(new Error("Can't add new command when connection is in closed state"), { fatal: true }),
       Object.assign(new Error('Service Unavailable'), { $metadata: { httpStatusCode: 503 } }),
       // Contention that passes: a row lock held too long, a deadlock, SQLite's busy timeout.
       Object.assign(new Error('Lock wait timeout exceeded; try restarting transaction'), {
