@@ -76,7 +76,7 @@ export const PostPatchBody = Type.Object(
     isTop: Type.Optional(Type.Boolean()),
     description: Type.Optional(SingleLine({ maxLength: 50 })),
   },
-  { additionalProperties: false, minProperties: 1 },
+  { minProperties: 1 },
 );
 export type PostPatchBody = Static<typeof PostPatchBody>;
 export const POST_PATCH_FIELDS = Object.keys(PostPatchBody.properties);
