@@ -107,16 +107,22 @@ describe('errors of unreachable dependencies', () => {
   });
 });
 
+/** A server with the error handling installed, whose log lines are kept (parsed) in `lines`. */
+function loggingApp<Line>(): { app: ReturnType<typeof Fastify>; lines: Line[] } {
+  const lines: Line[] = [];
+  const app = Fastify({
+    logger: {
+      level: 'info',
+      stream: { write: (line: string) => void lines.push(JSON.parse(line) as Line) },
+    },
+  });
+  installErrorHandling(app);
+  return { app, lines };
+}
+
 describe('refusals the service decides on', () => {
   it('answers 503 in the contract shape and logs a warning without a stack, not an error', async () => {
-    const lines: { level: number; msg: string; err?: unknown; reason?: string }[] = [];
-    const app = Fastify({
-      logger: {
-        level: 'info',
-        stream: { write: (line: string) => void lines.push(JSON.parse(line) as never) },
-      },
-    });
-    installErrorHandling(app);
+    const { app, lines } = loggingApp<{ level: number; msg: string; err?: unknown; reason?: string }>();
     app.get('/refused', async () => {
       throw new UnavailableError('Likes and favourites are being restored; try again later');
     });
@@ -147,14 +153,7 @@ describe('refusals the service decides on', () => {
 
 describe('a flood of 503s', () => {
   it('logs the first at once and then a line a second, each with how many it held back, the last when the flood stops', async () => {
-    const lines: { level: number; msg: string; heldBack?: number }[] = [];
-    const app = Fastify({
-      logger: {
-        level: 'info',
-        stream: { write: (line: string) => void lines.push(JSON.parse(line) as never) },
-      },
-    });
-    installErrorHandling(app);
+    const { app, lines } = loggingApp<{ level: number; msg: string; heldBack?: number }>();
     app.get('/down', async () => {
       throw Object.assign(new Error('connect ECONNREFUSED 127.0.0.1:6379'), { code: 'ECONNREFUSED' });
     });
