@@ -538,10 +538,17 @@ async function createCluster(
 ): Promise<Platform> {
   const closers: (() => Promise<void>)[] = [];
   try {
-    const db = await openMysql(required(config.mysqlUrl, 'ZG_MYSQL_URL'));
+    const mysqlUrl = required(config.mysqlUrl, 'ZG_MYSQL_URL');
+    const db = await openMysql(mysqlUrl, 10, config.mysqlTimeoutMs);
     closers.unshift(() => db.close());
     if (existing) await checkDeployed(db, 'ZG_MYSQL_URL');
-    await migrate(db);
+    // A migration may rightly take longer than a request's statements are given.
+    const migrating = await openMysql(mysqlUrl, 1);
+    try {
+      await migrate(migrating);
+    } finally {
+      await migrating.close();
+    }
 
     const { Redis } = await import('ioredis');
     const redis = new Redis(

@@ -23,6 +23,7 @@ export interface Config {
   logLevel: string;
   dataDir: string;
   mysqlUrl: string | undefined;
+  mysqlTimeoutMs: number;
   redisUrl: string | undefined;
   /** Prefix for every Redis key this deployment writes (several deployments may share a Redis). */
   redisPrefix: string;
@@ -171,6 +172,11 @@ export const CONFIG_VARS = {
     default: './data',
   },
   ZG_MYSQL_URL: { description: 'cluster: mysql://user:password@host:port/database', secret: true },
+  ZG_MYSQL_TIMEOUT_MS: {
+    description:
+      'cluster: how long a request may wait for a MySQL connection of the pool, and each statement for its answer (its connection is then closed), before the request answers 503; 0 sets no limit; migrations have none',
+    default: '10000',
+  },
   ZG_REDIS_URL: { description: 'cluster: redis://[:password@]host:port[/db]', secret: true },
   ZG_REDIS_PREFIX: {
     description: 'prefix of every Redis key; without "{" or "}" (the keys carry hash tags of their own)',
@@ -727,6 +733,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: { ro
     logLevel,
     dataDir: raw('ZG_DATA_DIR') ?? './data',
     mysqlUrl,
+    mysqlTimeoutMs: int('ZG_MYSQL_TIMEOUT_MS', 0, 600_000),
     redisUrl,
     redisPrefix: redisPrefix(),
     redisCommandTimeoutMs: int('ZG_REDIS_COMMAND_TIMEOUT_MS', 0, 600_000),

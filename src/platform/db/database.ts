@@ -6,6 +6,7 @@ import { DEFAULT_MIGRATION_TABLE, Migrator, type MigrationProvider } from 'kysel
 import { createNodeSqliteDialect } from './node-sqlite-dialect.js';
 import { migrationsFor } from './migrations/index.js';
 import { MysqlExactIdsPlugin } from './mysql-exact-ids.js';
+import { poolWithDeadlines, type RawMysqlPool } from './mysql-deadlines.js';
 import type { Database } from './schema.js';
 import { UniqueViolationError } from '../errors/errors.js';
 
@@ -30,8 +31,12 @@ export function openSqlite(path: string): Db {
   return { kysely, dialect: 'sqlite', raw, close: () => kysely.destroy() };
 }
 
-/** mysql2 is loaded lazily so the embedded profile never needs it. */
-export async function openMysql(url: string, poolSize = 10): Promise<Db> {
+/**
+ * mysql2 is loaded lazily so the embedded profile never needs it. With `timeoutMs` above 0, waiting
+ * for a pooled connection and each statement fail after that long (see `poolWithDeadlines`); a
+ * migration, which may rightly take longer, needs a database opened without.
+ */
+export async function openMysql(url: string, poolSize = 10, timeoutMs = 0): Promise<Db> {
   const [{ createPool }, { MysqlDialect }] = await Promise.all([import('mysql2'), import('kysely')]);
   const pool = createPool({
     uri: url,
@@ -39,9 +44,11 @@ export async function openMysql(url: string, poolSize = 10): Promise<Db> {
     supportBigNumbers: true,
     charset: 'utf8mb4',
     timezone: 'Z',
+    // A connection still being made past the deadline holds a place in the pool for nothing.
+    ...(timeoutMs > 0 ? { connectTimeout: timeoutMs } : {}),
   });
   const kysely = new Kysely<Database>({
-    dialect: new MysqlDialect({ pool }),
+    dialect: new MysqlDialect({ pool: poolWithDeadlines(pool as unknown as RawMysqlPool, timeoutMs) }),
     plugins: [new MysqlExactIdsPlugin()],
   });
   return { kysely, dialect: 'mysql', close: () => kysely.destroy() };

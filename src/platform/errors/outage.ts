@@ -24,6 +24,8 @@ const CODES = new Set([
   'PROTOCOL_SEQUENCE_TIMEOUT',
   'ER_CON_COUNT_ERROR',
   'ER_SERVER_SHUTDOWN',
+  // No pooled connection came free, or a statement had no answer, in time (see `poolWithDeadlines`).
+  'ZG_MYSQL_DEADLINE',
   // A row lock held past innodb_lock_wait_timeout (a long rebuild), a deadlock retried no more:
   // contention, which passes.
   'ER_LOCK_WAIT_TIMEOUT',
