@@ -51,6 +51,12 @@ class MapKv implements KeyValueStore {
     this.calls++;
     return this.data.has(k);
   }
+  async expireIfEquals(k: string, v: string) {
+    return this.data.get(k) === v;
+  }
+  async deleteIfEquals(k: string, v: string) {
+    return this.data.get(k) === v && this.data.delete(k);
+  }
 }
 
 async function setup(sessionCheckMs = 1000) {

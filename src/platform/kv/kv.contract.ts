@@ -193,6 +193,46 @@ export function defineKeyValueStoreContract(
       });
     });
 
+    describe('expireIfEquals and deleteIfEquals', () => {
+      it('renew or delete a live key only while it holds the value compared', async () => {
+        await kv.set('lock', 'mine', 100);
+        expect(await kv.expireIfEquals('lock', 'theirs', 60_000)).toBe(false);
+        expect(await kv.deleteIfEquals('lock', 'theirs')).toBe(false);
+        expect(await kv.expireIfEquals('lock', 'mine', 60_000)).toBe(true);
+        await elapse(200);
+        expect(await kv.get('lock')).toBe('mine');
+        expect(await kv.ttl('lock')).toBeGreaterThan(50_000);
+        expect(await kv.deleteIfEquals('lock', 'min')).toBe(false);
+        expect(await kv.deleteIfEquals('lock', 'mine')).toBe(true);
+        expect(await kv.get('lock')).toBeNull();
+        expect(await kv.deleteIfEquals('lock', 'mine')).toBe(false);
+      });
+
+      it('make nothing of a missing or expired key', async () => {
+        expect(await kv.expireIfEquals('never', 'v', 60_000)).toBe(false);
+        expect(await kv.get('never')).toBeNull();
+        await kv.set('gone', 'v', 100);
+        await elapse(200);
+        expect(await kv.expireIfEquals('gone', 'v', 60_000)).toBe(false);
+        expect(await kv.deleteIfEquals('gone', 'v')).toBe(false);
+        expect(await kv.get('gone')).toBeNull();
+        expect(await kv.setIfAbsent('gone', 'w')).toBe(true);
+      });
+
+      it('compare whole values, not numbers or prefixes', async () => {
+        await kv.set('n', '10');
+        expect(await kv.deleteIfEquals('n', '10.0')).toBe(false);
+        expect(await kv.deleteIfEquals('n', '1')).toBe(false);
+        expect(await kv.get('n')).toBe('10');
+      });
+
+      it('reject a non-positive TTL and leave the key alone', async () => {
+        await kv.set('t', 'v');
+        await expect(kv.expireIfEquals('t', 'v', 0)).rejects.toThrow(RangeError);
+        expect(await kv.ttl('t')).toBe(-1);
+      });
+    });
+
     describe('incr', () => {
       it('counts from 0 for a missing key and adds `by`, including negative steps', async () => {
         expect(await kv.incr('n')).toBe(1);

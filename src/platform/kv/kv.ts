@@ -7,7 +7,8 @@
  *   operation, including `incr` and `setIfAbsent`.
  * - Each method is atomic with respect to every other call on the same key from any process:
  *   `setIfAbsent` has exactly one winner among concurrent callers, `getDel` hands a value to exactly
- *   one caller, `incr` never loses an increment.
+ *   one caller, `incr` never loses an increment, `expireIfEquals` and `deleteIfEquals` act only on
+ *   the value they compare (so a holder of a lock can renew or free it, never another's).
  * - `ttlMs` is a positive number of milliseconds; omitted means no expiry. `set` replaces the value
  *   and the expiry. `incr` keeps an existing expiry and applies `ttlMs` only when it creates the key.
  * - Invalid arguments (a non-positive `ttlMs`, a non-integer `by`) throw `RangeError`; `incr` on a value
@@ -31,6 +32,10 @@ export interface KeyValueStore {
   ttl(key: string): Promise<number | null>;
   /** Gives a live key `ttlMs` to live from now, keeping its value; false (and no key made) when missing. */
   expire(key: string, ttlMs: number): Promise<boolean>;
+  /** `expire`, only while the key holds exactly `value`, in one step; false otherwise. */
+  expireIfEquals(key: string, value: string, ttlMs: number): Promise<boolean>;
+  /** Deletes the key only while it holds exactly `value`, in one step; true when it did. */
+  deleteIfEquals(key: string, value: string): Promise<boolean>;
 }
 
 // Argument checks shared by the adapters, so every adapter rejects exactly the same inputs.

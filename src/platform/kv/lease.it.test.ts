@@ -50,6 +50,8 @@ describe(takeLease.name, () => {
     let down = false;
     const flaky: KeyValueStore = Object.assign(Object.create(kv) as KeyValueStore, {
       get: (key: string) => (down ? Promise.reject(new Error('unreachable')) : kv.get(key)),
+      expireIfEquals: (key: string, value: string, ttlMs: number) =>
+        down ? Promise.reject(new Error('unreachable')) : kv.expireIfEquals(key, value, ttlMs),
     });
     const lease = await takeLease(flaky, 'job', 600, () => told++);
     await sleep(700);
@@ -59,5 +61,30 @@ describe(takeLease.name, () => {
     expect(told).toBe(1);
     down = false;
     await lease!.release();
+  });
+
+  it('neither renews nor frees a key another holder took between a look at it and the act', async () => {
+    // Another process takes the key the moment after this holder has read it (its lease ran out
+    // meanwhile): renewing or deleting after a separate read would act on the other's key.
+    let racing = false;
+    const racy: KeyValueStore = Object.assign(Object.create(kv) as KeyValueStore, {
+      get: async (key: string) => {
+        const value = await kv.get(key);
+        if (racing) await kv.set(key, 'another holder', 60_000);
+        return value;
+      },
+    });
+    let told = 0;
+    const lease = await takeLease(racy, 'job', 300, () => told++);
+    racing = true;
+    await sleep(150);
+    expect(await kv.get('job')).not.toBe('another holder');
+    await kv.set('job', 'another holder', 60_000);
+    await sleep(150);
+    // The renewal found the key another's and left its lifetime alone.
+    expect(told).toBe(1);
+    expect(await kv.ttl('job')).toBeGreaterThan(50_000);
+    await lease!.release();
+    expect(await kv.get('job')).toBe('another holder');
   });
 });

@@ -37,8 +37,7 @@ export async function takeLease(
       // The key lives `ttlMs` from the renewal's start at the latest: timed from there.
       const started = performance.now();
       try {
-        if ((await kv.get(key)) !== token) return lose();
-        await kv.expire(key, ttlMs);
+        if (!(await kv.expireIfEquals(key, token, ttlMs))) return lose();
         renewedAt = started;
       } catch {
         // Told by the last tick before the key may be gone, not a third of its life after.
@@ -51,7 +50,7 @@ export async function takeLease(
     release: async () => {
       clearInterval(timer);
       await renewing;
-      if ((await kv.get(key)) === token) await kv.delete(key);
+      await kv.deleteIfEquals(key, token);
     },
   };
 }

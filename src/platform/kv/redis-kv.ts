@@ -11,6 +11,22 @@ return n
 `;
 const INCR_COMMAND = 'zgKvIncrWithTtl';
 
+// A key of another type is no match (GET would raise WRONGTYPE).
+const EXPIRE_IF_EQUALS = `
+if redis.call('TYPE', KEYS[1]).ok == 'string' and redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+`;
+const DELETE_IF_EQUALS = `
+if redis.call('TYPE', KEYS[1]).ok == 'string' and redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+`;
+
+type IfEquals = (key: string, value: string, ...rest: number[]) => Promise<number>;
+
 type IncrWithTtl = (key: string, by: number, ttlMs: number) => Promise<number>;
 
 /**
@@ -77,17 +93,21 @@ export function byGroup<T>(items: readonly T[], groupOf: (item: T) => number): M
 }
 
 /**
- * `KeyValueStore` over Redis. Every method is one command (one round trip); `incr` with a TTL is one
- * Lua script so the TTL lands only when the script created the key.
+ * `KeyValueStore` over Redis. Every method is one command (one round trip); `incr` with a TTL and
+ * the compare-and-act methods are Lua scripts, so each is one atomic step.
  */
 export class RedisKeyValueStore implements KeyValueStore {
   private readonly incrWithTtl: IncrWithTtl;
+  private readonly expireIf: IfEquals;
+  private readonly deleteIf: IfEquals;
 
   constructor(
     private readonly redis: Redis,
     private readonly prefix: string,
   ) {
     this.incrWithTtl = defineScript<IncrWithTtl>(redis, INCR_COMMAND, 1, INCR_WITH_TTL);
+    this.expireIf = defineScript<IfEquals>(redis, 'zgKvExpireIfEquals', 1, EXPIRE_IF_EQUALS);
+    this.deleteIf = defineScript<IfEquals>(redis, 'zgKvDeleteIfEquals', 1, DELETE_IF_EQUALS);
   }
 
   private k(key: string): string {
@@ -136,6 +156,15 @@ export class RedisKeyValueStore implements KeyValueStore {
   async expire(key: string, ttlMs: number): Promise<boolean> {
     const ttl = checkTtl(ttlMs) as number;
     return (await this.redis.pexpire(this.k(key), ttl)) === 1;
+  }
+
+  async expireIfEquals(key: string, value: string, ttlMs: number): Promise<boolean> {
+    const ttl = checkTtl(ttlMs) as number;
+    return (await this.expireIf(this.k(key), value, ttl)) === 1;
+  }
+
+  async deleteIfEquals(key: string, value: string): Promise<boolean> {
+    return (await this.deleteIf(this.k(key), value)) === 1;
   }
 
   async ttl(key: string): Promise<number | null> {

@@ -227,6 +227,29 @@ export class SqliteKeyValueStore implements KeyValueStore {
     return result.numUpdatedRows > 0n;
   }
 
+  async expireIfEquals(key: string, value: string, ttlMs: number): Promise<boolean> {
+    const ttl = checkTtl(ttlMs) as number;
+    const now = this.now();
+    const result = await this.kysely
+      .updateTable('kv')
+      .set({ expires_at: now + ttl })
+      .where('k', '=', key)
+      .where('v', '=', value)
+      .where(live(now))
+      .executeTakeFirst();
+    return result.numUpdatedRows > 0n;
+  }
+
+  async deleteIfEquals(key: string, value: string): Promise<boolean> {
+    const result = await this.kysely
+      .deleteFrom('kv')
+      .where('k', '=', key)
+      .where('v', '=', value)
+      .where(live(this.now()))
+      .executeTakeFirst();
+    return result.numDeletedRows > 0n;
+  }
+
   async ttl(key: string): Promise<number | null> {
     const now = this.now();
     const row = await this.kysely
