@@ -215,28 +215,25 @@ export class SqliteKeyValueStore implements KeyValueStore {
     return Number(row.v);
   }
 
-  async expire(key: string, ttlMs: number): Promise<boolean> {
-    const ttl = checkTtl(ttlMs) as number;
-    const now = this.now();
-    const result = await this.kysely
-      .updateTable('kv')
-      .set({ expires_at: now + ttl })
-      .where('k', '=', key)
-      .where(live(now))
-      .executeTakeFirst();
-    return result.numUpdatedRows > 0n;
+  expire(key: string, ttlMs: number): Promise<boolean> {
+    return this.extend(key, ttlMs);
   }
 
-  async expireIfEquals(key: string, value: string, ttlMs: number): Promise<boolean> {
+  expireIfEquals(key: string, value: string, ttlMs: number): Promise<boolean> {
+    return this.extend(key, ttlMs, value);
+  }
+
+  /** Gives a live key (holding `value`, when given) `ttlMs` from now. */
+  private async extend(key: string, ttlMs: number, value?: string): Promise<boolean> {
     const ttl = checkTtl(ttlMs) as number;
     const now = this.now();
-    const result = await this.kysely
+    let update = this.kysely
       .updateTable('kv')
       .set({ expires_at: now + ttl })
       .where('k', '=', key)
-      .where('v', '=', value)
-      .where(live(now))
-      .executeTakeFirst();
+      .where(live(now));
+    if (value !== undefined) update = update.where('v', '=', value);
+    const result = await update.executeTakeFirst();
     return result.numUpdatedRows > 0n;
   }
 
