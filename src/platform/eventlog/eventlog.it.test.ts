@@ -170,6 +170,81 @@ describe('KafkaEventLog commitIntervalMs', () => {
   });
 });
 
+describe('KafkaEventLog commit failures', () => {
+  it('commits again after a failed commit, without handing the records again or joining again', async () => {
+    const prefix = `${uniqueName('t')}.`;
+    const log = new KafkaEventLog({
+      brokers: services.kafkaBrokers(),
+      prefix,
+      partitions: 2,
+      clientId: 'zg-commit-failures',
+      sessionTimeoutMs: 6_000,
+      heartbeatIntervalMs: 500,
+      retryBackoffMs: { min: 50, max: 100 },
+    });
+    const admin = new Admin({
+      clientId: 'zg-commit-failures-admin',
+      bootstrapBrokers: services.kafkaBrokers(),
+    });
+    const committed = async (): Promise<bigint> => {
+      const [group] = await admin.listConsumerGroupOffsets({ groups: [`${prefix}g`] });
+      let sum = 0n;
+      for (const topic of group?.topics ?? [])
+        for (const p of topic.partitions) if (p.committedOffset > 0n) sum += p.committedOffset;
+      return sum;
+    };
+    let joins = 0;
+    let refused = 0;
+    const create = log.createConsumer.bind(log);
+    log.createConsumer = (...args) => {
+      const consumer = create(...args);
+      consumer.on('consumer:group:join', () => void joins++);
+      const commit = consumer.commit.bind(consumer);
+      // The group's coordinator moving: the first three commits are refused.
+      consumer.commit = ((options: Parameters<typeof commit>[0]) => {
+        if (refused < 3) {
+          refused++;
+          return Promise.reject(new Error('coordinator moving'));
+        }
+        return commit(options);
+      }) as typeof consumer.commit;
+      return consumer;
+    };
+    try {
+      await log.ensureTopics(['t']);
+      const errors: unknown[] = [];
+      const handled: string[] = [];
+      const sub = await log.subscribe({
+        group: 'g',
+        topics: ['t'],
+        maxBatch: 5,
+        maxWaitMs: 10,
+        onError: (err) => errors.push(err),
+        handler: async (batch) => {
+          handled.push(...batch.records.map((r) => r.value));
+        },
+      });
+      const joined = joins;
+      const records = Array.from({ length: 30 }, (_, i) => ({ key: `k${i % 4}`, value: String(i) }));
+      await log.publish('t', records);
+      const deadline = Date.now() + 15_000;
+      while ((await committed()) < BigInt(records.length) && Date.now() < deadline) await delay(100);
+      expect(await committed()).toBe(BigInt(records.length));
+      expect(refused).toBe(3);
+      expect(errors.filter((e) => (e as Error).message === 'coordinator moving')).toHaveLength(3);
+      // Every record handed once: none again from the last commit, and no JoinGroup more.
+      expect(handled.toSorted((a, b) => Number(a) - Number(b))).toEqual(records.map((r) => r.value));
+      expect(joins).toBe(joined);
+      await sub.close();
+    } finally {
+      await admin.close();
+      await log.deleteGroups(['g']).catch(() => undefined);
+      await log.deleteTopics(['t']);
+      await log.close();
+    }
+  });
+});
+
 describe('KafkaEventLog handler failures', () => {
   it('hands a failed batch again on the same stream, without joining the group again', async () => {
     const prefix = `${uniqueName('t')}.`;

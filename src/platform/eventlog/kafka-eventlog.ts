@@ -66,6 +66,9 @@ type FetchResponse = Awaited<ReturnType<StringConsumer['fetch']>>;
 
 const DEFAULT_MAX_BATCH = 100;
 const DEFAULT_MAX_WAIT_MS = 100;
+/** Offset commits failing in a row before a subscription makes its consumer anew (see `pump`). */
+const MAX_COMMIT_FAILURES = 5;
+
 /** Most bytes one range-read fetch returns (per partition and in all). */
 const FETCH_MAX_BYTES = 8 * 1024 * 1024;
 const DEFAULT_FETCH_MIN_BYTES = 32 * 1024;
@@ -684,33 +687,60 @@ class KafkaSubscription implements Subscription {
    * with `commitIntervalMs`, gathered with the next batches' until that long after the last commit
    * (when no batch comes, the wait for one ends then). A commit runs while the next batch is read
    * and handled; it is awaited before the next commit (so commits stay in order) and before `pump`
-   * returns or throws. A failed commit surfaces after the batch handled meanwhile, and both are
-   * delivered again: at-least-once, as the handler already expects. Leaving because of `close`
-   * commits whatever was handled.
+   * returns or throws. A commit that fails (a coordinator moving, a slow broker) is reported and its
+   * offsets go out again with the next commit, after a back-off, on the same stream: throwing the
+   * stream away would hand its records again from the last commit, and a handler that is idempotent
+   * only for a batch handed again whole (views) would count them twice. After
+   * `MAX_COMMIT_FAILURES` failures in a row, or once the consumer itself failed, the error
+   * surfaces and the records since the last commit are delivered again: at-least-once, as the
+   * handler already expects. Leaving because of `close` commits whatever was handled.
    */
   private async pump(onProgress: () => void): Promise<void> {
     const reader = this.reader!;
-    // Resolves to the commit's error, or undefined; never rejects, so it cannot go unhandled.
-    let committing: Promise<Error | undefined> | undefined;
-    const committed = async (): Promise<void> => {
-      const pending = committing;
-      committing = undefined;
-      const failed = await pending;
-      if (failed !== undefined) throw failed;
-    };
+    // Never rejects, so it cannot go unhandled: a failure is dealt with where it happens.
+    let committing: Promise<void> | undefined;
+    // A commit failure that ends the stream, thrown by the next `settleCommit`.
+    let fatal: Error | undefined;
     // Handled and not committed yet: the last record of each partition.
     let handled = new Map<string, StringMessage>();
+    const keep = (m: StringMessage): void => {
+      const key = `${m.topic}:${m.partition}`;
+      const seen = handled.get(key);
+      if (!seen || seen.offset < m.offset) handled.set(key, m);
+    };
     let lastCommitAt = Number.NEGATIVE_INFINITY;
+    let failedCommits = 0;
     const commitDue = (): boolean => Date.now() - lastCommitAt >= this.commitIntervalMs;
-    const commitHandled = async (): Promise<void> => {
-      if (handled.size === 0) return;
+    const settleCommit = async (): Promise<void> => {
+      await committing;
+      committing = undefined;
+      const error = fatal;
+      fatal = undefined;
+      if (error) throw error;
+    };
+    const commitHandled = async (force = false): Promise<void> => {
+      await settleCommit();
+      if (handled.size === 0 || !(force || commitDue())) return;
       const records = [...handled.values()];
       handled = new Map();
       lastCommitAt = Date.now();
-      await committed();
       committing = this.commit(records).then(
-        () => undefined,
-        (err: unknown) => (err instanceof Error ? err : new Error('commit failed', { cause: err })),
+        () => void (failedCommits = 0),
+        (err: unknown) => {
+          const error = err instanceof Error ? err : new Error('commit failed', { cause: err });
+          failedCommits++;
+          if (this.consumerFailed || failedCommits >= MAX_COMMIT_FAILURES) fatal = error;
+          else {
+            this.report(error);
+            // Kept for the next commit, which goes out after a back-off.
+            for (const m of records) keep(m);
+            const { min, max } = this.log.settings.retryBackoffMs;
+            const backoff = Math.min(max, min * 2 ** (failedCommits - 1));
+            lastCommitAt = Date.now() + backoff - this.commitIntervalMs;
+          }
+          // A reader waiting for records with nothing left to commit would wait on.
+          reader.wake();
+        },
       );
     };
     try {
@@ -719,7 +749,7 @@ class KafkaSubscription implements Subscription {
           handled.size > 0 ? Math.max(0, lastCommitAt + this.commitIntervalMs - Date.now()) : undefined;
         const messages = await reader.next(this.maxBatch, this.maxWaitMs, idleMs);
         if (messages.length === 0) {
-          if (commitDue()) await commitHandled();
+          if (fatal !== undefined || commitDue()) await commitHandled();
           continue;
         }
         let closed = false;
@@ -729,11 +759,7 @@ class KafkaSubscription implements Subscription {
             closed = true;
             break;
           }
-          for (const m of records) {
-            const key = `${m.topic}:${m.partition}`;
-            const seen = handled.get(key);
-            if (!seen || seen.offset < m.offset) handled.set(key, m);
-          }
+          for (const m of records) keep(m);
           if (commitDue()) await commitHandled();
         }
         if (closed) break;
@@ -741,8 +767,8 @@ class KafkaSubscription implements Subscription {
       }
       // Leaving because of `close`: a commit that fails now is said (its records come again).
       try {
-        await commitHandled();
-        await committed();
+        await commitHandled(true);
+        await settleCommit();
       } catch (err) {
         this.report(err);
       }
@@ -865,6 +891,7 @@ class StreamReader {
   private offsetsFixed = false;
   private notify: (() => void) | undefined;
   private interrupted = false;
+  private woken = false;
 
   constructor(private readonly stream: StringStream) {
     stream.on('readable', () => this.poke());
@@ -887,6 +914,12 @@ class StreamReader {
     this.poke();
   }
 
+  /** Ends the wait of `next` for a first record early, once (now, or in its next call). */
+  wake(): void {
+    this.woken = true;
+    this.poke();
+  }
+
   async positioned(timeoutMs: number): Promise<void> {
     const deadline = Date.now() + timeoutMs;
     while (!this.offsetsFixed) {
@@ -899,7 +932,7 @@ class StreamReader {
 
   /**
    * Up to `max` messages; waits at most `maxWaitMs` once the first one is there, and at most
-   * `idleMs` (when given) for the first one. Empty when interrupted or idle that long.
+   * `idleMs` (when given) for the first one. Empty when interrupted, woken or idle that long.
    */
   async next(max: number, maxWaitMs: number, idleMs?: number): Promise<StringMessage[]> {
     const batch: StringMessage[] = [];
@@ -907,6 +940,10 @@ class StreamReader {
     const idleUntil = idleMs === undefined ? undefined : Date.now() + idleMs;
     while (batch.length < max) {
       if (this.interrupted) return [];
+      if (this.woken && batch.length === 0) {
+        this.woken = false;
+        return [];
+      }
       const message = this.stream.read() as StringMessage | null;
       if (message !== null) {
         if (batch.length === 0) deadline = Date.now() + maxWaitMs;
