@@ -115,28 +115,41 @@ describe('KafkaEventLog publish timeout', () => {
   });
 });
 
+/** A Kafka log of its own topic prefix, and how far its group `g` committed (summed over partitions). */
+function kafkaLogWithCommits(
+  clientId: string,
+  options: Partial<ConstructorParameters<typeof KafkaEventLog>[0]> = {},
+) {
+  const prefix = `${uniqueName('t')}.`;
+  const log = new KafkaEventLog({
+    brokers: services.kafkaBrokers(),
+    prefix,
+    partitions: 2,
+    clientId,
+    sessionTimeoutMs: 6_000,
+    heartbeatIntervalMs: 500,
+    ...options,
+  });
+  const admin = new Admin({ clientId: `${clientId}-admin`, bootstrapBrokers: services.kafkaBrokers() });
+  const committed = async (): Promise<bigint> => {
+    const [group] = await admin.listConsumerGroupOffsets({ groups: [`${prefix}g`] });
+    let sum = 0n;
+    for (const topic of group?.topics ?? [])
+      for (const p of topic.partitions) if (p.committedOffset > 0n) sum += p.committedOffset;
+    return sum;
+  };
+  const dispose = async () => {
+    await admin.close();
+    await log.deleteGroups(['g']).catch(() => undefined);
+    await log.deleteTopics(['t']);
+    await log.close();
+  };
+  return { log, committed, dispose };
+}
+
 describe('KafkaEventLog commitIntervalMs', () => {
   it('commits what a quiet subscription handled within the interval, without waiting for close', async () => {
-    const prefix = `${uniqueName('t')}.`;
-    const log = new KafkaEventLog({
-      brokers: services.kafkaBrokers(),
-      prefix,
-      partitions: 2,
-      clientId: 'zg-commit-interval',
-      sessionTimeoutMs: 6_000,
-      heartbeatIntervalMs: 500,
-    });
-    const admin = new Admin({
-      clientId: 'zg-commit-interval-admin',
-      bootstrapBrokers: services.kafkaBrokers(),
-    });
-    const committed = async (): Promise<bigint> => {
-      const [group] = await admin.listConsumerGroupOffsets({ groups: [`${prefix}g`] });
-      let sum = 0n;
-      for (const topic of group?.topics ?? [])
-        for (const p of topic.partitions) if (p.committedOffset > 0n) sum += p.committedOffset;
-      return sum;
-    };
+    const { log, committed, dispose } = kafkaLogWithCommits('zg-commit-interval');
     try {
       await log.ensureTopics(['t']);
       const handled: string[] = [];
@@ -162,37 +175,16 @@ describe('KafkaEventLog commitIntervalMs', () => {
       expect(await committed()).toBe(BigInt(records.length));
       await sub.close();
     } finally {
-      await admin.close();
-      await log.deleteGroups(['g']).catch(() => undefined);
-      await log.deleteTopics(['t']);
-      await log.close();
+      await dispose();
     }
   });
 });
 
 describe('KafkaEventLog commit failures', () => {
   it('commits again after a failed commit, without handing the records again or joining again', async () => {
-    const prefix = `${uniqueName('t')}.`;
-    const log = new KafkaEventLog({
-      brokers: services.kafkaBrokers(),
-      prefix,
-      partitions: 2,
-      clientId: 'zg-commit-failures',
-      sessionTimeoutMs: 6_000,
-      heartbeatIntervalMs: 500,
+    const { log, committed, dispose } = kafkaLogWithCommits('zg-commit-failures', {
       retryBackoffMs: { min: 50, max: 100 },
     });
-    const admin = new Admin({
-      clientId: 'zg-commit-failures-admin',
-      bootstrapBrokers: services.kafkaBrokers(),
-    });
-    const committed = async (): Promise<bigint> => {
-      const [group] = await admin.listConsumerGroupOffsets({ groups: [`${prefix}g`] });
-      let sum = 0n;
-      for (const topic of group?.topics ?? [])
-        for (const p of topic.partitions) if (p.committedOffset > 0n) sum += p.committedOffset;
-      return sum;
-    };
     let joins = 0;
     let refused = 0;
     const create = log.createConsumer.bind(log);
@@ -201,13 +193,13 @@ describe('KafkaEventLog commit failures', () => {
       consumer.on('consumer:group:join', () => void joins++);
       const commit = consumer.commit.bind(consumer);
       // The group's coordinator moving: the first three commits are refused.
-      consumer.commit = ((options: Parameters<typeof commit>[0]) => {
+      consumer.commit = (options: Parameters<typeof commit>[0]) => {
         if (refused < 3) {
           refused++;
           return Promise.reject(new Error('coordinator moving'));
         }
         return commit(options);
-      }) as typeof consumer.commit;
+      };
       return consumer;
     };
     try {
@@ -237,10 +229,7 @@ describe('KafkaEventLog commit failures', () => {
       expect(joins).toBe(joined);
       await sub.close();
     } finally {
-      await admin.close();
-      await log.deleteGroups(['g']).catch(() => undefined);
-      await log.deleteTopics(['t']);
-      await log.close();
+      await dispose();
     }
   });
 });
