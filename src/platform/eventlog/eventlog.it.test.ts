@@ -181,53 +181,90 @@ describe('KafkaEventLog commitIntervalMs', () => {
 });
 
 describe('KafkaEventLog commit failures', () => {
+  /** Counts the log's consumers' group joins, and has their first `times` commits answer `refusal()`. */
+  function refuseCommits(log: KafkaEventLog, times: number, refusal: () => Promise<never>) {
+    const seen = { joins: 0, refused: 0 };
+    const create = log.createConsumer.bind(log);
+    log.createConsumer = (...args) => {
+      const consumer = create(...args);
+      consumer.on('consumer:group:join', () => void seen.joins++);
+      const commit = consumer.commit.bind(consumer);
+      consumer.commit = (options: Parameters<typeof commit>[0]) => {
+        if (seen.refused >= times) return commit(options);
+        seen.refused++;
+        return refusal();
+      };
+      return consumer;
+    };
+    return seen;
+  }
+
+  /** Publishes 30 records and waits until the group committed past them; what the handler was handed. */
+  async function consumeAll(
+    log: KafkaEventLog,
+    committed: () => Promise<bigint>,
+    errors: unknown[],
+    whenSubscribed: () => void = () => undefined,
+  ): Promise<string[]> {
+    await log.ensureTopics(['t']);
+    const handled: string[] = [];
+    const sub = await log.subscribe({
+      group: 'g',
+      topics: ['t'],
+      maxBatch: 5,
+      maxWaitMs: 10,
+      onError: (err) => errors.push(err),
+      handler: async (batch) => {
+        handled.push(...batch.records.map((r) => r.value));
+      },
+    });
+    whenSubscribed();
+    const records = Array.from({ length: 30 }, (_, i) => ({ key: `k${i % 4}`, value: String(i) }));
+    await log.publish('t', records);
+    const deadline = Date.now() + 20_000;
+    while ((await committed()) < BigInt(records.length) && Date.now() < deadline) await delay(100);
+    expect(await committed()).toBe(BigInt(records.length));
+    await sub.close();
+    return handled.toSorted((a, b) => Number(a) - Number(b));
+  }
+
+  const ALL = Array.from({ length: 30 }, (_, i) => String(i));
+
   it('commits again after a failed commit, without handing the records again or joining again', async () => {
     const { log, committed, dispose } = kafkaLogWithCommits('zg-commit-failures', {
       retryBackoffMs: { min: 50, max: 100 },
     });
-    let joins = 0;
-    let refused = 0;
-    const create = log.createConsumer.bind(log);
-    log.createConsumer = (...args) => {
-      const consumer = create(...args);
-      consumer.on('consumer:group:join', () => void joins++);
-      const commit = consumer.commit.bind(consumer);
-      // The group's coordinator moving: the first three commits are refused.
-      consumer.commit = (options: Parameters<typeof commit>[0]) => {
-        if (refused < 3) {
-          refused++;
-          return Promise.reject(new Error('coordinator moving'));
-        }
-        return commit(options);
-      };
-      return consumer;
-    };
+    // The group's coordinator moving: the first three commits are refused.
+    const seen = refuseCommits(log, 3, () => Promise.reject(new Error('coordinator moving')));
     try {
-      await log.ensureTopics(['t']);
       const errors: unknown[] = [];
-      const handled: string[] = [];
-      const sub = await log.subscribe({
-        group: 'g',
-        topics: ['t'],
-        maxBatch: 5,
-        maxWaitMs: 10,
-        onError: (err) => errors.push(err),
-        handler: async (batch) => {
-          handled.push(...batch.records.map((r) => r.value));
-        },
-      });
-      const joined = joins;
-      const records = Array.from({ length: 30 }, (_, i) => ({ key: `k${i % 4}`, value: String(i) }));
-      await log.publish('t', records);
-      const deadline = Date.now() + 15_000;
-      while ((await committed()) < BigInt(records.length) && Date.now() < deadline) await delay(100);
-      expect(await committed()).toBe(BigInt(records.length));
-      expect(refused).toBe(3);
+      let joined = 0;
+      const handled = await consumeAll(log, committed, errors, () => (joined = seen.joins));
+      expect(joined).toBeGreaterThan(0);
+      expect(seen.refused).toBe(3);
       expect(errors.filter((e) => (e as Error).message === 'coordinator moving')).toHaveLength(3);
       // Every record handed once: none again from the last commit, and no JoinGroup more.
-      expect(handled.toSorted((a, b) => Number(a) - Number(b))).toEqual(records.map((r) => r.value));
-      expect(joins).toBe(joined);
-      await sub.close();
+      expect(handled).toEqual(ALL);
+      expect(seen.joins).toBe(joined);
+    } finally {
+      await dispose();
+    }
+  });
+
+  it('makes the consumer anew after a commit without an answer in time, which could land late', async () => {
+    const { log, committed, dispose } = kafkaLogWithCommits('zg-commit-timeout', {
+      requestTimeoutMs: 500,
+      retryBackoffMs: { min: 50, max: 100 },
+    });
+    const seen = refuseCommits(log, 1, () => new Promise<never>(() => undefined));
+    try {
+      const errors: unknown[] = [];
+      let joined = 0;
+      const handled = await consumeAll(log, committed, errors, () => (joined = seen.joins));
+      expect(errors.some((e) => (e as Error).message === 'commit timed out')).toBe(true);
+      // A new member: what the first one handled after its last commit comes again.
+      expect(seen.joins).toBeGreaterThan(joined);
+      expect(new Set(handled)).toEqual(new Set(ALL));
     } finally {
       await dispose();
     }

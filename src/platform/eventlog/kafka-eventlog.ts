@@ -69,6 +69,12 @@ const DEFAULT_MAX_WAIT_MS = 100;
 /** Offset commits failing in a row before a subscription makes its consumer anew (see `pump`). */
 const MAX_COMMIT_FAILURES = 5;
 
+/**
+ * A commit without an answer in time. The client goes on trying it (and may land it after a later
+ * commit, moving the group's offsets back), so only making the consumer anew ends it.
+ */
+class CommitTimedOut extends Error {}
+
 /** Most bytes one range-read fetch returns (per partition and in all). */
 const FETCH_MAX_BYTES = 8 * 1024 * 1024;
 const DEFAULT_FETCH_MIN_BYTES = 32 * 1024;
@@ -549,6 +555,12 @@ class KafkaSubscription implements Subscription {
   private pinned = false;
   private consumerFailed = false;
   /**
+   * Times the consumer joined its group. A join moves partitions and has the stream read them again
+   * from their committed offsets, so what was handled before it is not committed after it: the
+   * partition may have been another member's meanwhile, which committed further.
+   */
+  private joins = 0;
+  /**
    * Static group membership, one id per subscription: a consumer recreated after the broker was
    * lost takes over its predecessor's member and assignment at once, instead of waiting a session
    * timeout for the dead member to expire (counting would otherwise lag ~10 s after an outage).
@@ -632,6 +644,9 @@ class KafkaSubscription implements Subscription {
         this.consumerFailed = true;
         this.reader?.fail(err);
       });
+      consumer.on('consumer:group:join', () => {
+        if (this.consumer === consumer) this.joins++;
+      });
       consumer.on('consumer:heartbeat:stalled', (payload) => {
         if (this.consumer !== consumer) return;
         this.consumerFailed = true;
@@ -687,13 +702,15 @@ class KafkaSubscription implements Subscription {
    * with `commitIntervalMs`, gathered with the next batches' until that long after the last commit
    * (when no batch comes, the wait for one ends then). A commit runs while the next batch is read
    * and handled; it is awaited before the next commit (so commits stay in order) and before `pump`
-   * returns or throws. A commit that fails (a coordinator moving, a slow broker) is reported and its
-   * offsets go out again with the next commit, after a back-off, on the same stream: throwing the
-   * stream away would hand its records again from the last commit, and a handler that is idempotent
-   * only for a batch handed again whole (views) would count them twice. After
-   * `MAX_COMMIT_FAILURES` failures in a row, or once the consumer itself failed, the error
-   * surfaces and the records since the last commit are delivered again: at-least-once, as the
-   * handler already expects. Leaving because of `close` commits whatever was handled.
+   * returns or throws. A commit refused without a rebalance (a coordinator moving) is reported and
+   * its offsets go out again with the next commit, after a back-off, on the same stream: throwing
+   * the stream away would hand its records again from the last commit, and a handler that is
+   * idempotent only for a batch handed again whole (views) would count them twice. After
+   * `MAX_COMMIT_FAILURES` failures in a row, a commit without an answer in time (the client goes on
+   * with it), or once the consumer itself failed, the error surfaces and the records since the last
+   * commit are delivered again: at-least-once, as the handler already expects. What was handled
+   * before the group was joined again is not committed (see `joins`). Leaving because of `close`
+   * commits whatever was handled.
    */
   private async pump(onProgress: () => void): Promise<void> {
     const reader = this.reader!;
@@ -701,12 +718,13 @@ class KafkaSubscription implements Subscription {
     let committing: Promise<void> | undefined;
     // A commit failure that ends the stream, thrown by the next `settleCommit`.
     let fatal: Error | undefined;
-    // Handled and not committed yet: the last record of each partition.
-    let handled = new Map<string, StringMessage>();
-    const keep = (m: StringMessage): void => {
+    // Handled and not committed yet: the last record of each partition, and `joins` when handled.
+    let handled = new Map<string, { m: StringMessage; joins: number }>();
+    const keep = (m: StringMessage, joins: number): void => {
       const key = `${m.topic}:${m.partition}`;
       const seen = handled.get(key);
-      if (!seen || seen.offset < m.offset) handled.set(key, m);
+      if (!seen || seen.joins < joins || (seen.joins === joins && seen.m.offset < m.offset))
+        handled.set(key, { m, joins });
     };
     let lastCommitAt = Number.NEGATIVE_INFINITY;
     let failedCommits = 0;
@@ -721,19 +739,22 @@ class KafkaSubscription implements Subscription {
     const commitHandled = async (force = false): Promise<void> => {
       await settleCommit();
       if (handled.size === 0 || !(force || commitDue())) return;
-      const records = [...handled.values()];
+      const joins = this.joins;
+      const records = [...handled.values()].filter((h) => h.joins === joins).map((h) => h.m);
       handled = new Map();
       lastCommitAt = Date.now();
+      if (records.length === 0) return;
       committing = this.commit(records).then(
         () => void (failedCommits = 0),
         (err: unknown) => {
           const error = err instanceof Error ? err : new Error('commit failed', { cause: err });
           failedCommits++;
-          if (this.consumerFailed || failedCommits >= MAX_COMMIT_FAILURES) fatal = error;
+          if (this.consumerFailed || err instanceof CommitTimedOut || failedCommits >= MAX_COMMIT_FAILURES)
+            fatal = error;
           else {
             this.report(error);
             // Kept for the next commit, which goes out after a back-off.
-            for (const m of records) keep(m);
+            for (const m of records) keep(m, joins);
             const { min, max } = this.log.settings.retryBackoffMs;
             const backoff = Math.min(max, min * 2 ** (failedCommits - 1));
             lastCommitAt = Date.now() + backoff - this.commitIntervalMs;
@@ -759,7 +780,7 @@ class KafkaSubscription implements Subscription {
             closed = true;
             break;
           }
-          for (const m of records) keep(m);
+          for (const m of records) keep(m, this.joins);
           if (commitDue()) await commitHandled();
         }
         if (closed) break;
@@ -853,7 +874,7 @@ class KafkaSubscription implements Subscription {
     await withTimeout(
       this.consumer!.commit({ offsets }),
       this.log.settings.requestTimeoutMs * 2,
-      'commit timed out',
+      () => new CommitTimedOut('commit timed out'),
     );
   }
 
@@ -1047,10 +1068,10 @@ function everyError(err: unknown, test: (e: ClientError) => boolean): boolean {
   return test(e);
 }
 
-function withTimeout<T>(promise: Promise<T>, ms: number, message: string): Promise<T> {
+function withTimeout<T>(promise: Promise<T>, ms: number, failure: string | (() => Error)): Promise<T> {
   let timer: NodeJS.Timeout | undefined;
   const timeout = new Promise<never>((_, reject) => {
-    timer = setTimeout(() => reject(new Error(message)), ms);
+    timer = setTimeout(() => reject(typeof failure === 'string' ? new Error(failure) : failure()), ms);
   });
   return Promise.race([promise, timeout]).finally(() => clearTimeout(timer));
 }
