@@ -26,6 +26,9 @@ describe(parseCounterEvent.name, () => {
       JSON.stringify({ ...event, entityType: 'user' }),
       JSON.stringify({ ...event, entityId: 'abc' }),
       JSON.stringify({ ...event, entityId: '' }),
+      // Another spelling of a post's id would be another post to the stores.
+      JSON.stringify({ ...event, entityId: '007' }),
+      JSON.stringify({ ...event, entityId: '0' }),
       JSON.stringify({ ...event, userId: -1 }),
       JSON.stringify({ ...event, userId: 1.5 }),
       JSON.stringify({ ...event, userId: '7' }),

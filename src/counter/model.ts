@@ -59,7 +59,7 @@ export function parseEntityKey(key: string): EntityRef | null {
   const at = key.indexOf(':');
   const etype = key.slice(0, at);
   const eid = key.slice(at + 1);
-  if (!isEntityType(etype) || !/^\d{1,20}$/.test(eid)) return null;
+  if (!isEntityType(etype) || !isEntityId(eid)) return null;
   return { etype, eid };
 }
 

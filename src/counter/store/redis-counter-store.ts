@@ -265,8 +265,9 @@ end
 -- See CounterStore.rebuild.
 local function rebuild_entity(snap_key, pd_key, seq_key, ap_key, field, like_set, like_hash, fav_set, fav_hash)
   local c = unpack_snapshot(redis.call('HGET', snap_key, field)) or {0, 0, 0, 0, 0}
-  c[2] = fact_count(like_set, like_hash)
-  c[3] = fact_count(fav_set, fav_hash)
+  -- A field holds 32 bits: a count past them stays at the top rather than wrap to 0.
+  c[2] = math.min(fact_count(like_set, like_hash), 4294967295)
+  c[3] = math.min(fact_count(fav_set, fav_hash), 4294967295)
   redis.call('HSET', snap_key, field, pack_snapshot(c))
   redis.call('HDEL', pd_key, field .. ':1', field .. ':2')
   settle_mark(seq_key, ap_key, field)
@@ -434,7 +435,8 @@ for i = 1, #pending, 2 do
       order[#order + 1] = field
     end
     local k = tonumber(idx) + 1
-    d[k] = d[k] + tonumber(pending[i + 1])
+    -- Only the five fields of the layout; anything else is no delta of this store's and is dropped.
+    if k <= 5 then d[k] = d[k] + tonumber(pending[i + 1]) end
   end
 end
 local clamped = 0
@@ -1144,15 +1146,16 @@ export class RedisCounterStore implements CounterStore {
   }
 
   /**
-   * Folds up to `limit` marked groups, then clears each mark unless an apply re-marked the group
-   * meanwhile. The same pipeline checks the next few groups in rotation for pending deltas without
-   * a mark (left only by an applier that died half-way) and marks them for a later flush.
+   * Folds up to `limit` marked groups, then clears the mark of each group folded unless an apply
+   * re-marked it meanwhile. The folds' pipeline checks the next few groups in rotation for pending
+   * deltas without a mark (left only by an applier that died half-way); the second marks them for
+   * a later flush and clears the marks. A fold that failed leaves its mark, and `flush` rejects
+   * with its error once the others are done.
    */
   async flush(limit: number): Promise<number> {
     if (!(limit >= 1)) return 0;
     const picked = (await this.redis.hrandfield(this.dirtyKey, Math.floor(limit), 'WITHVALUES')) as string[];
     const pipeline = this.pipeline();
-    const unmark: string[] = [];
     for (let i = 0; i < picked.length; i += 2) {
       const group = Number(picked[i]);
       pipeline[CMD.fold](
@@ -1164,9 +1167,7 @@ export class RedisCounterStore implements CounterStore {
         this.factPrefix(group, true),
         BARE_ETYPE,
       );
-      unmark.push(picked[i] as string, picked[i + 1] as string);
     }
-    if (unmark.length > 0) pipeline[CMD.unmark](this.dirtyKey, ...unmark);
     const sweep = Array.from(
       { length: Math.min(SWEEP_CHUNK, this.groups) },
       (_, k) => (this.sweepFrom + k) % this.groups,
@@ -1174,30 +1175,48 @@ export class RedisCounterStore implements CounterStore {
     this.sweepFrom = (this.sweepFrom + sweep.length) % this.groups;
     for (const group of sweep) pipeline.exists(this.groupKey('pd', group));
     pipeline.hmget(this.dirtyKey, ...sweep.map(String));
-    const replies = await execPipeline(pipeline);
+    const results = await pipeline.exec();
+    if (!results) throw new Error('Redis pipeline was discarded');
     const folds = picked.length / 2;
     let folded = 0;
+    let failed: unknown;
+    // A group's mark goes only once its fold succeeded: a fold refused (a Redis out of memory
+    // refuses its HSET, not the unmark's HDEL) leaves its deltas pending and its group marked.
+    const unmark: string[] = [];
     for (let i = 0; i < folds; i++) {
-      const [entities, clamped] = replies[i] as [number, number];
+      const [error, reply] = results[i]!;
+      if (error) {
+        failed ??= error;
+        continue;
+      }
+      const [entities, clamped] = reply as [number, number];
       folded += entities;
       this.clamped += clamped;
+      unmark.push(picked[2 * i] as string, picked[2 * i + 1] as string);
     }
-    const base = folds + (unmark.length > 0 ? 1 : 0);
-    const marked = replies[base + sweep.length] as (string | null)[];
-    const orphans = sweep.filter((_, k) => toInt(replies[base + k]) > 0 && marked[k] === null);
-    if (orphans.length > 0) await this.redis.hset(this.dirtyKey, this.markArgs(orphans));
+    const swept = results.slice(folds).map(([error, reply]) => {
+      if (error) throw error;
+      return reply;
+    });
+    const marked = swept[sweep.length] as (string | null)[];
+    const orphans = sweep.filter((_, k) => toInt(swept[k]) > 0 && marked[k] === null);
+    if (unmark.length > 0 || orphans.length > 0) {
+      const after = this.pipeline();
+      if (unmark.length > 0) after[CMD.unmark](this.dirtyKey, ...unmark);
+      if (orphans.length > 0) after.hset(this.dirtyKey, this.markArgs(orphans));
+      await execPipeline(after);
+    }
+    if (failed !== undefined) throw failed;
     return folded;
   }
 
   async isQuiet(): Promise<boolean> {
-    const dirty = await this.redis.hlen(this.dirtyKey);
-    if (dirty === 0) return true;
-    if (dirty > DIRTY_CHECK_MAX) return false;
-    // A mark may outlive its deltas (a fully skipped apply, a rebuild); only pending deltas count.
-    const groups = await this.redis.hkeys(this.dirtyKey);
-    if (groups.length === 0) return true;
+    if ((await this.redis.hlen(this.dirtyKey)) > DIRTY_CHECK_MAX) return false;
+    // Only pending deltas count, in every group: a mark may outlive its deltas (a fully skipped
+    // apply, a rebuild), and deltas their mark (an applier that died half-way, until the flush's
+    // sweep marks the group again).
     const pipeline = this.redis.pipeline();
-    for (const g of groups) pipeline.exists(this.groupKey('pd', Number(g)));
+    for (let g = 0; g < this.groups; g++) pipeline.exists(this.groupKey('pd', g));
     const replies = await execPipeline(pipeline);
     return replies.every((n) => toInt(n) === 0);
   }
