@@ -1179,7 +1179,7 @@ export class RedisCounterStore implements CounterStore {
     if (!results) throw new Error('Redis pipeline was discarded');
     const folds = picked.length / 2;
     let folded = 0;
-    let failed: unknown;
+    let failed: Error | undefined;
     // A group's mark goes only once its fold succeeded: a fold refused (a Redis out of memory
     // refuses its HSET, not the unmark's HDEL) leaves its deltas pending and its group marked.
     const unmark: string[] = [];
