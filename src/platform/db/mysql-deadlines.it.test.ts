@@ -2,7 +2,7 @@ import { sql } from 'kysely';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { createMysqlDatabase } from '../../../test/rig/resources.js';
 import { tcpProxy } from '../../../test/rig/tcp-proxy.js';
-import { isDependencyOutage } from '../errors/outage.js';
+import { isContention, isDependencyOutage } from '../errors/outage.js';
 import { openMysql, type Db } from './database.js';
 import { MysqlDeadlineError } from './mysql-deadlines.js';
 
@@ -120,6 +120,58 @@ describe('MySQL deadlines: a primary that vanishes without resetting its connect
     } finally {
       proxy.cut();
       await patient.close().catch(() => undefined);
+    }
+  });
+
+  it('asks the server to stop a statement given up on', async () => {
+    const running = async () =>
+      Number(
+        (
+          await sql<{ n: number }>`SELECT COUNT(*) AS n FROM information_schema.PROCESSLIST
+            WHERE INFO LIKE 'SELECT SLEEP(30)%'`.execute(direct.kysely)
+        ).rows[0]?.n,
+      );
+    const direct = await openMysql(database.url, 1);
+    try {
+      const lost = await timed(() => sql`SELECT SLEEP(30)`.execute(db.kysely));
+      expect(lost.error).toBeInstanceOf(MysqlDeadlineError);
+      await expect.poll(running, { timeout: 3_000 }).toBe(0);
+    } finally {
+      await direct.close();
+    }
+  });
+});
+
+describe('MySQL deadlines: lock waits', () => {
+  it('end a wait for a row lock as contention, well before the deadline gives the connection up', async () => {
+    const database = await createMysqlDatabase();
+    // Lock waits of half the deadline: 2 s.
+    const db = await openMysql(database.url, 2, 4_000);
+    try {
+      await db.kysely.schema
+        .createTable('t')
+        .addColumn('id', 'integer', (c) => c.primaryKey())
+        .execute();
+      await sql`INSERT INTO t (id) VALUES (1)`.execute(db.kysely);
+      let release!: () => void;
+      const held = new Promise<void>((resolve) => (release = resolve));
+      let locked!: () => void;
+      const lockTaken = new Promise<void>((resolve) => (locked = resolve));
+      const holder = db.kysely.transaction().execute(async (trx) => {
+        await sql`SELECT id FROM t WHERE id = 1 FOR UPDATE`.execute(trx);
+        locked();
+        await held;
+      });
+      await lockTaken;
+      const waited = await timed(() => sql`UPDATE t SET id = 2 WHERE id = 1`.execute(db.kysely));
+      release();
+      await holder;
+      expect(isContention(waited.error)).toBe(true);
+      expect(waited.ms).toBeGreaterThan(1_500);
+      expect(waited.ms).toBeLessThan(3_500);
+    } finally {
+      await db.close();
+      await database.drop();
     }
   });
 });

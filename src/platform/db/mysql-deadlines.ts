@@ -22,89 +22,170 @@ export interface RawMysqlPool {
 type QueryCallback = (error: unknown, result: MysqlQueryResult) => void;
 
 export interface RawMysqlConnection extends Omit<MysqlPoolConnection, 'query'> {
-  query(options: { sql: string; values: unknown; timeout: number }, callback: QueryCallback): unknown;
+  query(options: { sql: string; values?: unknown; timeout: number }, callback: QueryCallback): unknown;
   query(sql: string, parameters: unknown): ReturnType<MysqlPoolConnection['query']>;
+  /** mysql2's socket. */
+  stream?: { destroy(error?: Error): void };
+}
+
+export interface DeadlineOptions {
+  /** How long a wait for a connection, and a statement, may take; 0 or less sets no deadline. */
+  timeoutMs: number;
+  /** The pool's size: at most this many requests wait on it at once, the others wait here. */
+  size: number;
+  /** Asks the server to stop the statement of a connection given up on (best effort). */
+  kill?: (threadId: number) => void;
 }
 
 /**
  * A pool for Kysely whose every wait has an end. A MySQL primary that vanishes without resetting its
  * connections (a host gone, a partition, a failover behind a virtual address) otherwise holds each
  * statement until TCP gives up, a quarter of an hour, and every request behind it in the pool's
- * queue as long. With `timeoutMs`:
- * - a request waits at most that long for a pooled connection; one that comes later is handed back;
- * - a statement that has no answer within that long fails, and its connection is destroyed: the
- *   statement may still be running there, and a ROLLBACK sent after it would wait behind it. The
- *   server rolls back the open transaction of a connection that went away.
+ * queue as long. With a deadline:
+ * - a request waits at most that long for a pooled connection. The wait is kept here, not in
+ *   mysql2's queue, which cannot drop a waiter: one that gave up leaves at once, and no more than
+ *   `size` requests are ever handed to the pool (a connection that comes after its request gave up
+ *   goes back at once);
+ * - a statement that has no answer within that long fails, and its connection is closed, with
+ *   whatever was queued on it: the statement may still be running there, and a ROLLBACK sent after
+ *   it would wait behind it. The server is asked to stop the statement (`kill`), and it rolls back
+ *   the open transaction of a connection that went away; a write or COMMIT that had already
+ *   reached it may still have been done.
  * Both fail with `MysqlDeadlineError`. Streamed queries (none in this code) have no deadline.
  */
-export function poolWithDeadlines(pool: RawMysqlPool, timeoutMs: number): MysqlPool {
+export function poolWithDeadlines(pool: RawMysqlPool, options: DeadlineOptions): MysqlPool {
+  const { timeoutMs, size, kill } = options;
   if (timeoutMs <= 0) return pool;
   // One wrapper per pooled connection: Kysely keeps its own state per connection object.
-  const wrapped = new WeakMap<RawMysqlConnection, MysqlPoolConnection>();
-  const wrap = (raw: RawMysqlConnection): MysqlPoolConnection => {
-    let connection = wrapped.get(raw);
-    if (!connection) {
-      connection = connectionWithDeadline(raw, timeoutMs);
-      wrapped.set(raw, connection);
+  const wrapped = new WeakMap<RawMysqlConnection, Wrapped>();
+  // Requests handed to the pool and not given back yet; the others wait in `waiting`, oldest first.
+  let busy = 0;
+  const waiting = new Set<Waiter>();
+  const next = (): void => {
+    for (const waiter of waiting) {
+      if (busy >= size) return;
+      waiting.delete(waiter);
+      acquire(waiter);
     }
-    return connection;
+  };
+  const giveBack = (raw: RawMysqlConnection): void => {
+    raw.release();
+    busy--;
+    next();
+  };
+  const acquire = (waiter: Waiter): void => {
+    busy++;
+    pool.getConnection((error, raw) => {
+      if (error) {
+        busy--;
+        next();
+        waiter.settle(error, undefined);
+        return;
+      }
+      // The request went on without it: the connection goes back to the pool at once.
+      if (waiter.settled) return giveBack(raw);
+      let connection = wrapped.get(raw);
+      if (!connection) {
+        connection = connectionWithDeadline(raw, timeoutMs, kill, giveBack);
+        wrapped.set(raw, connection);
+      }
+      connection.lent = true;
+      waiter.settle(null, connection.api);
+    });
   };
   return {
     getConnection(callback) {
-      let settled = false;
-      const timer = setTimeout(() => {
-        settled = true;
-        callback(
-          new MysqlDeadlineError(`no MySQL connection of the pool came free within ${timeoutMs} ms`),
-          undefined as unknown as MysqlPoolConnection,
-        );
-      }, timeoutMs);
-      pool.getConnection((error, raw) => {
-        if (settled) {
-          // The request went on without it: the connection goes back to the pool at once.
-          if (!error) raw.release();
-          return;
-        }
-        settled = true;
-        clearTimeout(timer);
-        if (error) callback(error, undefined as unknown as MysqlPoolConnection);
-        else callback(null, wrap(raw));
-      });
+      const waiter: Waiter = {
+        settled: false,
+        settle(error, connection) {
+          if (waiter.settled) return;
+          waiter.settled = true;
+          clearTimeout(timer);
+          waiting.delete(waiter);
+          callback(error, connection as MysqlPoolConnection);
+        },
+      };
+      const timer = setTimeout(
+        () =>
+          waiter.settle(
+            new MysqlDeadlineError(`no MySQL connection of the pool came free within ${timeoutMs} ms`),
+            undefined,
+          ),
+        timeoutMs,
+      );
+      if (busy < size) acquire(waiter);
+      else waiting.add(waiter);
     },
     end: (callback) => pool.end(callback),
   };
 }
 
-function connectionWithDeadline(raw: RawMysqlConnection, timeoutMs: number): MysqlPoolConnection {
-  return {
-    get config() {
-      return raw.config;
+interface Waiter {
+  settled: boolean;
+  settle(error: unknown, connection: MysqlPoolConnection | undefined): void;
+}
+
+interface Wrapped {
+  api: MysqlPoolConnection;
+  /** Handed to a request and not released yet. */
+  lent: boolean;
+}
+
+function connectionWithDeadline(
+  raw: RawMysqlConnection,
+  timeoutMs: number,
+  kill: ((threadId: number) => void) | undefined,
+  giveBack: (raw: RawMysqlConnection) => void,
+): Wrapped {
+  const state: Wrapped = {
+    lent: false,
+    api: {
+      get config() {
+        return raw.config;
+      },
+      get threadId() {
+        return raw.threadId;
+      },
+      connect: (callback) => raw.connect(callback),
+      destroy: () => raw.destroy(),
+      release: () => {
+        if (!state.lent) return;
+        state.lent = false;
+        giveBack(raw);
+      },
+      query: ((sql: string, parameters: unknown, callback?: QueryCallback) => {
+        if (!callback) return raw.query(sql, parameters);
+        return queryWithin(raw, { sql, values: parameters, timeout: timeoutMs }, callback, kill);
+      }) as MysqlPoolConnection['query'],
     },
-    get threadId() {
-      return raw.threadId;
-    },
-    connect: (callback) => raw.connect(callback),
-    destroy: () => raw.destroy(),
-    release: () => raw.release(),
-    query: ((sql: string, parameters: unknown, callback?: QueryCallback) => {
-      if (!callback) return raw.query(sql, parameters);
-      let answered = false;
-      return raw.query({ sql, values: parameters, timeout: timeoutMs }, (error, result) => {
-        // Destroying the connection may report the abandoned statement's end a second time.
-        if (answered) return;
-        answered = true;
-        if ((error as { code?: unknown } | null)?.code === 'PROTOCOL_SEQUENCE_TIMEOUT') {
-          raw.destroy();
-          callback(
-            new MysqlDeadlineError(`a MySQL statement had no answer within ${timeoutMs} ms`, {
-              cause: error,
-            }),
-            result,
-          );
-          return;
-        }
-        callback(error, result);
-      });
-    }) as MysqlPoolConnection['query'],
   };
+  return state;
+}
+
+/** Runs a statement with mysql2's `timeout`; past it, the connection is given up (see `poolWithDeadlines`). */
+export function queryWithin(
+  raw: RawMysqlConnection,
+  options: { sql: string; values?: unknown; timeout: number },
+  callback: QueryCallback,
+  kill?: (threadId: number) => void,
+): unknown {
+  let answered = false;
+  return raw.query(options, (error, result) => {
+    // Giving the connection up reports the abandoned statement's end a second time.
+    if (answered) return;
+    answered = true;
+    if ((error as { code?: unknown } | null)?.code !== 'PROTOCOL_SEQUENCE_TIMEOUT') {
+      callback(error, result);
+      return;
+    }
+    const late = new MysqlDeadlineError(`a MySQL statement had no answer within ${options.timeout} ms`, {
+      cause: error,
+    });
+    if (typeof raw.threadId === 'number') kill?.(raw.threadId);
+    // Destroying the socket with an error fails every command queued on the connection and takes
+    // it out of the pool; `destroy` alone would only half-close it and leave them waiting.
+    if (raw.stream) raw.stream.destroy(late);
+    else raw.destroy();
+    callback(late, result);
+  });
 }
