@@ -64,27 +64,45 @@ describe(takeLease.name, () => {
   });
 
   it('neither renews nor frees a key another holder took between a look at it and the act', async () => {
-    // Another process takes the key the moment after this holder has read it (its lease ran out
-    // meanwhile): renewing or deleting after a separate read would act on the other's key.
+    // Another process takes the key the moment before this holder acts on it (its lease ran out
+    // meanwhile): after the holder's read when it reads first, or right before its one-step act.
     let racing = false;
+    const takeOver = async (key: string) => {
+      if (!racing) return;
+      racing = false;
+      await kv.set(key, 'another holder', 60_000);
+    };
     const racy: KeyValueStore = Object.assign(Object.create(kv) as KeyValueStore, {
       get: async (key: string) => {
         const value = await kv.get(key);
-        if (racing) await kv.set(key, 'another holder', 60_000);
+        await takeOver(key);
         return value;
+      },
+      expireIfEquals: async (key: string, value: string, ttlMs: number) => {
+        await takeOver(key);
+        return kv.expireIfEquals(key, value, ttlMs);
+      },
+      deleteIfEquals: async (key: string, value: string) => {
+        await takeOver(key);
+        return kv.deleteIfEquals(key, value);
       },
     });
     let told = 0;
-    const lease = await takeLease(racy, 'job', 300, () => told++);
+    const renewed = await takeLease(racy, 'job', 600, () => told++);
     racing = true;
-    await sleep(150);
-    expect(await kv.get('job')).not.toBe('another holder');
-    await kv.set('job', 'another holder', 60_000);
-    await sleep(150);
-    // The renewal found the key another's and left its lifetime alone.
+    // The first renewal (after 200 ms) finds the key another's and leaves its lifetime alone.
+    await sleep(400);
+    expect(racing).toBe(false);
     expect(told).toBe(1);
-    expect(await kv.ttl('job')).toBeGreaterThan(50_000);
-    await lease!.release();
     expect(await kv.get('job')).toBe('another holder');
+    expect(await kv.ttl('job')).toBeGreaterThan(50_000);
+    await renewed!.release();
+
+    // Taken over right before the release: the release leaves it to its new holder.
+    const released = await takeLease(racy, 'other job', 60_000);
+    racing = true;
+    await released!.release();
+    expect(racing).toBe(false);
+    expect(await kv.get('other job')).toBe('another holder');
   });
 });
