@@ -13,6 +13,7 @@ import { LoginAuditRepository } from './login-audit.repository.js';
 import { AuthService } from './auth.service.js';
 import { PasswordHasher } from './passwords.js';
 import { SessionStore } from './sessions.js';
+import { UsersRepository } from '../profile/users.repository.js';
 
 const dataDirs: string[] = [];
 /** A data directory of the test's own, removed once the file's tests are done. */
@@ -293,6 +294,44 @@ describe(AuthService.name, () => {
       (l) => l.msg === 'a successful sign-in could not be put on the audit record',
     );
     expect(missed.map((l) => l.level)).toEqual([50, 50]);
+  });
+
+  it('ends every session of a reset whose last steps fail after the password changed', async () => {
+    const identifier = 'reset-fails@example.test';
+    const signedUp = await signUp(identifier, '10.0.6.1');
+    let changed = false;
+    const update = UsersRepository.prototype.update;
+    const updated = vi.spyOn(UsersRepository.prototype, 'update').mockImplementation(async function (
+      this: UsersRepository,
+      ...args
+    ) {
+      const out = await update.apply(this, args);
+      changed = true;
+      return out;
+    });
+    // The store of sessions out of reach from the moment the password changed.
+    const endAll = SessionStore.prototype.endAll;
+    const ended = vi.spyOn(SessionStore.prototype, 'endAll').mockImplementation(async function (
+      this: SessionStore,
+      userId: number,
+    ) {
+      if (changed) throw Object.assign(new Error('injected: Redis down'), { code: 'ECONNRESET' });
+      return endAll.call(this, userId);
+    });
+    try {
+      expect((await resetPassword(identifier, 'new24680', '10.0.6.1')).statusCode).toBe(503);
+    } finally {
+      ended.mockRestore();
+      updated.mockRestore();
+    }
+    expect(changed).toBe(true);
+    // The session opened before the reset (an intruder's, say) is over all the same.
+    const refreshed = await post(
+      '/api/v1/auth/token/refresh',
+      { refreshToken: signedUp.token.refreshToken },
+      '10.0.6.1',
+    );
+    expect(refreshed.statusCode).toBe(401);
   });
 
   it('ends a session that a sign-in opens with the old password while a reset finishes', async () => {

@@ -363,10 +363,13 @@ export class AuthService {
       );
       throw new BadRequestError('No valid code; ask for a new one', 'VERIFICATION_NOT_FOUND');
     }
-    await this.users.update(user.id, {
-      password_hash: await this.hasher.hash(newPassword),
-      updated_at: this.now(),
-    });
+    const passwordHash = await this.hasher.hash(newPassword);
+    // Every session ends before the password changes (a failure after it would leave an intruder's
+    // sessions alive with the owner's code spent) and again after it, for a sign-in with the old
+    // password that read the version in between.
+    await this.sessions.endAll(user.id);
+    this.authenticator.forgetAllSessions();
+    await this.users.update(user.id, { password_hash: passwordHash, updated_at: this.now() });
     await this.sessions.endAll(user.id);
     this.authenticator.forgetAllSessions();
     await this.recordSuccess(
