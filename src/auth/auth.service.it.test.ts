@@ -300,6 +300,8 @@ describe(AuthService.name, () => {
     const identifier = 'reset-fails@example.test';
     const signedUp = await signUp(identifier, '10.0.6.1');
     let changed = false;
+    // The originals, called with the instance the spies get.
+    // eslint-disable-next-line @typescript-eslint/unbound-method
     const update = UsersRepository.prototype.update;
     const updated = vi.spyOn(UsersRepository.prototype, 'update').mockImplementation(async function (
       this: UsersRepository,
@@ -310,6 +312,7 @@ describe(AuthService.name, () => {
       return out;
     });
     // The store of sessions out of reach from the moment the password changed.
+    // eslint-disable-next-line @typescript-eslint/unbound-method
     const endAll = SessionStore.prototype.endAll;
     const ended = vi.spyOn(SessionStore.prototype, 'endAll').mockImplementation(async function (
       this: SessionStore,

@@ -75,6 +75,29 @@ describe(VerificationService.name, () => {
     expect(await errorCode(sut.verify('LOGIN', 'a@b.cd', code))).toBe('VERIFICATION_NOT_FOUND');
   });
 
+  it('leaves a code a send stored while an old one was being checked to its owner', async () => {
+    const kv = createSqliteKv(db, { now: () => now });
+    let replaceOnce = false;
+    // A send replaces the code (its tries and code go, a new one comes) right after this check
+    // counted its try, with the code it read before.
+    const racing: KeyValueStore = Object.assign(Object.create(kv) as KeyValueStore, {
+      incr: async (key: string, by?: number, ttlMs?: number) => {
+        const n = await kv.incr(key, by, ttlMs);
+        if (replaceOnce) {
+          replaceOnce = false;
+          await kv.delete('vc:tries:LOGIN:a@b.cd');
+          await kv.set('vc:code:LOGIN:a@b.cd', '424242', CODE_TTL_MS);
+        }
+        return n;
+      },
+    });
+    const sut = unwaited(racing);
+    await sut.send('LOGIN', 'EMAIL', 'a@b.cd', true);
+    replaceOnce = true;
+    expect(await errorCode(sut.verify('LOGIN', 'a@b.cd', sender.last()))).toBe('VERIFICATION_NOT_FOUND');
+    expect(await errorCode(sut.verify('LOGIN', 'a@b.cd', '424242'))).toBe('ok');
+  });
+
   it('expires codes after five minutes', async () => {
     await sut.send('LOGIN', 'EMAIL', 'a@b.cd', true);
     now += 300_001;

@@ -205,11 +205,12 @@ export class VerificationService {
     if (stored === null)
       throw new VerificationError('VERIFICATION_NOT_FOUND', 'No valid code; ask for a new one');
     if (!sameCode(stored, code)) throw new VerificationError('VERIFICATION_MISMATCH', 'The code is wrong');
-    // Whoever takes the code first owns it; a concurrent second use finds nothing.
-    if ((await this.kv.getDel(`vc:code:${id}`)) !== stored) {
+    // Whoever takes the code first owns it; a concurrent second use finds nothing. Only this code
+    // goes: one a send stored since it was read stays for its owner, and so do the tries counted
+    // against it (these tries expire with the code, and a send clears them before its new code).
+    if (!(await this.kv.deleteIfEquals(`vc:code:${id}`, stored))) {
       throw new VerificationError('VERIFICATION_NOT_FOUND', 'No valid code; ask for a new one');
     }
-    await this.kv.delete(`vc:tries:${id}`);
   }
 }
 
