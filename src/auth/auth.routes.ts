@@ -49,7 +49,8 @@ export function authRoutes(deps: AuthRouteDeps) {
             'Phone codes go to the SMS webhook (ZG_SMS_WEBHOOK_URL); without one they are logged where ' +
             'ZG_SMS_LOG_CODES allows (the embedded default), else refused with 503 UNAVAILABLE for ' +
             'every scene and number alike. 503 UNAVAILABLE also: the code could not be delivered. A code ' +
-            'still valid is sent again rather than replaced, with five more minutes to live. One send ' +
+            'still valid is sent again rather than replaced, keeping its lifetime (expireSeconds: what it has left; ' +
+            'one with less than a minute left is replaced). One send ' +
             'per 60 s and 10 a day per scene and identifier (429).',
           body: SendCodeBody,
           response: { 200: SendCodeResponse, ...errorResponses(400, 409, 429, 503) },

@@ -22,7 +22,7 @@ import type { LoginAttempt, LoginAuditRepository } from './login-audit.repositor
 import { meetsPasswordPolicy, type PasswordHasher } from './passwords.js';
 import type { SessionStore } from './sessions.js';
 import type { TokenClaims, TokenSigner } from './tokens.js';
-import { CODE_TTL_SECONDS, type VerificationService } from './verification.js';
+import type { VerificationService } from './verification.js';
 
 export interface RequestContext {
   ip: string | null;
@@ -120,8 +120,8 @@ export class AuthService {
     if (scene === 'REGISTER' && existing)
       throw new ConflictError('This identifier is already registered', 'IDENTIFIER_EXISTS');
     const deliver = scene === 'REGISTER' || existing !== undefined;
-    await this.verification.send(scene, type, identifier, deliver);
-    return { identifier, scene, expireSeconds: CODE_TTL_SECONDS };
+    const expireSeconds = await this.verification.send(scene, type, identifier, deliver);
+    return { identifier, scene, expireSeconds };
   }
 
   async register(

@@ -350,21 +350,46 @@ describe(VerificationService.name, () => {
     expect(await errorCode(sut.send('LOGIN', 'EMAIL', 'ghost2@b.cd', false))).toBe('UNAVAILABLE');
   });
 
-  it('sends a live code again instead of voiding it, and keeps counting its tries', async () => {
+  it('sends a live code again instead of voiding it, with the time it has left, and keeps counting its tries', async () => {
     await sut.send('LOGIN', 'EMAIL', 'a@b.cd', true);
     const first = sender.last();
     const wrong = first === '000000' ? '000001' : '000000';
-    for (let i = 0; i < 4; i++) await sut.verify('LOGIN', 'a@b.cd', wrong).catch(() => undefined);
-    // someone else asks for a code for this address four minutes later
-    now += 240_000;
-    await sut.send('LOGIN', 'EMAIL', 'a@b.cd', true);
+    for (let i = 0; i < 3; i++) await sut.verify('LOGIN', 'a@b.cd', wrong).catch(() => undefined);
+    // someone else asks for a code for this address three minutes later
+    now += 180_000;
+    expect(await sut.send('LOGIN', 'EMAIL', 'a@b.cd', true)).toBe(120);
     expect(sender.sent).toHaveLength(2);
     expect(sender.last()).toBe(first);
-    expect(sender.sent[1]?.expireSeconds).toBe(300);
-    // the resent code lives five minutes from the resend, with one try left
-    now += 299_000;
+    expect(sender.sent[1]?.expireSeconds).toBe(120);
+    // the code lives its five minutes, with its tries going on
+    now += 119_000;
     expect(await errorCode(sut.verify('LOGIN', 'a@b.cd', wrong))).toBe('VERIFICATION_MISMATCH');
-    expect(await errorCode(sut.verify('LOGIN', 'a@b.cd', first))).toBe('VERIFICATION_TOO_MANY_ATTEMPTS');
+    expect(await errorCode(sut.verify('LOGIN', 'a@b.cd', first))).toBe('ok');
+  });
+
+  it('replaces a live code with less than a minute left, which nobody could use after the next wait', async () => {
+    await sut.send('LOGIN', 'EMAIL', 'a@b.cd', true);
+    const first = sender.last();
+    now += 241_000;
+    expect(await sut.send('LOGIN', 'EMAIL', 'a@b.cd', true)).toBe(300);
+    const second = sender.last();
+    expect(sender.sent[1]?.expireSeconds).toBe(300);
+    if (second !== first)
+      expect(await errorCode(sut.verify('LOGIN', 'a@b.cd', first))).toBe('VERIFICATION_MISMATCH');
+    now += 299_000;
+    expect(await errorCode(sut.verify('LOGIN', 'a@b.cd', second))).toBe('ok');
+  });
+
+  it('ends a code five minutes after it was made, however often it is sent again', async () => {
+    await sut.send('LOGIN', 'EMAIL', 'a@b.cd', true);
+    const first = sender.last();
+    for (let i = 0; i < 3; i++) {
+      now += 61_000;
+      await sut.send('LOGIN', 'EMAIL', 'a@b.cd', true);
+      expect(sender.last()).toBe(first);
+    }
+    now += 300_000 - 3 * 61_000 + 1;
+    expect(await errorCode(sut.verify('LOGIN', 'a@b.cd', first))).toBe('VERIFICATION_NOT_FOUND');
   });
 
   it('sends a new code instead of one whose tries are used up', async () => {

@@ -70,14 +70,15 @@ export class VerificationService {
 
   /**
    * `deliver: false` (unknown accounts) runs the same limits and stores a value no code matches, so
-   * later checks cannot tell the account is unknown; nothing is sent.
+   * later checks cannot tell the account is unknown; nothing is sent. Resolves to the seconds the
+   * code has left to live.
    */
   async send(
     scene: Scene,
     identifierType: IdentifierType,
     identifier: string,
     deliver: boolean,
-  ): Promise<void> {
+  ): Promise<number> {
     const id = `${scene}:${identifier}`;
     const day = Math.floor(this.now() / DAY_MS);
     const dailyKey = `vc:day:${id}:${day}`;
@@ -102,19 +103,21 @@ export class VerificationService {
     const codeKey = `vc:code:${id}`;
     const ttlMs = CODE_TTL_SECONDS * 1000;
     // A live code is sent again rather than replaced: asking for a code on someone else's identifier
-    // must not void the one already in their inbox. Its tries go on counting, so one with none left
-    // is replaced instead.
+    // must not void the one already in their inbox. It keeps its lifetime (sending it again must not
+    // keep a code seen somewhere alive for ever), so one with less than a send interval left, which
+    // nobody could use after waiting for the next send, is replaced. Its tries go on counting, so
+    // one with none left is replaced too.
     const [live = null, tries = null] = await this.kv.mget([codeKey, `vc:tries:${id}`]);
-    if (
-      live !== null &&
-      (!deliver || isCode(live)) &&
-      Number(tries ?? 0) < MAX_ATTEMPTS &&
-      (await this.kv.expire(codeKey, ttlMs))
-    ) {
-      await this.kv.expire(`vc:tries:${id}`, ttlMs);
-      if (deliver) await this.deliver({ scene, identifierType, identifier, code: live }, id, false);
+    const left =
+      live !== null && (!deliver || isCode(live)) && Number(tries ?? 0) < MAX_ATTEMPTS
+        ? await this.kv.ttl(codeKey)
+        : null;
+    if (left !== null && left >= SEND_INTERVAL_MS) {
+      const expireSeconds = Math.floor(left / 1000);
+      if (deliver)
+        await this.deliver({ scene, identifierType, identifier, code: live! }, id, false, expireSeconds);
       else await this.asIfDelivered(identifierType, id, false);
-      return;
+      return expireSeconds;
     }
     // An unknown account gets a value no code can match, so checking a code answers as it would for
     // a registered one.
@@ -125,8 +128,9 @@ export class VerificationService {
     await this.kv.delete(codeKey);
     await this.kv.delete(`vc:tries:${id}`);
     await this.kv.set(codeKey, code, ttlMs);
-    if (deliver) await this.deliver({ scene, identifierType, identifier, code }, id, true);
+    if (deliver) await this.deliver({ scene, identifierType, identifier, code }, id, true, CODE_TTL_SECONDS);
     else await this.asIfDelivered(identifierType, id, true);
+    return CODE_TTL_SECONDS;
   }
 
   /**
@@ -149,10 +153,11 @@ export class VerificationService {
     message: Omit<CodeMessage, 'expireSeconds'>,
     id: string,
     fresh: boolean,
+    expireSeconds: number,
   ): Promise<void> {
     const started = performance.now();
     try {
-      await this.sender.send({ ...message, expireSeconds: CODE_TTL_SECONDS });
+      await this.sender.send({ ...message, expireSeconds });
       remember(this.deliveryMs, message.identifierType, performance.now() - started);
       this.failedAt.delete(message.identifierType);
       this.refusedAt.delete(message.identifierType);
