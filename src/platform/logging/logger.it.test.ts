@@ -67,6 +67,42 @@ describe(createLogger.name, () => {
     });
   });
 
+  it("leaves the mailboxes of a refused mail out, keeping the server's answer and codes", () => {
+    const { lines, log } = capture();
+    // As nodemailer reports a message whose every recipient the server refused.
+    const answer = '550 5.1.1 <someone.private@mail.example.test>: Recipient address rejected';
+    const refused = Object.assign(new Error(`Can't send mail - all recipients were rejected: ${answer}`), {
+      code: 'EENVELOPE',
+      command: 'RCPT TO',
+      response: answer,
+      responseCode: 550,
+      rejected: ['someone.private@mail.example.test'],
+      rejectedErrors: [
+        Object.assign(new Error(`Recipient command failed: ${answer}`), {
+          recipient: 'someone.private@mail.example.test',
+        }),
+      ],
+      envelope: { from: 'codes@zhiguang.test', to: ['someone.private@mail.example.test'] },
+    });
+    log.error(
+      { err: new Error('The verification code could not be delivered', { cause: refused }) },
+      'first',
+    );
+    log.error({ err: refused }, 'second');
+    const text = lines.join('');
+    expect(text).not.toContain('someone.private');
+    expect(JSON.parse(lines[0]!)).toMatchObject({
+      err: { message: expect.stringContaining('<…@mail.example.test>') },
+    });
+    const second = JSON.parse(lines[1]!) as { err: Record<string, unknown> };
+    expect(second.err).toMatchObject({
+      code: 'EENVELOPE',
+      responseCode: 550,
+      response: '550 5.1.1 <…@mail.example.test>: Recipient address rejected',
+    });
+    expect(Object.keys(second.err)).not.toContain('rejected');
+  });
+
   it('drops the statement of an error as mysql2 reports it, values written in', async () => {
     const { lines, log } = capture();
     const conn = await createConnection({ uri: services.mysqlRootUrl() });

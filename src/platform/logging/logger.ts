@@ -29,8 +29,9 @@ function installed(name: string): boolean {
  * pino's error serializer, without what a client library attached of the command that failed: a
  * Redis error carries the command's arguments (`command.args`), which can be a verification code,
  * an e-mail address or a session key; a MySQL error the statement with its values written in
- * (`sql`: a password hash, a phone number). The command's name and the error's codes stay; so do
- * causes, cleaned alike.
+ * (`sql`: a password hash, a phone number); a refused mail its recipients. Mailboxes of e-mail
+ * addresses in messages are left out. The command's name and the error's codes stay; so do causes,
+ * cleaned alike.
  */
 export function serializeError(err: unknown): unknown {
   const serialized = pino.stdSerializers.err(err as Error) as unknown;
@@ -48,14 +49,22 @@ function withoutArguments(value: unknown, depth: number): unknown {
   delete record.sql;
   // A duplicate key's value (a phone number, an e-mail address) is in MySQL's message.
   delete record.sqlMessage;
-  for (const key of ['message', 'stack'])
-    if (typeof record[key] === 'string') record[key] = withoutDuplicateValue(record[key]);
+  // A mail the server refused: nodemailer lists the recipients, and the server's answer and the
+  // message usually name them too.
+  for (const key of ['rejected', 'rejectedErrors', 'accepted', 'pending', 'envelope']) delete record[key];
+  for (const key of ['message', 'stack', 'response'])
+    if (typeof record[key] === 'string') record[key] = withoutAddresses(withoutDuplicateValue(record[key]));
   for (const key of ['cause', 'previousErrors', 'lastNodeError']) {
     if (record[key] !== undefined) record[key] = withoutArguments(record[key], depth + 1);
   }
   if (Array.isArray(record.aggregateErrors))
     record.aggregateErrors = record.aggregateErrors.map((e) => withoutArguments(e, depth + 1));
   return record;
+}
+
+/** E-mail addresses with their mailbox left out: `…@example.com` (the domain helps to tell a provider's refusals). */
+function withoutAddresses(text: string): string {
+  return text.replace(/[^\s<>"'(),;:@]+@([A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+)/g, '…@$1');
 }
 
 function withoutDuplicateValue(message: string): string {
