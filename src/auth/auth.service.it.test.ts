@@ -99,13 +99,17 @@ describe(AuthService.name, () => {
     const identifier = 'audit@example.test';
     await post('/api/v1/auth/send-code', { scene: 'REGISTER', identifierType: 'EMAIL', identifier });
     const code = codes.findLast((c) => c.identifier === identifier)?.code;
-    const reg = await post('/api/v1/auth/register', {
-      identifierType: 'EMAIL',
-      identifier,
-      code,
-      password: 'abc12345',
-      agreeTerms: true,
-    });
+    const register = (withCode: string | undefined) =>
+      post('/api/v1/auth/register', {
+        identifierType: 'EMAIL',
+        identifier,
+        code: withCode,
+        password: 'abc12345',
+        agreeTerms: true,
+      });
+    // A sign-up opens a session: a guessed code is on the record too.
+    expect((await register(code === '000000' ? '000001' : '000000')).statusCode).toBe(400);
+    const reg = await register(code);
     expect(reg.statusCode).toBe(200);
     const userId = reg.json<{ user: { id: number } }>().user.id;
 
@@ -149,6 +153,7 @@ describe(AuthService.name, () => {
       ['PASSWORD', 1, null],
       ['PASSWORD', 0, 'INVALID_CREDENTIALS'],
       ['REGISTER', 1, null],
+      ['REGISTER', 0, 'VERIFICATION_MISMATCH'],
     ]);
     expect((await audit.forUser(userId)).length).toBe(3);
     expect(await audit.forIdentifier('nobody@example.test')).toEqual([

@@ -138,9 +138,10 @@ export class AuthService {
       throw new AuthError('TERMS_NOT_ACCEPTED', 'The terms must be accepted', 400);
     const identifier = normalizeIdentifier(input.identifierType, input.identifier);
     if (input.password !== undefined && !meetsPasswordPolicy(input.password)) throw passwordPolicy();
-    await this.limitIp('verify', ctx);
+    // A sign-up opens a session: its guesses and refusals are on the record as a sign-in's.
+    await this.limitSignIn('verify', identifier, 'REGISTER', ctx);
     // The code first: otherwise any made-up code would tell, without limit, who is registered.
-    await this.verification.verify('REGISTER', identifier, input.code);
+    await this.verifyOnRecord('REGISTER', identifier, input.code, 'REGISTER', ctx);
     if (await this.users.findByIdentifier(input.identifierType, identifier)) {
       throw new ConflictError('This identifier is already registered', 'IDENTIFIER_EXISTS');
     }
@@ -467,7 +468,7 @@ export class AuthService {
     scene: Scene,
     identifier: string,
     code: string,
-    channel: 'CODE' | 'RESET',
+    channel: 'CODE' | 'RESET' | 'REGISTER',
     ctx: RequestContext,
   ): Promise<void> {
     try {
@@ -483,7 +484,7 @@ export class AuthService {
   private async limitSignIn(
     action: string,
     identifier: string,
-    channel: 'PASSWORD' | 'CODE' | 'RESET',
+    channel: 'PASSWORD' | 'CODE' | 'RESET' | 'REGISTER',
     ctx: RequestContext,
   ): Promise<void> {
     try {
@@ -503,7 +504,7 @@ export class AuthService {
    */
   private async recordRefusal(
     identifier: string,
-    channel: 'PASSWORD' | 'CODE' | 'RESET',
+    channel: 'PASSWORD' | 'CODE' | 'RESET' | 'REGISTER',
     ctx: RequestContext,
     scope: string,
   ) {
