@@ -10,6 +10,13 @@ export const Scene = Type.Union([
 const Identifier = Type.String({ minLength: 1, maxLength: 320 });
 const Code = Type.String({ minLength: 1, maxLength: 16 });
 const Password = Type.String({ minLength: 1, maxLength: 128 });
+/**
+ * A password being set: any string, so that every one outside the policy (8 to 128 characters with
+ * a letter and a digit), empty or long ones too, gets its own answer, `PASSWORD_POLICY_VIOLATION`.
+ */
+const NewPassword = Type.String({
+  description: '8 to 128 characters, with at least one letter and one digit (else PASSWORD_POLICY_VIOLATION)',
+});
 const Token = Type.String({ minLength: 1, maxLength: 4096 });
 
 export const SendCodeBody = Type.Object({
@@ -27,7 +34,7 @@ export const RegisterBody = Type.Object({
   identifierType: IdentifierType,
   identifier: Identifier,
   code: Code,
-  password: Type.Optional(Password),
+  password: Type.Optional(NewPassword),
   // Must be true; left out or false, the answer is TERMS_NOT_ACCEPTED rather than a schema error.
   agreeTerms: Type.Optional(Type.Boolean({ description: 'Must be true: the terms are accepted' })),
 });
@@ -46,7 +53,7 @@ export const ResetPasswordBody = Type.Object({
   identifierType: IdentifierType,
   identifier: Identifier,
   code: Code,
-  newPassword: Password,
+  newPassword: NewPassword,
 });
 
 export const TokenResponse = Type.Object({
