@@ -85,6 +85,8 @@ export class PasswordHasher {
 
 /** At least 8 characters (code points, as the schema counts them) with a letter and a digit. */
 export function meetsPasswordPolicy(password: string): boolean {
+  // 128 characters are at most 256 UTF-16 units: a longer string fails without being looked at.
+  if (password.length > 256) return false;
   const characters = [...password].length;
   return characters >= 8 && characters <= 128 && /\p{L}/u.test(password) && /\d/.test(password);
 }

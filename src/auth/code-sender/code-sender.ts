@@ -15,6 +15,14 @@ export interface CodeMessage {
 }
 
 /**
+ * Whole minutes a code has left, never rounded up (a code sent again keeps its lifetime, so it may
+ * have 90 s left: "1 minute", not "2"); at least 1.
+ */
+export function minutesLeft(expireSeconds: number): number {
+  return Math.max(1, Math.floor(expireSeconds / 60));
+}
+
+/**
  * The channel works but refuses this one recipient (a mailbox the mail server rejects, a number the
  * SMS gateway turns down). Unlike a failing channel, anyone can cause this at will with an address
  * of their choosing, so it says nothing about the channel's health.

@@ -1,4 +1,5 @@
 import { describe, expect, it } from 'vitest';
+import { minutesLeft } from './code-sender.js';
 import { refusesRecipient } from './smtp-code-sender.js';
 
 /** An error as nodemailer's SMTP connection formats one (`_formatError`). */
@@ -20,5 +21,11 @@ describe(refusesRecipient.name, () => {
       false,
     );
     expect(refusesRecipient(null)).toBe(false);
+  });
+});
+
+describe(minutesLeft.name, () => {
+  it('says the whole minutes a code has left, never more', () => {
+    expect([300, 299, 120, 119, 90, 60, 59].map(minutesLeft)).toEqual([5, 4, 2, 1, 1, 1, 1]);
   });
 });

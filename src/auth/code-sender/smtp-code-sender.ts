@@ -1,5 +1,5 @@
 import type { Transporter } from 'nodemailer';
-import { RecipientRefusedError, type CodeMessage, type CodeSender } from './code-sender.js';
+import { minutesLeft, RecipientRefusedError, type CodeMessage, type CodeSender } from './code-sender.js';
 
 const PURPOSES: Record<CodeMessage['scene'], string> = {
   REGISTER: 'sign-up',
@@ -38,7 +38,7 @@ export class SmtpCodeSender implements CodeSender {
   }
 
   async send(message: CodeMessage): Promise<void> {
-    const minutes = Math.round(message.expireSeconds / 60);
+    const minutes = minutesLeft(message.expireSeconds);
     await this.transport
       .sendMail({
         from: this.from,
@@ -47,7 +47,7 @@ export class SmtpCodeSender implements CodeSender {
         subject: SUBJECTS[message.scene],
         text:
           `您的验证码是 ${message.code}，${minutes} 分钟内有效。\n` +
-          `Your Zhiguang ${PURPOSES[message.scene]} verification code is ${message.code}. It expires in ${minutes} minutes.\n` +
+          `Your Zhiguang ${PURPOSES[message.scene]} verification code is ${message.code}. It expires in ${minutes} minute${minutes === 1 ? '' : 's'}.\n` +
           `If you did not ask for it, ignore this mail.`,
       })
       .catch((err: unknown) => {

@@ -1,4 +1,4 @@
-import { RecipientRefusedError, type CodeMessage, type CodeSender } from './code-sender.js';
+import { minutesLeft, RecipientRefusedError, type CodeMessage, type CodeSender } from './code-sender.js';
 
 const PURPOSES: Record<CodeMessage['scene'], string> = {
   REGISTER: '注册',
@@ -27,7 +27,7 @@ export class WebhookCodeSender implements CodeSender {
   }
 
   async send(message: CodeMessage): Promise<void> {
-    const minutes = Math.round(message.expireSeconds / 60);
+    const minutes = minutesLeft(message.expireSeconds);
     const response = await fetch(this.options.url, {
       method: 'POST',
       headers: {

@@ -103,6 +103,14 @@ describe(createLogger.name, () => {
     expect(Object.keys(second.err)).not.toContain('rejected');
   });
 
+  it('looks for addresses in time linear in the text, however long a run without one', () => {
+    const { lines, log } = capture();
+    const started = performance.now();
+    log.error({ err: new Error(`${'x'.repeat(200_000)} ${'y'.repeat(200_000)}@example.test`) }, 'long');
+    expect(performance.now() - started).toBeLessThan(1_000);
+    expect(lines[0]).toContain(`${'y'.repeat(100)}…@example.test`.slice(-40));
+  });
+
   it('drops the statement of an error as mysql2 reports it, values written in', async () => {
     const { lines, log } = capture();
     const conn = await createConnection({ uri: services.mysqlRootUrl() });

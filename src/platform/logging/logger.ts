@@ -51,7 +51,8 @@ function withoutArguments(value: unknown, depth: number): unknown {
   delete record.sqlMessage;
   // A mail the server refused: nodemailer lists the recipients, and the server's answer and the
   // message usually name them too.
-  for (const key of ['rejected', 'rejectedErrors', 'accepted', 'pending', 'envelope']) delete record[key];
+  for (const key of ['rejected', 'rejectedErrors', 'accepted', 'pending', 'envelope', 'recipient'])
+    delete record[key];
   for (const key of ['message', 'stack', 'response'])
     if (typeof record[key] === 'string') record[key] = withoutAddresses(withoutDuplicateValue(record[key]));
   for (const key of ['cause', 'previousErrors', 'lastNodeError']) {
@@ -64,8 +65,24 @@ function withoutArguments(value: unknown, depth: number): unknown {
 
 /** E-mail addresses with their mailbox left out: `…@example.com` (the domain helps to tell a provider's refusals). */
 function withoutAddresses(text: string): string {
-  return text.replace(/[^\s<>"'(),;:@]+@([A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+)/g, '…@$1');
+  if (!text.includes('@')) return text;
+  // Found from each `@` (a pattern starting at the mailbox would rescan long runs from every
+  // start), the mailbox is the up to 64 characters before it that cannot end one.
+  let out = '';
+  let from = 0;
+  for (const match of text.matchAll(ADDRESS_DOMAIN)) {
+    const at = match.index;
+    let start = at;
+    while (start > from && at - start < 64 && !MAILBOX_END.has(text[start - 1]!)) start--;
+    if (start === at) continue;
+    out += `${text.slice(from, start)}…`;
+    from = at;
+  }
+  return out + text.slice(from);
 }
+
+const ADDRESS_DOMAIN = /@[\p{L}\p{N}-]{1,63}(?:\.[\p{L}\p{N}-]{1,63}){1,8}/gu;
+const MAILBOX_END = new Set([...' \t\r\n<>"\'(),;:@[]']);
 
 function withoutDuplicateValue(message: string): string {
   return message.replace(/Duplicate entry '[\s\S]*?' for key/g, "Duplicate entry '…' for key");
