@@ -668,7 +668,7 @@ function shuffle<T>(items: T[]): T[] {
  *
  * Round trips: `toggle`, `factCounts`, `rebuild`, `inspect`, `flags` (any page size),
  * `readSnapshots` (any number), `addViews` (any number), `applyEvents` (all groups of the batch)
- * and `markPublished` take one; `flush` two (three when its sweep found an unmarked group);
+ * and `markPublished` take one; `flush` two (three when it folded a group or its sweep found an unmarked one);
  * `staleUnpublished` one when nothing is stale. The request paths (`toggle`, `flags`,
  * `readSnapshots`, `markPublished`, `addViews`) issue their commands on the client in one tick
  * rather than in a pipeline of their own, so a client with auto-pipelining writes the commands of

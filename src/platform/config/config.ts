@@ -174,7 +174,7 @@ export const CONFIG_VARS = {
   ZG_MYSQL_URL: { description: 'cluster: mysql://user:password@host:port/database', secret: true },
   ZG_MYSQL_TIMEOUT_MS: {
     description:
-      'cluster: how long a wait for a MySQL connection of the pool, and each statement, may take before the request answers 503 (the statement is stopped and its connection closed; a lock is waited for at most half as long); also the connect timeout; 0 sets no limit; migrations have none',
+      'cluster: how long a wait for a MySQL connection of the pool, and each statement, may take before the request answers 503 (the connection of that statement is closed; a lock is waited for at most half as long, in whole seconds, at least 1); also the connect timeout; 0 sets no limit; migrations have none',
     default: '10000',
   },
   ZG_REDIS_URL: { description: 'cluster: redis://[:password@]host:port[/db]', secret: true },

@@ -9,7 +9,6 @@ import { MysqlExactIdsPlugin } from './mysql-exact-ids.js';
 import {
   poolWithDeadlines,
   queryWithin,
-  type DeadlineOptions,
   type RawMysqlConnection,
   type RawMysqlPool,
 } from './mysql-deadlines.js';
@@ -40,16 +39,14 @@ export function openSqlite(path: string): Db {
 /**
  * mysql2 is loaded lazily so the embedded profile never needs it. With `timeoutMs` above 0, waiting
  * for a pooled connection and each statement fail after that long (see `poolWithDeadlines`), and a
- * row or table lock is waited for at most half as long (whole seconds, at least one), so that lock
+ * row or table lock is waited for at most half as long (whole seconds, at least one: with a deadline
+ * under 2 s, longer than half), so that lock
  * contention ends as such (`ER_LOCK_WAIT_TIMEOUT`, which the follow group commit tries again alone)
  * before the deadline gives the connection up. A migration, which may rightly take longer, needs a
  * database opened without.
  */
 export async function openMysql(url: string, poolSize = 10, timeoutMs = 0): Promise<Db> {
-  const [{ createPool, createConnection }, { MysqlDialect }] = await Promise.all([
-    import('mysql2'),
-    import('kysely'),
-  ]);
+  const [{ createPool }, { MysqlDialect }] = await Promise.all([import('mysql2'), import('kysely')]);
   const pool = createPool({
     uri: url,
     connectionLimit: poolSize,
@@ -59,7 +56,6 @@ export async function openMysql(url: string, poolSize = 10, timeoutMs = 0): Prom
     // A connection still being made past the deadline holds a place in the pool for nothing.
     ...(timeoutMs > 0 ? { connectTimeout: timeoutMs } : {}),
   });
-  const deadlines: DeadlineOptions = { timeoutMs, size: poolSize };
   if (timeoutMs > 0) {
     const lockWaitSeconds = Math.max(1, Math.floor(timeoutMs / 2_000));
     pool.on('connection', (connection) => {
@@ -73,22 +69,11 @@ export async function openMysql(url: string, poolSize = 10, timeoutMs = 0): Prom
         () => undefined,
       );
     });
-    deadlines.kill = (threadId) => {
-      const killer = createConnection({
-        uri: url,
-        connectTimeout: timeoutMs,
-      }) as unknown as RawMysqlConnection & {
-        on(event: 'error', listener: () => void): void;
-      };
-      killer.on('error', () => undefined);
-      queryWithin(killer, { sql: `KILL QUERY ${Math.trunc(threadId)}`, timeout: timeoutMs }, () => {
-        if (killer.stream) killer.stream.destroy();
-        else killer.destroy();
-      });
-    };
   }
   const kysely = new Kysely<Database>({
-    dialect: new MysqlDialect({ pool: poolWithDeadlines(pool as unknown as RawMysqlPool, deadlines) }),
+    dialect: new MysqlDialect({
+      pool: poolWithDeadlines(pool as unknown as RawMysqlPool, { timeoutMs, size: poolSize }),
+    }),
     plugins: [new MysqlExactIdsPlugin()],
   });
   return { kysely, dialect: 'mysql', close: () => kysely.destroy() };

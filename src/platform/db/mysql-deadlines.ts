@@ -33,8 +33,6 @@ export interface DeadlineOptions {
   timeoutMs: number;
   /** The pool's size: at most this many requests wait on it at once, the others wait here. */
   size: number;
-  /** Asks the server to stop the statement of a connection given up on (best effort). */
-  kill?: (threadId: number) => void;
 }
 
 /**
@@ -48,13 +46,14 @@ export interface DeadlineOptions {
  *   goes back at once);
  * - a statement that has no answer within that long fails, and its connection is closed, with
  *   whatever was queued on it: the statement may still be running there, and a ROLLBACK sent after
- *   it would wait behind it. The server is asked to stop the statement (`kill`), and it rolls back
- *   the open transaction of a connection that went away; a write or COMMIT that had already
- *   reached it may still have been done.
+ *   it would wait behind it. The server rolls back the open transaction of a connection that went
+ *   away once it notices (a statement still running goes on until then: it is not killed, since
+ *   behind a failover's virtual address a thread id may name another server's thread); a write or
+ *   COMMIT that had already reached it may still have been done.
  * Both fail with `MysqlDeadlineError`. Streamed queries (none in this code) have no deadline.
  */
 export function poolWithDeadlines(pool: RawMysqlPool, options: DeadlineOptions): MysqlPool {
-  const { timeoutMs, size, kill } = options;
+  const { timeoutMs, size } = options;
   if (timeoutMs <= 0) return pool;
   // One wrapper per pooled connection: Kysely keeps its own state per connection object.
   const wrapped = new WeakMap<RawMysqlConnection, Wrapped>();
@@ -86,7 +85,7 @@ export function poolWithDeadlines(pool: RawMysqlPool, options: DeadlineOptions):
       if (waiter.settled) return giveBack(raw);
       let connection = wrapped.get(raw);
       if (!connection) {
-        connection = connectionWithDeadline(raw, timeoutMs, kill, giveBack);
+        connection = connectionWithDeadline(raw, timeoutMs, giveBack);
         wrapped.set(raw, connection);
       }
       connection.lent = true;
@@ -134,7 +133,6 @@ interface Wrapped {
 function connectionWithDeadline(
   raw: RawMysqlConnection,
   timeoutMs: number,
-  kill: ((threadId: number) => void) | undefined,
   giveBack: (raw: RawMysqlConnection) => void,
 ): Wrapped {
   const state: Wrapped = {
@@ -155,7 +153,7 @@ function connectionWithDeadline(
       },
       query: ((sql: string, parameters: unknown, callback?: QueryCallback) => {
         if (!callback) return raw.query(sql, parameters);
-        return queryWithin(raw, { sql, values: parameters, timeout: timeoutMs }, callback, kill);
+        return queryWithin(raw, { sql, values: parameters, timeout: timeoutMs }, callback);
       }) as MysqlPoolConnection['query'],
     },
   };
@@ -167,7 +165,6 @@ export function queryWithin(
   raw: RawMysqlConnection,
   options: { sql: string; values?: unknown; timeout: number },
   callback: QueryCallback,
-  kill?: (threadId: number) => void,
 ): unknown {
   let answered = false;
   return raw.query(options, (error, result) => {
@@ -181,7 +178,6 @@ export function queryWithin(
     const late = new MysqlDeadlineError(`a MySQL statement had no answer within ${options.timeout} ms`, {
       cause: error,
     });
-    if (typeof raw.threadId === 'number') kill?.(raw.threadId);
     // Destroying the socket with an error fails every command queued on the connection and takes
     // it out of the pool; `destroy` alone would only half-close it and leave them waiting.
     if (raw.stream) raw.stream.destroy(late);
