@@ -769,6 +769,11 @@ class KafkaSubscription implements Subscription {
         const idleMs =
           handled.size > 0 ? Math.max(0, lastCommitAt + this.commitIntervalMs - Date.now()) : undefined;
         const messages = await reader.next(this.maxBatch, this.maxWaitMs, idleMs);
+        // Records are of the group's membership when they were handed over: a join while they are
+        // handled may have moved their partition away and back, with another member committing
+        // further. (Records the stream fetched before a join and hands over after it count as of
+        // the new one.)
+        const joinsAtRead = this.joins;
         if (messages.length === 0) {
           if (fatal !== undefined || commitDue()) await commitHandled();
           continue;
@@ -780,7 +785,7 @@ class KafkaSubscription implements Subscription {
             closed = true;
             break;
           }
-          for (const m of records) keep(m, this.joins);
+          for (const m of records) keep(m, joinsAtRead);
           if (commitDue()) await commitHandled();
         }
         if (closed) break;
