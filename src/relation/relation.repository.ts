@@ -175,7 +175,11 @@ export class RelationRepository {
         .insertInto('following')
         .orIgnore()
         .values(
-          follows.map((c) => ({ from_user_id: c.fromUserId, to_user_id: c.toUserId, created_at: c.ts })),
+          // In key order: two batches holding the same pairs then lock them in the same order, and
+          // cannot deadlock on each other (one waits).
+          follows
+            .map((c) => ({ from_user_id: c.fromUserId, to_user_id: c.toUserId, created_at: c.ts }))
+            .sort((a, b) => a.from_user_id - b.from_user_id || a.to_user_id - b.to_user_id),
         )
         .executeTakeFirst();
       if (Number(inserted.numInsertedOrUpdatedRows ?? 0n) !== follows.length) throw new PairsMoved();

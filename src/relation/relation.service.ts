@@ -185,7 +185,7 @@ export class RelationService {
     if (!Number.isSafeInteger(limit) || limit < 1 || limit > MAX_PAGE) {
       throw new BadRequestError(`querystring.limit must be from 1 to ${MAX_PAGE}`);
     }
-    if (!(await this.users.findById(owner))) throw new NotFoundError('No such user');
+    if (!(await this.userExists(owner))) throw new NotFoundError('No such user');
     const size = await this.listSize(owner, kind);
     const isFirstPage = 'offset' in position && position.offset === 0;
     if (kind === 'followers' && isFirstPage && size !== null && size >= this.limits.bigAccountFollowers) {

@@ -4,7 +4,13 @@ import type { Database } from '../db/schema.js';
 /** An event to publish once the transaction that wrote it commits. */
 export interface OutboxMessage {
   topic: string;
-  /** Event-log key: messages with the same topic and key are published in the order they were appended. */
+  /**
+   * Event-log key: messages with the same topic and key are published in the order they were
+   * appended, provided the transactions appending them commit in that order too. On MySQL an id is
+   * given at insert, not at commit, so writers of one key must serialise on a row lock before
+   * appending (follows of one pair do, on the `following` row); otherwise a later row may commit,
+   * and go out, first.
+   */
   key: string;
   payload: string;
 }
