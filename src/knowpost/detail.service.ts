@@ -1,5 +1,6 @@
 import { NotFoundError } from '../platform/errors/errors.js';
 import { AnonymousAnswers, type AnonymousAnswersOptions } from './anonymous-answers.js';
+import { ZERO_COUNTS } from '../counter/model.js';
 import { NO_FLAGS, refOf, type PostInteractions } from './feed.service.js';
 import type { PostCache } from './post-cache.js';
 import { isListed, mayRead } from './post-read.model.js';
@@ -65,10 +66,13 @@ export class DetailService {
     const post = await this.cache.post(id);
     if (!post || !mayRead(post, viewerId)) throw new NotFoundError('No such post');
     const ref = refOf(id);
+    // A draft (only its author reads it) has no counts, likes or favourites yet: none are looked
+    // up, so no snapshot is made for it.
+    const published = post.status === 'published';
     const [authors, [counts], [flags]] = await Promise.all([
       this.cache.authors([post.authorId]),
-      readCounts([ref]),
-      viewerId === null ? Promise.resolve([]) : this.interactions.flags(viewerId, [ref]),
+      published ? readCounts([ref]) : [ZERO_COUNTS],
+      viewerId === null || !published ? Promise.resolve([]) : this.interactions.flags(viewerId, [ref]),
     ]);
     return { post, author: authors.get(post.authorId), counts, flags: flags ?? NO_FLAGS };
   }

@@ -477,6 +477,34 @@ describe.each<Profile>(['embedded', 'cluster'])('reading posts against real stor
     expect(p.views).toEqual([id, id]);
   });
 
+  it('reads no counts or flags for a draft its author opens, and makes no snapshot for it', async () => {
+    const id = postId(900);
+    await backend.db.kysely
+      .insertInto('knowposts')
+      .values({
+        id,
+        author_id: authors[0]!,
+        status: 'draft',
+        visible: 'public',
+        created_at: 1,
+        updated_at: 1,
+        publish_time: null,
+        title: 'a draft',
+        img_urls_json: '[]',
+        content_key: null,
+      })
+      .execute();
+    const counts: Counts = {};
+    const p = apiProcess(counts);
+    expect(detailResponse(await p.details.detail(id, authors[0]!))).toMatchObject({
+      id,
+      likeCount: 0,
+      liked: false,
+    });
+    expect(Object.keys(counts).filter((k) => k.startsWith('store.'))).toEqual([]);
+    expect(await backend.store.readSnapshots([ref(id)])).toEqual([null]);
+  });
+
   it('keeps an anonymous detail answer for its ttl, never a post that only its author may read', async () => {
     let now = 1_000;
     const counts: Counts = {};
