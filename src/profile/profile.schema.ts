@@ -21,7 +21,9 @@ export const ProfilePatchBody = Type.Object({
     }),
   ),
   zgId: Type.Optional(Type.String({ pattern: '^[a-zA-Z0-9_]{4,32}$' })),
-  school: Type.Optional(SingleLine({ maxLength: 128 })),
+  school: Type.Optional(
+    SingleLine({ maxLength: 128, description: 'an empty string takes the school off the profile' }),
+  ),
   tagJson: Type.Optional(Type.String({ maxLength: 2048 })),
 });
 

@@ -78,14 +78,21 @@ export class ProfileService {
 
   async update(userId: number, patch: Patch): Promise<UserRow> {
     const changes: UserPatch = {};
+    // Text is kept in one Unicode form (NFC), so one name is not two spellings.
     if (patch.nickname !== undefined) {
-      const nickname = patch.nickname.trim();
+      const nickname = patch.nickname.normalize('NFC').trim();
       if (!isVisible(nickname)) throw new BadRequestError('body.nickname must not be blank');
       changes.nickname = nickname;
     }
-    if (patch.bio !== undefined) changes.bio = patch.bio;
+    if (patch.bio !== undefined) changes.bio = patch.bio.normalize('NFC');
     if (patch.gender !== undefined) changes.gender = patch.gender;
-    if (patch.school !== undefined) changes.school = patch.school;
+    if (patch.school !== undefined) {
+      // An empty school takes it off the profile, as for the birthday.
+      const school = patch.school.normalize('NFC').trim();
+      if (school !== '' && !isVisible(school))
+        throw new BadRequestError('body.school must not be blank (an empty string takes it off the profile)');
+      changes.school = school === '' ? null : school;
+    }
     if (patch.zgId !== undefined) changes.zg_id = patch.zgId;
     // An empty birthday takes it off the profile (null leaves it as it is, as for every field).
     if (patch.birthday !== undefined)
@@ -209,8 +216,9 @@ function checkTags(tagJson: string): string {
   if (!Array.isArray(parsed) || parsed.length > 20) throw new BadRequestError(message);
   const tags: string[] = [];
   for (const raw of parsed) {
-    const tag = typeof raw === 'string' ? raw.trim() : '';
-    if (tag.length < 1 || tag.length > 32 || !isSingleLine(tag) || !isVisible(tag))
+    const tag = typeof raw === 'string' ? raw.normalize('NFC').trim() : '';
+    const characters = [...tag].length;
+    if (characters < 1 || characters > 32 || !isSingleLine(tag) || !isVisible(tag))
       throw new BadRequestError(message);
     // The same tag twice is one tag.
     if (!tags.includes(tag)) tags.push(tag);

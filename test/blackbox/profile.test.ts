@@ -64,6 +64,17 @@ describe.each<ProfileName>(['embedded', 'cluster'])('profiles (%s profile)', (pr
     expect(anonymous.body).toMatchObject({ nickname: 'Alice' });
     expect(anonymous.body).not.toHaveProperty('phone');
     expect(anonymous.body).not.toHaveProperty('email');
+    // One Unicode form: two spellings of a tag are one tag; a tag's length is in characters; an
+    // empty school takes it off.
+    const respelt = await client.call('PATCH', '/api/v1/profile', {
+      token: alice.accessToken,
+      body: { tagJson: JSON.stringify(['Cafe\u0301', 'Caf\u00e9', '😀'.repeat(32)]), school: ' ' },
+    });
+    expect(respelt.status).toBe(200);
+    expect(respelt.body).toMatchObject({
+      tagJson: JSON.stringify(['Caf\u00e9', '😀'.repeat(32)]),
+      school: null,
+    });
     const own = await client.call('GET', `/api/v1/profile/${alice.userId}`, { token: alice.accessToken });
     expect(own.body.email).toBe(alice.identifier);
     expect(own.body).toHaveProperty('phone', null);
@@ -112,6 +123,9 @@ describe.each<ProfileName>(['embedded', 'cluster'])('profiles (%s profile)', (pr
       // Names and tags that show nothing, or read backwards.
       { nickname: '\u200b' },
       { nickname: '\u3164' },
+      { nickname: '\u0301\u0301' },
+      { school: '\u200b' },
+      { tagJson: `["${'😀'.repeat(33)}"]` },
       { nickname: 'two\u2028lines' },
       { nickname: 'abc\u202eevil' },
       { nickname: 'abc\u202devil' },

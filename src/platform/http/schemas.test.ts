@@ -5,7 +5,7 @@ import { isSingleLine, isVisible, sendJsonBytes, TEXT_FORMATS } from './schemas.
 
 describe('text checks', () => {
   it('takes a name that shows something, not only blanks drawn as letters', () => {
-    for (const shown of ['a', ' 知光 ', 'x\u200b', '\u3164a', '\u2801'])
+    for (const shown of ['a', ' 知光 ', 'x\u200b', '\u3164a', '\u2801', 'e\u0301', '7', '!', '☀'])
       expect({ shown, visible: isVisible(shown) }).toEqual({ shown, visible: true });
     for (const blank of [
       '',
@@ -17,6 +17,10 @@ describe('text checks', () => {
       '\uffa0',
       '\u2800\u2800',
       '\u3000',
+      // Combining marks with nothing to combine with, and the grapheme joiner.
+      '\u0301\u0301',
+      '\u034f',
+      '\u17b4',
     ])
       expect({ blank, visible: isVisible(blank) }).toEqual({ blank, visible: false });
   });

@@ -25,11 +25,12 @@ export function isSingleLine(value: string): boolean {
 }
 
 /**
- * Whether `value` shows something: not only spaces, invisible format characters and the letters
- * and symbols that are drawn blank (the Hangul fillers, the blank Braille pattern).
+ * Whether `value` shows something: a letter, digit, punctuation mark or symbol other than those
+ * drawn blank (the Hangul fillers, the blank Braille pattern). Spaces, invisible format characters
+ * and combining marks with nothing to combine with show nothing.
  */
 export function isVisible(value: string): boolean {
-  return /[^\s\p{Cf}\u115f\u1160\u3164\uffa0\u2800]/u.test(value);
+  return /[\p{L}\p{N}\p{P}\p{S}]/u.test(value.replace(/[\u115f\u1160\u3164\uffa0\u2800]/gu, ''));
 }
 
 /** String formats the validators know, with what a value of each must not contain. */
