@@ -63,7 +63,11 @@ export async function openMysql(url: string, poolSize = 10, timeoutMs = 0): Prom
       queryWithin(
         connection as unknown as RawMysqlConnection,
         {
-          sql: `SET SESSION innodb_lock_wait_timeout = ${lockWaitSeconds}, lock_wait_timeout = ${lockWaitSeconds}`,
+          // MariaDB (`/*M!`) also ends a statement itself at the deadline, so one the client gave
+          // up on does not run on; `KILL QUERY` could not be trusted to name the right server.
+          sql:
+            `SET SESSION innodb_lock_wait_timeout = ${lockWaitSeconds}, lock_wait_timeout = ${lockWaitSeconds}` +
+            ` /*M!, max_statement_time = ${timeoutMs / 1000} */`,
           timeout: timeoutMs,
         },
         () => undefined,

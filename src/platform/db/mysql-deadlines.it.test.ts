@@ -124,6 +124,31 @@ describe('MySQL deadlines: a primary that vanishes without resetting its connect
   });
 });
 
+describe('MySQL deadlines: statements on a server that answers', () => {
+  it('has the server end a statement at the deadline, so it does not run on after the 503', async () => {
+    const database = await createMysqlDatabase();
+    const db = await openMysql(database.url, 1, TIMEOUT_MS);
+    const direct = await openMysql(database.url, 1);
+    try {
+      const lost = await timed(() => sql`SELECT SLEEP(30)`.execute(db.kysely));
+      expect(isDependencyOutage(lost.error)).toBe(true);
+      expect(lost.ms).toBeLessThan(TIMEOUT_MS + 1_000);
+      const running = async () =>
+        Number(
+          (
+            await sql<{ n: number }>`SELECT COUNT(*) AS n FROM information_schema.PROCESSLIST
+              WHERE INFO LIKE 'SELECT SLEEP(30)%'`.execute(direct.kysely)
+          ).rows[0]?.n,
+        );
+      await expect.poll(running, { timeout: 3_000 }).toBe(0);
+    } finally {
+      await direct.close();
+      await db.close();
+      await database.drop();
+    }
+  });
+});
+
 describe('MySQL deadlines: lock waits', () => {
   it('end a wait for a row lock as contention, well before the deadline gives the connection up', async () => {
     const database = await createMysqlDatabase();

@@ -47,9 +47,10 @@ export interface DeadlineOptions {
  * - a statement that has no answer within that long fails, and its connection is closed, with
  *   whatever was queued on it: the statement may still be running there, and a ROLLBACK sent after
  *   it would wait behind it. The server rolls back the open transaction of a connection that went
- *   away once it notices (a statement still running goes on until then: it is not killed, since
- *   behind a failover's virtual address a thread id may name another server's thread); a write or
- *   COMMIT that had already reached it may still have been done.
+ *   away once it notices (a statement still running goes on until then, unless the session limits
+ *   statements itself, see `openMysql`: it is not killed, since behind a failover's virtual
+ *   address a thread id may name another server's thread); a write or COMMIT that had already
+ *   reached it may still have been done.
  * Both fail with `MysqlDeadlineError`. Streamed queries (none in this code) have no deadline.
  */
 export function poolWithDeadlines(pool: RawMysqlPool, options: DeadlineOptions): MysqlPool {

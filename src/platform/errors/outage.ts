@@ -57,9 +57,13 @@ const NAMES = new Set([
 const MESSAGE =
   /^(?:database is locked|Connection is closed\.|Command timed out|Stream isn't writeable|LOADING |TRYAGAIN |CLUSTERDOWN |MASTERDOWN |BUSY |READONLY |OOM |Can't add new command when connection is in closed state|Can't write in closed state)/;
 
+/** MariaDB's ER_STATEMENT_TIMEOUT, which mysql2 has no code name for. */
+const MARIADB_STATEMENT_TIMEOUT = 1969;
+
 interface Described {
   name?: unknown;
   code?: unknown;
+  errno?: unknown;
   message?: unknown;
   cause?: unknown;
   errors?: unknown;
@@ -70,6 +74,8 @@ function walk(err: unknown, depth: number): boolean {
   if (depth > 5 || typeof err !== 'object' || err === null) return false;
   const e = err as Described;
   if (typeof e.code === 'string' && CODES.has(e.code)) return true;
+  // MariaDB ended a statement at its max_statement_time (the MySQL deadline, see `openMysql`).
+  if (e.errno === MARIADB_STATEMENT_TIMEOUT) return true;
   if (e.code === 'ER_OPTION_PREVENTS_STATEMENT' && typeof e.message === 'string' && READ_ONLY.test(e.message))
     return true;
   if (typeof e.name === 'string' && NAMES.has(e.name)) return true;
