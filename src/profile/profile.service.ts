@@ -80,15 +80,15 @@ export class ProfileService {
     const changes: UserPatch = {};
     // Text is kept in one Unicode form (NFC), so one name is not two spellings.
     if (patch.nickname !== undefined) {
-      const nickname = patch.nickname.normalize('NFC').trim();
+      const nickname = normalized(patch.nickname, 'nickname', 64).trim();
       if (!isVisible(nickname)) throw new BadRequestError('body.nickname must not be blank');
       changes.nickname = nickname;
     }
-    if (patch.bio !== undefined) changes.bio = patch.bio.normalize('NFC');
+    if (patch.bio !== undefined) changes.bio = normalized(patch.bio, 'bio', 512);
     if (patch.gender !== undefined) changes.gender = patch.gender;
     if (patch.school !== undefined) {
       // An empty school takes it off the profile, as for the birthday.
-      const school = patch.school.normalize('NFC').trim();
+      const school = normalized(patch.school, 'school', 128).trim();
       if (school !== '' && !isVisible(school))
         throw new BadRequestError('body.school must not be blank (an empty string takes it off the profile)');
       changes.school = school === '' ? null : school;
@@ -202,6 +202,17 @@ function withoutMetadataOrRefuse(bytes: Buffer, type: string): Buffer | null {
     if (err instanceof ImageTooLargeError) throw new BadRequestError(`file ${err.message}`);
     throw err;
   }
+}
+
+/**
+ * `value` in NFC, which may be longer than what was sent (U+FB2C is three characters in NFC): it
+ * must still fit its column.
+ */
+function normalized(value: string, field: string, maxCharacters: number): string {
+  const text = value.normalize('NFC');
+  if (text !== value && [...text].length > maxCharacters)
+    throw new BadRequestError(`body.${field} must be at most ${maxCharacters} characters (in Unicode NFC)`);
+  return text;
 }
 
 function checkTags(tagJson: string): string {

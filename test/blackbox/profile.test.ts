@@ -124,6 +124,8 @@ describe.each<ProfileName>(['embedded', 'cluster'])('profiles (%s profile)', (pr
       { nickname: '\u200b' },
       { nickname: '\u3164' },
       { nickname: '\u0301\u0301' },
+      // 64 characters, which are 192 once in NFC: longer than a nickname may be.
+      { nickname: '\ufb2c'.repeat(64) },
       { school: '\u200b' },
       { tagJson: `["${'😀'.repeat(33)}"]` },
       { nickname: 'two\u2028lines' },

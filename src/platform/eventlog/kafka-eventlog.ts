@@ -708,9 +708,9 @@ class KafkaSubscription implements Subscription {
    * idempotent only for a batch handed again whole (views) would count them twice. After
    * `MAX_COMMIT_FAILURES` failures in a row, a commit without an answer in time (the client goes on
    * with it), or once the consumer itself failed, the error surfaces and the records since the last
-   * commit are delivered again: at-least-once, as the handler already expects. What was handled
-   * before the group was joined again is not committed (see `joins`). Leaving because of `close`
-   * commits whatever was handled.
+   * commit are delivered again: at-least-once, as the handler already expects. What was handed
+   * over before the group was joined again is not committed (see `joins`). Leaving because of
+   * `close` commits whatever was handled.
    */
   private async pump(onProgress: () => void): Promise<void> {
     const reader = this.reader!;
@@ -718,7 +718,7 @@ class KafkaSubscription implements Subscription {
     let committing: Promise<void> | undefined;
     // A commit failure that ends the stream, thrown by the next `settleCommit`.
     let fatal: Error | undefined;
-    // Handled and not committed yet: the last record of each partition, and `joins` when handled.
+    // Handled and not committed yet: the last record of each partition, and `joins` when handed over.
     let handled = new Map<string, { m: StringMessage; joins: number }>();
     const keep = (m: StringMessage, joins: number): void => {
       const key = `${m.topic}:${m.partition}`;

@@ -108,7 +108,8 @@ describe(createLogger.name, () => {
     const started = performance.now();
     log.error({ err: new Error(`${'x'.repeat(200_000)} ${'y'.repeat(200_000)}@example.test`) }, 'long');
     expect(performance.now() - started).toBeLessThan(1_000);
-    expect(lines[0]).toContain(`${'y'.repeat(100)}…@example.test`.slice(-40));
+    expect(lines[0]).toContain(' …@example.test');
+    expect(lines[0]).not.toContain('yyyy');
   });
 
   it('drops the statement of an error as mysql2 reports it, values written in', async () => {

@@ -67,22 +67,23 @@ function withoutArguments(value: unknown, depth: number): unknown {
 function withoutAddresses(text: string): string {
   if (!text.includes('@')) return text;
   // Found from each `@` (a pattern starting at the mailbox would rescan long runs from every
-  // start), the mailbox is the up to 64 characters before it that cannot end one.
+  // start), the mailbox is what comes before it, back to a character that cannot be in one or to
+  // the end of the address before: no character is looked at twice.
   let out = '';
   let from = 0;
   for (const match of text.matchAll(ADDRESS_DOMAIN)) {
     const at = match.index;
     let start = at;
-    while (start > from && at - start < 64 && !MAILBOX_END.has(text[start - 1]!)) start--;
-    if (start === at) continue;
-    out += `${text.slice(from, start)}…`;
-    from = at;
+    while (start > from && !MAILBOX_END.has(text[start - 1]!)) start--;
+    if (start < at) out += `${text.slice(from, start)}…${match[0]}`;
+    else out += text.slice(from, at + match[0].length);
+    from = at + match[0].length;
   }
   return out + text.slice(from);
 }
 
 const ADDRESS_DOMAIN = /@[\p{L}\p{N}-]{1,63}(?:\.[\p{L}\p{N}-]{1,63}){1,8}/gu;
-const MAILBOX_END = new Set([...' \t\r\n<>"\'(),;:@[]']);
+const MAILBOX_END = new Set([...' \t\r\n<>"\'(),;:@[]/=&?']);
 
 function withoutDuplicateValue(message: string): string {
   return message.replace(/Duplicate entry '[\s\S]*?' for key/g, "Duplicate entry '…' for key");

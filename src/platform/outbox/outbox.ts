@@ -7,9 +7,10 @@ export interface OutboxMessage {
   /**
    * Event-log key: messages with the same topic and key are published in the order they were
    * appended, provided the transactions appending them commit in that order too. On MySQL an id is
-   * given at insert, not at commit, so writers of one key must serialise on a row lock before
-   * appending (follows of one pair do, on the `following` row); otherwise a later row may commit,
-   * and go out, first.
+   * given at insert, not at commit, so two writers of one key that do not serialise on a row lock
+   * may see the later row commit, and go out, first. Relation events are keyed by the followed
+   * user: changes of one pair serialise on its `following` row, so they keep their order; changes
+   * of different pairs may swap, which their consumer does not mind (each is applied by its id).
    */
   key: string;
   payload: string;
