@@ -6,7 +6,7 @@ import { join } from 'node:path';
 import { migrate, openSqlite } from '../db/database.js';
 import { services, uniqueName } from '../../../test/rig/resources.js';
 import { defineEventLogContract } from './eventlog.contract.js';
-import { PublishTimeoutError } from './eventlog.js';
+import { PublishTimeoutError, type SubscribeOptions } from './eventlog.js';
 import { KafkaEventLog } from './kafka-eventlog.js';
 import { SqliteEventLog } from './sqlite-eventlog.js';
 
@@ -147,22 +147,52 @@ function kafkaLogWithCommits(
   return { log, committed, dispose };
 }
 
+/**
+ * Counts the group joins of the log's consumers, and has their first `times` commits answer
+ * `refusal()` (none by default).
+ */
+function watchConsumers(
+  log: KafkaEventLog,
+  times = 0,
+  refusal: () => Promise<never> = () => Promise.reject(new Error('commit refused')),
+) {
+  const seen = { joins: 0, refused: 0 };
+  const create = log.createConsumer.bind(log);
+  log.createConsumer = (...args) => {
+    const consumer = create(...args);
+    consumer.on('consumer:group:join', () => void seen.joins++);
+    const commit = consumer.commit.bind(consumer);
+    consumer.commit = (options: Parameters<typeof commit>[0]) => {
+      if (seen.refused >= times) return commit(options);
+      seen.refused++;
+      return refusal();
+    };
+    return consumer;
+  };
+  return seen;
+}
+
+/** Subscribes group `g` to `t` in batches of 5, keeping what the handler is handed in `handled`. */
+function subscribeInto(log: KafkaEventLog, handled: string[], options: Partial<SubscribeOptions> = {}) {
+  return log.subscribe({
+    group: 'g',
+    topics: ['t'],
+    maxBatch: 5,
+    maxWaitMs: 10,
+    handler: async (batch) => {
+      handled.push(...batch.records.map((r) => r.value));
+    },
+    ...options,
+  });
+}
+
 describe('KafkaEventLog commitIntervalMs', () => {
   it('commits what a quiet subscription handled within the interval, without waiting for close', async () => {
     const { log, committed, dispose } = kafkaLogWithCommits('zg-commit-interval');
     try {
       await log.ensureTopics(['t']);
       const handled: string[] = [];
-      const sub = await log.subscribe({
-        group: 'g',
-        topics: ['t'],
-        maxBatch: 5,
-        maxWaitMs: 10,
-        commitIntervalMs: 1_500,
-        handler: async (batch) => {
-          handled.push(...batch.records.map((r) => r.value));
-        },
-      });
+      const sub = await subscribeInto(log, handled, { commitIntervalMs: 1_500 });
       const records = Array.from({ length: 40 }, (_, i) => ({ key: `k${i % 4}`, value: String(i) }));
       await log.publish('t', records);
       const deadline = Date.now() + 15_000;
@@ -181,24 +211,6 @@ describe('KafkaEventLog commitIntervalMs', () => {
 });
 
 describe('KafkaEventLog commit failures', () => {
-  /** Counts the log's consumers' group joins, and has their first `times` commits answer `refusal()`. */
-  function refuseCommits(log: KafkaEventLog, times: number, refusal: () => Promise<never>) {
-    const seen = { joins: 0, refused: 0 };
-    const create = log.createConsumer.bind(log);
-    log.createConsumer = (...args) => {
-      const consumer = create(...args);
-      consumer.on('consumer:group:join', () => void seen.joins++);
-      const commit = consumer.commit.bind(consumer);
-      consumer.commit = (options: Parameters<typeof commit>[0]) => {
-        if (seen.refused >= times) return commit(options);
-        seen.refused++;
-        return refusal();
-      };
-      return consumer;
-    };
-    return seen;
-  }
-
   /** Publishes 30 records and waits until the group committed past them; what the handler was handed. */
   async function consumeAll(
     log: KafkaEventLog,
@@ -208,16 +220,7 @@ describe('KafkaEventLog commit failures', () => {
   ): Promise<string[]> {
     await log.ensureTopics(['t']);
     const handled: string[] = [];
-    const sub = await log.subscribe({
-      group: 'g',
-      topics: ['t'],
-      maxBatch: 5,
-      maxWaitMs: 10,
-      onError: (err) => errors.push(err),
-      handler: async (batch) => {
-        handled.push(...batch.records.map((r) => r.value));
-      },
-    });
+    const sub = await subscribeInto(log, handled, { onError: (err) => errors.push(err) });
     whenSubscribed();
     const records = Array.from({ length: 30 }, (_, i) => ({ key: `k${i % 4}`, value: String(i) }));
     await log.publish('t', records);
@@ -235,7 +238,7 @@ describe('KafkaEventLog commit failures', () => {
       retryBackoffMs: { min: 50, max: 100 },
     });
     // The group's coordinator moving: the first three commits are refused.
-    const seen = refuseCommits(log, 3, () => Promise.reject(new Error('coordinator moving')));
+    const seen = watchConsumers(log, 3, () => Promise.reject(new Error('coordinator moving')));
     try {
       const errors: unknown[] = [];
       let joined = 0;
@@ -256,7 +259,7 @@ describe('KafkaEventLog commit failures', () => {
       requestTimeoutMs: 500,
       retryBackoffMs: { min: 50, max: 100 },
     });
-    const seen = refuseCommits(log, 1, () => new Promise<never>(() => undefined));
+    const seen = watchConsumers(log, 1, () => new Promise<never>(() => undefined));
     try {
       const errors: unknown[] = [];
       let joined = 0;
@@ -273,23 +276,10 @@ describe('KafkaEventLog commit failures', () => {
 
 describe('KafkaEventLog handler failures', () => {
   it('hands a failed batch again on the same stream, without joining the group again', async () => {
-    const prefix = `${uniqueName('t')}.`;
-    const log = new KafkaEventLog({
-      brokers: services.kafkaBrokers(),
-      prefix,
-      partitions: 2,
-      clientId: 'zg-handler-failures',
-      sessionTimeoutMs: 6_000,
-      heartbeatIntervalMs: 500,
+    const { log, dispose } = kafkaLogWithCommits('zg-handler-failures', {
       retryBackoffMs: { min: 50, max: 100 },
     });
-    let joins = 0;
-    const create = log.createConsumer.bind(log);
-    log.createConsumer = (...args) => {
-      const consumer = create(...args);
-      consumer.on('consumer:group:join', () => void joins++);
-      return consumer;
-    };
+    const seen = watchConsumers(log);
     try {
       await log.ensureTopics(['t']);
       const errors: unknown[] = [];
@@ -310,7 +300,7 @@ describe('KafkaEventLog handler failures', () => {
           handled.push(...batch.records.map((r) => r.value));
         },
       });
-      const joined = joins;
+      const joined = seen.joins;
       expect(joined).toBeGreaterThan(0);
       const records = Array.from({ length: 20 }, (_, i) => ({ key: `k${i % 4}`, value: String(i) }));
       await log.publish('t', records);
@@ -319,12 +309,10 @@ describe('KafkaEventLog handler failures', () => {
       expect(new Set(handled).size).toBe(records.length);
       expect(errors.filter((e) => (e as Error).message === 'redis down')).toHaveLength(5);
       // Five failures, and not one JoinGroup more (each would rebalance the whole group).
-      expect(joins).toBe(joined);
+      expect(seen.joins).toBe(joined);
       await sub.close();
     } finally {
-      await log.deleteGroups(['g']).catch(() => undefined);
-      await log.deleteTopics(['t']);
-      await log.close();
+      await dispose();
     }
   });
 });
