@@ -193,6 +193,47 @@ describe("a big account's first followers page", () => {
     s.service.close();
   });
 
+  it('is loaded once for callers that miss it together, but anew for one after an invalidation', async () => {
+    const s = setup();
+    s.known.add(4);
+    const gate = deferred();
+    s.hold = gate.promise;
+    const first = ids(s);
+    await new Promise((r) => setTimeout(r, 5));
+    const second = ids(s);
+    await new Promise((r) => setTimeout(r, 5));
+    expect(s.pageReads).toBe(1);
+    // A follow lands and is announced: a caller after it (its author, say) must see it.
+    s.followers.unshift({ userId: 4, createdAt: 3 });
+    await s.bus.publish(FIRST_PAGE_SCOPE, [String(OWNER)]);
+    s.hold = undefined;
+    const third = ids(s);
+    gate.resolve();
+    expect(await first).toEqual([3, 2]);
+    expect(await second).toEqual([3, 2]);
+    expect(await third).toEqual([4, 3, 2]);
+    expect(s.pageReads).toBe(2);
+    s.service.close();
+  });
+
+  it('hands a failed load to its callers only, not to later ones', async () => {
+    const s = setup();
+    const page = s.service['deps'].repo.page.bind(s.service['deps'].repo);
+    let failNext = true;
+    s.service['deps'].repo.page = async (...args: Parameters<typeof page>) => {
+      if (failNext) {
+        failNext = false;
+        await new Promise((r) => setTimeout(r, 5));
+        throw new Error('database down');
+      }
+      return page(...args);
+    };
+    const [a, b] = await Promise.allSettled([ids(s), ids(s)]);
+    expect([a.status, b.status]).toEqual(['rejected', 'rejected']);
+    expect(await ids(s)).toEqual([3, 2]);
+    s.service.close();
+  });
+
   it('is kept when the invalidation during the load concerns another user', async () => {
     const s = setup();
     const gate = deferred();

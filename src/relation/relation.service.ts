@@ -108,10 +108,18 @@ export class RelationService {
   private readonly firstPages: LruCache<FirstPage>;
   /**
    * Invalidation generation of each user whose first page is being loaded (entries exist only while
-   * a load is in flight). An invalidation bumps it; a load caches its page only if the generation it
-   * read before reading the database is still current.
+   * a load is in flight), and the load callers of the current generation share. An invalidation
+   * bumps it; a load caches its page only if the generation it read before reading the database is
+   * still current.
    */
-  private readonly firstPageLoads = new Map<string, { generation: number; loads: number }>();
+  private readonly firstPageLoads = new Map<
+    string,
+    {
+      generation: number;
+      loads: number;
+      shared?: { generation: number; load: Promise<FirstPage> } | undefined;
+    }
+  >();
   private readonly unsubscribe: () => void;
   /**
    * Users known to exist (accounts are never deleted, so a found user stays found): a follow of a
@@ -306,18 +314,34 @@ export class RelationService {
       this.metrics.cacheReads.inc({ cache: 'first-page', result: 'miss' });
       let inFlight = this.firstPageLoads.get(key);
       if (!inFlight) this.firstPageLoads.set(key, (inFlight = { generation: 0, loads: 0 }));
-      inFlight.loads += 1;
-      const generation = inFlight.generation;
+      const loads = inFlight;
+      loads.loads += 1;
+      const generation = loads.generation;
       try {
-        // Read straight from the database: a big account's list is longer than the list cache holds.
-        const loaded = await this.repo.page(owner, 'followers', { offset: 0 }, MAX_PAGE);
-        const profiles = new Map((await this.profiles(loaded.entries)).map((p) => [p.id, p]));
-        page = { entries: loaded.entries, profiles, more: loaded.more };
-        // An invalidation during the load may postdate what was read: serve it, but do not keep it.
-        if (inFlight.generation === generation) this.firstPages.set(key, page);
+        // A load begun since the last invalidation is shared: it read no older a page than this
+        // caller could. One begun before is not (the caller may have just made the change).
+        let load = loads.shared?.generation === generation ? loads.shared.load : undefined;
+        if (!load) {
+          const started = (async (): Promise<FirstPage> => {
+            // Read straight from the database: a big account's list is longer than the list cache holds.
+            const loaded = await this.repo.page(owner, 'followers', { offset: 0 }, MAX_PAGE);
+            const profiles = new Map((await this.profiles(loaded.entries)).map((p) => [p.id, p]));
+            const read = { entries: loaded.entries, profiles, more: loaded.more };
+            // An invalidation during the load may postdate what was read: serve it, but do not keep it.
+            if (loads.generation === generation) this.firstPages.set(key, read);
+            return read;
+          })();
+          load = started;
+          loads.shared = { generation, load };
+          // A failed load is not handed to later callers.
+          started.catch(() => {
+            if (loads.shared?.load === started) loads.shared = undefined;
+          });
+        }
+        page = await load;
       } finally {
-        inFlight.loads -= 1;
-        if (inFlight.loads === 0) this.firstPageLoads.delete(key);
+        loads.loads -= 1;
+        if (loads.loads === 0) this.firstPageLoads.delete(key);
       }
     }
     const entries = page.entries.slice(0, limit);
