@@ -1,6 +1,9 @@
 import { Type } from 'typebox';
 import { MultiLine, Nullable, SingleLine } from '../platform/http/schemas.js';
 
+/** Most characters of the profile's text fields (their columns' sizes), also once in NFC. */
+export const MAX_CHARACTERS = { nickname: 64, bio: 512, school: 128 } as const;
+
 export const Gender = Type.Union([
   Type.Literal('MALE'),
   Type.Literal('FEMALE'),
@@ -9,8 +12,8 @@ export const Gender = Type.Union([
 ]);
 
 export const ProfilePatchBody = Type.Object({
-  nickname: Type.Optional(SingleLine({ minLength: 1, maxLength: 64 })),
-  bio: Type.Optional(MultiLine({ maxLength: 512 })),
+  nickname: Type.Optional(SingleLine({ minLength: 1, maxLength: MAX_CHARACTERS.nickname })),
+  bio: Type.Optional(MultiLine({ maxLength: MAX_CHARACTERS.bio })),
   gender: Type.Optional(Gender),
   birthday: Type.Optional(
     Type.String({
@@ -22,7 +25,10 @@ export const ProfilePatchBody = Type.Object({
   ),
   zgId: Type.Optional(Type.String({ pattern: '^[a-zA-Z0-9_]{4,32}$' })),
   school: Type.Optional(
-    SingleLine({ maxLength: 128, description: 'an empty string takes the school off the profile' }),
+    SingleLine({
+      maxLength: MAX_CHARACTERS.school,
+      description: 'an empty string takes the school off the profile',
+    }),
   ),
   tagJson: Type.Optional(Type.String({ maxLength: 2048 })),
 });

@@ -12,7 +12,7 @@ import { isSingleLine, isVisible } from '../platform/http/schemas.js';
 import { ImageTooLargeError, withoutMetadata } from './image-metadata.js';
 import { enforceLimit, type RateLimiter } from '../platform/ratelimit/ratelimit.js';
 import type { ObjectStorage } from '../platform/storage/object-storage.js';
-import type { ProfilePatchBody } from './profile.schema.js';
+import { MAX_CHARACTERS, type ProfilePatchBody } from './profile.schema.js';
 import type { UserPatch, UserRow, UsersRepository } from './users.repository.js';
 
 type Patch = Static<typeof ProfilePatchBody>;
@@ -80,15 +80,15 @@ export class ProfileService {
     const changes: UserPatch = {};
     // Text is kept in one Unicode form (NFC), so one name is not two spellings.
     if (patch.nickname !== undefined) {
-      const nickname = normalized(patch.nickname, 'nickname', 64).trim();
+      const nickname = normalized(patch.nickname, 'nickname').trim();
       if (!isVisible(nickname)) throw new BadRequestError('body.nickname must not be blank');
       changes.nickname = nickname;
     }
-    if (patch.bio !== undefined) changes.bio = normalized(patch.bio, 'bio', 512);
+    if (patch.bio !== undefined) changes.bio = normalized(patch.bio, 'bio');
     if (patch.gender !== undefined) changes.gender = patch.gender;
     if (patch.school !== undefined) {
       // An empty school takes it off the profile, as for the birthday.
-      const school = normalized(patch.school, 'school', 128).trim();
+      const school = normalized(patch.school, 'school').trim();
       if (school !== '' && !isVisible(school))
         throw new BadRequestError('body.school must not be blank (an empty string takes it off the profile)');
       changes.school = school === '' ? null : school;
@@ -208,10 +208,11 @@ function withoutMetadataOrRefuse(bytes: Buffer, type: string): Buffer | null {
  * `value` in NFC, which may be longer than what was sent (U+FB2C is three characters in NFC): it
  * must still fit its column.
  */
-function normalized(value: string, field: string, maxCharacters: number): string {
+function normalized(value: string, field: keyof typeof MAX_CHARACTERS): string {
   const text = value.normalize('NFC');
-  if (text !== value && [...text].length > maxCharacters)
-    throw new BadRequestError(`body.${field} must be at most ${maxCharacters} characters (in Unicode NFC)`);
+  const max = MAX_CHARACTERS[field];
+  if (text !== value && [...text].length > max)
+    throw new BadRequestError(`body.${field} must be at most ${max} characters (in Unicode NFC)`);
   return text;
 }
 

@@ -108,18 +108,11 @@ export class RelationService {
   private readonly firstPages: LruCache<FirstPage>;
   /**
    * Invalidation generation of each user whose first page is being loaded (entries exist only while
-   * a load is in flight), and the load callers of the current generation share. An invalidation
-   * bumps it; a load caches its page only if the generation it read before reading the database is
-   * still current.
+   * a load is in flight). An invalidation bumps it; a load caches its page only if the generation it
+   * read before reading the database is still current.
    */
-  private readonly firstPageLoads = new Map<
-    string,
-    {
-      generation: number;
-      loads: number;
-      shared?: { generation: number; load: Promise<FirstPage> } | undefined;
-    }
-  >();
+  private readonly firstPageLoads = new Map<string, { generation: number; loads: number }>();
+  private readonly firstPageFlights = new SingleFlight<FirstPage>();
   private readonly unsubscribe: () => void;
   /**
    * Users known to exist (accounts are never deleted, so a found user stays found): a follow of a
@@ -147,6 +140,7 @@ export class RelationService {
     const stopChanges = deps.bus.subscribe(FIRST_PAGE_SCOPE, (keys) => {
       for (const key of keys) {
         this.firstPages.delete(key);
+        this.firstPageFlights.forget(key);
         const inFlight = this.firstPageLoads.get(key);
         if (inFlight) inFlight.generation += 1;
       }
@@ -154,7 +148,10 @@ export class RelationService {
     // Back on the bus after a disconnection: any page may have changed meanwhile.
     const stopGaps = deps.bus.onGap(() => {
       this.firstPages.clear();
-      for (const inFlight of this.firstPageLoads.values()) inFlight.generation += 1;
+      for (const [key, inFlight] of this.firstPageLoads) {
+        inFlight.generation += 1;
+        this.firstPageFlights.forget(key);
+      }
     });
     this.unsubscribe = () => {
       stopChanges();
@@ -312,33 +309,22 @@ export class RelationService {
     if (page) this.metrics.cacheReads.inc({ cache: 'first-page', result: 'hit' });
     else {
       this.metrics.cacheReads.inc({ cache: 'first-page', result: 'miss' });
-      let inFlight = this.firstPageLoads.get(key);
-      if (!inFlight) this.firstPageLoads.set(key, (inFlight = { generation: 0, loads: 0 }));
-      const loads = inFlight;
+      const loads = this.firstPageLoads.get(key) ?? { generation: 0, loads: 0 };
+      this.firstPageLoads.set(key, loads);
       loads.loads += 1;
-      const generation = loads.generation;
       try {
-        // A load begun since the last invalidation is shared: it read no older a page than this
-        // caller could. One begun before is not (the caller may have just made the change).
-        let load = loads.shared?.generation === generation ? loads.shared.load : undefined;
-        if (!load) {
-          const started = (async (): Promise<FirstPage> => {
-            // Read straight from the database: a big account's list is longer than the list cache holds.
-            const loaded = await this.repo.page(owner, 'followers', { offset: 0 }, MAX_PAGE);
-            const profiles = new Map((await this.profiles(loaded.entries)).map((p) => [p.id, p]));
-            const read = { entries: loaded.entries, profiles, more: loaded.more };
-            // An invalidation during the load may postdate what was read: serve it, but do not keep it.
-            if (loads.generation === generation) this.firstPages.set(key, read);
-            return read;
-          })();
-          load = started;
-          loads.shared = { generation, load };
-          // A failed load is not handed to later callers.
-          started.catch(() => {
-            if (loads.shared?.load === started) loads.shared = undefined;
-          });
-        }
-        page = await load;
+        // Callers that miss together share one load; an invalidation detaches it (see the bus
+        // handlers), so a caller after a change (its author, say) never gets a page read before it.
+        page = (await this.firstPageFlights.do(key, async () => {
+          const generation = loads.generation;
+          // Read straight from the database: a big account's list is longer than the list cache holds.
+          const loaded = await this.repo.page(owner, 'followers', { offset: 0 }, MAX_PAGE);
+          const profiles = new Map((await this.profiles(loaded.entries)).map((p) => [p.id, p]));
+          const read = { entries: loaded.entries, profiles, more: loaded.more };
+          // An invalidation during the load may postdate what was read: serve it, but do not keep it.
+          if (loads.generation === generation) this.firstPages.set(key, read);
+          return read;
+        }))!;
       } finally {
         loads.loads -= 1;
         if (loads.loads === 0) this.firstPageLoads.delete(key);

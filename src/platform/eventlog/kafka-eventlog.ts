@@ -1,4 +1,5 @@
 import { randomUUID } from 'node:crypto';
+import { backoffMs } from '../workers/backoff.js';
 import {
   Admin,
   ConfigResourceTypes,
@@ -612,10 +613,7 @@ class KafkaSubscription implements Subscription {
           // A handler that failed as its consumer did: the consumer is made anew (see `open`); a
           // failure of anything else may have left it broken.
           await this.teardown(!handlerFailed);
-          const wait = Math.min(
-            this.log.settings.retryBackoffMs.max,
-            this.log.settings.retryBackoffMs.min * 2 ** Math.min(failures, 16),
-          );
+          const wait = backoffMs(this.log.settings.retryBackoffMs, failures);
           failures++;
           await this.sleeper.sleep(wait);
         }
@@ -755,8 +753,7 @@ class KafkaSubscription implements Subscription {
             this.report(error);
             // Kept for the next commit, which goes out after a back-off.
             for (const m of records) keep(m, joins);
-            const { min, max } = this.log.settings.retryBackoffMs;
-            const backoff = Math.min(max, min * 2 ** (failedCommits - 1));
+            const backoff = backoffMs(this.log.settings.retryBackoffMs, failedCommits - 1);
             lastCommitAt = Date.now() + backoff - this.commitIntervalMs;
           }
           // A reader waiting for records with nothing left to commit would wait on.
@@ -830,12 +827,7 @@ class KafkaSubscription implements Subscription {
         if (this.consumerFailed) throw new HandlerFailed(err);
         this.report(err);
       }
-      await this.sleeper.sleep(
-        Math.min(
-          this.log.settings.retryBackoffMs.max,
-          this.log.settings.retryBackoffMs.min * 2 ** Math.min(failures, 16),
-        ),
-      );
+      await this.sleeper.sleep(backoffMs(this.log.settings.retryBackoffMs, failures));
       if (this.closing) return null;
     }
   }

@@ -1,4 +1,5 @@
 import { sql } from 'kysely';
+import { backoffMs } from '../workers/backoff.js';
 import type { Db } from '../db/database.js';
 import type {
   Batch,
@@ -450,7 +451,7 @@ class SqliteSubscription implements Subscription {
           this.report(err instanceof HandlerFailed ? err.cause : err);
           // The committed positions are the truth again after a failure.
           positions = undefined;
-          const delay = Math.min(this.backoff.max, this.backoff.min * 2 ** Math.min(failures, 16));
+          const delay = backoffMs(this.backoff, failures);
           failures++;
           await this.sleep(delay, true);
         }

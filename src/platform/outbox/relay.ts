@@ -1,4 +1,5 @@
 import type { EventLog } from '../eventlog/eventlog.js';
+import { backoffMs } from '../workers/backoff.js';
 import type { OutboxRow, OutboxStore } from './outbox.js';
 
 export interface OutboxRelayOptions {
@@ -95,7 +96,7 @@ export class OutboxRelay {
       if (result.error !== undefined) {
         this.stats.failedRounds++;
         this.report(result.error);
-        const wait = Math.min(this.backoff.max, this.backoff.min * 2 ** Math.min(failures, 16));
+        const wait = backoffMs(this.backoff, failures);
         failures++;
         await this.sleep(wait, false);
         continue;
