@@ -562,6 +562,20 @@ class KafkaSubscription implements Subscription {
    */
   private joins = 0;
   /**
+   * Per partition (`topic:partition`), the offset past the last record this subscription handled.
+   * A record below it is not handed to the handler again when a new consumer or stream reads it
+   * from an older commit (one that failed or did not come in time): it would be counted twice.
+   */
+  private readonly handledTo = new Map<string, bigint>();
+  /**
+   * Per partition held, the group's committed offset when the consumer last joined (`floorsOf`
+   * says which join). The stream keeps records it fetched before a join and hands them over after
+   * it; another member may have held the partition meanwhile and handled and committed them. One
+   * below it is neither handled again (counted twice) nor committed (moving the group back).
+   */
+  private floors = new Map<string, bigint>();
+  private floorsOf = -1;
+  /**
    * Static group membership, one id per subscription: a consumer recreated after the broker was
    * lost takes over its predecessor's member and assignment at once, instead of waiting a session
    * timeout for the dead member to expire (counting would otherwise lag ~10 s after an outage).
@@ -705,9 +719,9 @@ class KafkaSubscription implements Subscription {
    * the stream away would hand its records again from the last commit, and a handler that is
    * idempotent only for a batch handed again whole (views) would count them twice. After
    * `MAX_COMMIT_FAILURES` failures in a row, a commit without an answer in time (the client goes on
-   * with it), or once the consumer itself failed, the error surfaces and the records since the last
-   * commit are delivered again: at-least-once, as the handler already expects. What was handed
-   * over before the group was joined again is not committed (see `joins`). Leaving because of
+   * with it), or once the consumer itself failed, the error surfaces and a new consumer reads from
+   * the last commit; what this subscription handled since is not handed again (see `handledTo`).
+   * What was handed over before the group was joined again is not committed (see `joins`). Leaving because of
    * `close` commits whatever was handled.
    */
   private async pump(onProgress: () => void): Promise<void> {
@@ -814,13 +828,23 @@ class KafkaSubscription implements Subscription {
   private async handle(topic: string, delivered: StringMessage[]): Promise<StringMessage[] | null> {
     let records = delivered;
     for (let failures = 0; ; failures++) {
-      // Records read before the group moved a partition elsewhere (the stream's buffer keeps them)
-      // are the new holder's, which reads them from the last commit.
-      const held = this.heldPartitions();
-      if (held) records = records.filter((m) => held.has(`${m.topic}:${m.partition}`));
-      if (records.length === 0) return records;
       try {
-        await this.options.handler({ topic: this.log.unprefix(topic), records: this.delivered(records) });
+        // Records read before the group moved a partition elsewhere (the stream's buffer keeps them)
+        // are the new holder's, which reads them from the last commit.
+        const held = this.heldPartitions();
+        if (held) records = records.filter((m) => held.has(`${m.topic}:${m.partition}`));
+        await this.takeFloors();
+        // Handled by this subscription already: committed with the rest, not handed again.
+        records = records.filter((m) => m.offset >= (this.floors.get(`${m.topic}:${m.partition}`) ?? -1n));
+        const fresh = records.filter(
+          (m) => m.offset >= (this.handledTo.get(`${m.topic}:${m.partition}`) ?? -1n),
+        );
+        if (fresh.length === 0) return records;
+        await this.options.handler({ topic: this.log.unprefix(topic), records: this.delivered(fresh) });
+        for (const m of fresh) {
+          const key = `${m.topic}:${m.partition}`;
+          if (m.offset >= (this.handledTo.get(key) ?? -1n)) this.handledTo.set(key, m.offset + 1n);
+        }
         return records;
       } catch (err) {
         if (this.closing) return null;
@@ -830,6 +854,41 @@ class KafkaSubscription implements Subscription {
       await this.sleeper.sleep(backoffMs(this.log.settings.retryBackoffMs, failures));
       if (this.closing) return null;
     }
+  }
+
+  /** Once per join, takes the group's committed offsets of the partitions held as `floors`. */
+  private async takeFloors(): Promise<void> {
+    // A join while they are listed has them listed again.
+    while (this.floorsOf !== this.joins) await this.takeFloorsOnce();
+  }
+
+  private async takeFloorsOnce(): Promise<void> {
+    const joins = this.joins;
+    const assignments = this.consumer?.assignments;
+    if (!assignments) {
+      this.floors = new Map();
+      this.floorsOf = joins;
+      return;
+    }
+    const committed =
+      assignments.length === 0
+        ? new Map<string, bigint[]>()
+        : await withTimeout(
+            this.consumer!.listCommittedOffsets({
+              topics: assignments.map((a) => ({ topic: a.topic, partitions: a.partitions })),
+            }),
+            this.log.settings.requestTimeoutMs,
+            'listing committed offsets timed out',
+          );
+    const floors = new Map<string, bigint>();
+    for (const { topic, partitions } of assignments) {
+      for (const partition of partitions) {
+        const offset = committed.get(topic)?.[partition] ?? -1n;
+        if (offset >= 0n) floors.set(`${topic}:${partition}`, offset);
+      }
+    }
+    this.floors = floors;
+    this.floorsOf = joins;
   }
 
   /** `topic:partition` of each partition the consumer holds now; null when it cannot tell. */
