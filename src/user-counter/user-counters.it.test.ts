@@ -29,7 +29,7 @@ import type { DeliveredRecord, EventLog } from '../platform/eventlog/eventlog.js
 import { SqliteEventLog } from '../platform/eventlog/sqlite-eventlog.js';
 import { postEventsFeed, USER_COUNTER_GROUP, UserCounterConsumer } from './consumer.js';
 import { ZERO_USER_COUNTS, type UserCounterDelta, type UserCounts } from './model.js';
-import { PostCountPart } from './post-count.part.js';
+import { PostCountPart, UNAPPLIED_MAX } from './post-count.part.js';
 import { verifyOutcome } from './admin.js';
 import { UserCounterReconciler } from './reconciler.js';
 import { DbUserCountSource, type UserCountSource } from './source.js';
@@ -498,6 +498,36 @@ describe.each<Profile>(['embedded', 'cluster'])('user counters (%s profile)', (p
     expect(event('published', 5, 3)[0]).toBe(`knowpost:${ids[5]}:entered:3`);
     expect(event('unpublished', 5, 2)[0]).toBe(`knowpost:${ids[5]}:left:2`);
     expect(await rig.source.compute(author + 1_000_000, now)).toBeNull();
+  });
+
+  it('lists only the latest events of a user flipping posts all week, reading their posts page by page', async () => {
+    const author = await newUser();
+    const now = Date.now();
+    // 300 posts changed a second apart, 40 crossings each: 12,000 events, the latest 10,000 of
+    // them those of the 250 posts changed last.
+    const ids = Array.from({ length: 300 }, () => newPostId());
+    const changedAt = (i: number) => now - (300 - i) * 1_000;
+    await insertPosts(
+      author,
+      ids.map((id, i) => ({
+        id,
+        visible: 'private',
+        updated_at: changedAt(i),
+        public_epoch: 20,
+        public_crossings: JSON.stringify(
+          Array.from({ length: 40 }, (_, j) => [
+            Math.floor(j / 2) + 1,
+            j % 2 === 0 ? 1 : -1,
+            changedAt(i) - 39 + j,
+          ]),
+        ),
+      })),
+    );
+    const truth = await rig.source.compute(author, now);
+    expect(truth?.unapplied).toHaveLength(UNAPPLIED_MAX);
+    expect(new Set(truth?.unapplied.map((e) => e.eventId))).toHaveProperty('size', UNAPPLIED_MAX);
+    const listed = new Set(truth?.unapplied.map((e) => e.eventId.split(':')[1]));
+    expect([...listed].sort()).toEqual(ids.slice(50).sort());
   });
 
   it('reports drift only where there is some, heals it, and unknown users are 404', async () => {
