@@ -60,6 +60,7 @@ describe(descriptionRoutes.name, () => {
       logs?: object[];
       maxInFlight?: number;
       guards?: AuthGuards;
+      bodyDeadlineMs?: number;
     } = {},
   ) {
     const logs = options.logs;
@@ -85,6 +86,7 @@ describe(descriptionRoutes.name, () => {
         perUserPerDay: 3,
         maxBodyBytes: options.maxBodyBytes ?? 1024 * 1024,
         ...(options.maxInFlight !== undefined && { maxInFlight: options.maxInFlight }),
+        ...(options.bodyDeadlineMs !== undefined && { bodyDeadlineMs: options.bodyDeadlineMs }),
       }),
     );
     await app.listen({ host: '127.0.0.1', port: 0 });
@@ -146,6 +148,44 @@ describe(descriptionRoutes.name, () => {
     const bad = await ask(port, '', '{');
     expect(bad.status).toBe(400);
     expect(await (await ask(port, 'again')).json()).toEqual({ description: 'again' });
+  });
+
+  it('answers 408 to a body that does not arrive in time, and gives its place back', async () => {
+    const logs: object[] = [];
+    const port = await serve(async (_signal, content) => content, {
+      maxInFlight: 1,
+      bodyDeadlineMs: 300,
+      logs,
+    });
+    // A body announced whole but sent a byte at a time.
+    const socket = connect(port, '127.0.0.1');
+    await new Promise((resolve) => socket.once('connect', resolve));
+    let answer = '';
+    socket.on('data', (chunk: Buffer) => (answer += chunk.toString()));
+    const closed = new Promise((resolve) => socket.once('close', resolve));
+    socket.write(
+      `POST ${ROUTE} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n{`,
+    );
+    const trickle = setInterval(() => socket.writable && socket.write(' '), 50);
+    const refused = await ask(port, 'meanwhile');
+    expect(refused.status).toBe(429);
+    await closed;
+    clearInterval(trickle);
+    expect(answer).toMatch(/^HTTP\/1\.1 408 /);
+    expect(JSON.parse(answer.slice(answer.indexOf('\r\n\r\n') + 4))).toMatchObject({
+      code: 'REQUEST_TIMEOUT',
+    });
+    expect(await (await ask(port, 'after')).json()).toEqual({ description: 'after' });
+    // A body that came in time is answered, however long the answer took.
+    const slow = await serve(
+      async (_signal, content) => {
+        await new Promise((resolve) => setTimeout(resolve, 500));
+        return content;
+      },
+      { bodyDeadlineMs: 300 },
+    );
+    expect(await (await ask(slow, 'thought over')).json()).toEqual({ description: 'thought over' });
+    expect(logs.filter((l) => (l as { level: number }).level >= 50)).toEqual([]);
   });
 
   it('keeps no place for a caller who left while being signed in, and asks no model for it', async () => {

@@ -1,4 +1,4 @@
-import type { FastifyInstance, FastifyRequest } from 'fastify';
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import { Type } from 'typebox';
 import type { AuthGuards } from '../auth/auth.guard.js';
@@ -18,6 +18,8 @@ export interface DescriptionRouteDeps {
   maxBodyBytes: number;
   /** Requests this process answers at once (`DESCRIPTIONS_IN_FLIGHT` by default); 429 past it. */
   maxInFlight?: number;
+  /** How long a body may take to arrive (`DESCRIPTION_BODY_DEADLINE_MS` by default); 408 past it. */
+  bodyDeadlineMs?: number;
 }
 
 /**
@@ -28,6 +30,12 @@ export interface DescriptionRouteDeps {
 export const DESCRIPTIONS_IN_FLIGHT = 16;
 /** Of those, how many one user may have: one account cannot take them all with slow bodies. */
 export const DESCRIPTIONS_IN_FLIGHT_PER_USER = 2;
+/**
+ * A place is taken before the body is read (that keeps bodies off the heap); a body sent a byte at
+ * a time would hold it until the server's request timeout (10 minutes), so a few accounts could keep
+ * every place. The largest body arrives within this at 70 KB/s.
+ */
+export const DESCRIPTION_BODY_DEADLINE_MS = 30_000;
 
 /**
  * Whether the caller hung up: judged by the connection, since a response waiting behind others on
@@ -37,9 +45,34 @@ function callerLeft(request: FastifyRequest): boolean {
   return request.raw.socket.destroyed;
 }
 
+/**
+ * Answers 408 to a caller whose body did not arrive in time and ends the connection, which gives its
+ * place back.
+ */
+function tooSlow(request: FastifyRequest, reply: FastifyReply): void {
+  const res = reply.raw;
+  if (res.headersSent || res.destroyed) {
+    request.raw.socket.destroy();
+    return;
+  }
+  const body = JSON.stringify({
+    code: 'REQUEST_TIMEOUT',
+    message: 'The request body did not arrive in time',
+    requestId: String(request.id),
+  });
+  res.writeHead(408, {
+    'content-type': 'application/json; charset=utf-8',
+    'content-length': Buffer.byteLength(body),
+    connection: 'close',
+  });
+  res.end(body, () => request.raw.socket.destroy());
+}
+
 /** Suggests a post description of at most 50 characters; signed-in and rate limited, since a call may cost money. */
 export function descriptionRoutes(deps: DescriptionRouteDeps) {
   const maxInFlight = deps.maxInFlight ?? DESCRIPTIONS_IN_FLIGHT;
+  const bodyDeadlineMs = deps.bodyDeadlineMs ?? DESCRIPTION_BODY_DEADLINE_MS;
+  const bodyDeadlines = new WeakMap<FastifyRequest, NodeJS.Timeout>();
   let inFlight = 0;
   const inFlightOf = new Map<number, number>();
   return async (root: FastifyInstance): Promise<void> => {
@@ -79,6 +112,11 @@ export function descriptionRoutes(deps: DescriptionRouteDeps) {
             reply.raw.once('close', release);
             socket.once('close', release);
             if (callerLeft(request)) release();
+            // Ended once the body is read (preValidation), or with the request.
+            const slow = setTimeout(() => tooSlow(request, reply), bodyDeadlineMs);
+            slow.unref();
+            bodyDeadlines.set(request, slow);
+            reply.raw.once('close', () => clearTimeout(slow));
           },
           async (request) => {
             const { userId } = principalOf(request);
@@ -98,6 +136,7 @@ export function descriptionRoutes(deps: DescriptionRouteDeps) {
             );
           },
         ],
+        preValidation: async (request) => clearTimeout(bodyDeadlines.get(request)),
         bodyLimit: deps.maxBodyBytes,
         schema: {
           tags: ['knowposts'],
@@ -110,11 +149,13 @@ export function descriptionRoutes(deps: DescriptionRouteDeps) {
             'room for JSON escapes; 413 past that). At most ' +
             'ZG_AI_RATE_LIMIT requests per user per minute (20 by default) and ZG_AI_DAILY_LIMIT per day ' +
             '(200 by default); 429 past either. 429 with Retry-After also while the server is writing 16 ' +
-            "descriptions at once, or 2 for the caller (not counted against the caller's limits).",
+            "descriptions at once, or 2 for the caller (not counted against the caller's limits). " +
+            '408 REQUEST_TIMEOUT, and the connection closed, when the body has not arrived 30 seconds ' +
+            'after the request began.',
           body: Type.Object({ content: Type.String({ minLength: 1 }) }),
           response: {
             200: Type.Object({ description: Type.String({ maxLength: 50 }) }),
-            ...errorResponses(400, 401, 413, 429),
+            ...errorResponses(400, 401, 408, 413, 429),
           },
         },
       },
