@@ -84,8 +84,40 @@ describe(PostObjectPurger.name, () => {
       },
     };
     const sut = new PostObjectPurger(posts, storage, { graceMs: 0, batch: 3, onError: () => undefined });
-    expect(await sut.runOnce()).toEqual({ posts: 0, objects: 0 });
     expect(await sut.runOnce()).toEqual({ posts: 3, objects: 3 });
     expect(purged).toEqual(['4', '5', '6']);
+    expect(await sut.runOnce()).toEqual({ posts: 0, objects: 0 });
+  });
+
+  it('takes a backlog a batch after another within its budget, and ends a round that makes no progress', async () => {
+    const purged: string[] = [];
+    let ids = Array.from({ length: 250 }, (_, i) => String(i + 1));
+    let queries = 0;
+    const posts = {
+      deletedUnpurged: async (_before: number, limit: number) => {
+        queries++;
+        return ids.filter((id) => !purged.includes(id)).slice(0, limit);
+      },
+      markPurged: async (id: string) => void purged.push(id),
+    };
+    const sut = new PostObjectPurger(posts, { deletePrefix: async () => 1 }, { graceMs: 0 });
+    expect(await sut.runOnce()).toEqual({ posts: 250, objects: 250 });
+    expect(queries).toBe(3);
+    // Refused by a store that forgets nothing: past the posts it keeps for later, a batch failing
+    // whole ends the round instead of being taken again and again.
+    ids = Array.from({ length: 1_500 }, (_, i) => `r${i}`);
+    let tries = 0;
+    const refusing = new PostObjectPurger(
+      posts,
+      {
+        deletePrefix: async () => {
+          tries++;
+          throw new Error('AccessDenied');
+        },
+      },
+      { graceMs: 0, onError: () => undefined },
+    );
+    expect(await refusing.runOnce()).toEqual({ posts: 0, objects: 0 });
+    expect(tries).toBe(1_100);
   });
 });

@@ -5,8 +5,10 @@ import type { PostRepository } from './post.repository.js';
 
 /** What the tasks that remove posts' objects (the purge and the upload sweep) share. */
 export interface PostObjectsTaskOptions {
-  /** Most posts taken per round; default 100. */
+  /** Most posts taken per batch; default 100. */
   batch?: number;
+  /** A round takes further batches while the last was full, until it has run this long; default 30 s. */
+  budgetMs?: number;
   /** Told about a post whose objects could not be handled (it is tried again later). */
   onError?: (err: unknown, postId: string) => void;
   now?: () => number;
@@ -47,30 +49,50 @@ export class PostObjectPurger {
     this.now = options.now ?? Date.now;
   }
 
-  /** One round, ended early once `signal` is aborted; resolves to how many posts were purged. */
+  /**
+   * One round, ended early once `signal` is aborted; resolves to how many posts were purged. A
+   * backlog goes a batch after another (one batch a minute would purge 144,000 posts a day at most,
+   * fewer than authors may delete), until a batch is not full, makes no progress or the budget is
+   * spent.
+   */
   async runOnce(signal?: AbortSignal): Promise<{ posts: number; objects: number }> {
     const now = this.now();
+    const started = performance.now();
     for (const [id, due] of this.refused) if (due <= now) this.refused.delete(id);
-    const ids = (await this.posts.deletedUnpurged(now - this.options.graceMs, this.batch + this.refused.size))
-      .filter((id) => !this.refused.has(id))
-      .slice(0, this.batch);
     let objects = 0;
     let posts = 0;
-    for (const id of ids) {
-      if (signal?.aborted) break;
-      try {
-        objects += await this.storage.deletePrefix(`posts/${id}`);
-        await this.posts.markPurged(id, this.now());
-        posts += 1;
-      } catch (err) {
-        // One post the store refuses must not hold up the others, in this round or the next ones.
-        if (this.refused.size < REFUSED_KEPT) this.refused.set(id, now + REFUSED_RETRY_MS);
-        this.options.onError?.(err, id);
-        // A store out of reach fails every post alike (each after its timeouts): the rest wait.
-        if (isDependencyOutage(err)) break;
+    for (;;) {
+      const ids = (
+        await this.posts.deletedUnpurged(now - this.options.graceMs, this.batch + this.refused.size)
+      )
+        .filter((id) => !this.refused.has(id))
+        .slice(0, this.batch);
+      let progress = false;
+      for (const id of ids) {
+        if (signal?.aborted) return { posts, objects };
+        try {
+          objects += await this.storage.deletePrefix(`posts/${id}`);
+          await this.posts.markPurged(id, this.now());
+          posts += 1;
+          progress = true;
+        } catch (err) {
+          // One post the store refuses must not hold up the others, in this round or the next ones.
+          if (this.refused.size < REFUSED_KEPT) {
+            this.refused.set(id, now + REFUSED_RETRY_MS);
+            progress = true;
+          }
+          this.options.onError?.(err, id);
+          // A store out of reach fails every post alike (each after its timeouts): the rest wait.
+          if (isDependencyOutage(err)) return { posts, objects };
+        }
       }
+      if (
+        ids.length < this.batch ||
+        !progress ||
+        performance.now() - started >= (this.options.budgetMs ?? 30_000)
+      )
+        return { posts, objects };
     }
-    return { posts, objects };
   }
 }
 

@@ -15,8 +15,6 @@ export interface PostUploadSweepOptions extends PostObjectsTaskOptions {
   maxBytes: { content: number; image: number };
   /** When a post whose check failed is tried again; default 10 minutes. */
   retryMs?: number;
-  /** A round takes further batches while the last was full, until it has run this long; default 30 s. */
-  budgetMs?: number;
 }
 
 /**
