@@ -89,7 +89,8 @@ export function counterRoutes(deps: { counters: CounterService; guards: AuthGuar
             description:
               'Likes, unlikes, favourites and unfavourites together: at most ZG_COUNTER_TOGGLE_LIMIT per user ' +
               'per minute in each API process (300 by default; 429 past that, changing nothing). A post the ' +
-              'caller may not see is 404. 503 UNAVAILABLE, changing nothing, while Redis is unreachable, and ' +
+              'caller may not see is 404. 503 UNAVAILABLE while Redis is unreachable (changing nothing, unless ' +
+              'Redis took the change and only its answer was lost: `/action/status` tells), and ' +
               'on the cluster profile from a loss of its data until `zhiguang counters replay` has brought the ' +
               'likes back (also while a replay runs).',
             body: ActionBody,

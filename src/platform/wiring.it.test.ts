@@ -6,6 +6,7 @@ import { Redis } from 'ioredis';
 import { afterEach, describe, expect, it } from 'vitest';
 import { pino, type Logger } from 'pino';
 import { openTempSqlite, services, uniqueName, userRow } from '../../test/rig/resources.js';
+import { tcpProxy } from '../../test/rig/tcp-proxy.js';
 import { RedisCounterStore } from '../counter/store/redis-counter-store.js';
 import { migrate, openSqlite, type Db } from './db/database.js';
 import {
@@ -43,6 +44,35 @@ describe('the cluster profile’s Redis client', () => {
     expect(redis.autoPipelineQueueSize).toBe(1);
     expect(await flags).toEqual([{ like: false, fav: false }]);
     expect(await snapshots).toEqual([null]);
+  });
+
+  it('never sends again, once connected anew, a command that was answered as failed', async () => {
+    const proxy = await tcpProxy(new URL(services.redisUrl()));
+    const direct = new Redis(services.redisUrl());
+    const key = `${uniqueName('wiring')}:resent`;
+    const clients: Redis[] = [];
+    try {
+      const client = new Redis(proxy.url, await clusterRedisOptions(300));
+      clients.push(client);
+      client.on('error', () => undefined);
+      await client.ping();
+      // Redis stops answering: the command fails (a like answered 503, "changing nothing").
+      proxy.freeze();
+      await expect(client.set(key, 'late')).rejects.toThrow(/timed out/i);
+      // The connection is reset and made anew: the failed command must not run now.
+      const back = new Promise((resolve) => client.once('ready', resolve));
+      proxy.cut();
+      proxy.thaw();
+      await back;
+      await client.ping();
+      await new Promise((resolve) => setTimeout(resolve, 200));
+      expect(await direct.get(key)).toBeNull();
+    } finally {
+      await direct.del(key);
+      direct.disconnect();
+      for (const client of clients) client.disconnect();
+      await proxy.close();
+    }
   });
 
   it('bounds commands and connection attempts by the command timeout, or neither when it is 0', async () => {

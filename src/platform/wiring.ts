@@ -290,6 +290,7 @@ export async function clusterRedisOptions(
     | 'autoPipeliningIgnoredCommands'
     | 'commandTimeout'
     | 'connectTimeout'
+    | 'autoResendUnfulfilledCommands'
   >
 > {
   const { SEND_AT_ONCE } = await import('../counter/store/redis-counter-store.js');
@@ -300,6 +301,11 @@ export async function clusterRedisOptions(
     ...(commandTimeoutMs > 0 ? { commandTimeout: commandTimeoutMs, connectTimeout: commandTimeoutMs } : {}),
     enableAutoPipelining: true,
     autoPipeliningIgnoredCommands: [...SEND_AT_ONCE],
+    // A command sent on a connection that was lost before its answer came is failed, never sent
+    // again on the next one: it may have timed out and been answered 503 ("changing nothing")
+    // already, and a like sent again after its unlike was refused would stand against the user's
+    // wish; one that ran and lost only its answer would run twice. Callers retry what is safe to.
+    autoResendUnfulfilledCommands: false,
   };
 }
 
