@@ -45,7 +45,7 @@ export class CounterMetrics {
     });
     this.eventsDropped = new Counter({
       name: 'zg_counter_publish_dropped_total',
-      help: 'Counter events let go of from memory while the log was down (left to the repair job)',
+      help: 'Counter events let go of from memory while the log was down or at shutdown (left to the repair job)',
       registers,
     });
     const buffered = (): number => this.buffered();

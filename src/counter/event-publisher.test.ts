@@ -41,14 +41,25 @@ describe(CounterEventPublisher.name, () => {
     await publisher.close(50);
   });
 
-  it('gives up sending on close after its deadline when the log does not answer', async () => {
+  it('gives up sending on close after its deadline when the log does not answer, and says what it let go of', async () => {
     const { events, store, marked } = fakes(() => new Promise<void>(() => undefined));
-    const publisher = new CounterEventPublisher(events, store);
-    publisher.enqueue(event(1));
+    let dropped = 0;
+    const publisher = new CounterEventPublisher(
+      events,
+      store,
+      { onDropped: (n) => (dropped += n) },
+      { lingerMs: 0, maxBatch: 2, maxBuffered: 100, maxBackoffMs: 1_000 },
+    );
+    for (let seq = 1; seq <= 5; seq++) publisher.enqueue(event(seq));
     const started = Date.now();
     await publisher.close(200);
     expect(Date.now() - started).toBeLessThan(1_000);
     expect(marked).toEqual([]);
+    // The batch on its way may still land; the three behind it are the repair job's.
+    expect(dropped).toBe(3);
+    // A toggle that finishes after the close.
+    publisher.enqueue(event(6));
+    expect(dropped).toBe(4);
   });
 
   it('sends what is queued on close when the log answers', async () => {

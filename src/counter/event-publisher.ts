@@ -12,7 +12,10 @@ export interface PublisherHooks {
   onPublished?: (count: number) => void;
   /** A batch the log refused; it is tried again. */
   onFailed?: (count: number, err: unknown) => void;
-  /** Events let go of from memory (their records stay in the store for the repair job). */
+  /**
+   * Events let go of from memory (their records stay in the store for the repair job): past the
+   * buffer while the log is down, left at close, or enqueued after it.
+   */
   onDropped?: (count: number) => void;
   /** Published events whose unpublished records could not be removed (only a needless repair later). */
   onMarkFailed?: (count: number, err: unknown) => void;
@@ -42,7 +45,8 @@ export class CounterEventPublisher {
   ) {}
 
   enqueue(event: CounterEvent): void {
-    if (this.closed) return;
+    // A toggle that finished during shutdown: its record is in the store, for the repair job.
+    if (this.closed) return void this.hooks.onDropped?.(1);
     this.queue.push(event);
     this.trim();
     if (this.queue.length >= this.options.maxBatch && this.backoffMs === 0) this.kick(0);
@@ -69,6 +73,9 @@ export class CounterEventPublisher {
       }
     };
     await finishedWithin(send(), maxWaitMs);
+    // Not sent in time: let go of (a send that answers late takes no more).
+    const left = this.queue.splice(0);
+    if (left.length > 0) this.hooks.onDropped?.(left.length);
   }
 
   private kick(delayMs: number): void {

@@ -301,8 +301,8 @@ export function defineCounterStoreContract(name: string, factory: () => Promise<
         expect(await store.applyEvents(events.slice(0, 3))).toEqual({ applied: 3, skipped: 0 });
         await flushAll();
         expect(await store.readSnapshots([ref])).toEqual([[0, 4, 0, 0, 0]]);
-        const redelivered = await store.applyEvents(events.slice(1));
-        expect(redelivered.applied + redelivered.skipped).toBe(5);
+        // Two of them were applied already: counted as skipped, though the entity is rebuilt.
+        expect(await store.applyEvents(events.slice(1))).toEqual({ applied: 3, skipped: 2 });
         await flushAll();
         expect(await store.readSnapshots([ref])).toEqual([[0, 5, 0, 0, 0]]);
         expect(await store.inspect(ref)).toMatchObject({ seq: 7, applied: 7, pending: false });

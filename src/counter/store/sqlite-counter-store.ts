@@ -345,7 +345,11 @@ export class SqliteCounterStore implements CounterStore {
           skipped += run.seqs.size;
           continue;
         }
-        applied += run.seqs.size;
+        // What was at or below the mark had been counted already (a rebuild from facts below).
+        for (const seq of run.seqs) {
+          if (seq > mark) applied++;
+          else skipped++;
+        }
         if (run.from === mark + 1 && run.to - run.from + 1 === run.seqs.size) {
           // A zero net delta still marks the entity dirty, so its next flush writes (or rebuilds) the snapshot.
           for (const [idx, delta] of run.deltas) s.addPending.run(run.etype, run.eid, idx, delta);
