@@ -17,8 +17,6 @@ import { takeLease } from './platform/kv/lease.js';
 
 /** What a verify command exits with when it found drift, so a scheduled run can raise an alarm. */
 const DRIFT_EXIT = 3;
-/** Summaries list at most this many drifted entities (their number is given in full). */
-const MAX_LISTED = 1_000;
 
 const USAGE = `usage: zhiguang counters|users|relations <command> [options]
 
@@ -215,12 +213,8 @@ async function main(argv: string[]): Promise<number> {
       const unsealedBefore = await platform.counterStore.unsealedGroups();
       const report = await verifyAll(platform.counterStore, values.fix ?? false, progress, recheckMs);
       const unsealedGroups = Math.max(unsealedBefore, await platform.counterStore.unsealedGroups());
-      summary = {
-        ...report,
-        driftedEntities: report.drifted.length,
-        drifted: report.drifted.slice(0, MAX_LISTED).map(entityKey),
-        unsealedGroups,
-      };
+      // The report lists the first drifted entities and counts them all (`driftedEntities`).
+      summary = { ...report, drifted: report.drifted.map(entityKey), unsealedGroups };
       if (unsealedGroups > 0) {
         code = 1;
         note = `the counter store is being restored in ${unsealedGroups} group(s), or was while this ran (a replay under way, or one stopped before it was done; on the cluster profile also Redis having lost its data, or a deployment no server has started yet): likes and favourites are refused there until \`zhiguang counters replay --yes\` completes; the counts compared prove nothing`;
@@ -229,7 +223,7 @@ async function main(argv: string[]): Promise<number> {
       else if (report.busy > 0) {
         code = 1;
         note = `not every entity could be verified (busy ${report.busy}: deltas still on their way; see the summary): run the command again`;
-      } else if (report.drifted.length > 0) code = DRIFT_EXIT;
+      } else if (report.driftedEntities > 0) code = DRIFT_EXIT;
     } else if (command === 'rebuild') {
       summary = { rebuilt: await rebuildAll(platform.counterStore, refs, progress) };
     } else if (command === 'replay') {

@@ -1,8 +1,11 @@
+import { mkdtempSync, readdirSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { Registry } from 'prom-client';
 import { describe, expect, it } from 'vitest';
 import type { Batch, EndOffsets, EventLog } from '../platform/eventlog/eventlog.js';
 import { CounterMetrics } from './counter.metrics.js';
-import { repairUnpublished, replayAll, verifyAll } from './maintenance.js';
+import { LISTED, repairUnpublished, replayAll, verifyAll } from './maintenance.js';
 import { COUNTER_TOPIC, entityKey, eventFor, type CounterEvent, type EntityRef } from './model.js';
 import type { CounterStore, StaleEvent } from './store/counter-store.js';
 
@@ -358,6 +361,42 @@ describe(replayAll.name, () => {
     expect([forced.resets, report.facts]).toEqual([1, 3]);
   });
 
+  it('folds in a temporary directory of its own, removed whether the replay completes or fails', async () => {
+    const parent = mkdtempSync(join(tmpdir(), 'replay-test-'));
+    try {
+      const log = new FakeLog();
+      log.append(0, [eventFor(post(1), 'like', 5, 1, 1, 0), eventFor(post(2), 'fav', 6, 1, 1, 0)]);
+      const during: string[][] = [];
+      const store = new RecordingStore();
+      const replayFacts = store.replayFacts.bind(store);
+      store.replayFacts = async (events) => {
+        during.push(readdirSync(parent));
+        await replayFacts(events);
+      };
+      const options = { tempDir: parent };
+      const replay = (s: RecordingStore) =>
+        replayAll(s as unknown as CounterStore, log as unknown as EventLog, () => undefined, options);
+
+      expect(await replay(store)).toMatchObject({ events: 2, facts: 2, entities: 2 });
+      expect(during).toEqual([[expect.stringMatching(/^zhiguang-replay-/)]]);
+      expect(readdirSync(parent)).toEqual([]);
+
+      // Refused before the reset (the store holds changes the log does not).
+      const ahead = new RecordingStore();
+      ahead.held.set(post(3).eid, 1);
+      await expect(replay(ahead)).rejects.toThrow(/higher seq than the log holds/);
+      expect(readdirSync(parent)).toEqual([]);
+
+      // Failing after the reset, while the facts are replayed.
+      const failing = new RecordingStore();
+      failing.replayFacts = () => Promise.reject(new Error('injected: store down'));
+      await expect(replay(failing)).rejects.toThrow(/injected: store down/);
+      expect([failing.resets, readdirSync(parent)]).toEqual([1, []]);
+    } finally {
+      rmSync(parent, { recursive: true, force: true });
+    }
+  });
+
   it('refuses, leaving the store as it is, when the log no longer holds its earliest events', async () => {
     const log = new FakeLog();
     log.append(0, [eventFor(post(1), 'like', 5, 1, 1, 0)]);
@@ -407,6 +446,29 @@ describe(verifyAll.name, () => {
     const report = await verifyAll(store, true, () => undefined, 5);
     expect(report).toMatchObject({ checked: 4, busy: 1, fixed: 1 });
     expect(report.drifted.map((r) => r.eid)).toEqual(['3']);
+    expect(report.driftedEntities).toBe(1);
     expect(rebuilt).toEqual(['3']);
+  });
+
+  it('counts every drifted entity and lists only the first ones', async () => {
+    const entities = LISTED + 234;
+    const store = {
+      scanEntities: async (cursor: string) => {
+        const from = Number(cursor || '0');
+        const refs = Array.from({ length: Math.min(500, entities - from) }, (_, i) => ref(from + i + 1));
+        return { refs, cursor: from + refs.length < entities ? String(from + refs.length) : null };
+      },
+      inspect: async () => ({
+        seq: 1,
+        applied: 1,
+        pending: false,
+        snapshot: [0, 2, 0, 0, 0],
+        facts: { like: 1, fav: 0 },
+      }),
+    } as unknown as CounterStore;
+    const report = await verifyAll(store, false, () => undefined, 5);
+    expect(report).toMatchObject({ checked: entities, busy: 0, driftedEntities: entities, fixed: 0 });
+    expect(report.drifted).toHaveLength(LISTED);
+    expect(report.drifted.at(-1)).toEqual(ref(LISTED));
   });
 });

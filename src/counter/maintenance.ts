@@ -8,11 +8,10 @@ import {
   entityKey,
   FACT_METRICS,
   FIELD_INDEX,
-  parseEntityKey,
   type CounterEvent,
   type EntityRef,
-  type FactMetric,
 } from './model.js';
+import { ReplayFold } from './replay-fold.js';
 import type { CounterStore, Inspection } from './store/counter-store.js';
 
 export type Progress = (message: string) => void;
@@ -173,6 +172,8 @@ export class CounterReconciler {
 export interface VerifyReport {
   checked: number;
   busy: number;
+  /** Entities whose snapshot disagreed with their facts; the first `LISTED` of them are listed. */
+  driftedEntities: number;
   drifted: EntityRef[];
   fixed: number;
 }
@@ -180,6 +181,8 @@ export interface VerifyReport {
 /** `verifyAll`: rounds of checking busy entities again, and how many it keeps for them. */
 const RECHECK_ROUNDS = 2;
 const RECHECK_MAX = 10_000;
+/** Drifted entities a report lists; a store that drifted everywhere would not fit the heap. */
+export const LISTED = 1_000;
 
 /**
  * `zhiguang counters verify [--fix]`: every entity, snapshot against facts. An entity with deltas not
@@ -192,13 +195,14 @@ export async function verifyAll(
   progress: Progress,
   recheckMs = 1_500,
 ): Promise<VerifyReport> {
-  const report: VerifyReport = { checked: 0, busy: 0, drifted: [], fixed: 0 };
+  const report: VerifyReport = { checked: 0, busy: 0, driftedEntities: 0, drifted: [], fixed: 0 };
   const busy: EntityRef[] = [];
   const check = async (ref: EntityRef): Promise<boolean> => {
     const state = await store.inspect(ref);
     if (state.seq !== state.applied || state.pending) return false;
     if (hasDrift(state)) {
-      report.drifted.push(ref);
+      report.driftedEntities++;
+      if (report.drifted.length < LISTED) report.drifted.push(ref);
       if (fix) {
         await store.rebuild(ref);
         report.fixed++;
@@ -216,7 +220,7 @@ export async function verifyAll(
       else report.busy++;
     }
     cursor = page.cursor;
-    progress(`verified ${report.checked} entities, ${report.drifted.length} drifted`);
+    progress(`verified ${report.checked} entities, ${report.driftedEntities} drifted`);
   }
   const unsettled = await recheckUnsettled(busy, { rounds: RECHECK_ROUNDS, pauseMs: recheckMs }, check, (n) =>
     progress(`checking ${n} busy entities again`),
@@ -263,8 +267,10 @@ export interface ReplayReport {
  * end offsets captured at the start, then empties the counter store and rebuilds facts and snapshots
  * (the topic keeps every record: it is created with `retention.ms=-1`).
  * The fold is deterministic: for each (entity, metric, user) the event with the highest seq decides
- * the final state, whatever order the log holds them in. The surviving facts are replayed entity by
- * entity (an entity's like facts, then its fav facts, next to each other), several chunks at a time;
+ * the final state, whatever order the log holds them in. It is kept in a temporary SQLite database
+ * (`ReplayFold`), so the heap holds a few chunks whatever the size of the log, and removed however
+ * the replay ends. The surviving facts are replayed entity by entity (an entity's facts next to each
+ * other), several chunks at a time;
  * each fact is a distinct (entity, metric, user) and seq counters only ever rise to a maximum, so the
  * result does not depend on how the chunks interleave. Toggles are refused while it runs (the store
  * is unsealed first and sealed once whole), so none can fall after the captured end and be lost;
@@ -274,7 +280,7 @@ export async function replayAll(
   store: CounterStore,
   events: EventLog,
   progress: Progress,
-  { now = Date.now, force = false, signal }: ReplayOptions = {},
+  { now = Date.now, force = false, signal, tempDir }: ReplayOptions = {},
 ): Promise<ReplayReport> {
   if (!(await events.holdsEveryRecord(COUNTER_TOPIC))) {
     throw new Error(
@@ -291,105 +297,95 @@ export async function replayAll(
   // Records strictly older than the time given: + 1 takes those of this very millisecond too.
   const published = await publishWaiting(store, events, now() + 1, progress);
   const until = await events.endOffsets(COUNTER_TOPIC);
-  const finals = new Map<string, Record<FactMetric, Map<number, CounterEvent>>>();
-  /** The highest seq the log holds of each entity. */
-  const logged = new Map<string, number>();
-  const report: ReplayReport = { published, events: 0, malformed: 0, facts: 0, entities: 0 };
-  const fold = async (batch: Batch): Promise<void> => {
-    signal?.throwIfAborted();
-    for (const record of batch.records) {
-      const event = parseCounterEvent(record.value);
-      if (!event) {
-        report.malformed++;
-        continue;
-      }
-      report.events++;
-      const key = `${event.entityType}:${event.entityId}`;
-      let entity = finals.get(key);
-      if (!entity) finals.set(key, (entity = { like: new Map(), fav: new Map() }));
-      const byUser = entity[event.metric];
-      const known = byUser.get(event.userId);
-      if (!known || known.seq < event.seq) byUser.set(event.userId, event);
-      if ((logged.get(key) ?? 0) < event.seq) logged.set(key, event.seq);
-    }
-    progress(`read ${report.events} events`);
-  };
-  await events.readRange(COUNTER_TOPIC, until, fold, REPLAY_CHUNK);
-  // A log that is not this store's at all (another prefix or broker) is told before anything
-  // changes, by a sample of the store; the whole store is compared once toggles are refused.
-  const strays = countStrays(sampled, logged);
-  if (strays.entities > 0 && !force) throw notThisLog(strays);
-
-  // From here on toggles are refused (503): none can fall after the end read and be lost to the
-  // reset. What was toggled while the log was read is published and read now; then the store is
-  // compared with the whole log. Should the replay stop before its reset (an error, a refusal,
-  // Ctrl-C), the groups that were sealed are sealed again; killed outright, it leaves toggles
-  // refused until a replay completes.
-  const sealed = await store.unseal();
-  let emptied = false;
+  // On disk, not in the heap: a log of millions of likes would not fit a default heap (see ReplayFold).
+  const folded = ReplayFold.open(tempDir);
   try {
-    // Every record left, however recent its clock made it: no toggle can add one now.
-    report.published += await publishWaiting(store, events, Number.MAX_SAFE_INTEGER, progress);
-    const end = await events.endOffsets(COUNTER_TOPIC);
-    await events.readRange(COUNTER_TOPIC, end, fold, REPLAY_CHUNK, until);
-    const ahead = await changesNotLogged(store, logged, progress, signal);
-    logged.clear();
-    if (ahead.entities > 0 && !force) throw notThisLog(ahead);
-    signal?.throwIfAborted();
-    // Emptied only once the whole log is read: a read that fails leaves the store as it was.
-    emptied = true;
-    await store.reset();
-  } catch (err) {
-    if (!emptied) await store.seal(sealed);
-    throw err;
-  }
-
-  // Chunks of whole entities, so an entity can be rebuilt as soon as its chunk is replayed (while
-  // other chunks are still being replayed); only an entity with more facts than a chunk holds spans
-  // several and waits for the end.
-  const chunks: ReplayChunk[] = [];
-  const spanning: EntityRef[] = [];
-  let current: ReplayChunk = { facts: [], complete: [] };
-  const close = (): void => {
-    if (current.facts.length > 0) chunks.push(current);
-    current = { facts: [], complete: [] };
-  };
-  for (const [key, byMetric] of finals) {
-    const ref = parseEntityKey(key);
-    const count = byMetric.like.size + byMetric.fav.size;
-    if (current.facts.length + count > REPLAY_CHUNK) close();
-    for (const metric of FACT_METRICS) {
-      for (const event of byMetric[metric].values()) {
-        if (current.facts.length >= REPLAY_CHUNK) close();
-        current.facts.push(event);
+    const report: ReplayReport = { published, events: 0, malformed: 0, facts: 0, entities: 0 };
+    const fold = async (batch: Batch): Promise<void> => {
+      signal?.throwIfAborted();
+      const parsed: CounterEvent[] = [];
+      for (const record of batch.records) {
+        const event = parseCounterEvent(record.value);
+        if (event) parsed.push(event);
+        else report.malformed++;
       }
-    }
-    if (ref) (count > REPLAY_CHUNK ? spanning : current.complete).push(ref);
-    report.facts += count;
-  }
-  close();
-  finals.clear();
+      folded.add(parsed);
+      report.events += parsed.length;
+      progress(`read ${report.events} events`);
+    };
+    const logged = (ref: EntityRef): number => folded.loggedSeq(ref);
+    await events.readRange(COUNTER_TOPIC, until, fold, REPLAY_CHUNK);
+    // A log that is not this store's at all (another prefix or broker) is told before anything
+    // changes, by a sample of the store; the whole store is compared once toggles are refused.
+    const strays = countStrays(sampled, logged);
+    if (strays.entities > 0 && !force) throw notThisLog(strays);
 
+    // From here on toggles are refused (503): none can fall after the end read and be lost to the
+    // reset. What was toggled while the log was read is published and read now; then the store is
+    // compared with the whole log. Should the replay stop before its reset (an error, a refusal,
+    // Ctrl-C), the groups that were sealed are sealed again; killed outright, it leaves toggles
+    // refused until a replay completes.
+    const sealed = await store.unseal();
+    let emptied = false;
+    try {
+      // Every record left, however recent its clock made it: no toggle can add one now.
+      report.published += await publishWaiting(store, events, Number.MAX_SAFE_INTEGER, progress);
+      const end = await events.endOffsets(COUNTER_TOPIC);
+      await events.readRange(COUNTER_TOPIC, end, fold, REPLAY_CHUNK, until);
+      const ahead = await changesNotLogged(store, logged, progress, signal);
+      if (ahead.entities > 0 && !force) throw notThisLog(ahead);
+      signal?.throwIfAborted();
+      // Emptied only once the whole log is read: a read that fails leaves the store as it was.
+      emptied = true;
+      await store.reset();
+    } catch (err) {
+      if (!emptied) await store.seal(sealed);
+      throw err;
+    }
+
+    report.facts = folded.factCount();
+    report.entities = await replayFolded(store, folded, report.facts, progress);
+    // Its facts are whole again: toggles are taken.
+    await store.seal();
+    return report;
+  } finally {
+    folded.close();
+  }
+}
+
+/**
+ * The second half of a replay, into the emptied store: the folded facts in chunks of whole entities
+ * (see `ReplayFold.chunks`), `REPLAY_CONCURRENCY` at a time, each chunk read from the fold only when
+ * a call is free to take it. An entity is rebuilt as soon as the chunk holding all of its facts is
+ * replayed (while other chunks are still being replayed); one spanning several chunks waits for the
+ * end. Returns the entities rebuilt.
+ */
+async function replayFolded(
+  store: CounterStore,
+  folded: ReplayFold,
+  facts: number,
+  progress: Progress,
+): Promise<number> {
   let replayed = 0;
   let rebuilt = 0;
+  /** At most one per `REPLAY_CHUNK` facts. */
+  const spanning: EntityRef[] = [];
   const rebuild = async (refs: readonly EntityRef[]): Promise<void> => {
     await forEachConcurrently(chunked(refs, REBUILD_CHUNK), 1, (part) =>
       Promise.all(part.map((ref) => store.rebuild(ref))),
     );
     rebuilt += refs.length;
   };
-  await forEachConcurrently(chunks, REPLAY_CONCURRENCY, async (chunk) => {
+  await forEachConcurrently(folded.chunks(REPLAY_CHUNK), REPLAY_CONCURRENCY, async (chunk) => {
+    spanning.push(...chunk.spanning);
     await store.replayFacts(chunk.facts);
     replayed += chunk.facts.length;
     await rebuild(chunk.complete);
-    progress(`replayed ${replayed} of ${report.facts} facts, rebuilt ${rebuilt} entities`);
+    progress(`replayed ${replayed} of ${facts} facts, rebuilt ${rebuilt} entities`);
   });
   await rebuild(spanning);
-  report.entities = rebuilt;
   progress(`rebuilt ${rebuilt} entities`);
-  // Its facts are whole again: toggles are taken.
-  await store.seal();
-  return report;
+  return rebuilt;
 }
 
 /**
@@ -430,6 +426,8 @@ export interface ReplayOptions {
   force?: boolean;
   /** Stops the replay, changing nothing, until it empties the store (not after). */
   signal?: AbortSignal;
+  /** Where the fold's temporary directory is made (by default the system's, `TMPDIR`). */
+  tempDir?: string;
 }
 
 /** Entities of the store compared with the log before toggles are refused. */
@@ -451,21 +449,24 @@ interface Strays {
   examples: string[];
 }
 
+/** The highest seq the log holds of an entity (0 when it names none). */
+type LoggedSeq = (ref: EntityRef) => number;
+
 /**
  * Adds to `found` each entity whose seq in the store is above the highest the log holds of it
  * (none at all for an entity the log does not name): changes a replay would lose.
  */
 function countStrays(
   states: readonly { ref: EntityRef; seq: number }[],
-  logged: ReadonlyMap<string, number>,
+  logged: LoggedSeq,
   found: Strays = { entities: 0, examples: [] },
 ): Strays {
   for (const { ref, seq } of states) {
-    const key = entityKey(ref);
-    const inLog = logged.get(key) ?? 0;
+    const inLog = logged(ref);
     if (seq <= inLog) continue;
     found.entities++;
-    if (found.examples.length < 5) found.examples.push(`${key} at seq ${seq}, the log up to ${inLog}`);
+    if (found.examples.length < 5)
+      found.examples.push(`${entityKey(ref)} at seq ${seq}, the log up to ${inLog}`);
   }
   return found;
 }
@@ -473,7 +474,7 @@ function countStrays(
 /** `countStrays` over every entity of the store. */
 async function changesNotLogged(
   store: CounterStore,
-  logged: ReadonlyMap<string, number>,
+  logged: LoggedSeq,
   progress: Progress,
   signal?: AbortSignal,
 ): Promise<Strays> {
@@ -496,12 +497,6 @@ async function changesNotLogged(
   return found;
 }
 
-interface ReplayChunk {
-  facts: CounterEvent[];
-  /** Entities all of whose facts are in this chunk. */
-  complete: EntityRef[];
-}
-
 function chunked<T>(items: readonly T[], size: number): T[][] {
   const out: T[][] = [];
   for (let i = 0; i < items.length; i += size) out.push(items.slice(i, i + size));
@@ -510,27 +505,29 @@ function chunked<T>(items: readonly T[], size: number): T[][] {
 
 /**
  * Calls `work` for every item with at most `concurrency` calls in flight; the first failure stops
- * handing out items and is rethrown once the calls in flight have settled.
+ * handing out items and is rethrown once the calls in flight have settled. Items are taken from
+ * `items` only when a call is free for them, so a generator is read no further ahead than that.
  */
 async function forEachConcurrently<T>(
-  items: readonly T[],
+  items: Iterable<T>,
   concurrency: number,
   work: (item: T) => Promise<unknown>,
 ): Promise<void> {
-  let next = 0;
+  const iterator = items[Symbol.iterator]();
   let failed = false;
   const lane = async (): Promise<void> => {
-    while (!failed && next < items.length) {
-      const item = items[next++]!;
+    while (!failed) {
       try {
-        await work(item);
+        const next = iterator.next();
+        if (next.done) return;
+        await work(next.value);
       } catch (err) {
         failed = true;
         throw err;
       }
     }
   };
-  const lanes = Array.from({ length: Math.max(1, Math.min(concurrency, items.length)) }, lane);
+  const lanes = Array.from({ length: Math.max(1, concurrency) }, lane);
   const rejected = (await Promise.allSettled(lanes)).find(
     (r): r is PromiseRejectedResult => r.status === 'rejected',
   );
