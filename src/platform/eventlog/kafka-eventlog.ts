@@ -562,16 +562,12 @@ class KafkaSubscription implements Subscription {
    */
   private joins = 0;
   /**
-   * Per partition (`topic:partition`), the offset past the last record this subscription handled.
-   * A record below it is not handed to the handler again when a new consumer or stream reads it
-   * from an older commit (one that failed or did not come in time): it would be counted twice.
-   */
-  private readonly handledTo = new Map<string, bigint>();
-  /**
    * Per partition held, the group's committed offset when the consumer last joined (`floorsOf`
    * says which join). The stream keeps records it fetched before a join and hands them over after
    * it; another member may have held the partition meanwhile and handled and committed them. One
-   * below it is neither handled again (counted twice) nor committed (moving the group back).
+   * below it is neither handled again (counted twice) nor committed (moving the group back). Taken
+   * anew at each join from the group's own offsets, it never skips a record a new member would read,
+   * whatever happened to the topic or the group's offsets meanwhile.
    */
   private floors = new Map<string, bigint>();
   private floorsOf = -1;
@@ -719,9 +715,10 @@ class KafkaSubscription implements Subscription {
    * the stream away would hand its records again from the last commit, and a handler that is
    * idempotent only for a batch handed again whole (views) would count them twice. After
    * `MAX_COMMIT_FAILURES` failures in a row, a commit without an answer in time (the client goes on
-   * with it), or once the consumer itself failed, the error surfaces and a new consumer reads from
-   * the last commit; what this subscription handled since is not handed again (see `handledTo`).
-   * What was handed over before the group was joined again is not committed (see `joins`). Leaving because of
+   * with it), or once the consumer itself failed, the error surfaces and the records since the last
+   * commit are delivered again: at-least-once, as the handler already expects. What was handed
+   * over before the group was joined again is not committed (see `joins`), and what the group
+   * committed meanwhile is neither handed again nor committed behind (see `floors`). Leaving because of
    * `close` commits whatever was handled.
    */
   private async pump(onProgress: () => void): Promise<void> {
@@ -833,18 +830,12 @@ class KafkaSubscription implements Subscription {
         // are the new holder's, which reads them from the last commit.
         const held = this.heldPartitions();
         if (held) records = records.filter((m) => held.has(`${m.topic}:${m.partition}`));
+        // Below what the group committed when this member last joined: handled (by another member
+        // meanwhile), so neither handed again nor committed behind it.
         await this.takeFloors();
-        // Handled by this subscription already: committed with the rest, not handed again.
         records = records.filter((m) => m.offset >= (this.floors.get(`${m.topic}:${m.partition}`) ?? -1n));
-        const fresh = records.filter(
-          (m) => m.offset >= (this.handledTo.get(`${m.topic}:${m.partition}`) ?? -1n),
-        );
-        if (fresh.length === 0) return records;
-        await this.options.handler({ topic: this.log.unprefix(topic), records: this.delivered(fresh) });
-        for (const m of fresh) {
-          const key = `${m.topic}:${m.partition}`;
-          if (m.offset >= (this.handledTo.get(key) ?? -1n)) this.handledTo.set(key, m.offset + 1n);
-        }
+        if (records.length === 0) return records;
+        await this.options.handler({ topic: this.log.unprefix(topic), records: this.delivered(records) });
         return records;
       } catch (err) {
         if (this.closing) return null;
