@@ -80,6 +80,10 @@ describe('the cluster profile’s Redis client', () => {
     const unbounded = await clusterRedisOptions(0);
     expect(unbounded).not.toHaveProperty('commandTimeout');
     expect(unbounded).not.toHaveProperty('connectTimeout');
+    // A command lost with its connection is dropped unanswered unless sent again: without a timeout
+    // to end it, it is sent again.
+    expect(unbounded).toMatchObject({ autoResendUnfulfilledCommands: true });
+    expect(await clusterRedisOptions(300)).toMatchObject({ autoResendUnfulfilledCommands: false });
   });
 
   it('gives the invalidation subscriber neither the command limits nor the fail-fast state', async () => {
@@ -95,6 +99,7 @@ describe('the cluster profile’s Redis client', () => {
         enableOfflineQueue: true,
         maxRetriesPerRequest: null,
         enableAutoPipelining: false,
+        autoResendUnfulfilledCommands: true,
       });
       expect(subscriber.options.commandTimeout).toBeUndefined();
       expect(commands.options).toMatchObject({ commandTimeout: 300, maxRetriesPerRequest: 2 });

@@ -301,11 +301,12 @@ export async function clusterRedisOptions(
     ...(commandTimeoutMs > 0 ? { commandTimeout: commandTimeoutMs, connectTimeout: commandTimeoutMs } : {}),
     enableAutoPipelining: true,
     autoPipeliningIgnoredCommands: [...SEND_AT_ONCE],
-    // A command sent on a connection that was lost before its answer came is failed, never sent
-    // again on the next one: it may have timed out and been answered 503 ("changing nothing")
-    // already, and a like sent again after its unlike was refused would stand against the user's
-    // wish; one that ran and lost only its answer would run twice. Callers retry what is safe to.
-    autoResendUnfulfilledCommands: false,
+    // A command sent on a connection that was lost before its answer came is not sent again on the
+    // next one: it may have timed out and been answered 503 ("changing nothing") already, and a like
+    // sent again after its unlike was refused would stand against the user's wish; one that ran and
+    // lost only its answer would run twice. Callers retry what is safe to. The client then drops it
+    // without an answer, so only its timeout ends it: without one (0) it is sent again.
+    autoResendUnfulfilledCommands: commandTimeoutMs === 0,
   };
 }
 
@@ -532,6 +533,9 @@ export const SUBSCRIBER_OPTIONS = {
   enableOfflineQueue: true,
   commandTimeout: undefined,
   maxRetriesPerRequest: null,
+  // A SUBSCRIBE lost with its connection before its answer is sent again (harmless twice): the
+  // client records a channel only once answered, so it would not subscribe it again by itself.
+  autoResendUnfulfilledCommands: true,
 } as const satisfies RedisOptions;
 
 async function createCluster(
