@@ -62,6 +62,20 @@ describe(CounterEventPublisher.name, () => {
     expect(dropped).toBe(4);
   });
 
+  it('lets go of a batch that fails while closing, also once close gave up waiting for it', async () => {
+    let fail!: (err: Error) => void;
+    const { events, store } = fakes(() => new Promise<void>((_resolve, reject) => (fail = reject)));
+    let dropped = 0;
+    const publisher = new CounterEventPublisher(events, store, { onDropped: (n) => (dropped += n) });
+    publisher.enqueue(event(1));
+    publisher.enqueue(event(2));
+    await publisher.close(100);
+    expect([dropped, publisher.buffered]).toEqual([0, 0]);
+    fail(new Error('injected: log down'));
+    await new Promise((resolve) => setImmediate(resolve));
+    expect([dropped, publisher.buffered]).toEqual([2, 0]);
+  });
+
   it('sends what is queued on close when the log answers', async () => {
     const sent: number[] = [];
     const { events, store, marked } = fakes(async () => {

@@ -101,10 +101,15 @@ export class CounterEventPublisher {
     try {
       await this.events.publish(COUNTER_TOPIC, batch.map(counterRecord));
     } catch (err) {
+      this.hooks.onFailed?.(batch.length, err);
+      // Closing: nothing will send it again (a failure after `close` gave up waiting included).
+      if (this.closed) {
+        this.hooks.onDropped?.(batch.length);
+        return false;
+      }
       this.queue.unshift(...batch);
       this.trim();
       this.backoffMs = Math.min(this.options.maxBackoffMs, Math.max(100, this.backoffMs * 2));
-      this.hooks.onFailed?.(batch.length, err);
       return false;
     }
     this.backoffMs = 0;

@@ -1,4 +1,4 @@
-import Fastify, { type FastifyRequest } from 'fastify';
+import Fastify, { type FastifyReply, type FastifyRequest } from 'fastify';
 import { request as httpRequest } from 'node:http';
 import { connect, type AddressInfo } from 'node:net';
 import { afterEach, describe, expect, it } from 'vitest';
@@ -61,6 +61,7 @@ describe(descriptionRoutes.name, () => {
       maxInFlight?: number;
       guards?: AuthGuards;
       bodyDeadlineMs?: number;
+      onRequest?: (request: FastifyRequest, reply: FastifyReply) => Promise<void>;
     } = {},
   ) {
     const logs = options.logs;
@@ -71,6 +72,7 @@ describe(descriptionRoutes.name, () => {
       : Fastify();
     apps.push(app);
     installErrorHandling(app);
+    if (options.onRequest) app.addHook('onRequest', options.onRequest);
     app.decorateRequest('principal', null);
     await app.register(
       descriptionRoutes({
@@ -156,9 +158,13 @@ describe(descriptionRoutes.name, () => {
       maxInFlight: 1,
       bodyDeadlineMs: 300,
       logs,
+      // As the server's own hooks set headers every answer carries (CORS, request id).
+      onRequest: async (_request, reply) => void reply.header('x-seen', 'yes'),
     });
     // A body announced whole but sent a byte at a time.
     const socket = connect(port, '127.0.0.1');
+    // Reset by the server while still sending.
+    socket.on('error', () => undefined);
     await new Promise((resolve) => socket.once('connect', resolve));
     let answer = '';
     socket.on('data', (chunk: Buffer) => (answer += chunk.toString()));
@@ -172,6 +178,7 @@ describe(descriptionRoutes.name, () => {
     await closed;
     clearInterval(trickle);
     expect(answer).toMatch(/^HTTP\/1\.1 408 /);
+    expect(answer).toMatch(/\r\nx-seen: yes\r\n/i);
     expect(JSON.parse(answer.slice(answer.indexOf('\r\n\r\n') + 4))).toMatchObject({
       code: 'REQUEST_TIMEOUT',
     });

@@ -60,7 +60,12 @@ function tooSlow(request: FastifyRequest, reply: FastifyReply): void {
     message: 'The request body did not arrive in time',
     requestId: String(request.id),
   });
+  // With the headers every answer carries (CORS, request id, no-store), set before the body.
+  const kept = Object.entries(reply.getHeaders()).filter(
+    (entry): entry is [string, string | number | string[]] => entry[1] !== undefined,
+  );
   res.writeHead(408, {
+    ...Object.fromEntries(kept),
     'content-type': 'application/json; charset=utf-8',
     'content-length': Buffer.byteLength(body),
     connection: 'close',
