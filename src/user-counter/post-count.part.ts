@@ -39,12 +39,13 @@ export class PostCountPart implements UserCountPart {
         .where('status', '=', 'published')
         .where('visible', '=', 'public')
         .executeTakeFirst();
-      const unapplied: Array<UnappliedEvent & { at: number }> = [];
+      let unapplied: Array<UnappliedEvent & { at: number }> = [];
       // Newest change first, in pages, until the latest events are all listed: a post's crossings
-      // are never later than its change, so once `UNAPPLIED_MAX` are listed, later pages could
-      // only add older ones.
+      // are never later than its last change (which may be an edit), so once `UNAPPLIED_MAX` are
+      // listed that are no older than the last post read was changed, later pages could only add
+      // older ones.
       let after: { updatedAt: number; id: string } | null = null;
-      for (let read = 0; read < RECENT_MAX && unapplied.length < UNAPPLIED_MAX;) {
+      for (let read = 0; read < RECENT_MAX;) {
         const cursor: { updatedAt: number; id: string } | null = after;
         const page = await trx
           .selectFrom('knowposts')
@@ -72,15 +73,14 @@ export class PostCountPart implements UserCountPart {
           }
         }
         read += page.length;
+        if (unapplied.length > UNAPPLIED_MAX)
+          unapplied = unapplied.toSorted((a, b) => b.at - a.at).slice(0, UNAPPLIED_MAX);
         const last = page.at(-1);
         if (page.length < RECENT_PAGE || !last) break;
+        if (unapplied.length >= UNAPPLIED_MAX && unapplied.at(-1)!.at >= Number(last.updated_at)) break;
         after = { updatedAt: Number(last.updated_at), id: String(last.id) };
       }
-      const latest =
-        unapplied.length > UNAPPLIED_MAX
-          ? unapplied.toSorted((a, b) => b.at - a.at).slice(0, UNAPPLIED_MAX)
-          : unapplied;
-      return { counts: { posts: Number(row?.n ?? 0) }, unapplied: latest.map(({ at: _, ...e }) => e) };
+      return { counts: { posts: Number(row?.n ?? 0) }, unapplied: unapplied.map(({ at: _, ...e }) => e) };
     });
   }
 }

@@ -530,6 +530,39 @@ describe.each<Profile>(['embedded', 'cluster'])('user counters (%s profile)', (p
     expect([...listed].sort()).toEqual(ids.slice(50).sort());
   });
 
+  it('lists the latest events also when posts edited since hold older ones', async () => {
+    const author = await newUser();
+    const now = Date.now();
+    const crossings = (at: number) =>
+      JSON.stringify(
+        Array.from({ length: 40 }, (_, j) => [Math.floor(j / 2) + 1, j % 2 === 0 ? 1 : -1, at + j]),
+      );
+    // 400 posts edited a minute ago, whose crossings are days old (16,000 events), and 50 made
+    // private an hour ago: their 2,000 are among the latest 10,000, though read last.
+    const edited = Array.from({ length: 400 }, () => newPostId());
+    const flipped = Array.from({ length: 50 }, () => newPostId());
+    await insertPosts(author, [
+      ...edited.map((id) => ({
+        id,
+        visible: 'private',
+        updated_at: now - 60_000,
+        public_epoch: 20,
+        public_crossings: crossings(now - 5 * 86_400_000),
+      })),
+      ...flipped.map((id) => ({
+        id,
+        visible: 'private',
+        updated_at: now - 3_600_000,
+        public_epoch: 20,
+        public_crossings: crossings(now - 3_600_000 - 40),
+      })),
+    ]);
+    const truth = await rig.source.compute(author, now);
+    expect(truth?.unapplied).toHaveLength(UNAPPLIED_MAX);
+    const listed = new Set(truth?.unapplied.map((e) => e.eventId.split(':')[1]));
+    for (const id of flipped) expect(listed.has(id)).toBe(true);
+  });
+
   it('reports drift only where there is some, heals it, and unknown users are 404', async () => {
     const [a, b, c] = [await newUser(), await newUser(), await newUser()];
     for (const u of [a, b]) await transition('published', u, newPostId(), { publish: false });
