@@ -1,4 +1,5 @@
 import { EventEmitter } from 'node:events';
+import { setTimeout as delay } from 'node:timers/promises';
 import { chmodSync, mkdirSync, mkdtempSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -17,6 +18,7 @@ import {
   keepDataPrivate,
   sealCounters,
   SUBSCRIBER_OPTIONS,
+  watchRedisConnection,
   watchRedisDataLoss,
 } from './wiring.js';
 
@@ -71,6 +73,34 @@ describe('the cluster profile’s Redis client', () => {
       await direct.del(key);
       direct.disconnect();
       for (const client of clients) client.disconnect();
+      await proxy.close();
+    }
+  });
+
+  it('refuses commands at once after a PING goes unanswered, and serves again once Redis answers', async () => {
+    const proxy = await tcpProxy(new URL(services.redisUrl()));
+    const client = new Redis(proxy.url, await clusterRedisOptions(300));
+    const { log, messages } = capturingLog();
+    watchRedisConnection(client, log, 'commands', 100);
+    try {
+      await client.ping();
+      // Neither answers nor resets: a stopped server, or a network dropping packets.
+      proxy.freeze();
+      const found = Date.now() + 5_000;
+      while (!messages.some((m) => /connection lost/.test(m.msg)) && Date.now() < found) await delay(20);
+      const started = performance.now();
+      await expect(client.get('x')).rejects.toThrow();
+      expect(performance.now() - started).toBeLessThan(100);
+      proxy.thaw();
+      const back = Date.now() + 5_000;
+      while (client.status !== 'ready' && Date.now() < back) await delay(20);
+      expect(await client.ping()).toBe('PONG');
+      expect(messages.map((m) => m.msg)).toEqual([
+        'Redis connection lost; requests that need it answer 503 until it is back',
+        'Redis connection back',
+      ]);
+    } finally {
+      client.disconnect();
       await proxy.close();
     }
   });

@@ -319,10 +319,24 @@ export async function clusterRedisOptions(
  * commands meanwhile, and before the first `ready` they wait, as start-up needs. Also logs the loss
  * once (the client reports every failed attempt) and the return; without a listener the client
  * prints each attempt to stderr.
+ *
+ * A Redis that stops answering without resetting anything (a hung or stopped server, a network that
+ * drops packets) fails no connection: each command would wait out its timeout, and a request
+ * running several would take several timeouts. So, with a command timeout, the connection is
+ * probed every `probeMs` with a PING; one that times out has the connection ended and made anew,
+ * and commands refused at once until the new one is ready.
  */
-export function watchRedisConnection(redis: Redis, log: Logger, name: string): void {
+export function watchRedisConnection(redis: Redis, log: Logger, name: string, probeMs = 1_000): void {
   let ready = false;
   let down = false;
+  const lost = (err: Error): void => {
+    if (down) return;
+    down = true;
+    log.warn(
+      { err, connection: name },
+      'Redis connection lost; requests that need it answer 503 until it is back',
+    );
+  };
   redis.on('ready', () => {
     ready = true;
     redis.options.enableOfflineQueue = true;
@@ -334,19 +348,32 @@ export function watchRedisConnection(redis: Redis, log: Logger, name: string): v
     // An error of the ready connection itself (a reset) comes before its close: not yet a loss.
     if (redis.status === 'ready') return;
     if (ready) redis.options.enableOfflineQueue = false;
-    if (down) return;
-    down = true;
-    log.warn(
-      { err, connection: name },
-      'Redis connection lost; requests that need it answer 503 until it is back',
-    );
+    lost(err);
   });
+  if (!redis.options.commandTimeout || probeMs <= 0) return;
+  let probing = false;
+  const probe = setInterval(() => {
+    if (probing || redis.status !== 'ready') return;
+    probing = true;
+    redis
+      .ping()
+      .catch((err: unknown) => {
+        if (redis.status !== 'ready' || !(err instanceof Error) || !/timed out/i.test(err.message)) return;
+        redis.options.enableOfflineQueue = false;
+        lost(new Error('Redis did not answer a PING in time', { cause: err }));
+        // Destroyed rather than ended: a server that does not answer may never close its side.
+        redis.stream.destroy();
+      })
+      .finally(() => (probing = false));
+  }, probeMs);
+  probe.unref();
+  redis.once('end', () => clearInterval(probe));
 }
 
 const REDIS_DATA_LOST =
   'Redis holds no data of this deployment: likes and favourites are refused (503) until their facts are ' +
-  'back, and users must sign in again; run `zhiguang counters replay --yes` to rebuild the facts and ' +
-  'counts from counter-events';
+  'back, and users must sign in again; stop the worker processes, run `zhiguang counters replay --yes` to ' +
+  'rebuild the facts and counts from counter-events, then start them again';
 
 /**
  * Tells when Redis comes back from a lost connection without its data (restarted without

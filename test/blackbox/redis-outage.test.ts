@@ -174,4 +174,32 @@ describe('a cluster server while its Redis is down', () => {
     expect(empty).toHaveLength(1);
     expect(empty[0]).toContain('counters replay --yes');
   }, 120_000);
+
+  it('answers 503 at once also while Redis is stopped without closing anything, and serves again after', async () => {
+    const counts = () => client.call('GET', `/api/v1/counter/knowpost/${postId}`);
+    expect((await counts()).status).toBe(200);
+    // Stopped: it neither answers nor resets a connection.
+    redis!.kill('SIGSTOP');
+    try {
+      // The next PING (one a second) goes unanswered within the command timeout.
+      await sleep(1_000 + COMMAND_TIMEOUT_MS + 500);
+      for (const probe of [
+        counts,
+        () => client.call('GET', '/api/v1/auth/me', { token: user.accessToken }),
+      ]) {
+        const started = Date.now();
+        const res = await probe();
+        expect([res.status, res.body?.code]).toEqual([503, 'UNAVAILABLE']);
+        expect(Date.now() - started).toBeLessThan(COMMAND_TIMEOUT_MS);
+      }
+    } finally {
+      redis!.kill('SIGCONT');
+    }
+    const back = await eventually(
+      async () => (await counts()).status,
+      (status) => status === 200,
+      20_000,
+    );
+    expect(back).toBe(200);
+  }, 60_000);
 });

@@ -184,7 +184,7 @@ export const CONFIG_VARS = {
   },
   ZG_REDIS_COMMAND_TIMEOUT_MS: {
     description:
-      'cluster: how long a Redis command may take, waiting for a connection included, before its request answers 503; 0 sets no limit (a timer per command costs about 2 µs of CPU)',
+      'cluster: how long a Redis command may take, waiting for a connection included, before its request answers 503; a connection whose PING (one a second) takes longer is made anew, requests answering 503 at once meanwhile; 0 sets no limit and sends no PING (a timer per command costs about 2 µs of CPU)',
     default: '2000',
   },
   ZG_KAFKA_BROKERS: { description: 'cluster: comma-separated host:port list of Kafka bootstrap brokers' },
