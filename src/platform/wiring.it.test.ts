@@ -105,6 +105,36 @@ describe('the cluster profile’s Redis client', () => {
     }
   });
 
+  it('takes a PING answered while the event loop was blocked past the timeout for an answer', async () => {
+    const client = new Redis(services.redisUrl(), await clusterRedisOptions(300));
+    const { log, messages } = capturingLog();
+    watchRedisConnection(client, log, 'commands', 50);
+    try {
+      await client.ping();
+      const connection = client.stream;
+      // Blocked (a long GC, a synchronous task) right after each PING went out, past its timeout,
+      // its answer waiting to be read.
+      const ping = client.ping.bind(client);
+      let blocked = 0;
+      client.ping = ((...args: Parameters<typeof ping>) => {
+        const answer = ping(...args);
+        // Once it is written (the client sends at the end of the tick), before its answer is read.
+        if (blocked++ < 3)
+          setImmediate(() => {
+            const until = performance.now() + 450;
+            while (performance.now() < until);
+          });
+        return answer;
+      }) as typeof client.ping;
+      while (blocked < 4) await delay(20);
+      await delay(100);
+      expect(messages).toEqual([]);
+      expect([client.status, client.stream]).toEqual(['ready', connection]);
+    } finally {
+      client.disconnect();
+    }
+  });
+
   it('bounds commands and connection attempts by the command timeout, or neither when it is 0', async () => {
     expect(await clusterRedisOptions(300)).toMatchObject({ commandTimeout: 300, connectTimeout: 300 });
     const unbounded = await clusterRedisOptions(0);

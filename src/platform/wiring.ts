@@ -355,14 +355,21 @@ export function watchRedisConnection(redis: Redis, log: Logger, name: string, pr
   const probe = setInterval(() => {
     if (probing || redis.status !== 'ready') return;
     probing = true;
+    const stream = redis.stream;
+    const read = stream.bytesRead;
     redis
       .ping()
-      .catch((err: unknown) => {
-        if (redis.status !== 'ready' || !(err instanceof Error) || !/timed out/i.test(err.message)) return;
+      .catch(async (err: unknown) => {
+        if (!(err instanceof Error) || !/timed out/i.test(err.message)) return;
+        // Bytes the loop has not read yet (it was busy past the timeout) are read first.
+        await new Promise((resolve) => setImmediate(resolve));
+        // Not the connection it was sent on any more, or one still answering (only slowly, or
+        // other commands first): neither is a Redis that stopped answering.
+        if (redis.status !== 'ready' || redis.stream !== stream || stream.bytesRead !== read) return;
         redis.options.enableOfflineQueue = false;
         lost(new Error('Redis did not answer a PING in time', { cause: err }));
         // Destroyed rather than ended: a server that does not answer may never close its side.
-        redis.stream.destroy();
+        stream.destroy();
       })
       .finally(() => (probing = false));
   }, probeMs);
