@@ -73,7 +73,7 @@ export class PostCountPart implements UserCountPart {
           }
         }
         read += page.length;
-        if (unapplied.length > UNAPPLIED_MAX)
+        if (unapplied.length >= UNAPPLIED_MAX)
           unapplied = unapplied.toSorted((a, b) => b.at - a.at).slice(0, UNAPPLIED_MAX);
         const last = page.at(-1);
         if (page.length < RECENT_PAGE || !last) break;

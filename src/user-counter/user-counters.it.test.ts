@@ -563,6 +563,41 @@ describe.each<Profile>(['embedded', 'cluster'])('user counters (%s profile)', (p
     for (const id of flipped) expect(listed.has(id)).toBe(true);
   });
 
+  it('reads on past a first page of exactly as many events as it lists when older ones are among them', async () => {
+    const author = await newUser();
+    const now = Date.now();
+    const old = now - 5 * 86_400_000;
+    // 200 posts made private a minute ago (their last crossing then), each with 49 crossings days
+    // old: exactly 10,000 events on the first page. 50 more made private an hour ago.
+    const first = Array.from({ length: 200 }, () => newPostId());
+    const flipped = Array.from({ length: 50 }, () => newPostId());
+    const crossings = (earlier: number, n: number, last: number) =>
+      JSON.stringify([
+        ...Array.from({ length: n }, (_, j) => [j + 1, j % 2 === 0 ? 1 : -1, earlier + j]),
+        [n + 1, -1, last],
+      ]);
+    await insertPosts(author, [
+      ...first.map((id) => ({
+        id,
+        visible: 'private',
+        updated_at: now - 60_000,
+        public_epoch: 30,
+        public_crossings: crossings(old, 49, now - 60_000),
+      })),
+      ...flipped.map((id) => ({
+        id,
+        visible: 'private',
+        updated_at: now - 3_600_000,
+        public_epoch: 30,
+        public_crossings: crossings(now - 3_700_000, 39, now - 3_600_000),
+      })),
+    ]);
+    expect(UNAPPLIED_MAX).toBe(200 * 50);
+    const truth = await rig.source.compute(author, now);
+    const listed = new Set(truth?.unapplied.map((e) => e.eventId.split(':')[1]));
+    for (const id of flipped) expect(listed.has(id)).toBe(true);
+  });
+
   it('reports drift only where there is some, heals it, and unknown users are 404', async () => {
     const [a, b, c] = [await newUser(), await newUser(), await newUser()];
     for (const u of [a, b]) await transition('published', u, newPostId(), { publish: false });
