@@ -1,11 +1,9 @@
-import { mkdtempSync, readdirSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { Registry } from 'prom-client';
-import { describe, expect, it } from 'vitest';
+import { describe, expect, it, vi } from 'vitest';
 import type { Batch, EndOffsets, EventLog } from '../platform/eventlog/eventlog.js';
 import { CounterMetrics } from './counter.metrics.js';
 import { LISTED, repairUnpublished, replayAll, verifyAll } from './maintenance.js';
+import { ReplayFold } from './replay-fold.js';
 import { COUNTER_TOPIC, entityKey, eventFor, type CounterEvent, type EntityRef } from './model.js';
 import type { CounterStore, StaleEvent } from './store/counter-store.js';
 
@@ -361,39 +359,30 @@ describe(replayAll.name, () => {
     expect([forced.resets, report.facts]).toEqual([1, 3]);
   });
 
-  it('folds in a temporary directory of its own, removed whether the replay completes or fails', async () => {
-    const parent = mkdtempSync(join(tmpdir(), 'replay-test-'));
+  it('closes its fold whether the replay completes, is refused or fails', async () => {
+    const closed = vi.spyOn(ReplayFold.prototype, 'close');
     try {
       const log = new FakeLog();
       log.append(0, [eventFor(post(1), 'like', 5, 1, 1, 0), eventFor(post(2), 'fav', 6, 1, 1, 0)]);
-      const during: string[][] = [];
-      const store = new RecordingStore();
-      const replayFacts = store.replayFacts.bind(store);
-      store.replayFacts = async (events) => {
-        during.push(readdirSync(parent));
-        await replayFacts(events);
-      };
-      const options = { tempDir: parent };
       const replay = (s: RecordingStore) =>
-        replayAll(s as unknown as CounterStore, log as unknown as EventLog, () => undefined, options);
+        replayAll(s as unknown as CounterStore, log as unknown as EventLog, () => undefined);
 
-      expect(await replay(store)).toMatchObject({ events: 2, facts: 2, entities: 2 });
-      expect(during).toEqual([[expect.stringMatching(/^zhiguang-replay-/)]]);
-      expect(readdirSync(parent)).toEqual([]);
+      expect(await replay(new RecordingStore())).toMatchObject({ events: 2, facts: 2, entities: 2 });
+      expect(closed).toHaveBeenCalledTimes(1);
 
       // Refused before the reset (the store holds changes the log does not).
       const ahead = new RecordingStore();
       ahead.held.set(post(3).eid, 1);
       await expect(replay(ahead)).rejects.toThrow(/higher seq than the log holds/);
-      expect(readdirSync(parent)).toEqual([]);
+      expect(closed).toHaveBeenCalledTimes(2);
 
       // Failing after the reset, while the facts are replayed.
       const failing = new RecordingStore();
       failing.replayFacts = () => Promise.reject(new Error('injected: store down'));
       await expect(replay(failing)).rejects.toThrow(/injected: store down/);
-      expect([failing.resets, readdirSync(parent)]).toEqual([1, []]);
+      expect([failing.resets, closed.mock.calls.length]).toEqual([1, 3]);
     } finally {
-      rmSync(parent, { recursive: true, force: true });
+      closed.mockRestore();
     }
   });
 

@@ -268,7 +268,7 @@ export interface ReplayReport {
  * (the topic keeps every record: it is created with `retention.ms=-1`).
  * The fold is deterministic: for each (entity, metric, user) the event with the highest seq decides
  * the final state, whatever order the log holds them in. It is kept in a temporary SQLite database
- * (`ReplayFold`), so the heap holds a few chunks whatever the size of the log, and removed however
+ * (`ReplayFold`), so the heap holds a few chunks whatever the size of the log, and freed however
  * the replay ends. The surviving facts are replayed entity by entity (an entity's facts next to each
  * other), several chunks at a time;
  * each fact is a distinct (entity, metric, user) and seq counters only ever rise to a maximum, so the
@@ -280,7 +280,7 @@ export async function replayAll(
   store: CounterStore,
   events: EventLog,
   progress: Progress,
-  { now = Date.now, force = false, signal, tempDir }: ReplayOptions = {},
+  { now = Date.now, force = false, signal }: ReplayOptions = {},
 ): Promise<ReplayReport> {
   if (!(await events.holdsEveryRecord(COUNTER_TOPIC))) {
     throw new Error(
@@ -298,7 +298,7 @@ export async function replayAll(
   const published = await publishWaiting(store, events, now() + 1, progress);
   const until = await events.endOffsets(COUNTER_TOPIC);
   // On disk, not in the heap: a log of millions of likes would not fit a default heap (see ReplayFold).
-  const folded = ReplayFold.open(tempDir);
+  const folded = ReplayFold.open();
   try {
     const report: ReplayReport = { published, events: 0, malformed: 0, facts: 0, entities: 0 };
     const fold = async (batch: Batch): Promise<void> => {
@@ -426,8 +426,6 @@ export interface ReplayOptions {
   force?: boolean;
   /** Stops the replay, changing nothing, until it empties the store (not after). */
   signal?: AbortSignal;
-  /** Where the fold's temporary directory is made (by default the system's, `TMPDIR`). */
-  tempDir?: string;
 }
 
 /** Entities of the store compared with the log before toggles are refused. */

@@ -1,6 +1,3 @@
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { DatabaseSync, type StatementSync } from 'node:sqlite';
 import { eventFor, type CounterEvent, type EntityRef, type EntityType, type FactMetric } from './model.js';
 
@@ -28,9 +25,9 @@ const CACHE_KIB = 256 * 1024;
  * seq, and for each entity the highest seq the log holds of it. A log holds tens of millions of
  * likes and favourites over the years, each toggled one kept (unliked ones too); held in the heap they
  * outgrow a default Node process, which then dies after the replay refused toggles. So they are
- * kept in a throwaway SQLite database in a directory of its own under the system's temporary
- * directory (`TMPDIR`; on a tmpfs it lives in memory all the same, outside the heap), with a page
- * cache of `CACHE_KIB`. `close` removes the directory, whatever happened.
+ * kept in SQLite's own temporary database, with a page cache of `CACHE_KIB`: its file is made under
+ * `SQLITE_TMPDIR` or `TMPDIR` (on a tmpfs it lives in memory all the same, outside the heap) and
+ * unlinked as soon as it is open, so the system frees it however the replay ends, killed included.
  *
  * Nothing here needs to survive a crash (a replay killed half-way starts again from the log), so the
  * database keeps no journal, does not sync, and the whole fold is one transaction that is never
@@ -44,26 +41,21 @@ export class ReplayFold {
   private readonly upsertLogged: StatementSync;
   private readonly selectLogged: StatementSync;
 
-  /** A fresh fold in a new directory under `parent`. */
-  static open(parent = tmpdir()): ReplayFold {
-    const dir = mkdtempSync(join(parent, 'zhiguang-replay-'));
-    try {
-      return new ReplayFold(dir);
-    } catch (err) {
-      rmSync(dir, { recursive: true, force: true });
-      throw err;
-    }
+  /** A fresh fold; `cacheKiB` is the page cache it keeps in memory. */
+  static open(cacheKiB = CACHE_KIB): ReplayFold {
+    return new ReplayFold(cacheKiB);
   }
 
-  private constructor(readonly dir: string) {
-    this.db = new DatabaseSync(join(dir, 'fold.db'));
+  private constructor(cacheKiB: number) {
+    // '': a temporary database, its file unlinked once made.
+    this.db = new DatabaseSync('');
     try {
       this.db.exec(`
         PRAGMA journal_mode = OFF;
         PRAGMA synchronous = OFF;
         PRAGMA locking_mode = EXCLUSIVE;
         PRAGMA temp_store = FILE;
-        PRAGMA cache_size = -${CACHE_KIB};
+        PRAGMA cache_size = -${cacheKiB};
         CREATE TABLE facts (
           etype TEXT NOT NULL,
           eid TEXT NOT NULL,
@@ -103,16 +95,26 @@ export class ReplayFold {
    * with): the replay fails and the fold is closed.
    */
   add(events: readonly CounterEvent[]): void {
-    // The entity's highest seq is written once per batch, not once per event.
-    const highest = new Map<string, CounterEvent>();
-    for (const e of events) {
-      // The stores read no `ts`; a record without a numeric one still replays.
-      const ts = typeof e.ts === 'number' && Number.isFinite(e.ts) ? e.ts : 0;
-      this.upsertFact.run(e.entityType, e.entityId, e.metric, e.userId, e.seq, e.delta, ts);
-      const key = `${e.entityType}:${e.entityId}`;
-      if ((highest.get(key)?.seq ?? 0) < e.seq) highest.set(key, e);
+    // SQLite rolls the whole fold back on some failures (a full disk): never go on without it.
+    if (!this.db.isTransaction) throw new Error('the replay fold was rolled back after an earlier failure');
+    try {
+      // The entity's highest seq is written once per batch, not once per event.
+      const highest = new Map<string, CounterEvent>();
+      for (const e of events) {
+        // The stores read no `ts`; a record without a numeric one still replays.
+        const ts = typeof e.ts === 'number' && Number.isFinite(e.ts) ? e.ts : 0;
+        this.upsertFact.run(e.entityType, e.entityId, e.metric, e.userId, e.seq, e.delta, ts);
+        const key = `${e.entityType}:${e.entityId}`;
+        if ((highest.get(key)?.seq ?? 0) < e.seq) highest.set(key, e);
+      }
+      for (const e of highest.values()) this.upsertLogged.run(e.entityType, e.entityId, e.seq);
+    } catch (err) {
+      throw new Error(
+        `the replay fold failed: ${(err as Error).message} (its temporary file is under SQLITE_TMPDIR or ` +
+          'TMPDIR, /tmp when neither is set: about 60 bytes a like or favourite ever toggled)',
+        { cause: err },
+      );
     }
-    for (const e of highest.values()) this.upsertLogged.run(e.entityType, e.entityId, e.seq);
   }
 
   /** The highest seq the log holds of the entity (0 when it names none). */
@@ -165,13 +167,9 @@ export class ReplayFold {
     if (current.facts.length > 0) yield current;
   }
 
-  /** Closes the database and removes its directory; safe to call again. */
+  /** Closes the database, which frees its file; safe to call again. */
   close(): void {
-    try {
-      if (this.db.isOpen) this.db.close();
-    } finally {
-      rmSync(this.dir, { recursive: true, force: true });
-    }
+    if (this.db.isOpen) this.db.close();
   }
 }
 
