@@ -115,6 +115,37 @@ describe('KafkaEventLog publish timeout', () => {
   });
 });
 
+/** How far `group` committed, summed over its partitions. */
+async function committedSum(admin: Admin, group: string): Promise<bigint> {
+  const [offsets] = await admin.listConsumerGroupOffsets({ groups: [group] });
+  let sum = 0n;
+  for (const topic of offsets?.topics ?? [])
+    for (const p of topic.partitions) if (p.committedOffset > 0n) sum += p.committedOffset;
+  return sum;
+}
+
+/** Two logs of one topic prefix of their own, as two members of a group would use. */
+function twoMembers(
+  clientId: string,
+  partitions: number,
+  options: Partial<ConstructorParameters<typeof KafkaEventLog>[0]> = {},
+) {
+  const prefix = `${uniqueName('t')}.`;
+  const settings = {
+    brokers: services.kafkaBrokers(),
+    prefix,
+    partitions,
+    sessionTimeoutMs: 6_000,
+    heartbeatIntervalMs: 300,
+    ...options,
+  };
+  return {
+    prefix,
+    first: new KafkaEventLog({ ...settings, clientId: `${clientId}-a` }),
+    second: new KafkaEventLog({ ...settings, clientId: `${clientId}-b` }),
+  };
+}
+
 /** A Kafka log of its own topic prefix, and how far its group `g` committed (summed over partitions). */
 function kafkaLogWithCommits(
   clientId: string,
@@ -131,13 +162,7 @@ function kafkaLogWithCommits(
     ...options,
   });
   const admin = new Admin({ clientId: `${clientId}-admin`, bootstrapBrokers: services.kafkaBrokers() });
-  const committed = async (): Promise<bigint> => {
-    const [group] = await admin.listConsumerGroupOffsets({ groups: [`${prefix}g`] });
-    let sum = 0n;
-    for (const topic of group?.topics ?? [])
-      for (const p of topic.partitions) if (p.committedOffset > 0n) sum += p.committedOffset;
-    return sum;
-  };
+  const committed = () => committedSum(admin, `${prefix}g`);
   const dispose = async () => {
     await admin.close();
     await log.deleteGroups(['g']).catch(() => undefined);
@@ -319,17 +344,7 @@ describe('KafkaEventLog handler failures', () => {
 
 describe('KafkaEventLog handler failures and rebalances', () => {
   it('hands a failed batch again only for the partitions the member still holds', async () => {
-    const prefix = `${uniqueName('t')}.`;
-    const settings = {
-      brokers: services.kafkaBrokers(),
-      prefix,
-      partitions: 4,
-      sessionTimeoutMs: 6_000,
-      heartbeatIntervalMs: 300,
-      retryBackoffMs: { min: 100, max: 100 },
-    };
-    const first = new KafkaEventLog({ ...settings, clientId: 'zg-retry-a' });
-    const second = new KafkaEventLog({ ...settings, clientId: 'zg-retry-b' });
+    const { first, second } = twoMembers('zg-retry', 4, { retryBackoffMs: { min: 100, max: 100 } });
     try {
       await first.ensureTopics(['t']);
       const byFirst: string[] = [];
@@ -384,24 +399,9 @@ describe('KafkaEventLog handler failures and rebalances', () => {
 
 describe('KafkaEventLog records fetched before a rebalance', () => {
   it('neither hands again nor commits behind what another member handled while it held the partition', async () => {
-    const prefix = `${uniqueName('t')}.`;
-    const settings = {
-      brokers: services.kafkaBrokers(),
-      prefix,
-      partitions: 2,
-      sessionTimeoutMs: 6_000,
-      heartbeatIntervalMs: 300,
-    };
-    const first = new KafkaEventLog({ ...settings, clientId: 'zg-moved-a' });
-    const second = new KafkaEventLog({ ...settings, clientId: 'zg-moved-b' });
+    const { prefix, first, second } = twoMembers('zg-moved', 2);
     const admin = new Admin({ clientId: 'zg-moved-admin', bootstrapBrokers: services.kafkaBrokers() });
-    const committed = async (): Promise<bigint> => {
-      const [group] = await admin.listConsumerGroupOffsets({ groups: [`${prefix}g`] });
-      let sum = 0n;
-      for (const topic of group?.topics ?? [])
-        for (const p of topic.partitions) if (p.committedOffset > 0n) sum += p.committedOffset;
-      return sum;
-    };
+    const committed = () => committedSum(admin, `${prefix}g`);
     try {
       await first.ensureTopics(['t']);
       const records = Array.from({ length: 40 }, (_, i) => ({ key: `k${i}`, value: String(i) }));
