@@ -433,15 +433,7 @@ describe('KafkaEventLog records fetched before a rebalance', () => {
       expect(firstBatch).toBe(false);
       // A second member takes one partition, handles and commits all of it, and leaves.
       const bySecond: string[] = [];
-      const b = await second.subscribe({
-        group: 'g',
-        topics: ['t'],
-        maxBatch: 100,
-        maxWaitMs: 10,
-        handler: async (batch) => {
-          bySecond.push(...batch.records.map((r) => r.value));
-        },
-      });
+      const b = await subscribeInto(second, bySecond, { maxBatch: 100 });
       while (
         (bySecond.length === 0 || (await committed()) < BigInt(bySecond.length)) &&
         Date.now() < deadline
