@@ -353,8 +353,13 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
         consumers: async () => consumersStarted,
         // Down while likes and favourites are refused until a counters replay: the process serves
         // all else, so it stays in rotation (degraded), and tells why.
-        // Unknown (Redis out of reach, which its own check reports) is not taken for a restore.
-        counters: async () => !(await platform.counterStore.restoring().catch(() => false)),
+        // Unknown (Redis out of reach or not answering within the round, which its own check
+        // reports) is not taken for a restore.
+        counters: async () =>
+          !(await Promise.race([
+            platform.counterStore.restoring().catch(() => false),
+            sleep(1_500, false, { ref: false }),
+          ])),
       },
       () => draining,
       config.metricsToken,

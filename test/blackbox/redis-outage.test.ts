@@ -192,6 +192,13 @@ describe('a cluster server while its Redis is down', () => {
         expect([res.status, res.body?.code]).toEqual([503, 'UNAVAILABLE']);
         expect(Date.now() - started).toBeLessThan(COMMAND_TIMEOUT_MS);
       }
+      // Redis is down; nothing says a replay is needed.
+      const ready = await client.call('GET', '/readyz');
+      expect([ready.status, ready.body?.checks?.redis, ready.body?.checks?.counters]).toEqual([
+        503,
+        'down',
+        'ok',
+      ]);
     } finally {
       redis!.kill('SIGCONT');
     }
