@@ -14,6 +14,7 @@ import { relationUserCountParts } from './relation/user-count-parts.js';
 import { runUsersCommand, USERS_USAGE } from './user-counter/admin.js';
 import { RELATIONS_USAGE, runRelationsCommand } from './relation/admin.js';
 import { takeLease } from './platform/kv/lease.js';
+import { isDependencyOutage } from './platform/errors/outage.js';
 
 /** What a verify command exits with when it found drift, so a scheduled run can raise an alarm. */
 const DRIFT_EXIT = 3;
@@ -309,7 +310,11 @@ main(process.argv.slice(2)).then(
     process.stderr.write(
       err instanceof ConfigError
         ? `${err.message}\n`
-        : `zhiguang: ${err instanceof Error ? (err.stack ?? err.message) : String(err)}\n`,
+        : isDependencyOutage(err)
+          ? `zhiguang: a store or the event log could not be reached or stopped answering ` +
+            `(${err instanceof Error ? err.message : String(err)}); run the command again once it is back ` +
+            '(a replay that stopped after emptying the counter store leaves likes refused until one completes)\n'
+          : `zhiguang: ${err instanceof Error ? (err.stack ?? err.message) : String(err)}\n`,
     );
     process.exit(1);
   },
