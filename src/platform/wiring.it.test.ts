@@ -105,6 +105,35 @@ describe('the cluster profile’s Redis client', () => {
     }
   });
 
+  it('notices a stopped Redis within a probe and a timeout, also with commands waiting behind others', async () => {
+    const proxy = await tcpProxy(new URL(services.redisUrl()));
+    const client = new Redis(proxy.url, await clusterRedisOptions(1_000));
+    const { log, messages } = capturingLog();
+    watchRedisConnection(client, log, 'commands', 100);
+    try {
+      await client.ping();
+      proxy.freeze();
+      const started = performance.now();
+      const failedAt = (command: Promise<unknown>) =>
+        command.then(
+          () => Number.NaN,
+          () => performance.now() - started,
+        );
+      // One on its way, and one the client holds behind it.
+      const first = failedAt(client.get('a'));
+      await delay(50);
+      const second = failedAt(client.get('b'));
+      while (messages.length === 0 && performance.now() - started < 5_000) await delay(10);
+      const noticedAt = performance.now() - started;
+      expect(noticedAt).toBeLessThan(1_400);
+      expect(await first).toBeLessThan(1_400);
+      expect(await second).toBeLessThan(1_400);
+    } finally {
+      client.disconnect();
+      await proxy.close();
+    }
+  });
+
   it('takes a PING answered while the event loop was blocked past the timeout for an answer', async () => {
     const client = new Redis(services.redisUrl(), await clusterRedisOptions(300));
     const { log, messages } = capturingLog();

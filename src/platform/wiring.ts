@@ -300,7 +300,9 @@ export async function clusterRedisOptions(
     // (which waits for a failed attempt) is not held up by the client's default of 10 s.
     ...(commandTimeoutMs > 0 ? { commandTimeout: commandTimeoutMs, connectTimeout: commandTimeoutMs } : {}),
     enableAutoPipelining: true,
-    autoPipeliningIgnoredCommands: [...SEND_AT_ONCE],
+    // PING too: the connection's probe (see `watchRedisConnection`) must not wait behind a pipeline
+    // a stopped Redis holds until its commands time out.
+    autoPipeliningIgnoredCommands: [...SEND_AT_ONCE, 'ping'],
     // A command sent on a connection that was lost before its answer came is not sent again on the
     // next one: it may have timed out and been answered 503 ("changing nothing") already, and a like
     // sent again after its unlike was refused would stand against the user's wish; one that ran and
@@ -367,7 +369,11 @@ export function watchRedisConnection(redis: Redis, log: Logger, name: string, pr
         // other commands first): neither is a Redis that stopped answering.
         if (redis.status !== 'ready' || redis.stream !== stream || stream.bytesRead !== read) return;
         redis.options.enableOfflineQueue = false;
-        lost(new Error('Redis did not answer a PING in time', { cause: err }));
+        const gone = new Error('Connection is closed. Redis did not answer a PING in time', { cause: err });
+        lost(gone);
+        // Commands on their way fail now rather than at their timeouts, and so free the pipeline
+        // the client holds the next ones behind. (A method of the client not in its types.)
+        (redis as unknown as { flushQueue?: (error: Error) => void }).flushQueue?.(gone);
         // Destroyed rather than ended: a server that does not answer may never close its side.
         stream.destroy();
       })
