@@ -304,6 +304,13 @@ function configFromEnv(): Config {
   return loadConfig(process.env);
 }
 
+/** An outage's message, or its code where it has none (a refusal of every address of a name). */
+function outageText(err: unknown): string {
+  const e = err as { message?: unknown; code?: unknown };
+  if (typeof e?.message === 'string' && e.message !== '') return e.message;
+  return typeof e?.code === 'string' ? e.code : String(err);
+}
+
 main(process.argv.slice(2)).then(
   (code) => process.exit(code),
   (err: unknown) => {
@@ -312,7 +319,7 @@ main(process.argv.slice(2)).then(
         ? `${err.message}\n`
         : isDependencyOutage(err)
           ? `zhiguang: a store or the event log could not be reached or stopped answering ` +
-            `(${err instanceof Error ? err.message : String(err)}); run the command again once it is back ` +
+            `(${outageText(err)}); run the command again once it is back ` +
             '(a replay that stopped after emptying the counter store leaves likes refused until one completes)\n'
           : `zhiguang: ${err instanceof Error ? (err.stack ?? err.message) : String(err)}\n`,
     );

@@ -353,6 +353,14 @@ export function watchRedisConnection(redis: Redis, log: Logger, name: string, pr
     lost(err);
   });
   if (!redis.options.commandTimeout || probeMs <= 0) return;
+  // A method of the client not in its types: commands on their way fail with it rather than at
+  // their timeouts when the probe ends a connection.
+  const flushQueue = (redis as unknown as { flushQueue?: (error: Error) => void }).flushQueue?.bind(redis);
+  if (!flushQueue)
+    log.warn(
+      { connection: name },
+      'this ioredis has no flushQueue: commands on their way end at their timeouts',
+    );
   let probing = false;
   const probe = setInterval(() => {
     if (probing || redis.status !== 'ready') return;
@@ -372,8 +380,8 @@ export function watchRedisConnection(redis: Redis, log: Logger, name: string, pr
         const gone = new Error('Connection is closed. Redis did not answer a PING in time', { cause: err });
         lost(gone);
         // Commands on their way fail now rather than at their timeouts, and so free the pipeline
-        // the client holds the next ones behind. (A method of the client not in its types.)
-        (redis as unknown as { flushQueue?: (error: Error) => void }).flushQueue?.(gone);
+        // the client holds the next ones behind.
+        flushQueue?.(gone);
         // Destroyed rather than ended: a server that does not answer may never close its side.
         stream.destroy();
       })

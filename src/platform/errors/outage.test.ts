@@ -13,6 +13,8 @@ describe('isDependencyOutage', () => {
       // ioredis: a command past its timeout, and one refused while the connection is lost.
       new Error('Command timed out'),
       new Error("Stream isn't writeable and enableOfflineQueue options is false"),
+      // ioredis: the rest of a pipeline whose first answers came before the connection reset.
+      Object.assign(new Error('Command aborted due to connection close'), { name: 'AbortError' }),
       new Error('LOADING Redis is loading the dataset in memory'),
       // A replica promoted away under us, and a Redis out of memory: not now, rather than a bug.
       new Error("READONLY You can't write against a read only replica."),

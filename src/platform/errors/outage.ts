@@ -49,13 +49,14 @@ const NAMES = new Set([
 
 /**
  * SQLite's busy timeout run out (another process held the write lock), ioredis on a closed
- * connection, a command past its timeout or refused while the connection is lost, Redis replies
+ * connection, a command past its timeout, cut off with its pipeline by a reset or refused while the
+ * connection is lost, Redis replies
  * that mean "not now" (a failover under way, a Redis out of memory), and mysql2 refusing a command
  * on a connection it lost (a transaction's ROLLBACK after the connection dropped: Kysely throws
  * that error in place of the one that lost the connection).
  */
 const MESSAGE =
-  /^(?:database is locked|Connection is closed\.|Command timed out|Stream isn't writeable|LOADING |TRYAGAIN |CLUSTERDOWN |MASTERDOWN |BUSY |READONLY |OOM |Can't add new command when connection is in closed state|Can't write in closed state)/;
+  /^(?:database is locked|Connection is closed\.|Command timed out|Command aborted due to connection close|Stream isn't writeable|LOADING |TRYAGAIN |CLUSTERDOWN |MASTERDOWN |BUSY |READONLY |OOM |Can't add new command when connection is in closed state|Can't write in closed state)/;
 
 /** MariaDB's ER_STATEMENT_TIMEOUT, which mysql2 has no code name for. */
 const MARIADB_STATEMENT_TIMEOUT = 1969;
