@@ -28,6 +28,19 @@ function capturingLog() {
   return { log, messages };
 }
 
+/** A cluster client through a TCP proxy in front of Redis, its connection watched with a PING every 100 ms. */
+async function watchedThroughProxy(commandTimeoutMs: number) {
+  const proxy = await tcpProxy(new URL(services.redisUrl()));
+  const client = new Redis(proxy.url, await clusterRedisOptions(commandTimeoutMs));
+  const { log, messages } = capturingLog();
+  watchRedisConnection(client, log, 'commands', 100);
+  const close = async (): Promise<void> => {
+    client.disconnect();
+    await proxy.close();
+  };
+  return { proxy, client, messages, close };
+}
+
 describe('the cluster profile’s Redis client', () => {
   let redis: Redis | undefined;
   afterEach(async () => {
@@ -78,10 +91,7 @@ describe('the cluster profile’s Redis client', () => {
   });
 
   it('refuses commands at once after a PING goes unanswered, and serves again once Redis answers', async () => {
-    const proxy = await tcpProxy(new URL(services.redisUrl()));
-    const client = new Redis(proxy.url, await clusterRedisOptions(300));
-    const { log, messages } = capturingLog();
-    watchRedisConnection(client, log, 'commands', 100);
+    const { proxy, client, messages, close } = await watchedThroughProxy(300);
     try {
       await client.ping();
       // Neither answers nor resets: a stopped server, or a network dropping packets.
@@ -100,16 +110,12 @@ describe('the cluster profile’s Redis client', () => {
         'Redis connection back',
       ]);
     } finally {
-      client.disconnect();
-      await proxy.close();
+      await close();
     }
   });
 
   it('notices a stopped Redis within a probe and a timeout, also with commands waiting behind others', async () => {
-    const proxy = await tcpProxy(new URL(services.redisUrl()));
-    const client = new Redis(proxy.url, await clusterRedisOptions(1_000));
-    const { log, messages } = capturingLog();
-    watchRedisConnection(client, log, 'commands', 100);
+    const { proxy, client, messages, close } = await watchedThroughProxy(1_000);
     try {
       await client.ping();
       proxy.freeze();
@@ -129,8 +135,7 @@ describe('the cluster profile’s Redis client', () => {
       expect(await first).toBeLessThan(1_400);
       expect(await second).toBeLessThan(1_400);
     } finally {
-      client.disconnect();
-      await proxy.close();
+      await close();
     }
   });
 
