@@ -2,17 +2,9 @@ import { Registry } from 'prom-client';
 import { afterEach, describe, expect, it, vi } from 'vitest';
 import {
   PublishTimeoutError,
-  type DeliveredRecord,
   type EventRecord,
 } from '../platform/eventlog/eventlog.js';
-import {
-  parseViewRecord,
-  VIEW_TOPIC,
-  viewBatchMark,
-  ViewMetrics,
-  ViewRecorder,
-  VIEWS_PER_RECORD,
-} from './views.js';
+import { parseViewRecord, VIEW_TOPIC, ViewMetrics, ViewRecorder, VIEWS_PER_RECORD } from './views.js';
 
 /** An event log that keeps what it was given and can be made to fail. */
 class FakeLog {
@@ -301,27 +293,5 @@ describe(parseViewRecord.name, () => {
       '{"etype":"knowpost","views":[["12",1],"13"]}',
     ])
       expect(parseViewRecord(bad), bad).toBeNull();
-  });
-});
-
-describe(viewBatchMark.name, () => {
-  const record = (partition: number, offset: number, timestamp = 1_000 + offset): DeliveredRecord => ({
-    topic: VIEW_TOPIC,
-    partition,
-    offset: BigInt(offset),
-    timestamp,
-    key: 'k',
-    value: '[]',
-  });
-
-  it('names the same records alike, and no other batch so', () => {
-    const batch = [record(2, 10), record(5, 3), record(2, 11)];
-    const mark = viewBatchMark(batch);
-    expect(mark.scope).toBe('2');
-    expect(viewBatchMark(batch.map((r) => ({ ...r })))).toEqual(mark);
-    // The same first and last records and size, other records between them.
-    expect(viewBatchMark([record(2, 10), record(4, 3), record(2, 11)]).token).not.toBe(mark.token);
-    // A topic made again: the same places, written at other times.
-    expect(viewBatchMark(batch.map((r) => record(r.partition, Number(r.offset), 5)))).not.toEqual(mark);
   });
 });

@@ -1,12 +1,10 @@
-import { createHash } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { finishedWithin } from '../platform/workers/deadline.js';
 import { Counter, Gauge, type Registry } from 'prom-client';
 import { entityKey, isEntityId, isEntityType, type EntityRef, type EntityType } from '../counter/model.js';
-import type { CounterStore, ViewBatchMark, ViewIncrement } from '../counter/store/counter-store.js';
+import type { CounterStore, LoggedViews, ViewIncrement } from '../counter/store/counter-store.js';
 import {
   PublishTimeoutError,
-  type DeliveredRecord,
   type EndOffsets,
   type EventLog,
   type EventRecord,
@@ -19,10 +17,11 @@ import type { ViewSink } from './detail.service.js';
  * sums views per post and publishes them in batches to `read-events` when it holds `maxItems` views,
  * `flushMs` after the first view it took, and on shutdown. A record carries the sums of up to
  * `VIEWS_PER_RECORD` posts, so the event log and the consumer handle a few records per flush
- * whatever the number of posts read. The `view-agg` consumer sums a batch per post, adds the sums to
- * the snapshots and commits. Views are approximate under a crash (the buffer of a killed process is
- * lost; a consumer that dies between adding and committing has its batch added again); likes and
- * favourites do not go this way.
+ * whatever the number of posts read. The `view-agg` consumer adds a batch's views to the snapshots
+ * with `addLoggedViews`, which counts each record once however often and in whatever batches it is
+ * handed (a crash before the commit, a rebalance, a retry), and commits. Views are approximate only
+ * where a process dies with views in its buffer, not yet published; likes and favourites do not go
+ * this way.
  */
 export const VIEW_TOPIC = 'read-events';
 export const VIEW_GROUP = 'view-agg';
@@ -80,6 +79,7 @@ export class ViewMetrics {
   readonly publishFailed: Counter;
   readonly dropped: Counter;
   readonly applied: Counter;
+  readonly skipped: Counter;
 
   constructor(registry: Registry) {
     const registers = [registry];
@@ -111,6 +111,11 @@ export class ViewMetrics {
     this.applied = new Counter({
       name: 'zg_views_applied_total',
       help: 'Views added to snapshots by view-agg',
+      registers,
+    });
+    this.skipped = new Counter({
+      name: 'zg_views_skipped_total',
+      help: 'Views of read-events records view-agg was handed again and found already added (after a rebalance, a crash or a failed call), left out',
       registers,
     });
   }
@@ -305,7 +310,7 @@ export class ViewAggregator {
 
   constructor(
     private readonly events: EventLog,
-    private readonly store: Pick<CounterStore, 'addViews'>,
+    private readonly store: Pick<CounterStore, 'addLoggedViews'>,
     private readonly metrics: ViewMetrics,
     private readonly onError: (err: unknown) => void,
     private readonly options: { maxBatch: number; maxWaitMs: number } = { maxBatch: 5000, maxWaitMs: 100 },
@@ -320,19 +325,29 @@ export class ViewAggregator {
       // Nobody waits on these within a fraction of a second; fewer, larger fetches are cheaper.
       fetchMaxWaitMs: 250,
       handler: async (batch) => {
-        const sums = new Map<string, ViewIncrement>();
+        const records: LoggedViews[] = [];
         let total = 0;
         for (const record of batch.records) {
-          const added = addViewRecord(sums, record.value);
-          if (added === null) {
+          const events = parseViewRecord(record.value);
+          if (events === null) {
             this.onError(
               new Error(`skipping a malformed view record at ${record.partition}:${record.offset}`),
             );
-          } else total += added;
+            continue;
+          }
+          const views = events.map((e) => ({ ref: { etype: e.etype, eid: e.eid }, n: e.n }));
+          records.push({
+            partition: record.partition,
+            offset: record.offset,
+            timestamp: record.timestamp,
+            views,
+          });
+          for (const e of events) total += e.n;
         }
-        if (sums.size === 0) return;
-        await this.store.addViews([...sums.values()], viewBatchMark(batch.records));
-        this.metrics.applied.inc(total);
+        if (records.length === 0) return;
+        const added = await this.store.addLoggedViews(records);
+        this.metrics.applied.inc(added);
+        if (added < total) this.metrics.skipped.inc(total - added);
       },
       onError: this.onError,
     });
@@ -342,18 +357,6 @@ export class ViewAggregator {
     await this.subscription?.close();
     this.subscription = undefined;
   }
-}
-
-/**
- * What names a batch handed again after a failure (the same records, see `EventLog.subscribe`): the
- * partition of its first record, which one member of the group holds at a time, and a digest of
- * where and when each of its records was written, so no other batch matches it: not one of other
- * records between the same first and last, nor one of a topic made again whose offsets restarted.
- */
-export function viewBatchMark(records: readonly DeliveredRecord[]): ViewBatchMark {
-  const digest = createHash('sha1');
-  for (const r of records) digest.update(`${r.partition}:${r.offset}:${r.timestamp};`);
-  return { scope: String(records[0]!.partition), token: digest.digest('base64url') };
 }
 
 /** Adds a `read-events` record's views to `sums` (by entity); how many, or null when it is malformed. */

@@ -8,7 +8,7 @@ import {
   type FactMetric,
 } from '../model.js';
 import { encodeSnapshot } from '../snapshot.js';
-import type { CounterStore, ToggleResult } from './counter-store.js';
+import type { CounterStore, LoggedViews, ToggleResult } from './counter-store.js';
 
 export interface CounterStoreFixture {
   sut: CounterStore;
@@ -560,10 +560,141 @@ export function defineCounterStoreContract(name: string, factory: () => Promise<
         expect(await store.rebuild(refs[0]!)).toEqual(snapshots[0]);
       });
 
+      /** Records of two partitions of the views log, each with a few views of `refs`. */
+      const loggedViews = (
+        refs: readonly EntityRef[],
+        count: number,
+        seed: number,
+        ts = NOW,
+      ): LoggedViews[] => {
+        const random = rng(seed);
+        return Array.from({ length: count }, (_, i) => ({
+          partition: i % 2,
+          offset: BigInt(Math.floor(i / 2)),
+          timestamp: ts + i,
+          views: Array.from({ length: 1 + Math.floor(random() * 4) }, () => ({
+            ref: refs[Math.floor(random() * refs.length)]!,
+            n: 1 + Math.floor(random() * 3),
+          })),
+        }));
+      };
+      const viewsOf = (refs: readonly EntityRef[], records: readonly LoggedViews[]): number[] =>
+        refs.map((ref) =>
+          records
+            .flatMap((r) => r.views)
+            .filter((v) => entityKey(v.ref) === entityKey(ref))
+            .reduce((sum, v) => sum + v.n, 0),
+        );
+      const total = (records: readonly LoggedViews[]): number =>
+        records.flatMap((r) => r.views).reduce((sum, v) => sum + v.n, 0);
+
+      it('adds each record of the views log once, however its batches are cut and handed again', async () => {
+        const refs = Array.from({ length: 8 }, (_, i) => post(950 + i));
+        const records = loggedViews(refs, 40, 7);
+        expect(await store.addLoggedViews(records.slice(0, 10))).toBe(total(records.slice(0, 10)));
+        // Handed again whole, then cut elsewhere (after a crash before the commit, or a rebalance).
+        expect(await store.addLoggedViews(records.slice(0, 10))).toBe(0);
+        expect(await store.addLoggedViews(records.slice(6, 24))).toBe(total(records.slice(10, 24)));
+        expect(await store.addLoggedViews(records.slice(20, 40))).toBe(total(records.slice(24, 40)));
+        expect(await store.addLoggedViews(records)).toBe(0);
+        const reads = (await store.readSnapshots(refs)).map((c) => c?.[0] ?? 0);
+        expect(reads).toEqual(viewsOf(refs, records));
+        // A partition's watermark is its own: the other partition's later records still count.
+        const next = loggedViews(refs, 4, 8).map((r, i) => ({ ...r, offset: 20n + BigInt(i), partition: 1 }));
+        expect(await store.addLoggedViews(next)).toBe(total(next));
+        // And a call without records, or with only zero counts, adds nothing.
+        expect(await store.addLoggedViews([])).toBe(0);
+        expect(
+          await store.addLoggedViews([
+            { partition: 0, offset: 99n, timestamp: NOW, views: [{ ref: refs[0]!, n: 0 }] },
+          ]),
+        ).toBe(0);
+        expect((await store.readSnapshots(refs)).map((c) => c?.[0] ?? 0)).toEqual(
+          viewsOf(refs, [...records, ...next]),
+        );
+      });
+
+      it('adds records handed by two members at once (one still handling a partition taken from it) once', async () => {
+        const refs = Array.from({ length: 24 }, (_, i) => post(960 + i));
+        const records = loggedViews(refs, 120, 11);
+        const partition = (p: number) => records.filter((r) => r.partition === p);
+        await store.addLoggedViews(records.slice(0, 20));
+        // Every record below 10 of each partition was added and committed; the old member goes on
+        // from where it was, the new one from the commit, in batches of other sizes.
+        const member = async (batches: number[][], p: number): Promise<void> => {
+          for (const [from, to] of batches) await store.addLoggedViews(partition(p).slice(from, to));
+        };
+        await Promise.all([
+          member(
+            [
+              [10, 25],
+              [25, 40],
+              [40, 60],
+            ],
+            0,
+          ),
+          member(
+            [
+              [10, 17],
+              [17, 33],
+              [33, 51],
+              [51, 60],
+            ],
+            0,
+          ),
+          member(
+            [
+              [10, 30],
+              [30, 60],
+            ],
+            1,
+          ),
+          member(
+            [
+              [10, 12],
+              [12, 45],
+              [45, 60],
+            ],
+            1,
+          ),
+        ]);
+        expect((await store.readSnapshots(refs)).map((c) => c?.[0] ?? 0)).toEqual(viewsOf(refs, records));
+      });
+
+      it('counts the records of a views topic made again, whose offsets restarted', async () => {
+        const refs = Array.from({ length: 4 }, (_, i) => post(990 + i));
+        const old = loggedViews(refs, 20, 3, NOW);
+        await store.addLoggedViews(old);
+        // Written later, at offsets the old topic had passed.
+        const anew = loggedViews(refs, 6, 4, NOW + 60_000);
+        expect(await store.addLoggedViews(anew.slice(0, 4))).toBe(total(anew.slice(0, 4)));
+        expect(await store.addLoggedViews(anew)).toBe(total(anew.slice(4)));
+        expect((await store.readSnapshots(refs)).map((c) => c?.[0] ?? 0)).toEqual(
+          viewsOf(refs, [...old, ...anew]),
+        );
+      });
+
+      it('forgets its watermarks with the views on reset', async () => {
+        const refs = Array.from({ length: 4 }, (_, i) => post(995 + i));
+        const records = loggedViews(refs, 10, 5);
+        await store.addLoggedViews(records);
+        await store.reset();
+        expect(await store.addLoggedViews(records)).toBe(total(records));
+        expect((await store.readSnapshots(refs)).map((c) => c?.[0] ?? 0)).toEqual(viewsOf(refs, records));
+      });
+
       it('rejects a negative or fractional count', async () => {
         await expect(store.addViews([{ ref: post(940), n: -1 }])).rejects.toThrow(RangeError);
         await expect(store.addViews([{ ref: post(940), n: 1.5 }])).rejects.toThrow(RangeError);
-        expect(await store.readSnapshots([post(940)])).toEqual([null]);
+        const logged = (n: number): LoggedViews[] => [
+          { partition: 0, offset: 0n, timestamp: NOW, views: [{ ref: post(941), n: 1 }] },
+          { partition: 0, offset: 1n, timestamp: NOW, views: [{ ref: post(940), n }] },
+        ];
+        await expect(store.addLoggedViews(logged(-1))).rejects.toThrow(RangeError);
+        await expect(store.addLoggedViews(logged(0.5))).rejects.toThrow(RangeError);
+        expect(await store.readSnapshots([post(940), post(941)])).toEqual([null, null]);
+        // No watermark was left either: the records count when they come whole.
+        expect(await store.addLoggedViews(logged(2))).toBe(3);
       });
     });
 

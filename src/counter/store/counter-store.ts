@@ -38,11 +38,18 @@ import type { CounterEvent, Counts, EntityRef, FactMetric } from '../model.js';
  * - `addViews` adds to the snapshot's `read` field only, atomically per group (cluster) or per call
  *   (embedded): concurrent calls sum exactly; like and fav, pending deltas, seq and applied marks are
  *   untouched. An entity whose snapshot is missing or malformed is first rebuilt from facts (see
- *   `rebuild`), then gets the views. Views carry no event id: a caller that retries after a crash
- *   may count some twice, which views tolerate (design: approximate under a crash). A call that
- *   failed part-way (cluster: some groups or chunks applied) and is handed again with the same
- *   `ViewBatchMark` skips the parts that were applied, so a dependency failing for a while does
- *   not count views again on every retry.
+ *   `rebuild`), then gets the views. Views carry no event id: a call made again adds them again.
+ * - `addLoggedViews` adds the views of records of the views log (`read-events`) as `addViews` does,
+ *   each record at most once: per partition of the log, the store keeps beside the views, in the
+ *   same atomic step (per group on cluster, per call on embedded), a watermark: the highest offset
+ *   whose views it added and the latest timestamp among those records. A record at or below the
+ *   offset and not later than the timestamp was added before and is skipped, whoever hands it again
+ *   and however its batch is cut: a call retried after it failed part-way, a batch handed again
+ *   after a crash or a rebalance, a member still handling records its partition was taken from. A
+ *   later record at or below the offset is of a topic made again, whose offsets restarted, and is
+ *   added. This is exact as long as each partition's records reach the store in offset order from
+ *   a committed offset below which every record was added: what a consumer group hands over. `reset`
+ *   drops the watermarks with the views.
  * - `reset` empties the whole store (facts too); `replayFacts` re-applies the fact changes of events:
  *   for each (entity, metric, user) the event with the highest seq decides the fact, whatever the
  *   order of the array (deterministic: the result depends only on the events), and seq counters are
@@ -63,14 +70,13 @@ export interface ViewIncrement {
   n: number;
 }
 
-/**
- * Names one call of `addViews` so that the same call handed again after a failure adds only what
- * the failed one did not: `scope` is what only one caller at a time hands over (a partition of the
- * log), `token` the call within it (its records' first and last offsets).
- */
-export interface ViewBatchMark {
-  scope: string;
-  token: string;
+/** The views one record of the views log carried, and where it sits in the log. */
+export interface LoggedViews {
+  partition: number;
+  offset: bigint;
+  /** When the record was written (ms since the epoch). */
+  timestamp: number;
+  views: readonly ViewIncrement[];
 }
 
 export interface Flags {
@@ -113,7 +119,12 @@ export interface CounterStore {
    * Adds `n` views (a non-negative safe integer) to each entry's snapshot `read` field; entries of one
    * entity are summed. Saturates at 2^32 - 1. One round trip for any number of entries.
    */
-  addViews(entries: readonly ViewIncrement[], mark?: ViewBatchMark): Promise<void>;
+  addViews(entries: readonly ViewIncrement[]): Promise<void>;
+  /**
+   * Adds the views of records of the views log, each at most once (see the watermarks above); how
+   * many views it added, those of records skipped as added before left out. Entries as `addViews`.
+   */
+  addLoggedViews(records: readonly LoggedViews[]): Promise<number>;
   /**
    * The entity's seq, applied mark, pending state, snapshot and fact counts as of one instant. When
    * `seq === applied` and nothing is pending, the snapshot must equal the facts; anything else is drift.

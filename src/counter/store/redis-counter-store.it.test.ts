@@ -547,33 +547,75 @@ describe('RedisCounterStore (cluster specifics)', () => {
     );
   });
 
-  it('adds the views of a call handed again after it failed part-way only where it had not', async () => {
+  it('adds the views of records handed again after a call failed part-way only where it had not', async () => {
     for (const singleNode of [true, false]) {
       const store = open({ groups: 64, singleNode });
       const refs = Array.from({ length: 1_200 }, (_, i) =>
         post(String(7_300_000_000_000_003_000n + BigInt(i) + (singleNode ? 0n : 10_000n))),
       );
-      const entries = refs.map((ref) => ({ ref, n: 1 }));
-      // The first group's applied hash is of the wrong type: the call starting there fails before it
-      // writes anything (as one that never ran: a timeout, a lost connection), the others apply.
+      // Three records of a partition, each with views of a third of the posts. (Both modes share the
+      // key prefix, so the groups: each its own partition.)
+      const records = [0, 1, 2].map((k) => ({
+        partition: singleNode ? 3 : 4,
+        offset: 40n + BigInt(k),
+        timestamp: NOW + k,
+        views: refs.filter((_, i) => i % 3 === k).map((ref) => ({ ref, n: 1 })),
+      }));
+      // The first group's applied hash is of the wrong type: its call fails before it writes
+      // anything (as one that never ran: a timeout, a lost connection), the others apply.
       const broken = store.groupOf(refs[0]!);
       await redis.set(store.groupKey('ap', broken), 'not a hash');
-      // (Both modes share the key prefix: each its own batch.)
-      const mark = { scope: '3', token: singleNode ? '100:3:140:41' : '200:3:240:41' };
-      await expect(store.addViews(entries, mark)).rejects.toThrow(/WRONGTYPE/);
-      expect((await store.readSnapshots(refs)).some((c) => c?.[0] === 1)).toBe(true);
+      await expect(store.addLoggedViews(records)).rejects.toThrow(/WRONGTYPE/);
+      const partly = (await store.readSnapshots(refs)).map((c) => c?.[0] ?? 0);
+      expect(partly.some((n) => n === 1) && partly.some((n) => n === 0)).toBe(true);
       await redis.del(store.groupKey('ap', broken));
-      await store.addViews(entries, mark);
-      await store.addViews(entries, mark);
+      // Handed again as it was, then cut otherwise: each view once.
+      const missing = partly.filter((n) => n === 0).length;
+      expect(await store.addLoggedViews(records)).toBe(missing);
+      expect(await store.addLoggedViews(records.slice(1))).toBe(0);
       const reads = (await store.readSnapshots(refs)).map((c) => c?.[0]);
       expect(
         reads.every((n) => n === 1),
         `singleNode ${singleNode}`,
       ).toBe(true);
-      // Another call (another token, or no mark) adds again.
-      await store.addViews(entries.slice(0, 2), { scope: '3', token: `${mark.token}:next` });
-      await store.addViews(entries.slice(0, 1));
-      expect((await store.readSnapshots(refs.slice(0, 2))).map((c) => c?.[0])).toEqual([3, 2]);
+      // A later record, and views without a record, add again.
+      await store.addLoggedViews([{ ...records[0]!, offset: 43n, views: records[0]!.views.slice(0, 2) }]);
+      await store.addViews([{ ref: refs[0]!, n: 1 }]);
+      expect((await store.readSnapshots([refs[0]!, refs[3]!, refs[6]!])).map((c) => c?.[0])).toEqual([
+        3, 2, 1,
+      ]);
+    }
+  });
+
+  it('adds logged views with one script per group or per 500 entities when nothing was added before, reading watermarks only when something was', async () => {
+    for (const singleNode of [true, false]) {
+      const store = open({ groups: 64, singleNode });
+      const refs = Array.from({ length: 900 }, (_, i) =>
+        post(String(7_300_000_000_000_005_000n + BigInt(i) + (singleNode ? 0n : 10_000n))),
+      );
+      const records = [0, 1, 2].map((k) => ({
+        partition: singleNode ? 5 : 6,
+        offset: BigInt(k),
+        timestamp: NOW,
+        views: refs.filter((_, i) => i % 3 === k).map((ref) => ({ ref, n: 1 })),
+      }));
+      const groups = new Set(refs.map((ref) => store.groupOf(ref))).size;
+      const commands = async (run: () => Promise<unknown>): Promise<string[]> => {
+        const recorder = recordCommands(redis, prefix);
+        await run();
+        recorder.stop();
+        return recorder.seen.map((args) => args[0]!.toLowerCase());
+      };
+      // (The script loaded first: a client's first call of it goes twice, the second after loading it.)
+      await store.addLoggedViews([{ ...records[0]!, partition: 9, views: [{ ref: post('1'), n: 1 }] }]);
+      const first = await commands(() => store.addLoggedViews(records.slice(0, 2)));
+      expect(first.filter((c) => c !== 'evalsha' && c !== 'eval')).toEqual([]);
+      expect(first.length).toBe(singleNode ? 2 : groups);
+      // Handed again with one more record: each group's fast call is refused, its watermarks read
+      // (one HMGET), and only what was not added goes again.
+      const again = await commands(() => store.addLoggedViews(records));
+      expect(again.filter((c) => c === 'hmget').length).toBe(groups);
+      expect(await store.readSnapshots(refs)).toEqual(refs.map(() => [1, 0, 0, 0, 0]));
     }
   });
 

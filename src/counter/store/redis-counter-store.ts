@@ -25,8 +25,8 @@ import type {
   Flags,
   Inspection,
   StaleEvent,
+  LoggedViews,
   ToggleResult,
-  ViewBatchMark,
   ViewIncrement,
 } from './counter-store.js';
 
@@ -62,8 +62,27 @@ export interface RedisCounterStoreOptions {
  * emptied by a replay's reset) since it was sealed. Not an entity: no entity field is `~`.
  */
 export const SEAL_FIELD = '~';
-/** Fields of a group's applied hash marking views calls applied (`addViews`); no entity field starts with `~`. */
-const VIEWS_MARK_PREFIX = '~v:';
+/**
+ * Fields of a group's applied hash holding the views log's watermark of a partition there
+ * (`addLoggedViews`), followed by the partition; no entity field starts with `~`.
+ */
+const VIEWS_WATERMARK_PREFIX = '~w:';
+/** Calls of `addLoggedViews` sent again after watermarks moved under them, before it gives up. */
+const VIEWS_WATERMARK_ATTEMPTS = 10;
+
+/** What of one record of the views log falls in one group. */
+interface GroupViews {
+  partition: number;
+  offset: bigint;
+  timestamp: number;
+  fields: ReadonlyMap<string, number>;
+}
+
+/** A watermark as the views script writes it ("offset:ts"), or null when none or unreadable. */
+function parseViewsWatermark(value: string): { offset: bigint; ts: number } | null {
+  const match = /^(\d+):(\d+)$/.exec(value);
+  return match ? { offset: BigInt(match[1]!), ts: Number(match[2]) } : null;
+}
 
 export const DEFAULT_GROUPS = 4096;
 export const DEFAULT_SPARSE_MAX = 500;
@@ -469,24 +488,55 @@ const REBUILD_LUA = `${FACT_COUNT_LUA}${SNAPSHOT_LUA}
 return rebuild_entity(KEYS[5], KEYS[6], KEYS[7], KEYS[8], ARGV[1], KEYS[1], KEYS[2], KEYS[3], KEYS[4])
 `;
 
-// Adds views to the `read` field (index 0) of each entity's snapshot, saturating at 2^32 - 1; nothing
+// Adds views to the \`read\` field (index 0) of each entity's snapshot, saturating at 2^32 - 1; nothing
 // else of the entity changes. A missing or malformed snapshot is first rebuilt from facts.
-// ARGV[1], ARGV[2]: a mark field and its token ('' for none): a call whose mark field in the first
-// group's applied hash already holds the token was applied before and adds nothing (0); else the
-// token is written there with the views. ARGV[3]: the bare etype. Per group of the call, in order:
-// KEYS snapshots, pending, seq, applied; ARGV the number n of entities, the sparse and sharded fact
-// prefixes, then n pairs of field and views.
+// KEYS: per group of the call its snapshots, pending, seq and applied hashes. ARGV[1]: the bare etype;
+// then per group: w, w watermarks (field, expected, first, offset, ts), the number n of entities, the
+// sparse and sharded fact prefixes, n pairs of field and views. A watermark is a field of the applied
+// hash holding "offset:ts" for a partition of the views log (see addLoggedViews). expected '*': the
+// group must not have added from \`first\` on (no readable watermark, or one below first); else the
+// watermark must be exactly \`expected\` ('' for none). When any group's condition fails, the call adds
+// nothing and returns 0. A watermark set keeps the later of its old and its new ts.
 const VIEWS_LUA = `${FACT_COUNT_LUA}${SNAPSHOT_LUA}
-local mark, token = ARGV[1], ARGV[2]
-if token ~= '' and redis.call('HGET', KEYS[4], mark) == token then return 0 end
-local i, k = 4, 1
+local function watermark(value)
+  if not value then return nil end
+  local offset, ts = string.match(value, '^(%d+):(%d+)$')
+  if not offset then return nil end
+  return tonumber(offset), ts
+end
+local i, k = 2, 1
 while i <= #ARGV do
+  local w = tonumber(ARGV[i])
+  for j = i + 1, i + 5 * w, 5 do
+    local current = redis.call('HGET', KEYS[k + 3], ARGV[j])
+    local expected = ARGV[j + 1]
+    if expected == '*' then
+      local offset = watermark(current)
+      if offset and offset >= tonumber(ARGV[j + 2]) then return 0 end
+    elseif (current or '') ~= expected then
+      return 0
+    end
+  end
+  i = i + 1 + 5 * w
+  i = i + 3 + 2 * tonumber(ARGV[i])
+  k = k + 4
+end
+i, k = 2, 1
+while i <= #ARGV do
+  local w = tonumber(ARGV[i])
+  for j = i + 1, i + 5 * w, 5 do
+    local _, old_ts = watermark(redis.call('HGET', KEYS[k + 3], ARGV[j]))
+    local ts = ARGV[j + 4]
+    if old_ts and tonumber(old_ts) > tonumber(ts) then ts = old_ts end
+    redis.call('HSET', KEYS[k + 3], ARGV[j], ARGV[j + 3] .. ':' .. ts)
+  end
+  i = i + 1 + 5 * w
   local n = tonumber(ARGV[i])
   for j = i + 3, i + 1 + 2 * n, 2 do
     local field = ARGV[j]
     local c = unpack_snapshot(redis.call('HGET', KEYS[k], field))
     if not c then
-      local ls, lh, fs, fh = derived_fact_keys(ARGV[i + 1], ARGV[i + 2], ARGV[3], field)
+      local ls, lh, fs, fh = derived_fact_keys(ARGV[i + 1], ARGV[i + 2], ARGV[1], field)
       c = rebuild_entity(KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], field, ls, lh, fs, fh)
     end
     c[1] = math.min(c[1] + tonumber(ARGV[j + 1]), 4294967295)
@@ -495,7 +545,6 @@ while i <= #ARGV do
   i = i + 3 + 2 * n
   k = k + 4
 end
-if token ~= '' then redis.call('HSET', KEYS[4], mark, token) end
 return 1
 `;
 
@@ -986,7 +1035,7 @@ export class RedisCounterStore implements CounterStore {
     return [reply[0] ?? 0, reply[1] ?? 0, reply[2] ?? 0, reply[3] ?? 0, reply[4] ?? 0];
   }
 
-  async addViews(entries: readonly ViewIncrement[], mark?: ViewBatchMark): Promise<void> {
+  async addViews(entries: readonly ViewIncrement[]): Promise<void> {
     const byGroup = new Map<number, Map<string, number>>();
     for (const { ref, n } of entries) {
       checkRef(ref);
@@ -999,22 +1048,12 @@ export class RedisCounterStore implements CounterStore {
     }
     // Calls of up to VIEWS_CHUNK entities: on one node a call spans groups, in cluster mode it stays in
     // one. Issued in one tick: the client's auto-pipelining writes them together, one round trip.
-    // With a mark, each call records it in the applied hash of its first group, under a field of the
-    // mark's scope and the call's place among those starting in that group: the same entries give
-    // the same calls, so a call handed again finds its own token there if it was applied.
     const calls: Promise<unknown>[] = [];
-    const startedIn = new Map<number, number>();
-    const head = (group: number): (string | number)[] => {
-      if (!mark) return ['', '', BARE_ETYPE];
-      const nth = startedIn.get(group) ?? 0;
-      startedIn.set(group, nth + 1);
-      return [`${VIEWS_MARK_PREFIX}${mark.scope}:${nth}`, mark.token, BARE_ETYPE];
-    };
     let keys: string[] = [];
     let args: (string | number)[] = [];
     let size = 0;
     const send = (): void => {
-      if (size > 0) calls.push(this.viewsScript(keys.length, ...keys, ...args));
+      if (size > 0) calls.push(this.viewsScript(keys.length, ...keys, BARE_ETYPE, ...args));
       keys = [];
       args = [];
       size = 0;
@@ -1022,15 +1061,15 @@ export class RedisCounterStore implements CounterStore {
     for (const [group, fields] of byGroup) {
       const pairs = [...fields];
       for (let start = 0; start < pairs.length;) {
-        if (size === 0) args.push(...head(group));
         const take = pairs.slice(start, start + VIEWS_CHUNK - size);
-        keys.push(
-          this.groupKey('s', group),
-          this.groupKey('pd', group),
-          this.groupKey('seq', group),
-          this.groupKey('ap', group),
+        keys.push(...this.viewsKeys(group));
+        args.push(
+          0,
+          take.length,
+          this.factPrefix(group, false),
+          this.factPrefix(group, true),
+          ...take.flat(),
         );
-        args.push(take.length, this.factPrefix(group, false), this.factPrefix(group, true), ...take.flat());
         size += take.length;
         start += take.length;
         if (size >= VIEWS_CHUNK) send();
@@ -1039,6 +1078,148 @@ export class RedisCounterStore implements CounterStore {
     }
     send();
     await Promise.all(calls);
+  }
+
+  /**
+   * Each group's views go in one call with its watermarks, whole (a group is never split, so its
+   * views and watermarks move together). First every group is sent on the assumption that nothing of
+   * the batch was added there (its watermarks below the batch): one round trip in the usual case.
+   * A call refused for that reads its groups' watermarks, leaves out the records added before and
+   * sends the rest on condition the watermarks are still those it read, until one is accepted.
+   */
+  async addLoggedViews(records: readonly LoggedViews[]): Promise<number> {
+    const byGroup = new Map<number, GroupViews[]>();
+    for (const record of records) {
+      const fieldsByGroup = new Map<number, Map<string, number>>();
+      for (const { ref, n } of record.views) {
+        checkRef(ref);
+        checkViews(n);
+        if (n === 0) continue;
+        const { group, field } = this.address(ref);
+        let fields = fieldsByGroup.get(group);
+        if (!fields) fieldsByGroup.set(group, (fields = new Map<string, number>()));
+        fields.set(field, Math.min(MAX_U32, (fields.get(field) ?? 0) + n));
+      }
+      for (const [group, fields] of fieldsByGroup) {
+        let parts = byGroup.get(group);
+        if (!parts) byGroup.set(group, (parts = []));
+        parts.push({
+          partition: record.partition,
+          offset: record.offset,
+          timestamp: record.timestamp,
+          fields,
+        });
+      }
+    }
+    // On one node groups share a call up to VIEWS_CHUNK entities; in cluster mode a call is one group.
+    const calls: number[][] = [];
+    let call: number[] = [];
+    let size = 0;
+    for (const [group, parts] of byGroup) {
+      call.push(group);
+      size += new Set(parts.flatMap((part) => [...part.fields.keys()])).size;
+      if (!this.singleNode || size >= VIEWS_CHUNK) {
+        calls.push(call);
+        call = [];
+        size = 0;
+      }
+    }
+    if (call.length > 0) calls.push(call);
+    // Every call settles before the answer, so none lands after a failure was reported.
+    const settled = await Promise.allSettled(
+      calls.map(async (groups) => {
+        let sent = this.loggedViewsCall(groups.map((group) => ({ group, parts: byGroup.get(group)! })));
+        for (let attempt = 0; ; attempt++) {
+          if ((await this.viewsScript(sent.keys.length, ...sent.keys, BARE_ETYPE, ...sent.args)) === 1) {
+            return sent.views;
+          }
+          if (attempt === VIEWS_WATERMARK_ATTEMPTS) {
+            throw new Error(`the views log's watermarks of groups ${groups.join(', ')} kept moving`);
+          }
+          sent = this.loggedViewsCall(
+            await Promise.all(
+              groups.map(async (group) => {
+                const parts = byGroup.get(group)!;
+                const partitions = [...new Set(parts.map((part) => part.partition))];
+                const values = await this.redis.hmget(
+                  this.groupKey('ap', group),
+                  ...partitions.map((p) => `${VIEWS_WATERMARK_PREFIX}${p}`),
+                );
+                const marks = new Map(partitions.map((p, i) => [p, values[i] ?? '']));
+                return { group, parts, marks };
+              }),
+            ),
+          );
+        }
+      }),
+    );
+    let added = 0;
+    for (const result of settled) {
+      if (result.status === 'rejected') throw result.reason;
+      added += result.value;
+    }
+    return added;
+  }
+
+  /**
+   * The keys and arguments of one views call (see VIEWS_LUA) for whole groups, and the views it adds.
+   * Without `marks` each watermark is expected below the group's first record of its partition;
+   * with them, to be exactly as read, and records at or below one and not later are left out.
+   */
+  private loggedViewsCall(
+    groups: readonly { group: number; parts: readonly GroupViews[]; marks?: ReadonlyMap<number, string> }[],
+  ): { keys: string[]; args: (string | number)[]; views: number } {
+    const keys: string[] = [];
+    const args: (string | number)[] = [];
+    let views = 0;
+    for (const { group, parts, marks } of groups) {
+      const watermarks = new Map<number, { expected: string; first: bigint; last: bigint; ts: number }>();
+      const fields = new Map<string, number>();
+      for (const part of parts) {
+        const expected = marks ? marks.get(part.partition)! : '*';
+        const mark = marks ? parseViewsWatermark(expected) : null;
+        if (mark && part.offset <= mark.offset && part.timestamp <= mark.ts) continue;
+        const seen = watermarks.get(part.partition);
+        if (!seen) {
+          watermarks.set(part.partition, {
+            expected,
+            first: part.offset,
+            last: part.offset,
+            ts: part.timestamp,
+          });
+        } else {
+          if (part.offset < seen.first) seen.first = part.offset;
+          if (part.offset > seen.last) seen.last = part.offset;
+          if (part.timestamp > seen.ts) seen.ts = part.timestamp;
+        }
+        for (const [field, n] of part.fields) {
+          fields.set(field, Math.min(MAX_U32, (fields.get(field) ?? 0) + n));
+          views += n;
+        }
+      }
+      if (watermarks.size === 0) continue;
+      keys.push(...this.viewsKeys(group));
+      args.push(watermarks.size);
+      for (const [partition, { expected, first, last, ts }] of watermarks) {
+        args.push(`${VIEWS_WATERMARK_PREFIX}${partition}`, expected, String(first), String(last), ts);
+      }
+      args.push(
+        fields.size,
+        this.factPrefix(group, false),
+        this.factPrefix(group, true),
+        ...[...fields].flat(),
+      );
+    }
+    return { keys, args, views };
+  }
+
+  private viewsKeys(group: number): string[] {
+    return [
+      this.groupKey('s', group),
+      this.groupKey('pd', group),
+      this.groupKey('seq', group),
+      this.groupKey('ap', group),
+    ];
   }
 
   async inspect(ref: EntityRef): Promise<Inspection> {

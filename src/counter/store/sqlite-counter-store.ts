@@ -21,6 +21,7 @@ import type {
   CounterStore,
   Flags,
   Inspection,
+  LoggedViews,
   StaleEvent,
   ToggleResult,
   ViewIncrement,
@@ -43,6 +44,14 @@ const FLUSH_CHUNK = 256;
 const nextTurn = setImmediate;
 const READ = 0;
 const MAX_U32 = 0xffffffff;
+/** `counter_meta` keys of the views log's watermarks (see `addLoggedViews`), each followed by a partition. */
+const VIEWS_OFFSET = 'views:offset:';
+const VIEWS_TS = 'views:ts:';
+
+interface ViewWatermark {
+  offset: bigint;
+  ts: number;
+}
 
 interface EntityRow {
   etype: string;
@@ -247,24 +256,55 @@ export class SqliteCounterStore implements CounterStore {
   }
 
   async addViews(entries: readonly ViewIncrement[]): Promise<void> {
-    const views = new Map<string, { ref: EntityRef; n: number }>();
-    for (const { ref, n } of entries) {
-      if (!Number.isSafeInteger(n) || n < 0) throw new RangeError(`invalid view count: ${n}`);
-      if (n === 0) continue;
-      const key = entityKey(ref);
-      const seen = views.get(key);
-      if (seen) seen.n = Math.min(MAX_U32, seen.n + n);
-      else views.set(key, { ref, n });
-    }
+    const views = sumViews(entries);
     if (views.size === 0) return;
-    await this.exclusive(() => {
+    await this.exclusive(() => this.addViewsNow(views));
+  }
+
+  async addLoggedViews(records: readonly LoggedViews[]): Promise<number> {
+    for (const record of records) sumViews(record.views);
+    return this.exclusive(() => {
       const s = this.s;
-      for (const { ref, n } of views.values()) {
-        const counts = this.snapshotNow(ref) ?? this.rebuildNow(ref, null);
-        counts[READ] = Math.min(MAX_U32, counts[READ] + n);
-        s.putSnapshot.run(ref.etype, ref.eid, encodeSnapshot(counts));
+      const marks = new Map<number, ViewWatermark | null>();
+      const views = new Map<string, ViewIncrement>();
+      let added = 0;
+      for (const record of records) {
+        let mark = marks.get(record.partition);
+        if (mark === undefined) {
+          const offset = s.meta.get(`${VIEWS_OFFSET}${record.partition}`)?.v as number | null | undefined;
+          const ts = s.meta.get(`${VIEWS_TS}${record.partition}`)?.v as number | null | undefined;
+          mark = offset == null || ts == null ? null : { offset: BigInt(offset), ts: Number(ts) };
+          marks.set(record.partition, mark);
+        }
+        if (mark && record.offset <= mark.offset && record.timestamp <= mark.ts) continue;
+        // (A later record at or below the offset is of a topic made again: the offset starts anew.)
+        marks.set(record.partition, { offset: record.offset, ts: Math.max(mark?.ts ?? 0, record.timestamp) });
+        for (const { ref, n } of record.views) {
+          if (n === 0) continue;
+          const key = entityKey(ref);
+          const seen = views.get(key);
+          if (seen) seen.n = Math.min(MAX_U32, seen.n + n);
+          else views.set(key, { ref, n: Math.min(MAX_U32, n) });
+          added += n;
+        }
       }
+      this.addViewsNow(views);
+      for (const [partition, mark] of marks) {
+        if (!mark) continue;
+        s.putMeta.run(`${VIEWS_OFFSET}${partition}`, mark.offset);
+        s.putMeta.run(`${VIEWS_TS}${partition}`, mark.ts);
+      }
+      return added;
     });
+  }
+
+  private addViewsNow(views: ReadonlyMap<string, ViewIncrement>): void {
+    const s = this.s;
+    for (const { ref, n } of views.values()) {
+      const counts = this.snapshotNow(ref) ?? this.rebuildNow(ref, null);
+      counts[READ] = Math.min(MAX_U32, counts[READ] + n);
+      s.putSnapshot.run(ref.etype, ref.eid, encodeSnapshot(counts));
+    }
   }
 
   /** Fact-backed fields from the facts, the others from `base`; pending deltas dropped, mark raised. */
@@ -501,6 +541,7 @@ export class SqliteCounterStore implements CounterStore {
       for (const table of ['counter_facts', 'counter_entities', 'counter_pending', 'counter_snapshots']) {
         this.raw.exec(`DELETE FROM ${table}`);
       }
+      this.s.dropViewWatermarks.run();
       this.flushCursor = undefined;
     });
   }
@@ -620,7 +661,27 @@ function prepareStatements(raw: DatabaseSync) {
     unsealed: p(`SELECT 1 AS one FROM counter_meta WHERE k = 'unsealed'`),
     unseal: p(`INSERT INTO counter_meta (k, v) VALUES ('unsealed', 1) ON CONFLICT DO NOTHING`),
     seal: p(`DELETE FROM counter_meta WHERE k = 'unsealed'`),
+    meta: p('SELECT v FROM counter_meta WHERE k = ?'),
+    putMeta: p(
+      `INSERT INTO counter_meta (k, v) VALUES (?, CAST(? AS INTEGER))
+       ON CONFLICT (k) DO UPDATE SET v = excluded.v`,
+    ),
+    dropViewWatermarks: p(`DELETE FROM counter_meta WHERE k LIKE 'views:%'`),
   };
+}
+
+/** The views of each entity summed (saturating), zeros left out; throws on a negative or fractional count. */
+function sumViews(entries: readonly ViewIncrement[]): Map<string, ViewIncrement> {
+  const views = new Map<string, ViewIncrement>();
+  for (const { ref, n } of entries) {
+    if (!Number.isSafeInteger(n) || n < 0) throw new RangeError(`invalid view count: ${n}`);
+    if (n === 0) continue;
+    const key = entityKey(ref);
+    const seen = views.get(key);
+    if (seen) seen.n = Math.min(MAX_U32, seen.n + n);
+    else views.set(key, { ref, n });
+  }
+  return views;
 }
 
 function isFactMetric(value: string): value is FactMetric {

@@ -712,8 +712,8 @@ class KafkaSubscription implements Subscription {
    * and handled; it is awaited before the next commit (so commits stay in order) and before `pump`
    * returns or throws. A commit refused without a rebalance (a coordinator moving) is reported and
    * its offsets go out again with the next commit, after a back-off, on the same stream: throwing
-   * the stream away would hand its records again from the last commit, and a handler that is
-   * idempotent only for a batch handed again whole (views) would count them twice. After
+   * the stream away would hand its records again from the last commit (and every handler handle
+   * them again). After
    * `MAX_COMMIT_FAILURES` failures in a row, a commit without an answer in time (the client goes on
    * with it), or once the consumer itself failed, the error surfaces and the records since the last
    * commit are delivered again: at-least-once, as the handler already expects. What was handed
