@@ -339,7 +339,8 @@ export class ViewAggregator {
           records.push({
             partition: record.partition,
             offset: record.offset,
-            timestamp: record.timestamp,
+            // (Kafka gives -1 for a record written without a time.)
+            timestamp: Math.max(0, Math.trunc(record.timestamp)) || 0,
             views,
           });
           for (const e of events) total += e.n;

@@ -692,6 +692,11 @@ export function defineCounterStoreContract(name: string, factory: () => Promise<
         ];
         await expect(store.addLoggedViews(logged(-1))).rejects.toThrow(RangeError);
         await expect(store.addLoggedViews(logged(0.5))).rejects.toThrow(RangeError);
+        for (const place of [{ partition: -1 }, { offset: -1n }, { timestamp: -1 }, { timestamp: 1.5 }]) {
+          await expect(store.addLoggedViews([logged(1)[0]!, { ...logged(1)[1]!, ...place }])).rejects.toThrow(
+            RangeError,
+          );
+        }
         expect(await store.readSnapshots([post(940), post(941)])).toEqual([null, null]);
         // No watermark was left either: the records count when they come whole.
         expect(await store.addLoggedViews(logged(2))).toBe(3);

@@ -72,9 +72,10 @@ export interface ViewIncrement {
 
 /** The views one record of the views log carried, and where it sits in the log. */
 export interface LoggedViews {
+  /** Non-negative integers, as the log numbers them. */
   partition: number;
   offset: bigint;
-  /** When the record was written (ms since the epoch). */
+  /** When the record was written: ms since the epoch, 0 when the log gives none. */
   timestamp: number;
   views: readonly ViewIncrement[];
 }
@@ -122,7 +123,8 @@ export interface CounterStore {
   addViews(entries: readonly ViewIncrement[]): Promise<void>;
   /**
    * Adds the views of records of the views log, each at most once (see the watermarks above); how
-   * many views it added, those of records skipped as added before left out. Entries as `addViews`.
+   * many views it added, those of records skipped as added before left out. Entries as `addViews`;
+   * a record placed outside the numbers above is refused (RangeError) before anything is added.
    */
   addLoggedViews(records: readonly LoggedViews[]): Promise<number>;
   /**

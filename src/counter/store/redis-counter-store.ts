@@ -691,6 +691,18 @@ function checkViews(n: number): void {
   if (!Number.isSafeInteger(n) || n < 0) throw new RangeError(`invalid view count: ${n}`);
 }
 
+function checkLogged({ partition, offset, timestamp }: LoggedViews): void {
+  if (
+    !Number.isSafeInteger(partition) ||
+    partition < 0 ||
+    offset < 0n ||
+    !Number.isSafeInteger(timestamp) ||
+    timestamp < 0
+  ) {
+    throw new RangeError(`invalid place in the views log: ${partition}:${offset} at ${timestamp}`);
+  }
+}
+
 function checkRef(ref: EntityRef): void {
   if (parseEntityKey(entityKey(ref)) === null) throw new RangeError(`invalid entity: ${entityKey(ref)}`);
 }
@@ -1090,6 +1102,7 @@ export class RedisCounterStore implements CounterStore {
   async addLoggedViews(records: readonly LoggedViews[]): Promise<number> {
     const byGroup = new Map<number, GroupViews[]>();
     for (const record of records) {
+      checkLogged(record);
       const fieldsByGroup = new Map<number, Map<string, number>>();
       for (const { ref, n } of record.views) {
         checkRef(ref);

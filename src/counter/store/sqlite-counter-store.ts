@@ -262,7 +262,18 @@ export class SqliteCounterStore implements CounterStore {
   }
 
   async addLoggedViews(records: readonly LoggedViews[]): Promise<number> {
-    for (const record of records) sumViews(record.views);
+    for (const { partition, offset, timestamp, views } of records) {
+      if (
+        !Number.isSafeInteger(partition) ||
+        partition < 0 ||
+        offset < 0n ||
+        !Number.isSafeInteger(timestamp) ||
+        timestamp < 0
+      ) {
+        throw new RangeError(`invalid place in the views log: ${partition}:${offset} at ${timestamp}`);
+      }
+      sumViews(views);
+    }
     return this.exclusive(() => {
       const s = this.s;
       const marks = new Map<number, ViewWatermark | null>();
