@@ -4,6 +4,7 @@ import { Counter, Gauge, type Registry } from 'prom-client';
 import { entityKey, isEntityId, isEntityType, type EntityRef, type EntityType } from '../counter/model.js';
 import type { CounterStore, LoggedViews, ViewIncrement } from '../counter/store/counter-store.js';
 import {
+  IDEMPOTENT_COMMIT_INTERVAL_MS,
   PublishTimeoutError,
   type EndOffsets,
   type EventLog,
@@ -19,9 +20,9 @@ import type { ViewSink } from './detail.service.js';
  * `VIEWS_PER_RECORD` posts, so the event log and the consumer handle a few records per flush
  * whatever the number of posts read. The `view-agg` consumer adds a batch's views to the snapshots
  * with `addLoggedViews`, which counts each record once however often and in whatever batches it is
- * handed (a crash before the commit, a rebalance, a retry), and commits. Views are approximate only
- * where a process dies with views in its buffer, not yet published; likes and favourites do not go
- * this way.
+ * handed (a crash before the commit, a rebalance, a retry), and commits (at most once a second).
+ * Views are lost only where a process dies with views in its buffer, not yet published; likes and
+ * favourites do not go this way.
  */
 export const VIEW_TOPIC = 'read-events';
 export const VIEW_GROUP = 'view-agg';
@@ -324,6 +325,8 @@ export class ViewAggregator {
       maxWaitMs: this.options.maxWaitMs,
       // Nobody waits on these within a fraction of a second; fewer, larger fetches are cheaper.
       fetchMaxWaitMs: 250,
+      // Records handed again are found added and skipped (see `addLoggedViews`).
+      commitIntervalMs: IDEMPOTENT_COMMIT_INTERVAL_MS,
       handler: async (batch) => {
         const records: LoggedViews[] = [];
         let total = 0;
