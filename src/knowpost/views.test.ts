@@ -1,10 +1,14 @@
 import { Registry } from 'prom-client';
 import { afterEach, describe, expect, it, vi } from 'vitest';
+import { PublishTimeoutError, type EventRecord } from '../platform/eventlog/eventlog.js';
 import {
-  PublishTimeoutError,
-  type EventRecord,
-} from '../platform/eventlog/eventlog.js';
-import { parseViewRecord, VIEW_TOPIC, ViewMetrics, ViewRecorder, VIEWS_PER_RECORD } from './views.js';
+  extendRun,
+  parseViewRecord,
+  VIEW_TOPIC,
+  ViewMetrics,
+  ViewRecorder,
+  VIEWS_PER_RECORD,
+} from './views.js';
 
 /** An event log that keeps what it was given and can be made to fail. */
 class FakeLog {
@@ -293,5 +297,16 @@ describe(parseViewRecord.name, () => {
       '{"etype":"knowpost","views":[["12",1],"13"]}',
     ])
       expect(parseViewRecord(bad), bad).toBeNull();
+  });
+});
+
+describe(extendRun.name, () => {
+  it('extends a run by the next offset, keeps it for one inside, and starts anew otherwise', () => {
+    expect(extendRun(undefined, 7n)).toEqual([7n, 7n]);
+    expect(extendRun([3n, 7n], 8n)).toEqual([3n, 8n]);
+    expect(extendRun([3n, 7n], 3n)).toEqual([3n, 7n]);
+    expect(extendRun([3n, 7n], 5n)).toEqual([3n, 7n]);
+    expect(extendRun([3n, 7n], 9n)).toEqual([9n, 9n]);
+    expect(extendRun([3n, 7n], 2n)).toEqual([2n, 2n]);
   });
 });

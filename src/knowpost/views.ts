@@ -3,6 +3,7 @@ import { finishedWithin } from '../platform/workers/deadline.js';
 import { Counter, Gauge, type Registry } from 'prom-client';
 import { entityKey, isEntityId, isEntityType, type EntityRef, type EntityType } from '../counter/model.js';
 import type { CounterStore, LoggedViews, ViewIncrement } from '../counter/store/counter-store.js';
+import type { OffsetRange } from '../counter/view-marks.js';
 import {
   IDEMPOTENT_COMMIT_INTERVAL_MS,
   PublishTimeoutError,
@@ -308,6 +309,13 @@ export class ViewRecorder implements ViewSink {
 /** The `view-agg` consumer (worker role): sums each batch per post and adds the sums to snapshots. */
 export class ViewAggregator {
   private subscription: Subscription | undefined;
+  /**
+   * Per partition, the run of consecutive offsets this consumer handled last: every record from its
+   * first to its last offset was handed to it in a batch whose views were added. Named to the
+   * store as what a call covers, so a mark spans the records of a partition that carried no views
+   * of its group too, and stays one range while records come in order.
+   */
+  private runs = new Map<number, OffsetRange>();
 
   constructor(
     private readonly events: EventLog,
@@ -318,6 +326,7 @@ export class ViewAggregator {
   ) {}
 
   async start(): Promise<void> {
+    this.runs = new Map();
     this.subscription = await this.events.subscribe({
       group: VIEW_GROUP,
       topics: [VIEW_TOPIC],
@@ -330,7 +339,15 @@ export class ViewAggregator {
       handler: async (batch) => {
         const records: LoggedViews[] = [];
         let total = 0;
+        const runs = new Map(this.runs);
+        const covered = new Map<number, OffsetRange[]>();
         for (const record of batch.records) {
+          const run = extendRun(runs.get(record.partition), record.offset);
+          runs.set(record.partition, run);
+          const ranges = covered.get(record.partition);
+          if (!ranges) covered.set(record.partition, [run]);
+          else if (ranges[ranges.length - 1]![0] === run[0]) ranges[ranges.length - 1] = run;
+          else ranges.push(run);
           const events = parseViewRecord(record.value);
           if (events === null) {
             this.onError(
@@ -348,10 +365,12 @@ export class ViewAggregator {
           });
           for (const e of events) total += e.n;
         }
-        if (records.length === 0) return;
-        const added = await this.store.addLoggedViews(records);
-        this.metrics.applied.inc(added);
-        if (added < total) this.metrics.skipped.inc(total - added);
+        if (records.length > 0) {
+          const added = await this.store.addLoggedViews(records, covered);
+          this.metrics.applied.inc(added);
+          if (added < total) this.metrics.skipped.inc(total - added);
+        }
+        this.runs = runs;
       },
       onError: this.onError,
     });
@@ -361,6 +380,15 @@ export class ViewAggregator {
     await this.subscription?.close();
     this.subscription = undefined;
   }
+}
+
+/**
+ * The run after a record at `offset` was handled: the next offset extends it, one inside it (handed
+ * again: a partition read again from its last commit) leaves it, any other starts a new run.
+ */
+export function extendRun(run: OffsetRange | undefined, offset: bigint): OffsetRange {
+  if (run && offset >= run[0] && offset <= run[1] + 1n) return offset > run[1] ? [run[0], offset] : run;
+  return [offset, offset];
 }
 
 /** Adds a `read-events` record's views to `sums` (by entity); how many, or null when it is malformed. */

@@ -599,7 +599,7 @@ export function defineCounterStoreContract(name: string, factory: () => Promise<
         expect(await store.addLoggedViews(records)).toBe(0);
         const reads = (await store.readSnapshots(refs)).map((c) => c?.[0] ?? 0);
         expect(reads).toEqual(viewsOf(refs, records));
-        // A partition's watermark is its own: the other partition's later records still count.
+        // A partition's mark is its own: the other partition's later records still count.
         const next = loggedViews(refs, 4, 8).map((r, i) => ({ ...r, offset: 20n + BigInt(i), partition: 1 }));
         expect(await store.addLoggedViews(next)).toBe(total(next));
         // And a call without records, or with only zero counts, adds nothing.
@@ -661,6 +661,43 @@ export function defineCounterStoreContract(name: string, factory: () => Promise<
         expect((await store.readSnapshots(refs)).map((c) => c?.[0] ?? 0)).toEqual(viewsOf(refs, records));
       });
 
+      it('adds records that come out of order once: those fetched before a rebalance handed before the ones before them', async () => {
+        const refs = Array.from({ length: 6 }, (_, i) => post(1000 + i));
+        const records = loggedViews(refs, 60, 13).map((r, i) => ({ ...r, partition: 0, offset: BigInt(i) }));
+        await store.addLoggedViews(records.slice(0, 10));
+        // 10–29 never handled (dropped with the partition), 30–44 handed when it came back, then the
+        // partition read again from the last commit (10), in batches cut elsewhere.
+        expect(await store.addLoggedViews(records.slice(30, 45))).toBe(total(records.slice(30, 45)));
+        expect(await store.addLoggedViews(records.slice(10, 25))).toBe(total(records.slice(10, 25)));
+        expect(await store.addLoggedViews(records.slice(25, 40))).toBe(total(records.slice(25, 30)));
+        expect(await store.addLoggedViews(records.slice(40, 60))).toBe(total(records.slice(45, 60)));
+        expect(await store.addLoggedViews(records)).toBe(0);
+        expect((await store.readSnapshots(refs)).map((c) => c?.[0] ?? 0)).toEqual(viewsOf(refs, records));
+      });
+
+      it('names as added what a call covers beyond its own records, and keeps the latest time of all', async () => {
+        const [seen, unseen] = [post(1010), post(1011)];
+        const at = (offset: number, timestamp: number, ref: EntityRef): LoggedViews => ({
+          partition: 4,
+          offset: BigInt(offset),
+          timestamp,
+          views: [{ ref, n: 1 }],
+        });
+        // Record 7 (a later time than record 8) and record 8, each in its own call, the second
+        // covering 7–8.
+        await store.addLoggedViews([at(7, NOW + 5, seen)]);
+        await store.addLoggedViews([at(8, NOW, seen)], new Map([[4, [[7n, 8n]] as const]]));
+        // Handed again: both known, neither later than what was added.
+        expect(await store.addLoggedViews([at(7, NOW + 5, seen), at(8, NOW, seen)])).toBe(0);
+        // A record the covered ranges claim (6 was not, 9 is later) is refused outside them.
+        await expect(
+          store.addLoggedViews([at(9, NOW, unseen)], new Map([[4, [[10n, 11n]] as const]])),
+        ).rejects.toThrow(RangeError);
+        await expect(store.addLoggedViews([at(-1, NOW, unseen)])).rejects.toThrow(RangeError);
+        expect(await store.addLoggedViews([at(6, NOW, unseen), at(9, NOW, unseen)])).toBe(2);
+        expect((await store.readSnapshots([seen, unseen])).map((c) => c?.[0])).toEqual([2, 2]);
+      });
+
       it('counts the records of a views topic made again, whose offsets restarted', async () => {
         const refs = Array.from({ length: 4 }, (_, i) => post(990 + i));
         const old = loggedViews(refs, 20, 3, NOW);
@@ -674,7 +711,7 @@ export function defineCounterStoreContract(name: string, factory: () => Promise<
         );
       });
 
-      it('forgets its watermarks with the views on reset', async () => {
+      it('forgets its view marks with the views on reset', async () => {
         const refs = Array.from({ length: 4 }, (_, i) => post(995 + i));
         const records = loggedViews(refs, 10, 5);
         await store.addLoggedViews(records);
@@ -698,7 +735,7 @@ export function defineCounterStoreContract(name: string, factory: () => Promise<
           );
         }
         expect(await store.readSnapshots([post(940), post(941)])).toEqual([null, null]);
-        // No watermark was left either: the records count when they come whole.
+        // No mark was left either: the records count when they come whole.
         expect(await store.addLoggedViews(logged(2))).toBe(3);
       });
     });

@@ -1,4 +1,5 @@
 import type { CounterEvent, Counts, EntityRef, FactMetric } from '../model.js';
+import type { OffsetRange } from '../view-marks.js';
 
 /**
  * Everything the counter pipeline keeps about entities: fact sets, per-entity change numbers,
@@ -40,16 +41,17 @@ import type { CounterEvent, Counts, EntityRef, FactMetric } from '../model.js';
  *   untouched. An entity whose snapshot is missing or malformed is first rebuilt from facts (see
  *   `rebuild`), then gets the views. Views carry no event id: a call made again adds them again.
  * - `addLoggedViews` adds the views of records of the views log (`read-events`) as `addViews` does,
- *   each record at most once: per partition of the log, the store keeps beside the views, in the
- *   same atomic step (per group on cluster, per call on embedded), a watermark: the highest offset
- *   whose views it added and the latest timestamp among those records. A record at or below the
- *   offset and not later than the timestamp was added before and is skipped, whoever hands it again
- *   and however its batch is cut: a call retried after it failed part-way, a batch handed again
- *   after a crash or a rebalance, a member still handling records its partition was taken from. A
- *   later record at or below the offset is of a topic made again, whose offsets restarted, and is
- *   added. This is exact as long as each partition's records reach the store in offset order from
- *   a committed offset below which every record was added: what a consumer group hands over. `reset`
- *   drops the watermarks with the views.
+ *   each record at most once: per partition of the log the store keeps a `ViewMark` beside the
+ *   views, written in the same atomic step (per group on cluster, per call on embedded): ranges of
+ *   offsets whose records it added and the latest time among them. A record at an offset in one of
+ *   the ranges and not later than the time was added before and is skipped, whoever hands it again,
+ *   in whatever order and however its batch is cut: a call retried after it failed part-way, a
+ *   batch handed again after a crash or a rebalance, records fetched before a rebalance handed after
+ *   others, a member still handling a partition taken from it. A later record in a range is of a
+ *   topic made again, whose offsets restarted, and is added. The caller names, per partition, the
+ *   ranges a call covers (`covered`): each record of them is in the call or was in an earlier call
+ *   that returned; by default the runs of consecutive offsets among the call's own records. `reset`
+ *   drops the marks with the views.
  * - `reset` empties the whole store (facts too); `replayFacts` re-applies the fact changes of events:
  *   for each (entity, metric, user) the event with the highest seq decides the fact, whatever the
  *   order of the array (deterministic: the result depends only on the events), and seq counters are
@@ -122,11 +124,15 @@ export interface CounterStore {
    */
   addViews(entries: readonly ViewIncrement[]): Promise<void>;
   /**
-   * Adds the views of records of the views log, each at most once (see the watermarks above); how
-   * many views it added, those of records skipped as added before left out. Entries as `addViews`;
-   * a record placed outside the numbers above is refused (RangeError) before anything is added.
+   * Adds the views of records of the views log, each at most once (see the marks above); how many
+   * views it added, those of records skipped as added before left out. Entries as `addViews`; a
+   * record placed outside the numbers above, or outside the ranges its partition's `covered` names,
+   * is refused (RangeError) before anything is added.
    */
-  addLoggedViews(records: readonly LoggedViews[]): Promise<number>;
+  addLoggedViews(
+    records: readonly LoggedViews[],
+    covered?: ReadonlyMap<number, readonly OffsetRange[]>,
+  ): Promise<number>;
   /**
    * The entity's seq, applied mark, pending state, snapshot and fact counts as of one instant. When
    * `seq === applied` and nothing is pending, the snapshot must equal the facts; anything else is drift.

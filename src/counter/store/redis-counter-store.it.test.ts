@@ -587,17 +587,17 @@ describe('RedisCounterStore (cluster specifics)', () => {
     }
   });
 
-  it('adds logged views with one script per group or per 500 entities when nothing was added before, reading watermarks only when something was', async () => {
+  it('adds logged views with one script per group or per 500 entities, reading marks only where another process moved them', async () => {
     for (const singleNode of [true, false]) {
       const store = open({ groups: 64, singleNode });
       const refs = Array.from({ length: 900 }, (_, i) =>
         post(String(7_300_000_000_000_005_000n + BigInt(i) + (singleNode ? 0n : 10_000n))),
       );
-      const records = [0, 1, 2].map((k) => ({
+      const records = [0, 1, 2, 3].map((k) => ({
         partition: singleNode ? 5 : 6,
         offset: BigInt(k),
         timestamp: NOW,
-        views: refs.filter((_, i) => i % 3 === k).map((ref) => ({ ref, n: 1 })),
+        views: refs.filter((_, i) => i % 3 === k % 3).map((ref) => ({ ref, n: 1 })),
       }));
       const groups = new Set(refs.map((ref) => store.groupOf(ref))).size;
       const commands = async (run: () => Promise<unknown>): Promise<string[]> => {
@@ -606,17 +606,52 @@ describe('RedisCounterStore (cluster specifics)', () => {
         recorder.stop();
         return recorder.seen.map((args) => args[0]!.toLowerCase());
       };
+      const scripts = singleNode ? 2 : groups;
       // (The script loaded first: a client's first call of it goes twice, the second after loading it.)
       await store.addLoggedViews([{ ...records[0]!, partition: 9, views: [{ ref: post('1'), n: 1 }] }]);
       const first = await commands(() => store.addLoggedViews(records.slice(0, 2)));
-      expect(first.filter((c) => c !== 'evalsha' && c !== 'eval')).toEqual([]);
-      expect(first.length).toBe(singleNode ? 2 : groups);
-      // Handed again with one more record: each group's fast call is refused, its watermarks read
-      // (one HMGET), and only what was not added goes again.
-      const again = await commands(() => store.addLoggedViews(records));
-      expect(again.filter((c) => c === 'hmget').length).toBe(groups);
-      expect(await store.readSnapshots(refs)).toEqual(refs.map(() => [1, 0, 0, 0, 0]));
+      expect(first).toEqual(Array.from({ length: scripts }, () => 'evalsha'));
+      // Handed again with one more record by the same process: it knows its marks.
+      const again = await commands(() => store.addLoggedViews(records.slice(0, 3)));
+      expect(again).toEqual(Array.from({ length: scripts }, () => 'evalsha'));
+      // Another process (a member the partition moved to): its calls are refused once, it reads the
+      // marks (an HMGET per group) and sends what was not added.
+      const other = open({ groups: 64, singleNode });
+      const moved = await commands(() => other.addLoggedViews(records));
+      expect(moved.filter((c) => c === 'hmget').length).toBe(groups);
+      expect(moved.filter((c) => c === 'evalsha').length).toBe(2 * scripts);
+      expect(await store.readSnapshots(refs)).toEqual(refs.map((_, i) => [i % 3 === 0 ? 2 : 1, 0, 0, 0, 0]));
     }
+  });
+
+  it('keeps one range per mark while the caller names the runs it handled, whatever groups its calls touch', async () => {
+    const store = open({ groups: 8 });
+    const refs = Array.from({ length: 8 }, (_, i) => post(String(7_300_000_000_000_007_000n + BigInt(i))));
+    // Forty records of partition 2, each with views of one post; a call per four records.
+    const records = Array.from({ length: 40 }, (_, i) => ({
+      partition: 2,
+      offset: 100n + BigInt(i),
+      timestamp: NOW + i,
+      views: [{ ref: refs[(i * 5) % 8]!, n: 1 }],
+    }));
+    for (let i = 0; i < 40; i += 4) {
+      await store.addLoggedViews(records.slice(i, i + 4), new Map([[2, [[100n, 100n + BigInt(i + 3)]]]]));
+    }
+    const marks = await Promise.all(
+      [...new Set(refs.map((ref) => store.groupOf(ref)))].map((group) =>
+        redis.hget(store.groupKey('ap', group), '~w:2'),
+      ),
+    );
+    for (const mark of marks) expect(mark).toMatch(/^\d+:100-1\d\d$/);
+    // Without the runs (each call naming its own records only) a group's mark has a range per call.
+    const alone = new RedisCounterStore(redis, { prefix: `${prefix}alone:`, groups: 8 });
+    for (let i = 0; i < 40; i += 4) await alone.addLoggedViews(records.slice(i, i + 4));
+    const group = alone.groupOf(refs[0]!);
+    expect((await redis.hget(alone.groupKey('ap', group), '~w:2'))!.split(',').length).toBeGreaterThan(1);
+    // Either way each view once, handed again in any cut.
+    expect(await store.addLoggedViews(records.slice(3, 29))).toBe(0);
+    expect(await alone.addLoggedViews(records.slice(3, 29))).toBe(0);
+    expect((await store.readSnapshots(refs)).map((c) => c?.[0])).toEqual(refs.map(() => 5));
   });
 
   it('reads snapshots and flags of a page, and marks events published, in one socket write each when auto-pipelining', async () => {

@@ -20,6 +20,13 @@ import {
 } from '../model.js';
 import { UnavailableError } from '../../platform/errors/errors.js';
 import { decodeSnapshot } from '../snapshot.js';
+import {
+  coveredRanges,
+  formatViewMark,
+  parseViewMark,
+  planViewMark,
+  type OffsetRange,
+} from '../view-marks.js';
 import type {
   CounterStore,
   Flags,
@@ -63,25 +70,19 @@ export interface RedisCounterStoreOptions {
  */
 export const SEAL_FIELD = '~';
 /**
- * Fields of a group's applied hash holding the views log's watermark of a partition there
+ * Fields of a group's applied hash holding the view mark of a partition of the views log there
  * (`addLoggedViews`), followed by the partition; no entity field starts with `~`.
  */
-const VIEWS_WATERMARK_PREFIX = '~w:';
-/** Calls of `addLoggedViews` sent again after watermarks moved under them, before it gives up. */
-const VIEWS_WATERMARK_ATTEMPTS = 10;
+const VIEW_MARK_PREFIX = '~w:';
+/** Calls of `addLoggedViews` sent again after marks moved under them, before it gives up. */
+const VIEW_MARK_ATTEMPTS = 10;
+/** (group, partition) marks a store remembers at most (about 100 bytes each); past them it forgets all. */
+const VIEW_MARKS_KNOWN = 200_000;
 
 /** What of one record of the views log falls in one group. */
 interface GroupViews {
-  partition: number;
-  offset: bigint;
-  timestamp: number;
+  record: LoggedViews;
   fields: ReadonlyMap<string, number>;
-}
-
-/** A watermark as the views script writes it ("offset:ts"), or null when none or unreadable. */
-function parseViewsWatermark(value: string): { offset: bigint; ts: number } | null {
-  const match = /^(\d+):(\d+)$/.exec(value);
-  return match ? { offset: BigInt(match[1]!), ts: Number(match[2]) } : null;
 }
 
 export const DEFAULT_GROUPS = 4096;
@@ -488,49 +489,31 @@ const REBUILD_LUA = `${FACT_COUNT_LUA}${SNAPSHOT_LUA}
 return rebuild_entity(KEYS[5], KEYS[6], KEYS[7], KEYS[8], ARGV[1], KEYS[1], KEYS[2], KEYS[3], KEYS[4])
 `;
 
-// Adds views to the \`read\` field (index 0) of each entity's snapshot, saturating at 2^32 - 1; nothing
+// Adds views to the `read` field (index 0) of each entity's snapshot, saturating at 2^32 - 1; nothing
 // else of the entity changes. A missing or malformed snapshot is first rebuilt from facts.
 // KEYS: per group of the call its snapshots, pending, seq and applied hashes. ARGV[1]: the bare etype;
-// then per group: w, w watermarks (field, expected, first, offset, ts), the number n of entities, the
-// sparse and sharded fact prefixes, n pairs of field and views. A watermark is a field of the applied
-// hash holding "offset:ts" for a partition of the views log (see addLoggedViews). expected '*': the
-// group must not have added from \`first\` on (no readable watermark, or one below first); else the
-// watermark must be exactly \`expected\` ('' for none). When any group's condition fails, the call adds
-// nothing and returns 0. A watermark set keeps the later of its old and its new ts.
+// then per group: w, w triples (field, expected, value) of view marks (fields of the applied hash, see
+// addLoggedViews), the number n of entities, the sparse and sharded fact prefixes, n pairs of field
+// and views. When a mark's field does not hold `expected` ('' for none), the call changes nothing and
+// returns 0; else the marks are set to their values with the views, and it returns 1.
 const VIEWS_LUA = `${FACT_COUNT_LUA}${SNAPSHOT_LUA}
-local function watermark(value)
-  if not value then return nil end
-  local offset, ts = string.match(value, '^(%d+):(%d+)$')
-  if not offset then return nil end
-  return tonumber(offset), ts
-end
 local i, k = 2, 1
 while i <= #ARGV do
   local w = tonumber(ARGV[i])
-  for j = i + 1, i + 5 * w, 5 do
-    local current = redis.call('HGET', KEYS[k + 3], ARGV[j])
-    local expected = ARGV[j + 1]
-    if expected == '*' then
-      local offset = watermark(current)
-      if offset and offset >= tonumber(ARGV[j + 2]) then return 0 end
-    elseif (current or '') ~= expected then
-      return 0
-    end
+  for j = i + 1, i + 3 * w, 3 do
+    if (redis.call('HGET', KEYS[k + 3], ARGV[j]) or '') ~= ARGV[j + 1] then return 0 end
   end
-  i = i + 1 + 5 * w
+  i = i + 1 + 3 * w
   i = i + 3 + 2 * tonumber(ARGV[i])
   k = k + 4
 end
 i, k = 2, 1
 while i <= #ARGV do
   local w = tonumber(ARGV[i])
-  for j = i + 1, i + 5 * w, 5 do
-    local _, old_ts = watermark(redis.call('HGET', KEYS[k + 3], ARGV[j]))
-    local ts = ARGV[j + 4]
-    if old_ts and tonumber(old_ts) > tonumber(ts) then ts = old_ts end
-    redis.call('HSET', KEYS[k + 3], ARGV[j], ARGV[j + 3] .. ':' .. ts)
+  for j = i + 1, i + 3 * w, 3 do
+    redis.call('HSET', KEYS[k + 3], ARGV[j], ARGV[j + 2])
   end
-  i = i + 1 + 5 * w
+  i = i + 1 + 3 * w
   local n = tonumber(ARGV[i])
   for j = i + 3, i + 1 + 2 * n, 2 do
     local field = ARGV[j]
@@ -691,18 +674,6 @@ function checkViews(n: number): void {
   if (!Number.isSafeInteger(n) || n < 0) throw new RangeError(`invalid view count: ${n}`);
 }
 
-function checkLogged({ partition, offset, timestamp }: LoggedViews): void {
-  if (
-    !Number.isSafeInteger(partition) ||
-    partition < 0 ||
-    offset < 0n ||
-    !Number.isSafeInteger(timestamp) ||
-    timestamp < 0
-  ) {
-    throw new RangeError(`invalid place in the views log: ${partition}:${offset} at ${timestamp}`);
-  }
-}
-
 function checkRef(ref: EntityRef): void {
   if (parseEntityKey(entityKey(ref)) === null) throw new RangeError(`invalid entity: ${entityKey(ref)}`);
 }
@@ -759,6 +730,8 @@ export class RedisCounterStore implements CounterStore {
   private readonly rebuildScript: ScriptCall;
   private readonly inspectScript: ScriptCall;
   private readonly viewsScript: ScriptCall;
+  /** The view marks this process last read or wrote, by `group:partition` ('' for none). */
+  private readonly viewMarks = new Map<string, string>();
   private readonly snapshotsScript: ScriptCall;
   private clamped = 0;
   /** Marks are this instance's random prefix plus a counter: unique across processes and restarts. */
@@ -1093,16 +1066,20 @@ export class RedisCounterStore implements CounterStore {
   }
 
   /**
-   * Each group's views go in one call with its watermarks, whole (a group is never split, so its
-   * views and watermarks move together). First every group is sent on the assumption that nothing of
-   * the batch was added there (its watermarks below the batch): one round trip in the usual case.
-   * A call refused for that reads its groups' watermarks, leaves out the records added before and
-   * sends the rest on condition the watermarks are still those it read, until one is accepted.
+   * Each group's views go in one call with its view marks (one per partition of the records), whole:
+   * a group is never split, so its views and marks move together. A call is sent on condition that
+   * each mark still holds what this process last knew of it (nothing, at first); one refused
+   * because a mark moved (another member, another process, or what this one has not seen yet) reads
+   * its groups' marks, leaves out the records they name as added and is sent again. Usually one round
+   * trip: a partition is handed to one member at a time, which knows its marks after its first call.
    */
-  async addLoggedViews(records: readonly LoggedViews[]): Promise<number> {
+  async addLoggedViews(
+    records: readonly LoggedViews[],
+    covered?: ReadonlyMap<number, readonly OffsetRange[]>,
+  ): Promise<number> {
+    const ranges = coveredRanges(records, covered);
     const byGroup = new Map<number, GroupViews[]>();
     for (const record of records) {
-      checkLogged(record);
       const fieldsByGroup = new Map<number, Map<string, number>>();
       for (const { ref, n } of record.views) {
         checkRef(ref);
@@ -1116,12 +1093,7 @@ export class RedisCounterStore implements CounterStore {
       for (const [group, fields] of fieldsByGroup) {
         let parts = byGroup.get(group);
         if (!parts) byGroup.set(group, (parts = []));
-        parts.push({
-          partition: record.partition,
-          offset: record.offset,
-          timestamp: record.timestamp,
-          fields,
-        });
+        parts.push({ record, fields });
       }
     }
     // On one node groups share a call up to VIEWS_CHUNK entities; in cluster mode a call is one group.
@@ -1138,30 +1110,29 @@ export class RedisCounterStore implements CounterStore {
       }
     }
     if (call.length > 0) calls.push(call);
+    if (this.viewMarks.size > VIEW_MARKS_KNOWN) this.viewMarks.clear();
     // Every call settles before the answer, so none lands after a failure was reported.
     const settled = await Promise.allSettled(
       calls.map(async (groups) => {
-        let sent = this.loggedViewsCall(groups.map((group) => ({ group, parts: byGroup.get(group)! })));
         for (let attempt = 0; ; attempt++) {
-          if ((await this.viewsScript(sent.keys.length, ...sent.keys, BARE_ETYPE, ...sent.args)) === 1) {
+          const sent = this.loggedViewsCall(groups, byGroup, ranges);
+          const done = await this.viewsScript(sent.keys.length, ...sent.keys, BARE_ETYPE, ...sent.args);
+          if (done === 1) {
+            for (const [key, value] of sent.marks) this.viewMarks.set(key, value);
             return sent.views;
           }
-          if (attempt === VIEWS_WATERMARK_ATTEMPTS) {
-            throw new Error(`the views log's watermarks of groups ${groups.join(', ')} kept moving`);
+          if (attempt === VIEW_MARK_ATTEMPTS) {
+            throw new Error(`the view marks of groups ${groups.join(', ')} kept moving`);
           }
-          sent = this.loggedViewsCall(
-            await Promise.all(
-              groups.map(async (group) => {
-                const parts = byGroup.get(group)!;
-                const partitions = [...new Set(parts.map((part) => part.partition))];
-                const values = await this.redis.hmget(
-                  this.groupKey('ap', group),
-                  ...partitions.map((p) => `${VIEWS_WATERMARK_PREFIX}${p}`),
-                );
-                const marks = new Map(partitions.map((p, i) => [p, values[i] ?? '']));
-                return { group, parts, marks };
-              }),
-            ),
+          await Promise.all(
+            groups.map(async (group) => {
+              const partitions = [...new Set(byGroup.get(group)!.map((part) => part.record.partition))];
+              const values = await this.redis.hmget(
+                this.groupKey('ap', group),
+                ...partitions.map((p) => `${VIEW_MARK_PREFIX}${p}`),
+              );
+              partitions.forEach((p, i) => this.viewMarks.set(`${group}:${p}`, values[i] ?? ''));
+            }),
           );
         }
       }),
@@ -1175,55 +1146,59 @@ export class RedisCounterStore implements CounterStore {
   }
 
   /**
-   * The keys and arguments of one views call (see VIEWS_LUA) for whole groups, and the views it adds.
-   * Without `marks` each watermark is expected below the group's first record of its partition;
-   * with them, to be exactly as read, and records at or below one and not later are left out.
+   * The keys and arguments of one views call (see VIEWS_LUA) for whole groups, expecting the marks
+   * this process knows: the records those name as added are left out. With the views it adds and
+   * the marks it sets.
    */
   private loggedViewsCall(
-    groups: readonly { group: number; parts: readonly GroupViews[]; marks?: ReadonlyMap<number, string> }[],
-  ): { keys: string[]; args: (string | number)[]; views: number } {
+    groups: readonly number[],
+    byGroup: ReadonlyMap<number, readonly GroupViews[]>,
+    ranges: ReadonlyMap<number, readonly OffsetRange[]>,
+  ): { keys: string[]; args: (string | number)[]; views: number; marks: Map<string, string> } {
     const keys: string[] = [];
     const args: (string | number)[] = [];
+    const marks = new Map<string, string>();
     let views = 0;
-    for (const { group, parts, marks } of groups) {
-      const watermarks = new Map<number, { expected: string; first: bigint; last: bigint; ts: number }>();
-      const fields = new Map<string, number>();
+    for (const group of groups) {
+      const parts = byGroup.get(group)!;
+      const byPartition = new Map<number, GroupViews[]>();
       for (const part of parts) {
-        const expected = marks ? marks.get(part.partition)! : '*';
-        const mark = marks ? parseViewsWatermark(expected) : null;
-        if (mark && part.offset <= mark.offset && part.timestamp <= mark.ts) continue;
-        const seen = watermarks.get(part.partition);
-        if (!seen) {
-          watermarks.set(part.partition, {
-            expected,
-            first: part.offset,
-            last: part.offset,
-            ts: part.timestamp,
-          });
-        } else {
-          if (part.offset < seen.first) seen.first = part.offset;
-          if (part.offset > seen.last) seen.last = part.offset;
-          if (part.timestamp > seen.ts) seen.ts = part.timestamp;
-        }
-        for (const [field, n] of part.fields) {
-          fields.set(field, Math.min(MAX_U32, (fields.get(field) ?? 0) + n));
-          views += n;
-        }
+        const list = byPartition.get(part.record.partition);
+        if (list) list.push(part);
+        else byPartition.set(part.record.partition, [part]);
       }
-      if (watermarks.size === 0) continue;
+      const triples: string[] = [];
+      const fields = new Map<string, number>();
+      for (const [partition, list] of byPartition) {
+        const key = `${group}:${partition}`;
+        const expected = this.viewMarks.get(key) ?? '';
+        const { add, next } = planViewMark(
+          parseViewMark(expected),
+          ranges.get(partition)!,
+          list.map((part) => part.record),
+        );
+        const value = formatViewMark(next);
+        triples.push(`${VIEW_MARK_PREFIX}${partition}`, expected, value);
+        marks.set(key, value);
+        list.forEach((part, i) => {
+          if (!add[i]) return;
+          for (const [field, n] of part.fields) {
+            fields.set(field, Math.min(MAX_U32, (fields.get(field) ?? 0) + n));
+            views += n;
+          }
+        });
+      }
       keys.push(...this.viewsKeys(group));
-      args.push(watermarks.size);
-      for (const [partition, { expected, first, last, ts }] of watermarks) {
-        args.push(`${VIEWS_WATERMARK_PREFIX}${partition}`, expected, String(first), String(last), ts);
-      }
       args.push(
+        triples.length / 3,
+        ...triples,
         fields.size,
         this.factPrefix(group, false),
         this.factPrefix(group, true),
         ...[...fields].flat(),
       );
     }
-    return { keys, args, views };
+    return { keys, args, views, marks };
   }
 
   private viewsKeys(group: number): string[] {

@@ -17,6 +17,13 @@ import {
   type FactMetric,
 } from '../model.js';
 import { decodeSnapshot, encodeSnapshot } from '../snapshot.js';
+import {
+  coveredRanges,
+  formatViewMark,
+  parseViewMark,
+  planViewMark,
+  type OffsetRange,
+} from '../view-marks.js';
 import type {
   CounterStore,
   Flags,
@@ -44,14 +51,6 @@ const FLUSH_CHUNK = 256;
 const nextTurn = setImmediate;
 const READ = 0;
 const MAX_U32 = 0xffffffff;
-/** `counter_meta` keys of the views log's watermarks (see `addLoggedViews`), each followed by a partition. */
-const VIEWS_OFFSET = 'views:offset:';
-const VIEWS_TS = 'views:ts:';
-
-interface ViewWatermark {
-  offset: bigint;
-  ts: number;
-}
 
 interface EntityRow {
   etype: string;
@@ -261,50 +260,34 @@ export class SqliteCounterStore implements CounterStore {
     await this.exclusive(() => this.addViewsNow(views));
   }
 
-  async addLoggedViews(records: readonly LoggedViews[]): Promise<number> {
-    for (const { partition, offset, timestamp, views } of records) {
-      if (
-        !Number.isSafeInteger(partition) ||
-        partition < 0 ||
-        offset < 0n ||
-        !Number.isSafeInteger(timestamp) ||
-        timestamp < 0
-      ) {
-        throw new RangeError(`invalid place in the views log: ${partition}:${offset} at ${timestamp}`);
-      }
-      sumViews(views);
-    }
+  async addLoggedViews(
+    records: readonly LoggedViews[],
+    covered?: ReadonlyMap<number, readonly OffsetRange[]>,
+  ): Promise<number> {
+    const ranges = coveredRanges(records, covered);
+    for (const record of records) sumViews(record.views);
     return this.exclusive(() => {
       const s = this.s;
-      const marks = new Map<number, ViewWatermark | null>();
       const views = new Map<string, ViewIncrement>();
       let added = 0;
-      for (const record of records) {
-        let mark = marks.get(record.partition);
-        if (mark === undefined) {
-          const offset = s.meta.get(`${VIEWS_OFFSET}${record.partition}`)?.v as number | null | undefined;
-          const ts = s.meta.get(`${VIEWS_TS}${record.partition}`)?.v as number | null | undefined;
-          mark = offset == null || ts == null ? null : { offset: BigInt(offset), ts: Number(ts) };
-          marks.set(record.partition, mark);
-        }
-        if (mark && record.offset <= mark.offset && record.timestamp <= mark.ts) continue;
-        // (A later record at or below the offset is of a topic made again: the offset starts anew.)
-        marks.set(record.partition, { offset: record.offset, ts: Math.max(mark?.ts ?? 0, record.timestamp) });
-        for (const { ref, n } of record.views) {
-          if (n === 0) continue;
-          const key = entityKey(ref);
-          const seen = views.get(key);
-          if (seen) seen.n = Math.min(MAX_U32, seen.n + n);
-          else views.set(key, { ref, n: Math.min(MAX_U32, n) });
-          added += n;
-        }
+      for (const [partition, covers] of ranges) {
+        const mine = records.filter((r) => r.partition === partition);
+        const stored = s.viewMark.get(partition)?.mark as string | undefined;
+        const { add, next } = planViewMark(parseViewMark(stored), covers, mine);
+        mine.forEach((record, i) => {
+          if (!add[i]) return;
+          for (const { ref, n } of record.views) {
+            if (n === 0) continue;
+            const key = entityKey(ref);
+            const seen = views.get(key);
+            if (seen) seen.n = Math.min(MAX_U32, seen.n + n);
+            else views.set(key, { ref, n: Math.min(MAX_U32, n) });
+            added += n;
+          }
+        });
+        s.putViewMark.run(partition, formatViewMark(next));
       }
       this.addViewsNow(views);
-      for (const [partition, mark] of marks) {
-        if (!mark) continue;
-        s.putMeta.run(`${VIEWS_OFFSET}${partition}`, mark.offset);
-        s.putMeta.run(`${VIEWS_TS}${partition}`, mark.ts);
-      }
       return added;
     });
   }
@@ -552,7 +535,7 @@ export class SqliteCounterStore implements CounterStore {
       for (const table of ['counter_facts', 'counter_entities', 'counter_pending', 'counter_snapshots']) {
         this.raw.exec(`DELETE FROM ${table}`);
       }
-      this.s.dropViewWatermarks.run();
+      this.raw.exec('DELETE FROM counter_view_marks');
       this.flushCursor = undefined;
     });
   }
@@ -672,12 +655,11 @@ function prepareStatements(raw: DatabaseSync) {
     unsealed: p(`SELECT 1 AS one FROM counter_meta WHERE k = 'unsealed'`),
     unseal: p(`INSERT INTO counter_meta (k, v) VALUES ('unsealed', 1) ON CONFLICT DO NOTHING`),
     seal: p(`DELETE FROM counter_meta WHERE k = 'unsealed'`),
-    meta: p('SELECT v FROM counter_meta WHERE k = ?'),
-    putMeta: p(
-      `INSERT INTO counter_meta (k, v) VALUES (?, CAST(? AS INTEGER))
-       ON CONFLICT (k) DO UPDATE SET v = excluded.v`,
+    viewMark: p('SELECT mark FROM counter_view_marks WHERE partition = CAST(? AS INTEGER)'),
+    putViewMark: p(
+      `INSERT INTO counter_view_marks (partition, mark) VALUES (CAST(? AS INTEGER), ?)
+       ON CONFLICT (partition) DO UPDATE SET mark = excluded.mark`,
     ),
-    dropViewWatermarks: p(`DELETE FROM counter_meta WHERE k LIKE 'views:%'`),
   };
 }
 

@@ -238,6 +238,10 @@ const sqlite: Record<string, Step> = {
     `CREATE INDEX IF NOT EXISTS knowposts_sweep_order ON knowposts (objects_check_at, id)`,
     `DROP INDEX IF EXISTS knowposts_sweep`,
   ),
+  // What the counter store added from each partition of the views log (see src/counter/view-marks.ts).
+  '0018_counter_view_marks': exec(
+    `CREATE TABLE counter_view_marks (partition INTEGER NOT NULL PRIMARY KEY, mark TEXT NOT NULL)`,
+  ),
 };
 
 const mysql: Record<string, Step> = {
@@ -360,6 +364,8 @@ const mysql: Record<string, Step> = {
     'relation_unapplied_created',
     `ALTER TABLE relation_unapplied ADD KEY relation_unapplied_created (created_at)`,
   ),
+  // Redis keeps the cluster profile's view marks.
+  '0018_counter_view_marks': exec(),
 };
 
 export function migrationsFor(dialect: Dialect): Record<string, Migration> {
