@@ -13,6 +13,7 @@ import { LoginAuditRepository } from './login-audit.repository.js';
 import { AuthService } from './auth.service.js';
 import { PasswordHasher } from './passwords.js';
 import { SessionStore } from './sessions.js';
+import { UnavailableError } from '../platform/errors/errors.js';
 import { UsersRepository } from '../profile/users.repository.js';
 
 const dataDirs: string[] = [];
@@ -276,6 +277,39 @@ describe(AuthService.name, () => {
       expect(next.statusCode).toBe(200);
     } finally {
       keep.mockRestore();
+    }
+  });
+
+  it('puts a refresh token back when its rotation fails half-way, so the retry rotates it (no sign-out on a 503)', async () => {
+    // Failing after the token was taken: in the rotation itself, or while allowing the new token.
+    for (const step of ['isActive', 'allowRefresh'] as const) {
+      const signedUp = await signUp(`half-${step.toLowerCase()}@example.test`, '10.0.8.1');
+      const spy = vi
+        .spyOn(SessionStore.prototype, step)
+        .mockRejectedValueOnce(new UnavailableError('injected: the store did not answer'));
+      try {
+        const failed = await post(
+          '/api/v1/auth/token/refresh',
+          { refreshToken: signedUp.token.refreshToken },
+          '10.0.8.1',
+        );
+        expect({ step, status: failed.statusCode }).toEqual({ step, status: 503 });
+        // The retry rotates the same token, as if the first had never come.
+        const retry = await post(
+          '/api/v1/auth/token/refresh',
+          { refreshToken: signedUp.token.refreshToken },
+          '10.0.8.1',
+        );
+        expect({ step, status: retry.statusCode }).toEqual({ step, status: 200 });
+        const next = await post(
+          '/api/v1/auth/token/refresh',
+          { refreshToken: retry.json<{ refreshToken: string }>().refreshToken },
+          '10.0.8.1',
+        );
+        expect(next.statusCode).toBe(200);
+      } finally {
+        spy.mockRestore();
+      }
     }
   });
 

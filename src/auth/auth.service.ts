@@ -279,7 +279,14 @@ export class AuthService {
     );
     const outcome = await this.sessions.takeRefresh(claims.sid, claims.jti, claims.userId, claims.ver);
     if (outcome === 'ok') {
-      const pair = await this.issueInSession(claims.userId, claims.sid, claims.ver);
+      let pair: TokenPair;
+      try {
+        pair = await this.issueInSession(claims.userId, claims.sid, claims.ver);
+      } catch (err) {
+        // The new token may not be allowed: the old one is put back for the client's retry.
+        await this.sessions.undoRotation(claims.sid, claims.jti).catch(() => undefined);
+        throw err;
+      }
       // The old token is spent and the new one allowed: failing now would leave the client without
       // a session. Keeping the answer only spares a retry; its failure leaves that retry refused.
       await this.sessions

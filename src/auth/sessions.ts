@@ -91,6 +91,22 @@ export class SessionStore {
       await this.end(sid);
       return 'reused';
     }
+    try {
+      return await this.rotate(taken, sid, jti, userId, ver);
+    } catch (err) {
+      // Unanswered, the client tries again with the same token: it must find it as it was.
+      await this.undoRotation(taken, jti).catch(() => undefined);
+      throw err;
+    }
+  }
+
+  private async rotate(
+    taken: string,
+    sid: string,
+    jti: string,
+    userId: number,
+    ver: number,
+  ): Promise<'ok' | 'invalid'> {
     const rotatedAt = this.now();
     const mark = (outcome = '') =>
       this.kv.set(
@@ -112,6 +128,17 @@ export class SessionStore {
     // Refused: nobody need wait for an answer that will not come.
     if (!active || this.reuseGraceMs === 0) await mark(active ? '' : REFUSED);
     return active ? 'ok' : 'invalid';
+  }
+
+  /**
+   * Puts back a refresh token taken for a rotation that could not be completed (the store failed
+   * before the new token was allowed), so that the client's retry rotates it instead of finding it
+   * spent: a 503 there must not sign the user out. Its rotation mark goes, so the token is neither
+   * taken as rotated away nor waited for. The family `taken` names, as `takeRefresh` found it.
+   */
+  async undoRotation(taken: string, jti: string): Promise<void> {
+    await this.kv.set(`auth:rt:${jti}`, taken, this.refreshTtlMs);
+    await this.kv.delete(`auth:rtu:${jti}`);
   }
 
   /**

@@ -255,7 +255,7 @@ export const CONFIG_VARS = {
   },
   ZG_AUTH_IP_LIMIT: {
     description:
-      'code sends per client (an IPv4 address, an IPv6 /64) per 15 minutes, and as many code checks and as many password sign-ins (each counted apart); the /64s of one IPv6 /48 get sixteen times as many code sends and checks together',
+      'code sends per client (an IPv4 address, an IPv6 /64) per 15 minutes, and as many code checks and as many password sign-ins (each counted apart); the /64s of one IPv6 /48 get sixteen times as many code sends, code checks and password sign-ins together (each counted apart)',
     default: '60',
   },
   ZG_LOGIN_AUDIT_DAYS: {
