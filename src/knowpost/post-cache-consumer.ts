@@ -18,9 +18,9 @@ export interface PostCacheConsumerOptions {
  * The durable half of post cache invalidation. The request that changes a post drops it from the
  * caches itself (`postCacheInvalidator`), but that is one attempt: if Redis fails it just then, the
  * shared tier would keep serving a post made private or deleted until its entry expires. Every change
- * that decides who may see a post, or replaces (and deletes) a published post's body or pictures, is
- * also a `post-events` message written in the change's transaction (published, unpublished,
- * changed), so this consumer drops each such post from the shared tier
+ * that decides who may see a post, replaces (and deletes) a published post's body or pictures, or
+ * edits a published public post, is also a `post-events` message written in the change's transaction
+ * (published, unpublished, changed), so this consumer drops each such post from the shared tier
  * and announces it on the bus once more, and the batch is committed only when both succeeded; a
  * failure delivers it again. Invalidating twice is harmless, so redeliveries need no bookkeeping.
  *
@@ -40,7 +40,7 @@ export class PostCacheConsumer {
       options.registry &&
       new Counter({
         name: 'zg_post_cache_invalidations_total',
-        help: 'Posts the post-cache worker dropped from the caches for post events (publish, delete, visibility, new body or pictures)',
+        help: 'Posts the post-cache worker dropped from the caches for post events (publish, delete, visibility, new body or pictures, other edits of a public post)',
         registers: [options.registry],
       });
   }

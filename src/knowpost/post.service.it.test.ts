@@ -546,7 +546,7 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     };
     const racing = new PostService({ ...serviceOptions(), posts });
     await racing.update(AUTHOR, id, { title: 'public now' });
-    expect(reads).toBe(2);
+    expect(reads).toBe(3);
     expect(changes.at(-1)).toEqual({ id, authorId: AUTHOR, kind: 'updated', draft: false, unlisted: false });
   });
 
@@ -886,13 +886,13 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     expect(await outcome(sut.update(AUTHOR, id, { imgUrls: [body] }))).toBe('400 BAD_REQUEST');
   });
 
-  it('writes an outbox row with every visibility change, numbered entries and exits of the public posts, and none for other edits', async () => {
+  it('writes an outbox row with every visibility change, numbered entries and exits of the public posts, and a changed event for another edit', async () => {
     const sut = newService();
     const id = await publishedPost(sut);
     const publishedAt = now;
-    const before = (await outboxFor(id)).length;
     await sut.update(AUTHOR, id, { title: 'Only a title', isTop: true });
-    expect((await outboxFor(id)).length).toBe(before);
+    expect((await outboxFor(id)).at(-1)?.event?.type).toBe('changed');
+    const before = (await outboxFor(id)).length;
 
     now += 1_000;
     await sut.setVisibility(AUTHOR, id, 'private');
@@ -943,15 +943,27 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     ]);
   });
 
-  it('writes a changed event with a new body or new pictures of a published post, whose old ones are deleted next', async () => {
+  it('writes a changed event with a new body or new pictures of a published post, whose old ones are deleted next, and with any edit of a public one', async () => {
     const sut = newService();
     const id = await publishedPost(sut);
     const before = (await outboxFor(id)).length;
     await sut.confirmContent(AUTHOR, id, await upload(sut, id, '# Second version'));
     const image = (await uploadObject(sut, id, 'knowpost_image', 'image/png', 'png 1')).objectKey;
     await sut.update(AUTHOR, id, { imgUrls: [image] });
+    // Other edits: for the caches of other processes, when this one could not tell them itself.
     await sut.update(AUTHOR, id, { title: 'Only the title' });
-    expect((await outboxFor(id)).slice(before).map((r) => r.event?.type)).toEqual(['changed', 'changed']);
+    await sut.setTop(AUTHOR, id, true);
+    expect((await outboxFor(id)).slice(before).map((r) => r.event?.type)).toEqual([
+      'changed',
+      'changed',
+      'changed',
+      'changed',
+    ]);
+    // A private post is in no cache: its title edit tells nobody.
+    await sut.setVisibility(AUTHOR, id, 'private');
+    const hidden = (await outboxFor(id)).length;
+    await sut.update(AUTHOR, id, { title: 'Private now' });
+    expect((await outboxFor(id)).length).toBe(hidden);
     // A draft is in no cache: nothing to tell.
     const draft = await sut.createDraft(AUTHOR);
     await sut.confirmContent(AUTHOR, draft, await upload(sut, draft));

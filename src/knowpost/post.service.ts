@@ -551,7 +551,16 @@ export class PostService {
         this.posts.update(post.id, post.authorId, fields, now, imagesWere, trx),
       );
     if (fields.visible === undefined)
-      return this.posts.update(post.id, post.authorId, fields, now, imagesWere);
+      // Any other edit of a published public post (title, tags, description, pinning): the caches of
+      // other processes must hear of it even when this process fails to tell them (Redis failing
+      // just then), so it is an event too, written with it. A private or draft post is in no cache.
+      return this.posts.transaction(async (trx) => {
+        if (!(await this.posts.update(post.id, post.authorId, fields, now, imagesWere, trx))) return false;
+        const current = await this.posts.find(post.id, trx);
+        if (current?.status === 'published' && current.visible === 'public')
+          await this.changed(trx, current, now);
+        return true;
+      });
     // Who may see the post changes: the caches must hear of it even if this process fails to tell
     // them, so the change is also an event, written with it; one that moves the post into or out of
     // its author's public posts is the event that moves their count. Not for a draft (read after
