@@ -103,15 +103,34 @@ describe('view marks', () => {
     });
   });
 
-  it(`keeps the highest ${VIEW_MARK_RANGES} ranges`, () => {
+  it(`keeps ${VIEW_MARK_RANGES} ranges at most, the lowest merged`, () => {
     let mark = null as ReturnType<typeof planViewMark>['next'] | null;
     for (let i = 0; i < VIEW_MARK_RANGES + 3; i++) {
       const offset = BigInt(i * 10);
       mark = planViewMark(mark, [[offset, offset]], [{ offset, timestamp: 1 }]).next;
     }
     expect(mark!.ranges).toHaveLength(VIEW_MARK_RANGES);
-    expect(mark!.ranges[0]).toEqual([30n, 30n]);
+    expect(mark!.ranges.slice(0, 2)).toEqual([
+      [0n, 30n],
+      [40n, 40n],
+    ]);
+    expect(mark!.ranges.at(-1)).toEqual([180n, 180n]);
     expect(parseViewMark(formatViewMark(mark!))).toEqual(mark);
+  });
+
+  it('adds a record handed twice in one call once', () => {
+    const plan = planViewMark(
+      { ts: 5, ranges: [[0n, 1n]] },
+      [[0n, 3n]],
+      [
+        { offset: 2n, timestamp: 5 },
+        { offset: 3n, timestamp: 5 },
+        { offset: 1n, timestamp: 5 },
+        { offset: 2n, timestamp: 5 },
+        { offset: 3n, timestamp: 5 },
+      ],
+    );
+    expect(plan.add).toEqual([true, true, false, false, false]);
   });
 
   it('names the ranges of a call, its records’ runs by default, and refuses records outside them', () => {

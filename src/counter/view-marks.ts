@@ -19,10 +19,12 @@ export interface ViewMark {
 export type OffsetRange = readonly [bigint, bigint];
 
 /**
- * Ranges a mark keeps at most; past them the lowest go, and records there would be added again if
- * they came again. Each member handing a partition in order adds to one range, so a mark gets a
- * range more only when records come out of order (a rebalance), and one such range is merged away
- * as soon as the gap before it is handed.
+ * Ranges a mark keeps at most; past them the two lowest are merged, the gap between them taken as
+ * added. A mark gets a range more when records come out of order (a rebalance hands a member
+ * records it fetched before others it never handled: the gap is handed soon after and merged
+ * away) and, on Redis, where marks are per group, when a partition changes hands: the new member's
+ * run starts after records that carried no views of the group, a gap nothing fills. The lowest gap
+ * is of the oldest such change, long handled.
  */
 export const VIEW_MARK_RANGES = 16;
 
@@ -89,12 +91,21 @@ export function planViewMark(
     mark !== null && records.some((r) => r.timestamp > mark.ts && inRanges(mark.ranges, r.offset));
   const base = restarted ? null : mark;
   let ts = base?.ts ?? 0;
+  // A record handed twice in one call (the stream's buffer, then the same records read again after
+  // a rebalance) is added once.
+  const seen = new Set<bigint>();
   const add = records.map((r) => {
     if (r.timestamp > ts) ts = r.timestamp;
+    if (seen.has(r.offset)) return false;
+    seen.add(r.offset);
     return !(base && r.timestamp <= base.ts && inRanges(base.ranges, r.offset));
   });
-  const ranges = mergeRanges([...(base?.ranges ?? []), ...covered]);
-  return { add, next: { ts, ranges: ranges.slice(-VIEW_MARK_RANGES) } };
+  const ranges = mergeRanges([...(base?.ranges ?? []), ...covered]) as [bigint, bigint][];
+  while (ranges.length > VIEW_MARK_RANGES) {
+    const [lowest] = ranges.splice(0, 1);
+    ranges[0] = [lowest![0], ranges[0]![1]];
+  }
+  return { add, next: { ts, ranges } };
 }
 
 /** `ranges` sorted and merged where they overlap or touch. */

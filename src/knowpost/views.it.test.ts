@@ -18,7 +18,7 @@ type Profile = 'embedded' | 'cluster';
 
 async function openRig(
   profile: Profile,
-): Promise<{ events: EventLog; store: CounterStore; cleanup(): Promise<void> }> {
+): Promise<{ events: EventLog; store: CounterStore; redis?: Redis; cleanup(): Promise<void> }> {
   if (profile === 'embedded') {
     const dir = mkdtempSync(join(tmpdir(), 'zg-views-'));
     const db = openSqlite(join(dir, 'zhiguang.db'));
@@ -39,6 +39,7 @@ async function openRig(
   const events = testKafkaLog('zg-views', `${uniqueName('views')}.`);
   return {
     events,
+    redis,
     store: new RedisCounterStore(redis, { prefix: keyPrefix, groups: 16 }),
     cleanup: async () => {
       await events.deleteGroups([VIEW_GROUP]).catch(() => undefined);
@@ -180,6 +181,41 @@ describe.each<Profile>(['embedded', 'cluster'])('views pipeline (%s)', (profile)
     });
     expect(await reads(posts)).toEqual(want);
   });
+
+  it.runIf(profile === 'cluster')(
+    'names the runs it handled with each call, so every group’s view mark is one range',
+    async () => {
+      await aggregator.stop();
+      const posts = Array.from({ length: 24 }, (_, i) => ref(60 + i));
+      // One partition (one key), a post per record, three records a batch: each group of the store
+      // sees records at scattered offsets.
+      await rig.events.publish(
+        VIEW_TOPIC,
+        posts.map((post) => ({
+          key: 'one',
+          value: JSON.stringify({ etype: 'knowpost', views: [[post.eid, 1]], ts: 1 }),
+        })),
+      );
+      aggregator = new ViewAggregator(rig.events, rig.store, metrics, (err) => errors.push(err), {
+        maxBatch: 3,
+        maxWaitMs: 20,
+      });
+      await aggregator.start();
+      await until(async () => (await reads(posts)).every((n) => n === 1));
+      const store = rig.store as RedisCounterStore;
+      const groups = [...new Set(posts.map((post) => store.groupOf(post)))];
+      expect(groups.length).toBeGreaterThan(8);
+      for (const group of groups) {
+        const fields = await rig.redis!.hgetall(store.groupKey('ap', group));
+        const marks = Object.entries(fields).filter(([field]) => field.startsWith('~w:'));
+        expect(marks).toHaveLength(1);
+        expect({ group, mark: marks[0]![1] }).toEqual({
+          group,
+          mark: expect.stringMatching(/^\d+:\d+-\d+$/),
+        });
+      }
+    },
+  );
 
   it('skips malformed records and still applies the rest of the batch, in either form', async () => {
     const packed = (views: [string, number][]) => JSON.stringify({ etype: 'knowpost', views, ts: 1 });

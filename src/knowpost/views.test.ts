@@ -302,11 +302,15 @@ describe(parseViewRecord.name, () => {
 
 describe(extendRun.name, () => {
   it('extends a run by the next offset, keeps it for one inside, and starts anew otherwise', () => {
-    expect(extendRun(undefined, 7n)).toEqual([7n, 7n]);
-    expect(extendRun([3n, 7n], 8n)).toEqual([3n, 8n]);
-    expect(extendRun([3n, 7n], 3n)).toEqual([3n, 7n]);
-    expect(extendRun([3n, 7n], 5n)).toEqual([3n, 7n]);
-    expect(extendRun([3n, 7n], 9n)).toEqual([9n, 9n]);
-    expect(extendRun([3n, 7n], 2n)).toEqual([2n, 2n]);
+    const run = { range: [3n, 7n] as const, ts: 50 };
+    expect(extendRun(undefined, 7n, 1)).toEqual({ range: [7n, 7n], ts: 1 });
+    expect(extendRun(run, 8n, 60)).toEqual({ range: [3n, 8n], ts: 60 });
+    expect(extendRun(run, 8n, 40)).toEqual({ range: [3n, 8n], ts: 50 });
+    expect(extendRun(run, 3n, 50)).toEqual(run);
+    expect(extendRun(run, 5n, 10)).toEqual(run);
+    expect(extendRun(run, 9n, 50)).toEqual({ range: [9n, 9n], ts: 50 });
+    expect(extendRun(run, 2n, 50)).toEqual({ range: [2n, 2n], ts: 50 });
+    // Inside, but later than all of it: the topic was made again.
+    expect(extendRun(run, 5n, 51)).toEqual({ range: [5n, 5n], ts: 51 });
   });
 });

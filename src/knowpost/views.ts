@@ -29,6 +29,8 @@ export const VIEW_TOPIC = 'read-events';
 export const VIEW_GROUP = 'view-agg';
 /** Posts whose views one `read-events` record carries at most (about 15 KB of JSON). */
 export const VIEWS_PER_RECORD = 500;
+/** Entries (a post's views in a record) one `addLoggedViews` call of `view-agg` takes at most. */
+export const VIEWS_PER_CALL = 20_000;
 
 /** Views of one post. */
 export interface ViewEvent {
@@ -311,11 +313,11 @@ export class ViewAggregator {
   private subscription: Subscription | undefined;
   /**
    * Per partition, the run of consecutive offsets this consumer handled last: every record from its
-   * first to its last offset was handed to it in a batch whose views were added. Named to the
-   * store as what a call covers, so a mark spans the records of a partition that carried no views
-   * of its group too, and stays one range while records come in order.
+   * first to its last offset was handed to it in a call whose views were added. Named to the store
+   * as what a call covers, so a mark spans the records of a partition that carried no views of its
+   * group too, and stays one range while the partition stays with this consumer.
    */
-  private runs = new Map<number, OffsetRange>();
+  private runs = new Map<number, ViewRun>();
 
   constructor(
     private readonly events: EventLog,
@@ -337,17 +339,34 @@ export class ViewAggregator {
       // Records handed again are found added and skipped (see `addLoggedViews`).
       commitIntervalMs: IDEMPOTENT_COMMIT_INTERVAL_MS,
       handler: async (batch) => {
-        const records: LoggedViews[] = [];
-        let total = 0;
         const runs = new Map(this.runs);
-        const covered = new Map<number, OffsetRange[]>();
+        let records: LoggedViews[] = [];
+        let covered = new Map<number, OffsetRange[]>();
+        let entries = 0;
+        let total = 0;
+        // A call at most VIEWS_PER_CALL entries, so no script grows without bound; the records of
+        // calls that went through are skipped when the batch is handed again after a later one failed.
+        const add = async (): Promise<void> => {
+          if (records.length > 0) {
+            const added = await this.store.addLoggedViews(records, covered);
+            this.metrics.applied.inc(added);
+            if (added < total) this.metrics.skipped.inc(total - added);
+          }
+          this.runs = new Map(runs);
+          records = [];
+          covered = new Map();
+          entries = 0;
+          total = 0;
+        };
         for (const record of batch.records) {
-          const run = extendRun(runs.get(record.partition), record.offset);
+          // (Kafka gives -1 for a record written without a time.)
+          const timestamp = Math.max(0, Math.trunc(record.timestamp)) || 0;
+          const run = extendRun(runs.get(record.partition), record.offset, timestamp);
           runs.set(record.partition, run);
           const ranges = covered.get(record.partition);
-          if (!ranges) covered.set(record.partition, [run]);
-          else if (ranges[ranges.length - 1]![0] === run[0]) ranges[ranges.length - 1] = run;
-          else ranges.push(run);
+          if (!ranges) covered.set(record.partition, [run.range]);
+          else if (ranges[ranges.length - 1]![0] === run.range[0]) ranges[ranges.length - 1] = run.range;
+          else ranges.push(run.range);
           const events = parseViewRecord(record.value);
           if (events === null) {
             this.onError(
@@ -356,21 +375,12 @@ export class ViewAggregator {
             continue;
           }
           const views = events.map((e) => ({ ref: { etype: e.etype, eid: e.eid }, n: e.n }));
-          records.push({
-            partition: record.partition,
-            offset: record.offset,
-            // (Kafka gives -1 for a record written without a time.)
-            timestamp: Math.max(0, Math.trunc(record.timestamp)) || 0,
-            views,
-          });
+          records.push({ partition: record.partition, offset: record.offset, timestamp, views });
           for (const e of events) total += e.n;
+          entries += views.length;
+          if (entries >= VIEWS_PER_CALL) await add();
         }
-        if (records.length > 0) {
-          const added = await this.store.addLoggedViews(records, covered);
-          this.metrics.applied.inc(added);
-          if (added < total) this.metrics.skipped.inc(total - added);
-        }
-        this.runs = runs;
+        await add();
       },
       onError: this.onError,
     });
@@ -382,13 +392,23 @@ export class ViewAggregator {
   }
 }
 
+/** A run of consecutive offsets a consumer handled, and the latest record time in it. */
+export interface ViewRun {
+  range: OffsetRange;
+  ts: number;
+}
+
 /**
- * The run after a record at `offset` was handled: the next offset extends it, one inside it (handed
- * again: a partition read again from its last commit) leaves it, any other starts a new run.
+ * The run after a record at `offset`, written at `ts`, was handled: the next offset extends it, one
+ * inside it (handed again: a partition read again from its last commit) leaves it, any other starts
+ * a new run, as does one inside it but later than all of it (a topic made again, offsets restarted).
  */
-export function extendRun(run: OffsetRange | undefined, offset: bigint): OffsetRange {
-  if (run && offset >= run[0] && offset <= run[1] + 1n) return offset > run[1] ? [run[0], offset] : run;
-  return [offset, offset];
+export function extendRun(run: ViewRun | undefined, offset: bigint, ts: number): ViewRun {
+  const [from, to] = run?.range ?? [0n, -2n];
+  if (!run || offset < from || offset > to + 1n || (offset <= to && ts > run.ts)) {
+    return { range: [offset, offset], ts };
+  }
+  return { range: offset > to ? [from, offset] : run.range, ts: Math.max(run.ts, ts) };
 }
 
 /** Adds a `read-events` record's views to `sums` (by entity); how many, or null when it is malformed. */

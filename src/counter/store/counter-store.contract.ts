@@ -675,6 +675,15 @@ export function defineCounterStoreContract(name: string, factory: () => Promise<
         expect((await store.readSnapshots(refs)).map((c) => c?.[0] ?? 0)).toEqual(viewsOf(refs, records));
       });
 
+      it('adds a record handed twice in one call once (its partition read again behind what the stream held)', async () => {
+        const refs = Array.from({ length: 3 }, (_, i) => post(1020 + i));
+        const records = loggedViews(refs, 8, 17).map((r, i) => ({ ...r, partition: 0, offset: BigInt(i) }));
+        await store.addLoggedViews(records.slice(0, 2));
+        const batch = [...records.slice(4, 8), ...records.slice(2, 8)];
+        expect(await store.addLoggedViews(batch)).toBe(total(records.slice(2, 8)));
+        expect((await store.readSnapshots(refs)).map((c) => c?.[0] ?? 0)).toEqual(viewsOf(refs, records));
+      });
+
       it('names as added what a call covers beyond its own records, and keeps the latest time of all', async () => {
         const [seen, unseen] = [post(1010), post(1011)];
         const at = (offset: number, timestamp: number, ref: EntityRef): LoggedViews => ({
