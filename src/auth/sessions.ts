@@ -133,12 +133,13 @@ export class SessionStore {
   /**
    * Puts back a refresh token taken for a rotation that could not be completed (the store failed
    * before the new token was allowed), so that the client's retry rotates it instead of finding it
-   * spent: a 503 there must not sign the user out. Its rotation mark goes, so the token is neither
-   * taken as rotated away nor waited for. The family `taken` names, as `takeRefresh` found it.
+   * spent: a 503 there must not sign the user out. Its rotation mark goes first, so the token is
+   * neither taken as rotated away nor waited for, and a rotation of the token put back (a second
+   * tab) cannot lose its own mark to this. The family `taken` names, as `takeRefresh` found it.
    */
   async undoRotation(taken: string, jti: string): Promise<void> {
-    await this.kv.set(`auth:rt:${jti}`, taken, this.refreshTtlMs);
     await this.kv.delete(`auth:rtu:${jti}`);
+    await this.kv.set(`auth:rt:${jti}`, taken, this.refreshTtlMs);
   }
 
   /**

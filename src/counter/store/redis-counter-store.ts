@@ -69,11 +69,6 @@ export interface RedisCounterStoreOptions {
  * emptied by a replay's reset) since it was sealed. Not an entity: no entity field is `~`.
  */
 export const SEAL_FIELD = '~';
-/**
- * Fields of a group's applied hash holding the view mark of a partition of the views log there
- * (`addLoggedViews`), followed by the partition; no entity field starts with `~`.
- */
-const VIEW_MARK_PREFIX = '~w:';
 /** Calls of `addLoggedViews` sent again after marks moved under them, before it gives up. */
 const VIEW_MARK_ATTEMPTS = 10;
 /** (group, partition) marks a store remembers at most (about 100 bytes each); past them it forgets all. */
@@ -491,8 +486,8 @@ return rebuild_entity(KEYS[5], KEYS[6], KEYS[7], KEYS[8], ARGV[1], KEYS[1], KEYS
 
 // Adds views to the `read` field (index 0) of each entity's snapshot, saturating at 2^32 - 1; nothing
 // else of the entity changes. A missing or malformed snapshot is first rebuilt from facts.
-// KEYS: per group of the call its snapshots, pending, seq and applied hashes. ARGV[1]: the bare etype;
-// then per group: w, w triples (field, expected, value) of view marks (fields of the applied hash, see
+// KEYS: per group of the call its snapshots, pending, seq, applied and view-mark hashes. ARGV[1]: the
+// bare etype; then per group: w, w triples (field, expected, value) of view marks (see
 // addLoggedViews), the number n of entities, the sparse and sharded fact prefixes, n pairs of field
 // and views. When a mark's field does not hold `expected` ('' for none), the call changes nothing and
 // returns 0; else the marks are set to their values with the views, and it returns 1.
@@ -501,17 +496,17 @@ local i, k = 2, 1
 while i <= #ARGV do
   local w = tonumber(ARGV[i])
   for j = i + 1, i + 3 * w, 3 do
-    if (redis.call('HGET', KEYS[k + 3], ARGV[j]) or '') ~= ARGV[j + 1] then return 0 end
+    if (redis.call('HGET', KEYS[k + 4], ARGV[j]) or '') ~= ARGV[j + 1] then return 0 end
   end
   i = i + 1 + 3 * w
   i = i + 3 + 2 * tonumber(ARGV[i])
-  k = k + 4
+  k = k + 5
 end
 i, k = 2, 1
 while i <= #ARGV do
   local w = tonumber(ARGV[i])
   for j = i + 1, i + 3 * w, 3 do
-    redis.call('HSET', KEYS[k + 3], ARGV[j], ARGV[j + 2])
+    redis.call('HSET', KEYS[k + 4], ARGV[j], ARGV[j + 2])
   end
   i = i + 1 + 3 * w
   local n = tonumber(ARGV[i])
@@ -526,7 +521,7 @@ while i <= #ARGV do
     redis.call('HSET', KEYS[k], field, pack_snapshot(c))
   end
   i = i + 3 + 2 * n
-  k = k + 4
+  k = k + 5
 end
 return 1
 `;
@@ -787,7 +782,7 @@ export class RedisCounterStore implements CounterStore {
   }
 
   /** Name of a group-level key: `seq`, `ap` (applied), `pd` (pending), `s` (snapshots) or `un` (unpublished). */
-  groupKey(kind: 'seq' | 'ap' | 'pd' | 's' | 'un', group: number): string {
+  groupKey(kind: 'seq' | 'ap' | 'pd' | 's' | 'un' | 'vm', group: number): string {
     return `${this.prefix}c:${kind}:{${group}}`;
   }
 
@@ -1127,10 +1122,7 @@ export class RedisCounterStore implements CounterStore {
           await Promise.all(
             groups.map(async (group) => {
               const partitions = [...new Set(byGroup.get(group)!.map((part) => part.record.partition))];
-              const values = await this.redis.hmget(
-                this.groupKey('ap', group),
-                ...partitions.map((p) => `${VIEW_MARK_PREFIX}${p}`),
-              );
+              const values = await this.redis.hmget(this.groupKey('vm', group), ...partitions.map(String));
               partitions.forEach((p, i) => this.viewMarks.set(`${group}:${p}`, values[i] ?? ''));
             }),
           );
@@ -1178,7 +1170,7 @@ export class RedisCounterStore implements CounterStore {
           list.map((part) => part.record),
         );
         const value = formatViewMark(next);
-        triples.push(`${VIEW_MARK_PREFIX}${partition}`, expected, value);
+        triples.push(String(partition), expected, value);
         marks.set(key, value);
         list.forEach((part, i) => {
           if (!add[i]) return;
@@ -1207,6 +1199,7 @@ export class RedisCounterStore implements CounterStore {
       this.groupKey('pd', group),
       this.groupKey('seq', group),
       this.groupKey('ap', group),
+      this.groupKey('vm', group),
     ];
   }
 
