@@ -1016,16 +1016,7 @@ export class RedisCounterStore implements CounterStore {
   }
 
   async addViews(entries: readonly ViewIncrement[]): Promise<void> {
-    const byGroup = new Map<number, Map<string, number>>();
-    for (const { ref, n } of entries) {
-      checkRef(ref);
-      checkViews(n);
-      if (n === 0) continue;
-      const { group, field } = this.address(ref);
-      let fields = byGroup.get(group);
-      if (!fields) byGroup.set(group, (fields = new Map<string, number>()));
-      fields.set(field, Math.min(MAX_U32, (fields.get(field) ?? 0) + n));
-    }
+    const byGroup = this.viewsByGroup(entries);
     // Calls of up to VIEWS_CHUNK entities: on one node a call spans groups, in cluster mode it stays in
     // one. Issued in one tick: the client's auto-pipelining writes them together, one round trip.
     const calls: Promise<unknown>[] = [];
@@ -1075,17 +1066,7 @@ export class RedisCounterStore implements CounterStore {
     const ranges = coveredRanges(records, covered);
     const byGroup = new Map<number, GroupViews[]>();
     for (const record of records) {
-      const fieldsByGroup = new Map<number, Map<string, number>>();
-      for (const { ref, n } of record.views) {
-        checkRef(ref);
-        checkViews(n);
-        if (n === 0) continue;
-        const { group, field } = this.address(ref);
-        let fields = fieldsByGroup.get(group);
-        if (!fields) fieldsByGroup.set(group, (fields = new Map<string, number>()));
-        fields.set(field, Math.min(MAX_U32, (fields.get(field) ?? 0) + n));
-      }
-      for (const [group, fields] of fieldsByGroup) {
+      for (const [group, fields] of this.viewsByGroup(record.views)) {
         let parts = byGroup.get(group);
         if (!parts) byGroup.set(group, (parts = []));
         parts.push({ record, fields });
@@ -1191,6 +1172,21 @@ export class RedisCounterStore implements CounterStore {
       );
     }
     return { keys, args, views, marks };
+  }
+
+  /** The views of `entries` per group and entity field, summed (saturating); zeros left out. */
+  private viewsByGroup(entries: readonly ViewIncrement[]): Map<number, Map<string, number>> {
+    const byGroup = new Map<number, Map<string, number>>();
+    for (const { ref, n } of entries) {
+      checkRef(ref);
+      checkViews(n);
+      if (n === 0) continue;
+      const { group, field } = this.address(ref);
+      let fields = byGroup.get(group);
+      if (!fields) byGroup.set(group, (fields = new Map<string, number>()));
+      fields.set(field, Math.min(MAX_U32, (fields.get(field) ?? 0) + n));
+    }
+    return byGroup;
   }
 
   private viewsKeys(group: number): string[] {
