@@ -277,14 +277,19 @@ export class AuthService {
       this.limits.windowMs,
       'refreshes of this session',
     );
-    const outcome = await this.sessions.takeRefresh(claims.sid, claims.jti, claims.userId, claims.ver);
+    const { outcome, undo } = await this.sessions.takeForRotation(
+      claims.sid,
+      claims.jti,
+      claims.userId,
+      claims.ver,
+    );
     if (outcome === 'ok') {
       let pair: TokenPair;
       try {
         pair = await this.issueInSession(claims.userId, claims.sid, claims.ver);
       } catch (err) {
         // The new token may not be allowed: the old one is put back for the client's retry.
-        await this.sessions.undoRotation(claims.sid, claims.jti).catch(() => undefined);
+        await undo().catch(() => undefined);
         throw err;
       }
       // The old token is spent and the new one allowed: failing now would leave the client without

@@ -150,4 +150,32 @@ describe(SessionStore.name, () => {
     expect(await sessions.takeRefresh(sid, 'rt', 1, ver)).toBe('invalid');
     expect(await sessions.isActive(sid, 1, ver)).toBe(false);
   });
+
+  it('puts a token back after a failed rotation without taking the mark of a rotation of it that came in between', async () => {
+    const kv = createSqliteKv(db, { now: () => now });
+    let between: (() => Promise<void>) | undefined;
+    const deleteIfEquals = kv.deleteIfEquals.bind(kv);
+    kv.deleteIfEquals = async (key, value) => {
+      const run = between;
+      between = undefined;
+      await run?.();
+      return deleteIfEquals(key, value);
+    };
+    const graced = new SessionStore(kv, 7 * DAY, 10_000, () => now);
+    const { sid, ver } = await graced.open(1);
+    await graced.allowRefresh(sid, 'rt-0');
+    const first = await graced.takeForRotation(sid, 'rt-0', 1, ver);
+    expect(first.outcome).toBe('ok');
+    // Its new token could not be allowed: the token goes back, and a second tab rotates it before
+    // the first rotation's mark is dropped.
+    between = async () => {
+      now += 5;
+      expect((await graced.takeForRotation(sid, 'rt-0', 1, ver)).outcome).toBe('ok');
+    };
+    await first.undo();
+    expect(between).toBeUndefined();
+    // The second rotation's mark stays: the first tab's retry waits for its answer.
+    expect(await graced.takeRefresh(sid, 'rt-0', 1, ver)).toBe('graced');
+    expect(await graced.isActive(sid, 1, ver)).toBe(true);
+  });
 });

@@ -2,6 +2,8 @@ import { randomUUID } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { KeyValueStore } from '../platform/kv/kv.js';
 
+export type RefreshOutcome = 'ok' | 'graced' | 'reused' | 'invalid';
+
 /** How `auth:rtu:{jti}` tells a rotation that was refused (the session had ended). */
 const REFUSED = 'refused';
 /** How often, and how far apart, a missing rotation mark is read (see `rotationMark`). */
@@ -69,33 +71,45 @@ export class SessionStore {
    * is or will be kept); 'reused' when it was rotated longer ago (the family is then ended);
    * 'invalid' otherwise.
    */
-  async takeRefresh(
+  async takeRefresh(sid: string, jti: string, userId: number, ver: number): Promise<RefreshOutcome> {
+    return (await this.takeForRotation(sid, jti, userId, ver)).outcome;
+  }
+
+  /**
+   * `takeRefresh`, with a way back for an 'ok' whose rotation then fails before the new token is
+   * allowed: `undo` puts the token back (see `undoRotation`).
+   */
+  async takeForRotation(
     sid: string,
     jti: string,
     userId: number,
     ver: number,
-  ): Promise<'ok' | 'graced' | 'reused' | 'invalid'> {
+  ): Promise<{ outcome: RefreshOutcome; undo: () => Promise<void> }> {
+    const outcome = (value: RefreshOutcome) => ({ outcome: value, undo: async () => {} });
     const taken = await this.kv.getDel(`auth:rt:${jti}`);
     if (taken === null) {
       const rotated = await this.rotationMark(jti);
       if (rotated === null) {
         // Rotated away longer ago than its mark is kept, when the family's current token is another.
         const current = await this.kv.get(`auth:cur:${sid}`);
-        if (current === null || current === jti) return 'invalid';
+        if (current === null || current === jti) return outcome('invalid');
         await this.end(sid);
-        return 'reused';
+        return outcome('reused');
       }
       // Records written without a time (older releases) count as rotated long ago.
-      const [, at = -Infinity, outcome] = rotated.split(' ');
-      if (this.now() - Number(at) < this.reuseGraceMs) return outcome === REFUSED ? 'invalid' : 'graced';
+      const [, at = -Infinity, refused] = rotated.split(' ');
+      if (this.now() - Number(at) < this.reuseGraceMs)
+        return outcome(refused === REFUSED ? 'invalid' : 'graced');
       await this.end(sid);
-      return 'reused';
+      return outcome('reused');
     }
+    const rotatedAt = this.now();
+    const undo = () => this.undoRotation(taken, jti, `${sid} ${rotatedAt}`);
     try {
-      return await this.rotate(taken, sid, jti, userId, ver);
+      return { outcome: await this.rotate(taken, sid, jti, userId, ver, rotatedAt), undo };
     } catch (err) {
       // Unanswered, the client tries again with the same token: it must find it as it was.
-      await this.undoRotation(taken, jti).catch(() => undefined);
+      await undo().catch(() => undefined);
       throw err;
     }
   }
@@ -106,8 +120,8 @@ export class SessionStore {
     jti: string,
     userId: number,
     ver: number,
+    rotatedAt: number,
   ): Promise<'ok' | 'invalid'> {
-    const rotatedAt = this.now();
     const mark = (outcome = '') =>
       this.kv.set(
         `auth:rtu:${jti}`,
@@ -133,13 +147,13 @@ export class SessionStore {
   /**
    * Puts back a refresh token taken for a rotation that could not be completed (the store failed
    * before the new token was allowed), so that the client's retry rotates it instead of finding it
-   * spent: a 503 there must not sign the user out. Its rotation mark goes first, so the token is
-   * neither taken as rotated away nor waited for, and a rotation of the token put back (a second
-   * tab) cannot lose its own mark to this. The family `taken` names, as `takeRefresh` found it.
+   * spent: a 503 there must not sign the user out. Then its rotation mark goes, so the token is
+   * neither taken as rotated away nor waited for; only this rotation's own mark (`mark`), so that of
+   * a rotation of the token put back (a second tab) stays.
    */
-  async undoRotation(taken: string, jti: string): Promise<void> {
-    await this.kv.delete(`auth:rtu:${jti}`);
+  private async undoRotation(taken: string, jti: string, mark: string): Promise<void> {
     await this.kv.set(`auth:rt:${jti}`, taken, this.refreshTtlMs);
+    await this.kv.deleteIfEquals(`auth:rtu:${jti}`, mark);
   }
 
   /**

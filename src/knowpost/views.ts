@@ -341,7 +341,6 @@ export class ViewAggregator {
       commitIntervalMs: IDEMPOTENT_COMMIT_INTERVAL_MS,
       handler: async (batch) => {
         const runs = new Map(this.runs);
-        const below = await this.committedWhereRunsStart(batch.records);
         let records: LoggedViews[] = [];
         let covered = new Map<number, OffsetRange[]>();
         let entries = 0;
@@ -362,13 +361,10 @@ export class ViewAggregator {
         };
         for (const record of batch.records) {
           const timestamp = recordTime(record);
-          let run = extendRun(runs.get(record.partition), record.offset, timestamp);
-          // A run that starts where the group's commit ends, or below, goes on from 0.
-          const committed = below.get(record.partition);
-          if (committed && run.range[0] <= committed[1] + 1n) run = { range: [0n, run.range[1]], ts: run.ts };
+          const run = extendRun(runs.get(record.partition), record.offset, timestamp);
           runs.set(record.partition, run);
           const ranges = covered.get(record.partition);
-          if (!ranges) covered.set(record.partition, committed ? [committed, run.range] : [run.range]);
+          if (!ranges) covered.set(record.partition, [run.range]);
           else if (ranges[ranges.length - 1]![0] === run.range[0]) ranges[ranges.length - 1] = run.range;
           else ranges.push(run.range);
           const events = parseViewRecord(record.value);
@@ -393,38 +389,6 @@ export class ViewAggregator {
   async stop(): Promise<void> {
     await this.subscription?.close();
     this.subscription = undefined;
-  }
-
-  /**
-   * Where a record of the batch starts a new run (the first batch, a partition come from another
-   * member), what the group has committed of its partition, as a range from 0: every record below
-   * the committed offset was handled and its views added, by whichever member committed it. Named
-   * as covered too, it closes the gap a change of member leaves in a mark (the records between the
-   * last one of the group the old member handled and where this one starts), so marks stay one
-   * range. Nothing when the offsets cannot be read: the marks are only longer.
-   */
-  private async committedWhereRunsStart(
-    records: readonly DeliveredRecord[],
-  ): Promise<Map<number, OffsetRange>> {
-    const runs = new Map(this.runs);
-    let starts = false;
-    for (const record of records) {
-      const before = runs.get(record.partition);
-      const run = extendRun(before, record.offset, recordTime(record));
-      if (!before || run.range[0] !== before.range[0]) {
-        starts = true;
-        break;
-      }
-      runs.set(record.partition, run);
-    }
-    const out = new Map<number, OffsetRange>();
-    if (!starts) return out;
-    const committed = await this.events.committedOffsets(VIEW_GROUP, VIEW_TOPIC).catch((err: unknown) => {
-      this.onError(err);
-      return new Map<number, bigint>();
-    });
-    for (const [partition, offset] of committed) if (offset > 0n) out.set(partition, [0n, offset - 1n]);
-    return out;
   }
 }
 
