@@ -117,9 +117,10 @@ export function authRoutes(deps: AuthRouteDeps) {
             'then the client it was rotated for (same address and user agent) gets the same answer again ' +
             '(its answer was lost, or two tabs refreshed at once), and any other caller is refused ' +
             '(401 REFRESH_TOKEN_INVALID) while the session goes on. A session is refreshed at most 60 times ' +
-            'per 15 minutes (429 RATE_LIMITED past it).',
+            'per 15 minutes (429 RATE_LIMITED past it). 503 UNAVAILABLE: the session store failed before ' +
+            'the new token was kept; the token given is put back, so the same call can be made again.',
           body: RefreshBody,
-          response: { 200: TokenResponse, ...errorResponses(400, 401, 429) },
+          response: { 200: TokenResponse, ...errorResponses(400, 401, 429, 503) },
         },
       },
       async (request) => deps.auth.refresh(request.body.refreshToken, context(request)),
