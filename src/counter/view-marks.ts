@@ -108,6 +108,16 @@ export function planViewMark(
   return { add, next: { ts, ranges } };
 }
 
+/** `planViewMark` for a mark as a store keeps it (`formatViewMark`'s text, or none), with the text to keep. */
+export function planStoredViewMark(
+  stored: string | null | undefined,
+  covered: readonly OffsetRange[],
+  records: readonly { offset: bigint; timestamp: number }[],
+): { add: boolean[]; next: string } {
+  const { add, next } = planViewMark(parseViewMark(stored), covered, records);
+  return { add, next: formatViewMark(next) };
+}
+
 /** `ranges` sorted and merged where they overlap or touch. */
 export function mergeRanges(ranges: readonly OffsetRange[]): OffsetRange[] {
   const sorted = [...ranges].sort((a, b) => (a[0] < b[0] ? -1 : a[0] > b[0] ? 1 : 0));

@@ -20,13 +20,7 @@ import {
 } from '../model.js';
 import { UnavailableError } from '../../platform/errors/errors.js';
 import { decodeSnapshot } from '../snapshot.js';
-import {
-  coveredRanges,
-  formatViewMark,
-  parseViewMark,
-  planViewMark,
-  type OffsetRange,
-} from '../view-marks.js';
+import { coveredRanges, planStoredViewMark, type OffsetRange } from '../view-marks.js';
 import type {
   CounterStore,
   Flags,
@@ -1145,12 +1139,11 @@ export class RedisCounterStore implements CounterStore {
       for (const [partition, list] of byPartition) {
         const key = `${group}:${partition}`;
         const expected = this.viewMarks.get(key) ?? '';
-        const { add, next } = planViewMark(
-          parseViewMark(expected),
+        const { add, next: value } = planStoredViewMark(
+          expected,
           ranges.get(partition)!,
           list.map((part) => part.record),
         );
-        const value = formatViewMark(next);
         triples.push(String(partition), expected, value);
         marks.set(key, value);
         list.forEach((part, i) => {

@@ -17,13 +17,7 @@ import {
   type FactMetric,
 } from '../model.js';
 import { decodeSnapshot, encodeSnapshot } from '../snapshot.js';
-import {
-  coveredRanges,
-  formatViewMark,
-  parseViewMark,
-  planViewMark,
-  type OffsetRange,
-} from '../view-marks.js';
+import { coveredRanges, planStoredViewMark, type OffsetRange } from '../view-marks.js';
 import type {
   CounterStore,
   Flags,
@@ -265,30 +259,21 @@ export class SqliteCounterStore implements CounterStore {
     covered?: ReadonlyMap<number, readonly OffsetRange[]>,
   ): Promise<number> {
     const ranges = coveredRanges(records, covered);
-    for (const record of records) sumViews(record.views);
+    for (const record of records) for (const { n } of record.views) checkViewCount(n);
     return this.exclusive(() => {
       const s = this.s;
-      const views = new Map<string, ViewIncrement>();
-      let added = 0;
+      const added: ViewIncrement[] = [];
       for (const [partition, covers] of ranges) {
         const mine = records.filter((r) => r.partition === partition);
         const stored = s.viewMark.get(partition)?.mark as string | undefined;
-        const { add, next } = planViewMark(parseViewMark(stored), covers, mine);
+        const { add, next } = planStoredViewMark(stored, covers, mine);
         mine.forEach((record, i) => {
-          if (!add[i]) return;
-          for (const { ref, n } of record.views) {
-            if (n === 0) continue;
-            const key = entityKey(ref);
-            const seen = views.get(key);
-            if (seen) seen.n = Math.min(MAX_U32, seen.n + n);
-            else views.set(key, { ref, n: Math.min(MAX_U32, n) });
-            added += n;
-          }
+          if (add[i]) added.push(...record.views);
         });
-        s.putViewMark.run(partition, formatViewMark(next));
+        s.putViewMark.run(partition, next);
       }
-      this.addViewsNow(views);
-      return added;
+      this.addViewsNow(sumViews(added));
+      return added.reduce((sum, { n }) => sum + n, 0);
     });
   }
 
@@ -663,11 +648,15 @@ function prepareStatements(raw: DatabaseSync) {
   };
 }
 
+function checkViewCount(n: number): void {
+  if (!Number.isSafeInteger(n) || n < 0) throw new RangeError(`invalid view count: ${n}`);
+}
+
 /** The views of each entity summed (saturating), zeros left out; throws on a negative or fractional count. */
 function sumViews(entries: readonly ViewIncrement[]): Map<string, ViewIncrement> {
   const views = new Map<string, ViewIncrement>();
   for (const { ref, n } of entries) {
-    if (!Number.isSafeInteger(n) || n < 0) throw new RangeError(`invalid view count: ${n}`);
+    checkViewCount(n);
     if (n === 0) continue;
     const key = entityKey(ref);
     const seen = views.get(key);
