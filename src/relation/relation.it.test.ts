@@ -726,9 +726,12 @@ describe.each<Dialect>(['sqlite', 'mariadb'])('relations on %s', (dialect) => {
       z,
       y,
     ]);
-    // The caller's own change shows at once (the cache is updated after the commit) ...
+    // The caller's own change shows at once (the lists are dropped after the commit and read
+    // again, complete) ...
     await sut.unfollow(owner, y);
+    expect(await rig.lists.all({ owner, kind: 'following' })).toBeNull();
     expect((await sut.list(owner, 'following', { offset: 0 }, 10)).items.map((p) => p.id)).toEqual([z]);
+    expect((await rig.lists.all({ owner, kind: 'following' }))?.map((e: ListEntry) => e.userId)).toEqual([z]);
     // ... and the consumer's repeat of it changes nothing more.
     await rig.projector.apply(await rig.drain());
     expect((await sut.list(owner, 'following', { offset: 0 }, 10)).items.map((p) => p.id)).toEqual([z]);
@@ -736,7 +739,7 @@ describe.each<Dialect>(['sqlite', 'mariadb'])('relations on %s', (dialect) => {
     const hits = (await rig.metrics.cacheReads.get()).values.find(
       (v) => v.labels.cache === 'list' && v.labels.result === 'hit',
     );
-    expect(hits?.value ?? 0).toBeGreaterThanOrEqual(2);
+    expect(hits?.value ?? 0).toBeGreaterThanOrEqual(1);
   });
 
   it("keeps a big account's first followers page in process and drops it on a change", async () => {

@@ -318,3 +318,41 @@ describe('a followers list read through the list cache', () => {
     s.service.close();
   });
 });
+
+describe('cached lists after a change', () => {
+  it('are dropped, not written, so an update that lands late cannot put back a state the pair left', async () => {
+    const s = setup();
+    s.service['deps'].repo.unfollow = async (from: number, to: number, now: number) => ({
+      eventId: `u${now}`,
+      type: 'unfollow' as const,
+      fromUserId: from,
+      toUserId: to,
+      ts: now,
+    });
+    const following = { owner: OWNER, kind: 'following' as const };
+    await s.lists.fill(following, async () => []);
+    // The follow's cache update is held back (a stalled process, a slow Redis) ...
+    const gate = deferred();
+    const own = { apply: s.lists.apply.bind(s.lists), invalidate: s.lists.invalidate.bind(s.lists) };
+    let first = true;
+    const held = async (work: () => Promise<void>) => {
+      if (first) {
+        first = false;
+        await gate.promise;
+      }
+      await work();
+    };
+    s.lists.apply = (changes) => held(() => own.apply(changes));
+    s.lists.invalidate = (lists) => held(() => own.invalidate(lists));
+    const follow = s.service.follow(OWNER, 2);
+    await new Promise((r) => setTimeout(r, 5));
+    // ... past the unfollow after it and a reader that cached the list as the table has it.
+    expect(await s.service.unfollow(OWNER, 2)).toBe(true);
+    await s.lists.fill(following, async () => []);
+    expect(await s.lists.all(following)).toEqual([]);
+    gate.resolve();
+    expect(await follow).toBe(true);
+    expect((await s.lists.all(following)) ?? []).toEqual([]);
+    s.service.close();
+  });
+});

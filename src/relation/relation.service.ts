@@ -6,7 +6,7 @@ import { BadRequestError, NotFoundError } from '../platform/errors/errors.js';
 import { enforceLimit, type RateLimiter } from '../platform/ratelimit/ratelimit.js';
 import type { UserRow } from '../profile/users.repository.js';
 import type { UserCounts } from '../user-counter/model.js';
-import type { ListCache, ListChange, ListPage, ListRef } from './list-cache/list-cache.js';
+import type { ListCache, ListPage, ListRef } from './list-cache/list-cache.js';
 import { listKey } from './list-cache/list-cache.js';
 import {
   encodeCursor,
@@ -232,31 +232,33 @@ export class RelationService {
   }
 
   /**
-   * The caller's own view, at once: cached lists of both users take the change (only if cached),
-   * and every process forgets the followed user's first page. Best effort: the consumer repeats
-   * all of it from the event.
+   * The caller's own view, at once: the cached lists of both users are dropped, and every process
+   * forgets the followed user's first page. Best effort: the consumer brings the lists up to date
+   * from the event.
    *
-   * Only the list update is awaited: it is what lets the caller's next request, on any process,
-   * read their own change (the consumer may run later). The first-page announcement reaches this
-   * process's cache synchronously inside `publish`; other processes can never be waited for (the
-   * bus delivers to them after `publish` returns), so its round trip to the bus is not awaited.
+   * Dropped rather than given the change: a write of this change could land late (a stalled
+   * process, a slow Redis) after a newer change of the same pair and after the consumer, and put
+   * back a state nothing corrects; a late drop costs a refill at most. Only the drop is awaited: it
+   * is what lets the caller's next request, on any process, read their own change (from the
+   * database; the consumer may run later). The first-page announcement reaches this process's cache
+   * synchronously inside `publish`; other processes can never be waited for (the bus delivers to
+   * them after `publish` returns), so its round trip to the bus is not awaited.
    */
   private async afterChange(event: RelationEvent): Promise<void> {
     this.deps.onCommitted?.();
-    const createdAt = event.type === 'follow' ? event.ts : null;
-    const changes: ListChange[] = [
-      { owner: event.fromUserId, kind: 'following', userId: event.toUserId, createdAt },
-      { owner: event.toUserId, kind: 'followers', userId: event.fromUserId, createdAt },
+    const lists: ListRef[] = [
+      { owner: event.fromUserId, kind: 'following' },
+      { owner: event.toUserId, kind: 'followers' },
     ];
-    for (const c of changes) this.fills.forget(listKey(c));
+    for (const list of lists) this.fills.forget(listKey(list));
     const announce = async () => this.deps.bus.publish(FIRST_PAGE_SCOPE, [String(event.toUserId)]);
     announce().catch((err: unknown) => {
       this.log.warn({ err }, 'first-page invalidation not announced; the consumer will');
     });
     try {
-      await this.lists.apply(changes);
+      await this.lists.invalidate(lists);
     } catch (err) {
-      this.log.warn({ err }, 'list cache not updated after a relation change; the consumer will');
+      this.log.warn({ err }, 'list caches not dropped after a relation change; the consumer updates them');
     }
   }
 
