@@ -37,6 +37,7 @@ import { CachedEntityDirectory } from './counter/entity-directory.js';
 import { CounterEventPublisher } from './counter/event-publisher.js';
 import { CounterReconciler, flushPending, repairUnpublished } from './counter/maintenance.js';
 import { COUNTER_TOPIC, type EntityRef } from './counter/model.js';
+import { CounterRestorer } from './counter/restore.js';
 import { KnowpostVisibilityRepository } from './knowpost/visibility.repository.js';
 import { createDescriptionSuggester } from './knowpost/description/create.js';
 import { descriptionRoutes } from './knowpost/description.routes.js';
@@ -59,7 +60,7 @@ import {
 } from './knowpost/post-cache.js';
 import { PostUrlSigner } from './knowpost/post-read.model.js';
 import { PostReadRepository } from './knowpost/post-read.repository.js';
-import { VIEW_TOPIC, ViewAggregator, ViewMetrics, ViewRecorder } from './knowpost/views.js';
+import { replayViews, VIEW_TOPIC, ViewAggregator, ViewMetrics, ViewRecorder } from './knowpost/views.js';
 import { OutboxWriter } from './platform/outbox/outbox.js';
 import { SnowflakeGenerator } from './platform/ids/snowflake.js';
 import { PeriodicTask } from './platform/workers/periodic.js';
@@ -91,6 +92,8 @@ const CONSUMER_START_RETRY_MAX_MS = 5_000;
 const SETTLE_MAX_MS = 5_000;
 /** The pause between two looks at whether they have. */
 const SETTLE_POLL_MS = 10;
+/** How often a worker looks at whether the counter store needs restoring (`CounterRestorer`). */
+const RESTORE_CHECK_MS = 5_000;
 
 export interface BuildOptions {
   logger?: Logger;
@@ -492,6 +495,20 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
       workerError,
     ),
   ];
+  // Heals a counter store that lost its facts (or a replay that stopped half-way) by replaying the log.
+  const restorer = config.counters.autoReplay
+    ? new CounterRestorer(
+        {
+          store: platform.counterStore,
+          events: platform.events,
+          kv: platform.kv,
+          seal: () => platform.sealCounters(),
+          addViewsBack: (progress) => replayViews(platform.events, platform.counterStore, progress),
+        },
+        log,
+        RESTORE_CHECK_MS,
+      )
+    : undefined;
   const viewAggregator = new ViewAggregator(platform.events, platform.counterStore, viewMetrics, (err) =>
     workerError('view-agg', err),
   );
@@ -519,6 +536,7 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
           relay,
           aggregator,
           ...periodic,
+          ...(restorer ? [restorer] : []),
           ...userCounters.workers,
           viewAggregator,
           ...relations.workers,
@@ -528,7 +546,9 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
 
   // The event log's consumers join their groups once its topics exist; the other workers (the relay,
   // periodic tasks) need nothing at start and ride out an outage themselves.
-  const consumers = workers.filter((worker) => worker !== relay && !(worker instanceof PeriodicTask));
+  const consumers = workers.filter(
+    (worker) => worker !== relay && worker !== restorer && !(worker instanceof PeriodicTask),
+  );
   const others = workers.filter((worker) => !consumers.includes(worker));
   const ensureTopics = () =>
     platform.events.ensureTopics(

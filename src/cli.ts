@@ -1,19 +1,18 @@
 import { parseArgs } from 'node:util';
 import { Registry } from 'prom-client';
-import { COUNTER_GROUP } from './counter/aggregator.js';
 import { CounterMetrics } from './counter/counter.metrics.js';
-import { flushPending, rebuildAll, replayAll, verifyAll } from './counter/maintenance.js';
+import { flushPending, rebuildAll, verifyAll } from './counter/maintenance.js';
+import { restoreCounters } from './counter/restore.js';
 import { DataDirBusyError, holdDataDir } from './platform/db/data-dir-lock.js';
 import { COUNTER_TOPIC, entityKey, parseEntityKey, type EntityRef } from './counter/model.js';
 import { ConfigError, loadConfig, unknownSettings, type Config } from './platform/config/config.js';
 import { createLogger } from './platform/logging/logger.js';
 import { checkEmbeddedDeployment, createPlatform } from './platform/wiring.js';
-import { replayViews, VIEW_GROUP, VIEW_TOPIC } from './knowpost/views.js';
+import { replayViews, VIEW_TOPIC } from './knowpost/views.js';
 import { KnowpostVisibilityRepository } from './knowpost/visibility.repository.js';
 import { relationUserCountParts } from './relation/user-count-parts.js';
 import { runUsersCommand, USERS_USAGE } from './user-counter/admin.js';
 import { RELATIONS_USAGE, runRelationsCommand } from './relation/admin.js';
-import { takeLease } from './platform/kv/lease.js';
 import { isDependencyOutage } from './platform/errors/outage.js';
 
 /** What a verify command exits with when it found drift, so a scheduled run can raise an alarm. */
@@ -27,9 +26,10 @@ const USAGE = `usage: zhiguang counters|users|relations <command> [options]
   counters rebuild [--entity T:ID]…   rebuild snapshots from facts (all entities, or the ones named)
   counters replay --yes [--force]     empty the counter store and rebuild it from counter-events,
                                       earliest record to the end captured at the start, then add
-                                      back the views read-events holds up to where view-agg stopped
-                                      (stop worker processes first; likes are refused while
-                                      it runs; toggles that never reached the log are published
+                                      back the views read-events holds, each record once also
+                                      beside running workers (likes are refused while it runs;
+                                      workers run it by themselves when ZG_COUNTER_AUTO_REPLAY
+                                      is true; toggles that never reached the log are published
                                       to it first; refused,
                                       changing nothing, when the log no longer holds its earliest events,
                                       or, unless --force, when the store holds changes the log does not
@@ -41,7 +41,7 @@ ${RELATIONS_USAGE}
 Exit status: 0 done (for verify: every user or entity checked, none drifted); ${DRIFT_EXIT} verify found
 drift (with --fix: and healed all of it); 1 verify could not check some (busy: changes kept landing)
 or --fix could not heal some (the summary counts them: run it again), or counters verify found the
-store being restored (unsealedGroups: run counters replay), or any other failure; 2 usage
+store being restored (unsealedGroups: a replay is due or under way), or any other failure; 2 usage
 or an entity that does not exist.
 Configuration comes from the environment, as for the server (see .env.example).`;
 
@@ -182,7 +182,7 @@ async function main(argv: string[]): Promise<number> {
         return 1;
       }
       process.stderr.write(
-        `warning: ${err.message}; replaying beside it (--force): its likes are refused meanwhile, and views its workers add while the store is refilled may be lost or counted twice\n`,
+        `warning: ${err.message}; replaying beside it (--force): its likes and favourites are refused until the store is whole again\n`,
       );
     }
   }
@@ -191,7 +191,6 @@ async function main(argv: string[]): Promise<number> {
   const platform = await createPlatform(config, log, { replaying: command === 'replay', existing: true });
   const metrics = new CounterMetrics(new Registry());
   const started = Date.now();
-  let releaseLease = async (): Promise<void> => undefined;
   try {
     if (refs) {
       // A snapshot is kept for every entity named, so a mistyped id would leave one behind for good.
@@ -228,36 +227,11 @@ async function main(argv: string[]): Promise<number> {
     } else if (command === 'rebuild') {
       summary = { rebuilt: await rebuildAll(platform.counterStore, refs, progress) };
     } else if (command === 'replay') {
-      // One replay at a time in a deployment: a second one's reset, views and seals would interleave
-      // with the first's (views counted twice, toggles taken before the store is whole). A replay
-      // killed outright holds it for a minute more.
-      const lease = await takeLease(platform.kv, 'counters:replay', 60_000, () =>
-        process.stderr.write(
-          'warning: this replay could not keep its claim on the deployment (the key-value store was out of reach for a minute, or the claim was taken): another replay could start beside it\n',
-        ),
-      );
-      if (!lease) {
-        process.stderr.write(
-          'another counters replay is running in this deployment (or one stopped less than a minute ago); nothing was changed\n',
-        );
-        return 1;
-      }
-      releaseLease = () => lease.release();
       // The only command that reads the event log: the others work while Kafka is down.
       await platform.events.ensureTopics([COUNTER_TOPIC, VIEW_TOPIC], { keepForever: [COUNTER_TOPIC] });
-      // Likes and favourites come out exact beside running workers (their folds are idempotent and
-      // toggles are refused meanwhile), but views view-agg adds while the store is emptied and
-      // refilled may be lost or counted twice: said, not refused (a server of role `all` is its own
-      // workers).
-      const busy: string[] = [];
-      for (const group of [COUNTER_GROUP, VIEW_GROUP]) {
-        const members = await platform.events.groupMembers(group);
-        if (members > 0) busy.push(`${group}: ${members}`);
-      }
-      if (busy.length > 0)
-        process.stderr.write(
-          `worker processes are consuming (${busy.join(', ')}): views they add during the replay may be lost or counted twice; stop them first for exact views\n`,
-        );
+      // Exact beside running workers (a server of role `all` is its own): their folds are
+      // idempotent, toggles are refused meanwhile, and views are added back as `view-agg` adds them,
+      // each record once whichever of the two adds it.
       // A first Ctrl-C (or SIGTERM) before the store is emptied stops it, changing nothing (toggles
       // are taken again); a second one ends the process at once.
       const stop = new AbortController();
@@ -269,13 +243,33 @@ async function main(argv: string[]): Promise<number> {
         stop.abort(new Error('replay stopped by a signal; nothing was changed'));
       };
       process.once('SIGINT', onSignal).once('SIGTERM', onSignal);
-      const counters = await replayAll(platform.counterStore, platform.events, progress, {
-        force: values.force ?? false,
-        signal: stop.signal,
-      }).finally(() => process.off('SIGINT', onSignal).off('SIGTERM', onSignal));
-      // The facts are back: likes and favourites are taken again.
-      await platform.sealCounters();
-      summary = { ...counters, ...(await replayViews(platform.events, platform.counterStore, progress)) };
+      // One replay at a time in a deployment (`restoreCounters` holds its lease): a second one's
+      // reset, views and seals would interleave with the first's.
+      const restored = await restoreCounters(
+        {
+          store: platform.counterStore,
+          events: platform.events,
+          kv: platform.kv,
+          seal: () => platform.sealCounters(),
+          addViewsBack: (progress) => replayViews(platform.events, platform.counterStore, progress),
+        },
+        progress,
+        {
+          force: values.force ?? false,
+          signal: stop.signal,
+          onLeaseLost: () =>
+            process.stderr.write(
+              'warning: this replay could not keep its claim on the deployment (the key-value store was out of reach for a minute, or the claim was taken): another replay could start beside it\n',
+            ),
+        },
+      ).finally(() => process.off('SIGINT', onSignal).off('SIGTERM', onSignal));
+      if (!restored) {
+        process.stderr.write(
+          'another counters replay is running in this deployment (a worker restoring the store, or one run by hand; or one stopped less than a minute ago); nothing was changed\n',
+        );
+        return 1;
+      }
+      summary = restored;
     } else {
       summary = { folded: await flushPending(platform.counterStore, metrics, 512, 1_000_000) };
     }
@@ -287,7 +281,6 @@ async function main(argv: string[]): Promise<number> {
     if (note) process.stderr.write(`${note}\n`);
     return code;
   } finally {
-    await releaseLease().catch(() => undefined);
     await platform.close();
     releaseDataDir();
   }

@@ -273,8 +273,9 @@ export interface ReplayReport {
  * other), several chunks at a time;
  * each fact is a distinct (entity, metric, user) and seq counters only ever rise to a maximum, so the
  * result does not depend on how the chunks interleave. Toggles are refused while it runs (the store
- * is unsealed first and sealed once whole), so none can fall after the captured end and be lost;
- * workers should still be stopped (their folds and views would race with the rebuild).
+ * is unsealed first and sealed once whole), so none can fall after the captured end and be lost.
+ * Workers may run beside it: their folds are idempotent by seq (and `replayViews` adds views as
+ * `view-agg` does, each record once).
  */
 export async function replayAll(
   store: CounterStore,

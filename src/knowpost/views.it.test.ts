@@ -251,56 +251,83 @@ describe.each<Profile>(['embedded', 'cluster'])('views pipeline (%s)', (profile)
     expect(await reads([ref(12)])).toEqual([null]);
   });
 
-  it('adds back what view-agg had consumed after a replay emptied the store, likes untouched, and leaves the rest to it', async () => {
+  it('adds back every record’s views after a replay emptied the store, once each, beside a view-agg that added a batch and commits it only after', async () => {
+    await aggregator.stop();
     const posts = [ref(21), ref(22)];
-    await rig.store.toggle(posts[0]!, 'like', 5, true, Date.now());
-    await rig.store.rebuild(posts[0]!);
     await rig.events.publish(VIEW_TOPIC, [{ key: 'x', value: 'not json' }]);
     const recorder = new ViewRecorder(rig.events, metrics, { maxItems: 4, flushMs: 20 });
     for (let i = 0; i < 9; i++) recorder.record(posts[i % 2]!.eid);
     await recorder.close();
-    await until(async () => JSON.stringify(await reads(posts)) === '[5,4]');
-    // Every record consumed and committed, the malformed one too.
+    // A view-agg whose first call has added its records, and which goes on (answers, then
+    // commits) only once the replay below has emptied the store and added the views back.
+    let onAdded!: () => void;
+    const added = new Promise<void>((resolve) => (onAdded = resolve));
+    let release!: () => void;
+    const gate = new Promise<void>((resolve) => (release = resolve));
+    let calls = 0;
+    const store: Pick<CounterStore, 'addLoggedViews'> = {
+      addLoggedViews: async (records, covered) => {
+        const n = await rig.store.addLoggedViews(records, covered);
+        if (calls++ === 0) {
+          onAdded();
+          await gate;
+        }
+        return n;
+      },
+    };
+    aggregator = new ViewAggregator(rig.events, store, metrics, (err) => errors.push(err), {
+      maxBatch: 500,
+      maxWaitMs: 20,
+    });
+    await aggregator.start();
+    await added;
+    try {
+      // The replay's reset: views and their marks gone.
+      await rig.store.reset();
+      expect(await rig.store.readSnapshots(posts)).toEqual([null, null]);
+      const report = await replayViews(rig.events, rig.store, () => {});
+      expect(report).toMatchObject({ views: 9, viewsAddedBeside: 0, malformedViewRecords: 1 });
+      expect(await reads(posts)).toEqual([5, 4]);
+    } finally {
+      release();
+    }
+    // The consumer commits what it had added before the reset, and goes on with new records.
+    const later = new ViewRecorder(rig.events, metrics, { maxItems: 100, flushMs: 20 });
+    for (let i = 0; i < 3; i++) later.record(posts[1]!.eid);
+    await later.close();
+    await until(async () => JSON.stringify(await reads(posts)) === '[5,7]');
     const end = await rig.events.endOffsets(VIEW_TOPIC);
     await until(async () => {
       const committed = await rig.events.committedOffsets(VIEW_GROUP, VIEW_TOPIC);
       return [...end].every(([p, offset]) => offset === 0n || committed.get(p) === offset);
     });
+    expect(await reads(posts)).toEqual([5, 7]);
+  });
+
+  it('adds back views no view-agg had handled, which view-agg then finds added', async () => {
     await aggregator.stop();
-
-    // What the counter replay leaves: the like back from its fact, the views gone.
-    await rig.store.writeRawSnapshot(posts[0]!, null);
-    await rig.store.writeRawSnapshot(posts[1]!, null);
-    await rig.store.rebuild(posts[0]!);
-    expect(await rig.store.readSnapshots(posts)).toEqual([[0, 1, 0, 0, 0], null]);
-
-    // Views published while the consumer was stopped: not applied before the replay, so the replay
-    // leaves them to the consumer, which adds them once it runs again.
-    const later = new ViewRecorder(rig.events, metrics, { maxItems: 100, flushMs: 20 });
-    for (let i = 0; i < 3; i++) later.record(posts[1]!.eid);
-    await later.close();
-
-    const report = await replayViews(rig.events, rig.store, () => {});
-    expect(report).toMatchObject({ views: 9, malformedViewRecords: 1 });
-    expect(await rig.store.readSnapshots(posts)).toEqual([
-      [5, 1, 0, 0, 0],
-      [4, 0, 0, 0, 0],
-    ]);
+    const recorder = new ViewRecorder(rig.events, metrics, { maxItems: 100, flushMs: 20 });
+    for (let i = 0; i < 3; i++) recorder.record(ref(31).eid);
+    await recorder.close();
+    expect(await replayViews(rig.events, rig.store, () => {})).toMatchObject({
+      views: 3,
+      viewsAddedBeside: 0,
+    });
+    // A second replay beside no reset finds them all added.
+    expect(await replayViews(rig.events, rig.store, () => {})).toMatchObject({
+      views: 3,
+      viewsAddedBeside: 3,
+    });
     aggregator = new ViewAggregator(rig.events, rig.store, metrics, (err) => errors.push(err), {
       maxBatch: 500,
       maxWaitMs: 20,
     });
     await aggregator.start();
-    await until(async () => JSON.stringify(await reads(posts)) === '[5,7]');
-    await new Promise((r) => setTimeout(r, 200));
-    expect(await reads(posts)).toEqual([5, 7]);
-  });
-
-  it('adds back no views when view-agg never committed any', async () => {
-    await aggregator.stop();
-    const recorder = new ViewRecorder(rig.events, metrics, { maxItems: 100, flushMs: 20 });
-    recorder.record(ref(31).eid);
-    await recorder.close();
-    expect(await replayViews(rig.events, rig.store, () => {})).toMatchObject({ views: 0 });
+    const end = await rig.events.endOffsets(VIEW_TOPIC);
+    await until(async () => {
+      const committed = await rig.events.committedOffsets(VIEW_GROUP, VIEW_TOPIC);
+      return [...end].every(([p, offset]) => offset === 0n || committed.get(p) === offset);
+    });
+    expect(await reads([ref(31)])).toEqual([3]);
   });
 });

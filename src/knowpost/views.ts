@@ -1,14 +1,13 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import { finishedWithin } from '../platform/workers/deadline.js';
 import { Counter, Gauge, type Registry } from 'prom-client';
-import { entityKey, isEntityId, isEntityType, type EntityRef, type EntityType } from '../counter/model.js';
-import type { CounterStore, LoggedViews, ViewIncrement } from '../counter/store/counter-store.js';
+import { entityKey, isEntityId, isEntityType, type EntityType } from '../counter/model.js';
+import type { CounterStore, LoggedViews } from '../counter/store/counter-store.js';
 import type { OffsetRange } from '../counter/view-marks.js';
 import {
   IDEMPOTENT_COMMIT_INTERVAL_MS,
   PublishTimeoutError,
   type DeliveredRecord,
-  type EndOffsets,
   type EventLog,
   type EventRecord,
   type Subscription,
@@ -309,27 +308,94 @@ export class ViewRecorder implements ViewSink {
   }
 }
 
-/** The `view-agg` consumer (worker role): sums each batch per post and adds the sums to snapshots. */
-export class ViewAggregator {
-  private subscription: Subscription | undefined;
-  /**
-   * Per partition, the run of consecutive offsets this consumer handled last: every record from its
-   * first to its last offset was handed to it in a call whose views were added. Named to the store
-   * as what a call covers, so a mark spans the records of a partition that carried no views of its
-   * group too, and stays one range while the partition stays with this consumer.
-   */
+/**
+ * Adds `read-events` records to the counter store with `addLoggedViews`, at most `VIEWS_PER_CALL`
+ * entries a call, naming with each call, per partition, the run of consecutive offsets handed to
+ * it so far: every record from its first to its last offset was in a call whose views were added.
+ * So a mark spans the records of a partition that carried no views of its group too, and stays one
+ * range while the records keep coming in order. The records of calls that went through are skipped
+ * when the records are handed again after a later call failed.
+ */
+export class LoggedViewAdder {
   private runs = new Map<number, ViewRun>();
 
   constructor(
-    private readonly events: EventLog,
     private readonly store: Pick<CounterStore, 'addLoggedViews'>,
-    private readonly metrics: ViewMetrics,
-    private readonly onError: (err: unknown) => void,
-    private readonly options: { maxBatch: number; maxWaitMs: number } = { maxBatch: 5000, maxWaitMs: 100 },
+    private readonly onMalformed: (record: DeliveredRecord) => void,
+    /** Told of each call that went through: the views added and those the records hold. */
+    private readonly onAdded: (added: number, total: number) => void = () => undefined,
   ) {}
 
-  async start(): Promise<void> {
+  /** Forgets the runs: the next records start new ones (a consumer that subscribes anew). */
+  forget(): void {
     this.runs = new Map();
+  }
+
+  async add(delivered: readonly DeliveredRecord[]): Promise<void> {
+    const runs = new Map(this.runs);
+    let records: LoggedViews[] = [];
+    let covered = new Map<number, OffsetRange[]>();
+    let entries = 0;
+    let total = 0;
+    const call = async (): Promise<void> => {
+      if (records.length > 0) {
+        const added = await this.store.addLoggedViews(records, covered);
+        this.onAdded(added, total);
+      }
+      this.runs = new Map(runs);
+      records = [];
+      covered = new Map();
+      entries = 0;
+      total = 0;
+    };
+    for (const record of delivered) {
+      const timestamp = recordTime(record);
+      const run = extendRun(runs.get(record.partition), record.offset, timestamp);
+      runs.set(record.partition, run);
+      const ranges = covered.get(record.partition);
+      if (!ranges) covered.set(record.partition, [run.range]);
+      else if (ranges[ranges.length - 1]![0] === run.range[0]) ranges[ranges.length - 1] = run.range;
+      else ranges.push(run.range);
+      const events = parseViewRecord(record.value);
+      if (events === null) {
+        this.onMalformed(record);
+        continue;
+      }
+      const views = events.map((e) => ({ ref: { etype: e.etype, eid: e.eid }, n: e.n }));
+      records.push({ partition: record.partition, offset: record.offset, timestamp, views });
+      for (const e of events) total += e.n;
+      entries += views.length;
+      if (entries >= VIEWS_PER_CALL) await call();
+    }
+    await call();
+  }
+}
+
+/** The `view-agg` consumer (worker role): adds each batch's views to the snapshots (`LoggedViewAdder`). */
+export class ViewAggregator {
+  private subscription: Subscription | undefined;
+  private readonly adder: LoggedViewAdder;
+
+  constructor(
+    private readonly events: EventLog,
+    store: Pick<CounterStore, 'addLoggedViews'>,
+    metrics: ViewMetrics,
+    private readonly onError: (err: unknown) => void,
+    private readonly options: { maxBatch: number; maxWaitMs: number } = { maxBatch: 5000, maxWaitMs: 100 },
+  ) {
+    this.adder = new LoggedViewAdder(
+      store,
+      (record) =>
+        onError(new Error(`skipping a malformed view record at ${record.partition}:${record.offset}`)),
+      (added, total) => {
+        metrics.applied.inc(added);
+        if (added < total) metrics.skipped.inc(total - added);
+      },
+    );
+  }
+
+  async start(): Promise<void> {
+    this.adder.forget();
     this.subscription = await this.events.subscribe({
       group: VIEW_GROUP,
       topics: [VIEW_TOPIC],
@@ -339,49 +405,7 @@ export class ViewAggregator {
       fetchMaxWaitMs: 250,
       // Records handed again are found added and skipped (see `addLoggedViews`).
       commitIntervalMs: IDEMPOTENT_COMMIT_INTERVAL_MS,
-      handler: async (batch) => {
-        const runs = new Map(this.runs);
-        let records: LoggedViews[] = [];
-        let covered = new Map<number, OffsetRange[]>();
-        let entries = 0;
-        let total = 0;
-        // A call at most VIEWS_PER_CALL entries, so no script grows without bound; the records of
-        // calls that went through are skipped when the batch is handed again after a later one failed.
-        const add = async (): Promise<void> => {
-          if (records.length > 0) {
-            const added = await this.store.addLoggedViews(records, covered);
-            this.metrics.applied.inc(added);
-            if (added < total) this.metrics.skipped.inc(total - added);
-          }
-          this.runs = new Map(runs);
-          records = [];
-          covered = new Map();
-          entries = 0;
-          total = 0;
-        };
-        for (const record of batch.records) {
-          const timestamp = recordTime(record);
-          const run = extendRun(runs.get(record.partition), record.offset, timestamp);
-          runs.set(record.partition, run);
-          const ranges = covered.get(record.partition);
-          if (!ranges) covered.set(record.partition, [run.range]);
-          else if (ranges[ranges.length - 1]![0] === run.range[0]) ranges[ranges.length - 1] = run.range;
-          else ranges.push(run.range);
-          const events = parseViewRecord(record.value);
-          if (events === null) {
-            this.onError(
-              new Error(`skipping a malformed view record at ${record.partition}:${record.offset}`),
-            );
-            continue;
-          }
-          const views = events.map((e) => ({ ref: { etype: e.etype, eid: e.eid }, n: e.n }));
-          records.push({ partition: record.partition, offset: record.offset, timestamp, views });
-          for (const e of events) total += e.n;
-          entries += views.length;
-          if (entries >= VIEWS_PER_CALL) await add();
-        }
-        await add();
-      },
+      handler: (batch) => this.adder.add(batch.records),
       onError: this.onError,
     });
   }
@@ -416,68 +440,43 @@ export function extendRun(run: ViewRun | undefined, offset: bigint, ts: number):
   return { range: offset > to ? [from, offset] : run.range, ts: Math.max(run.ts, ts) };
 }
 
-/** Adds a `read-events` record's views to `sums` (by entity); how many, or null when it is malformed. */
-function addViewRecord(sums: Map<string, ViewIncrement>, value: string): number | null {
-  const events = parseViewRecord(value);
-  if (!events) return null;
-  let total = 0;
-  for (const event of events) {
-    const ref: EntityRef = { etype: event.etype, eid: event.eid };
-    const key = entityKey(ref);
-    const entry = sums.get(key);
-    if (entry) entry.n += event.n;
-    else sums.set(key, { ref, n: event.n });
-    total += event.n;
-  }
-  return total;
-}
-
 export interface ViewReplayReport {
   viewRecords: number;
+  /** Views the records read hold. */
   views: number;
+  /** Of those, views found added already (by `view-agg`, running beside the replay). */
+  viewsAddedBeside: number;
   malformedViewRecords: number;
 }
 
 /**
- * Part of `zhiguang counters replay`: the counter replay empties the store, views included, so the
- * views `read-events` still holds, from its earliest record up to where `view-agg` goes on reading
- * (its committed offsets), are summed and added back to the snapshots; `view-agg` adds the records
- * after those itself when it runs again, so none counts twice. Writers and workers must be stopped,
- * as for the counter replay: a view the running `view-agg` consumer applies meanwhile could be lost.
+ * Part of `zhiguang counters replay`, once it has emptied the store (views and their marks
+ * included): adds back the views of every record `read-events` holds, from its earliest record to
+ * the end captured now, with `addLoggedViews`, as the `view-agg` consumer does. So it works beside
+ * a running `view-agg` (in worker processes, or a server of role `all`): a record either of them
+ * added, the other finds added and skips, whatever the consumer had committed or handled before the
+ * reset. Views are lost only with the records the topic no longer holds (retention).
  */
 export async function replayViews(
   events: EventLog,
-  store: Pick<CounterStore, 'addViews'>,
+  store: Pick<CounterStore, 'addLoggedViews'>,
   progress: (message: string) => void,
 ): Promise<ViewReplayReport> {
-  const [end, consumed] = await Promise.all([
-    events.endOffsets(VIEW_TOPIC),
-    events.committedOffsets(VIEW_GROUP, VIEW_TOPIC),
-  ]);
-  const until: EndOffsets = new Map();
-  for (const [partition, offset] of consumed) {
-    const last = end.get(partition);
-    until.set(partition, last !== undefined && last < offset ? last : offset);
-  }
-  const sums = new Map<string, ViewIncrement>();
-  const report: ViewReplayReport = { viewRecords: 0, views: 0, malformedViewRecords: 0 };
+  const until = await events.endOffsets(VIEW_TOPIC);
+  const report: ViewReplayReport = { viewRecords: 0, views: 0, viewsAddedBeside: 0, malformedViewRecords: 0 };
+  const adder = new LoggedViewAdder(
+    store,
+    () => report.malformedViewRecords++,
+    (added, total) => {
+      report.views += total;
+      report.viewsAddedBeside += total - added;
+    },
+  );
   await events.readRange(VIEW_TOPIC, until, async (batch) => {
-    for (const record of batch.records) {
-      const added = addViewRecord(sums, record.value);
-      if (added === null) report.malformedViewRecords++;
-      else {
-        report.viewRecords++;
-        report.views += added;
-      }
-    }
-    progress(`read ${report.viewRecords} view records`);
+    await adder.add(batch.records);
+    report.viewRecords = report.viewRecords + batch.records.length;
+    progress(`read ${report.viewRecords} view records, ${report.views} views`);
   });
-  const entries = [...sums.values()];
-  for (let i = 0; i < entries.length; i += VIEWS_PER_RECORD) {
-    await store.addViews(entries.slice(i, i + VIEWS_PER_RECORD));
-    progress(
-      `added the views of ${Math.min(i + VIEWS_PER_RECORD, entries.length)} of ${entries.length} posts`,
-    );
-  }
+  report.viewRecords -= report.malformedViewRecords;
   return report;
 }

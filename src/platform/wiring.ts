@@ -227,7 +227,7 @@ async function createEmbedded(
     const tellUnsealed = oncePerMinute(() =>
       log.error(
         'likes and favourites are refused: the counter store is unsealed, by a counters replay under way (--force, beside this server) ' +
-          'or one that stopped before it was done; they are refused until `zhiguang counters replay --yes` (with the server stopped) completes',
+          'or one that stopped before it was done; they are refused until a replay completes: this server runs one by itself where ZG_COUNTER_AUTO_REPLAY is true (the default), otherwise stop it and run `zhiguang counters replay --yes`',
       ),
     );
     const counterStore = new SqliteCounterStore(db, { onUnsealed: tellUnsealed });
@@ -393,8 +393,8 @@ export function watchRedisConnection(redis: Redis, log: Logger, name: string, pr
 
 const REDIS_DATA_LOST =
   'Redis holds no data of this deployment: likes and favourites are refused (503) until their facts are ' +
-  'back, and users must sign in again; stop the worker processes, run `zhiguang counters replay --yes` to ' +
-  'rebuild the facts and counts from counter-events, then start them again';
+  'back, and users must sign in again; worker processes rebuild the facts and counts from counter-events ' +
+  'by themselves where ZG_COUNTER_AUTO_REPLAY is true (the default), otherwise run `zhiguang counters replay --yes`';
 
 /**
  * Tells when Redis comes back from a lost connection without its data (restarted without
@@ -620,7 +620,8 @@ async function createCluster(
       log.error(
         { prefix: config.redisPrefix, group },
         'a like or favourite was refused: counter group holds no facts (Redis lost them, or a replay is under way); ' +
-          'they are refused until `zhiguang counters replay --yes` brings them back',
+          'they are refused until a replay brings them back (worker processes run one by themselves where ' +
+          'ZG_COUNTER_AUTO_REPLAY is true, the default; otherwise `zhiguang counters replay --yes`)',
       ),
     );
     const counterStore = new RedisCounterStore(redis, {

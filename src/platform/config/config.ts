@@ -65,6 +65,8 @@ export interface Config {
     reconcileIntervalMs: number;
     /** Likes, unlikes, favourites and unfavourites one user may make per minute, in each API process. */
     togglesPerMinute: number;
+    /** Workers replay counter-events by themselves when the counter store's facts are not whole. */
+    autoReplay: boolean;
   };
   /** The model that writes post descriptions; without a key, descriptions are extractive summaries. */
   ai: {
@@ -290,6 +292,11 @@ export const CONFIG_VARS = {
   ZG_COUNTER_RECONCILE_MS: {
     description: "how often workers' reconcilers sample post counters and user counters and heal drift",
     default: '30000',
+  },
+  ZG_COUNTER_AUTO_REPLAY: {
+    description:
+      'true: worker processes (and an embedded server) that find the counter store refusing likes and favourites because its facts are not whole (Redis came back without its data, a replay stopped half-way) replay counter-events themselves, as `zhiguang counters replay --yes` does; false: they stay refused until someone runs it',
+    default: 'true',
   },
   ZG_COUNTER_TOGGLE_LIMIT: {
     description:
@@ -774,6 +781,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: { ro
       repairAfterMs: int('ZG_COUNTER_REPAIR_AFTER_MS', 100, 3_600_000),
       reconcileIntervalMs: int('ZG_COUNTER_RECONCILE_MS', 100, 86_400_000),
       togglesPerMinute: int('ZG_COUNTER_TOGGLE_LIMIT', 1, 1_000_000_000),
+      autoReplay: oneOf('ZG_COUNTER_AUTO_REPLAY', ['true', 'false']) === 'true',
     },
     entityCacheMs: int('ZG_ENTITY_CACHE_MS', 0, 60_000),
     ai: {
