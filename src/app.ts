@@ -312,8 +312,11 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
   );
 
   const relationMetrics = new RelationMetrics(metrics.registry);
-  const relationRepo = new RelationRepository(platform.db, new OutboxWriter(now), (changes) =>
-    relationMetrics.commitBatch.observe(changes),
+  const relationRepo = new RelationRepository(
+    platform.db,
+    new OutboxWriter(now),
+    (changes) => relationMetrics.commitBatch.observe(changes),
+    config.mysqlTimeoutMs,
   );
   const userCounters = createUserCounters({
     db: platform.db,

@@ -4,6 +4,7 @@ import type { Database } from '../platform/db/schema.js';
 import { sampleUserIds, userIdsAfter } from '../profile/users.repository.js';
 import type { OutboxWriter } from '../platform/outbox/outbox.js';
 import { GroupCommit } from '../platform/db/group-commit.js';
+import { UnavailableError } from '../platform/errors/errors.js';
 import {
   relationEvent,
   relationEventMessage,
@@ -77,15 +78,23 @@ export class RelationRepository {
   /** Tests only: awaited inside a sync's transaction once it read the truth. */
   afterTruthRead: (() => Promise<void>) | undefined;
 
+  /**
+   * `maxWaitMs` (the database's statement deadline): a change that waited longer than that for its
+   * transaction to start answers 503 without running, rather than wait on behind a slow database.
+   */
   constructor(
     private readonly db: Db,
     private readonly outbox: OutboxWriter,
     onCommit?: (changes: number) => void,
+    maxWaitMs = 0,
   ) {
     this.changes = new GroupCommit<RelationChange, RelationEvent | null>((batch) => this.commit(batch), {
       maxBatch: MAX_BATCH,
       key: pairKey,
       ...(onCommit ? { onBatch: (size: number) => onCommit(size) } : {}),
+      maxWaitMs,
+      expired: () =>
+        new UnavailableError('The database did not take this change in time; nothing was changed, try again'),
     });
   }
 

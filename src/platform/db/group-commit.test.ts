@@ -166,3 +166,49 @@ describe('GroupCommit', () => {
     await expect(gc.submit(item('a', 1))).rejects.toThrow('0 results for 1 items');
   });
 });
+
+describe('GroupCommit waits', () => {
+  const outage = () => Object.assign(new Error('connect ETIMEDOUT'), { code: 'ETIMEDOUT' });
+
+  it('fails the items waiting for later batches too when the database is out of reach, items of one key included', async () => {
+    const batches: number[][] = [];
+    let hold!: () => void;
+    const held = new Promise<void>((resolve) => (hold = resolve));
+    const run = async (items: Item[]): Promise<number[]> => {
+      batches.push(items.map((i) => i.value));
+      await held;
+      throw outage();
+    };
+    const gc = new GroupCommit(run, { maxBatch: 10, key: (i) => i.key });
+    // One pair changed six times: six batches one after the other, each its own timeout.
+    const all = [1, 2, 3, 4, 5, 6].map((v) => gc.submit(item('pair', v)));
+    const other = gc.submit(item('other', 7));
+    hold();
+    const settled = await Promise.allSettled([...all, other]);
+    expect(settled.map((s) => s.status)).toEqual(Array(7).fill('rejected'));
+    // Only the first batch ran: the rest failed with it.
+    expect(batches).toEqual([[1]]);
+    expect(gc.waiting).toBe(0);
+  });
+
+  it('fails an item that waited longer than maxWaitMs for its batch without running it', async () => {
+    const r = recorder();
+    const expired = new Error('waited too long');
+    const gc = new GroupCommit(r.run, {
+      maxBatch: 10,
+      key: (i) => i.key,
+      maxWaitMs: 30,
+      expired: () => expired,
+    });
+    r.holdNext();
+    const first = gc.submit(item('a', 1));
+    const late = gc.submit(item('a', 2));
+    await new Promise((resolve) => setTimeout(resolve, 60));
+    const fresh = gc.submit(item('b', 3));
+    r.release();
+    expect(await first).toBe(10);
+    await expect(late).rejects.toBe(expired);
+    expect(await fresh).toBe(30);
+    expect(r.batches.map((b) => b.map((i) => i.value))).toEqual([[1], [3]]);
+  });
+});

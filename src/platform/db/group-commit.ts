@@ -12,8 +12,10 @@ import { isContention, isDependencyOutage } from '../errors/outage.js';
  *
  * When a batch of several items fails, each of them is run again alone, so one bad item cannot fail
  * the writes it happened to be grouped with; an item that fails alone rejects its own promise. But
- * when the database is out of reach (not merely contended), every item of the batch fails at once:
- * alone, each would wait out its own timeout while later writes queue behind it.
+ * when the database is out of reach (not merely contended), every item of the batch fails at once,
+ * and so does every item waiting for a later batch: alone, each would wait out its own timeout while
+ * later writes queue behind it (items of one key, which never share a batch, one timeout after the
+ * other). With `maxWaitMs`, an item that waited longer than that for its batch fails without running.
  */
 export interface GroupCommitOptions<I> {
   /** Most items in one batch. */
@@ -22,11 +24,19 @@ export interface GroupCommitOptions<I> {
   key: (item: I) => string;
   /** Told after each batch ran (committed or not): its size and how long it took. */
   onBatch?: (size: number, seconds: number) => void;
+  /**
+   * Longest an item waits for its batch to start: one that waited longer is rejected with
+   * `expired()`, not run (its caller would rather hear so than wait on). 0 or absent: no limit.
+   */
+  maxWaitMs?: number;
+  expired?: () => unknown;
 }
 
 interface Waiting<I, O> {
   item: I;
   key: string;
+  /** When it was submitted (performance.now()). */
+  since: number;
   resolve: (value: O) => void;
   reject: (reason: unknown) => void;
 }
@@ -47,7 +57,7 @@ export class GroupCommit<I, O> {
   /** Resolves with the item's result once its batch committed. */
   submit(item: I): Promise<O> {
     return new Promise<O>((resolve, reject) => {
-      this.queue.push({ item, key: this.options.key(item), resolve, reject });
+      this.queue.push({ item, key: this.options.key(item), since: performance.now(), resolve, reject });
       if (!this.running) void this.drain();
     });
   }
@@ -66,13 +76,20 @@ export class GroupCommit<I, O> {
     }
   }
 
-  /** The oldest items with distinct keys, up to the bound; the rest keep their order. */
+  /**
+   * The oldest items with distinct keys, up to the bound; the rest keep their order. Items that
+   * waited past `maxWaitMs` are rejected instead.
+   */
   private takeBatch(): Waiting<I, O>[] {
     const batch: Waiting<I, O>[] = [];
     const rest: Waiting<I, O>[] = [];
     const keys = new Set<string>();
+    const maxWaitMs = this.options.maxWaitMs ?? 0;
+    const now = performance.now();
     for (const w of this.queue) {
-      if (batch.length < this.maxBatch && !keys.has(w.key)) {
+      if (maxWaitMs > 0 && now - w.since > maxWaitMs) {
+        w.reject(this.options.expired?.() ?? new Error(`group commit: waited more than ${maxWaitMs} ms`));
+      } else if (batch.length < this.maxBatch && !keys.has(w.key)) {
         keys.add(w.key);
         batch.push(w);
       } else rest.push(w);
@@ -90,8 +107,15 @@ export class GroupCommit<I, O> {
       }
       batch.forEach((w, i) => w.resolve(results[i]!));
     } catch (err) {
-      if (batch.length === 1 || (isDependencyOutage(err) && !isContention(err))) {
-        for (const w of batch) w.reject(err);
+      if (isDependencyOutage(err) && !isContention(err)) {
+        // Those waiting would each find the database out of reach too, one timeout at a time.
+        const waiting = this.queue;
+        this.queue = [];
+        for (const w of [...batch, ...waiting]) w.reject(err);
+        return;
+      }
+      if (batch.length === 1) {
+        batch[0]!.reject(err);
         return;
       }
       for (const w of batch) await this.runBatch([w]);
