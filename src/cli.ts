@@ -230,8 +230,8 @@ async function main(argv: string[]): Promise<number> {
       // The only command that reads the event log: the others work while Kafka is down.
       await platform.events.ensureTopics([COUNTER_TOPIC, VIEW_TOPIC], { keepForever: [COUNTER_TOPIC] });
       // Exact beside running workers (a server of role `all` is its own): their folds are
-      // idempotent, toggles are refused meanwhile, and views are added back as `view-agg` adds them,
-      // each record once whichever of the two adds it.
+      // idempotent, and toggles and `view-agg`'s views are refused until the store is whole, views
+      // included, after which `view-agg` skips the records the replay added back.
       // A first Ctrl-C (or SIGTERM) before the store is emptied stops it, changing nothing (toggles
       // are taken again); a second one ends the process at once.
       const stop = new AbortController();
@@ -263,13 +263,13 @@ async function main(argv: string[]): Promise<number> {
             ),
         },
       ).finally(() => process.off('SIGINT', onSignal).off('SIGTERM', onSignal));
-      if (!restored) {
+      if (restored.outcome !== 'restored') {
         process.stderr.write(
-          'another counters replay is running in this deployment (a worker restoring the store, or one run by hand; or one stopped less than a minute ago); nothing was changed\n',
+          'another counters replay is running in this deployment (a worker restoring the store, or one run by hand; or one stopped less than 20 s ago); nothing was changed\n',
         );
         return 1;
       }
-      summary = restored;
+      summary = restored.report;
     } else {
       summary = { folded: await flushPending(platform.counterStore, metrics, 512, 1_000_000) };
     }

@@ -281,7 +281,7 @@ export async function replayAll(
   store: CounterStore,
   events: EventLog,
   progress: Progress,
-  { now = Date.now, force = false, signal }: ReplayOptions = {},
+  { now = Date.now, force = false, signal, refill }: ReplayOptions = {},
 ): Promise<ReplayReport> {
   if (!(await events.holdsEveryRecord(COUNTER_TOPIC))) {
     throw new Error(
@@ -346,6 +346,8 @@ export async function replayAll(
 
     report.facts = folded.factCount();
     report.entities = await replayFolded(store, folded, report.facts, progress);
+    // What else the reset emptied (views), while the store still refuses writers that would race.
+    await refill?.();
     // Its facts are whole again: toggles are taken.
     await store.seal();
     return report;
@@ -427,6 +429,8 @@ export interface ReplayOptions {
   force?: boolean;
   /** Stops the replay, changing nothing, until it empties the store (not after). */
   signal?: AbortSignal;
+  /** Run once the facts are back, before the store is sealed (views added back: `replayViews`). */
+  refill?: () => Promise<void>;
 }
 
 /** Entities of the store compared with the log before toggles are refused. */

@@ -1,4 +1,5 @@
 import type { Logger } from 'pino';
+import { isDependencyOutage } from '../platform/errors/outage.js';
 import type { EventLog } from '../platform/eventlog/eventlog.js';
 import type { KeyValueStore } from '../platform/kv/kv.js';
 import { takeLease } from '../platform/kv/lease.js';
@@ -8,7 +9,11 @@ import type { CounterStore } from './store/counter-store.js';
 
 /** The key-value store key a replay holds while it runs: one replay at a time in a deployment. */
 export const REPLAY_LEASE = 'counters:replay';
-const REPLAY_LEASE_MS = 60_000;
+/**
+ * Renewed every third of it: short, so that a replay killed outright (a worker gone with it) is
+ * taken over by another worker's restorer within about this long.
+ */
+const REPLAY_LEASE_MS = 20_000;
 
 export interface RestoreParts {
   store: CounterStore;
@@ -16,60 +21,88 @@ export interface RestoreParts {
   kv: KeyValueStore;
   /** Once the facts are back: the store is marked as the deployment's and sealed (toggles taken). */
   seal(): Promise<void>;
-  /** Then the views the log holds are added back (`replayViews`); what it reports joins the summary. */
+  /**
+   * The views the log holds, added back before the store is sealed (`replayViews`); what it reports
+   * joins the summary.
+   */
   addViewsBack(progress: Progress): Promise<object>;
 }
 
+export type RestoreOutcome =
+  | { outcome: 'restored'; report: ReplayReport & object }
+  /** Another replay holds the deployment's lease (or one stopped less than `REPLAY_LEASE_MS` ago). */
+  | { outcome: 'busy' }
+  /** `onlyIfUnsealed`, and the store was whole once the lease was held. */
+  | { outcome: 'sealed' };
+
 /**
  * A whole restore, as `zhiguang counters replay` and the `CounterRestorer` run it: holds the
- * deployment's replay lease (null, changing nothing, while another replay holds it), replays
- * `counter-events` into the emptied store (`replayAll`), seals it and adds the views back.
+ * deployment's replay lease (changing nothing while another replay holds it), replays
+ * `counter-events` into the emptied store (`replayAll`) with the views added back before it is
+ * sealed, then marks the store as the deployment's. A lease lost before the reset stops the replay,
+ * changing nothing (another may have started); after it, the replay goes on, as after a signal.
  */
 export async function restoreCounters(
   parts: RestoreParts,
   progress: Progress,
-  options: { force?: boolean; signal?: AbortSignal; onLeaseLost?: () => void } = {},
-): Promise<(ReplayReport & object) | null> {
-  // A replay killed outright holds the lease a minute more.
-  const lease = await takeLease(parts.kv, REPLAY_LEASE, REPLAY_LEASE_MS, options.onLeaseLost);
-  if (!lease) return null;
+  options: { force?: boolean; signal?: AbortSignal; onLeaseLost?: () => void; onlyIfUnsealed?: boolean } = {},
+): Promise<RestoreOutcome> {
+  const lost = new AbortController();
+  // A replay killed outright holds the lease `REPLAY_LEASE_MS` more.
+  const lease = await takeLease(parts.kv, REPLAY_LEASE, REPLAY_LEASE_MS, () => {
+    options.onLeaseLost?.();
+    lost.abort(new Error('the replay lost its claim on the deployment; nothing was changed'));
+  });
+  if (!lease) return { outcome: 'busy' };
   try {
+    // Another process may have restored the store between the look that led here and the lease.
+    if (options.onlyIfUnsealed && (await parts.store.unsealedGroups()) === 0) return { outcome: 'sealed' };
+    let views: object = {};
     const counters = await replayAll(parts.store, parts.events, progress, {
       force: options.force ?? false,
-      ...(options.signal ? { signal: options.signal } : {}),
+      signal: options.signal ? AbortSignal.any([options.signal, lost.signal]) : lost.signal,
+      refill: async () => void (views = await parts.addViewsBack(progress)),
     });
     await parts.seal();
-    return { ...counters, ...(await parts.addViewsBack(progress)) };
+    return { outcome: 'restored', report: { ...counters, ...views } };
   } finally {
     await lease.release().catch(() => undefined);
   }
 }
 
+/** The longest wait between two attempts after failed ones. */
+const MAX_BACKOFF_MS = 10 * 60_000;
+
 /**
  * Heals a counter store that refuses toggles because its facts are not whole (`unsealedGroups`):
  * Redis came back without the deployment's data (restarted without persistence, failed over to an
  * empty replica; per group on a Redis Cluster), or a replay stopped half-way. Every `intervalMs`
- * a worker process checks the store's seals and, finding a group unsealed, runs the replay itself
+ * a worker process looks at the store's seals and, finding a group unsealed, runs the replay itself
  * (`restoreCounters`) rather than leave likes and favourites refused until someone runs it. Several
- * processes may check: the lease lets one replay at a time, and a replay under way (also one run by
- * hand) is waited for. A replay refused (the log lost its earliest records, or the store holds
- * changes the log does not: another deployment's log) or failed is tried again at the next check,
- * and said at error level at most once a minute.
+ * processes may look: the lease lets one replay at a time, a replay under way (also one run by
+ * hand) is waited for, and the seals are read again once the lease is held. A replay that refuses
+ * (the log lost its earliest records, or the store holds changes the log does not: another
+ * deployment's log) or fails is tried again after a back-off that doubles up to ten minutes, and said
+ * at error level at most once a minute; the start of a restore is said once until it succeeds. A
+ * stop ends a replay that has not emptied the store yet, changing nothing.
  */
 export class CounterRestorer {
   private readonly task: PeriodicTask;
-  private lastTold = 0;
+  private lastTold = Number.NEGATIVE_INFINITY;
+  private failures = 0;
+  private nextAttemptAt = Number.NEGATIVE_INFINITY;
+  private announced = false;
 
   constructor(
     private readonly parts: RestoreParts,
     private readonly log: Pick<Logger, 'warn' | 'error'>,
-    intervalMs: number,
-    private readonly now: () => number = Date.now,
+    private readonly intervalMs: number,
+    private readonly now: () => number = () => performance.now(),
   ) {
     this.task = new PeriodicTask(
       'counter-restore',
       intervalMs,
-      () => this.runOnce(),
+      (signal) => this.runOnce(signal),
       (_name, err) => this.tell(err),
     );
   }
@@ -82,27 +115,58 @@ export class CounterRestorer {
     await this.task.stop();
   }
 
-  /** One check, and the replay if the store needs one; resolves to what it did. */
-  async runOnce(): Promise<'sealed' | 'busy' | 'restored'> {
-    const unsealed = await this.parts.store.unsealedGroups();
-    if (unsealed === 0) return 'sealed';
+  /** One look, and the replay if the store needs one; resolves to what it did. */
+  async runOnce(signal?: AbortSignal): Promise<'sealed' | 'busy' | 'restored' | 'waiting' | 'unreachable'> {
+    let unsealed: number;
+    try {
+      unsealed = await this.parts.store.unsealedGroups();
+    } catch (err) {
+      // The store out of reach is told where it is used; nothing to restore can be known meanwhile.
+      if (isDependencyOutage(err)) return 'unreachable';
+      throw err;
+    }
+    if (unsealed === 0) {
+      this.settled();
+      return 'sealed';
+    }
+    if (this.now() < this.nextAttemptAt) return 'waiting';
     const started = this.now();
-    let announced = false;
-    const report = await restoreCounters(this.parts, () => {
-      // Said once the lease is held, not by every process that finds the store unsealed.
-      if (announced) return;
-      announced = true;
-      this.log.warn(
-        { unsealedGroups: unsealed },
-        'the counter store refuses likes and favourites until its facts are whole again: replaying counter-events to restore them',
+    let outcome: RestoreOutcome;
+    try {
+      outcome = await restoreCounters(
+        this.parts,
+        () => {
+          // Said once the lease is held, and once until the store is whole.
+          if (this.announced) return;
+          this.announced = true;
+          this.log.warn(
+            { unsealedGroups: unsealed },
+            'the counter store refuses likes and favourites until its facts are whole again: replaying counter-events to restore them',
+          );
+        },
+        { onlyIfUnsealed: true, ...(signal ? { signal } : {}) },
       );
-    });
-    if (report === null) return 'busy';
+    } catch (err) {
+      if (signal?.aborted) throw err;
+      this.failures++;
+      this.nextAttemptAt =
+        this.now() + Math.min(MAX_BACKOFF_MS, this.intervalMs * 2 ** Math.min(this.failures, 20));
+      throw err;
+    }
+    if (outcome.outcome === 'busy') return 'busy';
+    this.settled();
+    if (outcome.outcome === 'sealed') return 'sealed';
     this.log.warn(
-      { ...report, seconds: (this.now() - started) / 1000 },
+      { ...outcome.report, seconds: (this.now() - started) / 1000 },
       'counter store restored from the event log: likes and favourites are taken again',
     );
     return 'restored';
+  }
+
+  private settled(): void {
+    this.failures = 0;
+    this.nextAttemptAt = Number.NEGATIVE_INFINITY;
+    this.announced = false;
   }
 
   private tell(err: unknown): void {

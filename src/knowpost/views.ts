@@ -324,6 +324,8 @@ export class LoggedViewAdder {
     private readonly onMalformed: (record: DeliveredRecord) => void,
     /** Told of each call that went through: the views added and those the records hold. */
     private readonly onAdded: (added: number, total: number) => void = () => undefined,
+    /** The replay's own calls, taken while the store is restored (see `addLoggedViews`). */
+    private readonly restoring = false,
   ) {}
 
   /** Forgets the runs: the next records start new ones (a consumer that subscribes anew). */
@@ -339,7 +341,11 @@ export class LoggedViewAdder {
     let total = 0;
     const call = async (): Promise<void> => {
       if (records.length > 0) {
-        const added = await this.store.addLoggedViews(records, covered);
+        const added = await this.store.addLoggedViews(
+          records,
+          covered,
+          this.restoring ? { restoring: true } : {},
+        );
         this.onAdded(added, total);
       }
       this.runs = new Map(runs);
@@ -451,11 +457,12 @@ export interface ViewReplayReport {
 
 /**
  * Part of `zhiguang counters replay`, once it has emptied the store (views and their marks
- * included): adds back the views of every record `read-events` holds, from its earliest record to
- * the end captured now, with `addLoggedViews`, as the `view-agg` consumer does. So it works beside
- * a running `view-agg` (in worker processes, or a server of role `all`): a record either of them
- * added, the other finds added and skips, whatever the consumer had committed or handled before the
- * reset. Views are lost only with the records the topic no longer holds (retention).
+ * included) and before it seals it again: adds back the views of every record `read-events` holds,
+ * from its earliest record to the end captured now, with `addLoggedViews` as the `view-agg`
+ * consumer does. A running `view-agg` (in worker processes, or a server of role `all`) is refused
+ * meanwhile, changing nothing, and handed its records again until the store is sealed; then it
+ * finds in the marks those the replay added and skips them, whatever it had committed or handled
+ * before the reset. Views are lost only with the records the topic no longer holds (retention).
  */
 export async function replayViews(
   events: EventLog,
@@ -471,6 +478,7 @@ export async function replayViews(
       report.views += total;
       report.viewsAddedBeside += total - added;
     },
+    true,
   );
   await events.readRange(VIEW_TOPIC, until, async (batch) => {
     await adder.add(batch.records);

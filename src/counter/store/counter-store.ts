@@ -51,7 +51,10 @@ import type { OffsetRange } from '../view-marks.js';
  *   topic made again, whose offsets restarted, and is added. The caller names, per partition, the
  *   ranges a call covers (`covered`): each record of them is in the call or was in an earlier call
  *   that returned; by default the runs of consecutive offsets among the call's own records. `reset`
- *   drops the marks with the views.
+ *   drops the marks with the views. While the facts are not whole (a group unsealed: a replay under
+ *   way, a loss) a call is refused (UnavailableError), changing nothing, unless it is the replay's
+ *   own (`restoring`): a consumer's marks written while a replay refills the store could name
+ *   records the replay has yet to add back.
  * - `reset` empties the whole store (facts too); `replayFacts` re-applies the fact changes of events:
  *   for each (entity, metric, user) the event with the highest seq decides the fact, whatever the
  *   order of the array (deterministic: the result depends only on the events), and seq counters are
@@ -132,6 +135,7 @@ export interface CounterStore {
   addLoggedViews(
     records: readonly LoggedViews[],
     covered?: ReadonlyMap<number, readonly OffsetRange[]>,
+    options?: { restoring?: boolean },
   ): Promise<number>;
   /**
    * The entity's seq, applied mark, pending state, snapshot and fact counts as of one instant. When

@@ -481,13 +481,16 @@ return rebuild_entity(KEYS[5], KEYS[6], KEYS[7], KEYS[8], ARGV[1], KEYS[1], KEYS
 // Adds views to the `read` field (index 0) of each entity's snapshot, saturating at 2^32 - 1; nothing
 // else of the entity changes. A missing or malformed snapshot is first rebuilt from facts.
 // KEYS: per group of the call its snapshots, pending, seq, applied and view-mark hashes. ARGV[1]: the
-// bare etype; then per group: w, w triples (field, expected, value) of view marks (see
-// addLoggedViews), the number n of entities, the sparse and sharded fact prefixes, n pairs of field
-// and views. When a mark's field does not hold `expected` ('' for none), the call changes nothing and
-// returns 0; else the marks are set to their values with the views, and it returns 1.
+// bare etype; ARGV[2]: '1' when each group must be sealed; then per group: w, w triples (field,
+// expected, value) of view marks (see addLoggedViews), the number n of entities, the sparse and
+// sharded fact prefixes, n pairs of field and views. When a group must be sealed and is not, the
+// call changes nothing and returns -1; when a mark's field does not hold `expected` ('' for none),
+// it changes nothing and returns 0; else the marks are set to their values with the views, and it
+// returns 1.
 const VIEWS_LUA = `${FACT_COUNT_LUA}${SNAPSHOT_LUA}
-local i, k = 2, 1
+local i, k = 3, 1
 while i <= #ARGV do
+  if ARGV[2] == '1' and redis.call('HEXISTS', KEYS[k + 2], '${SEAL_FIELD}') == 0 then return -1 end
   local w = tonumber(ARGV[i])
   for j = i + 1, i + 3 * w, 3 do
     if (redis.call('HGET', KEYS[k + 4], ARGV[j]) or '') ~= ARGV[j + 1] then return 0 end
@@ -496,7 +499,7 @@ while i <= #ARGV do
   i = i + 3 + 2 * tonumber(ARGV[i])
   k = k + 5
 end
-i, k = 2, 1
+i, k = 3, 1
 while i <= #ARGV do
   local w = tonumber(ARGV[i])
   for j = i + 1, i + 3 * w, 3 do
@@ -1018,7 +1021,7 @@ export class RedisCounterStore implements CounterStore {
     let args: (string | number)[] = [];
     let size = 0;
     const send = (): void => {
-      if (size > 0) calls.push(this.viewsScript(keys.length, ...keys, BARE_ETYPE, ...args));
+      if (size > 0) calls.push(this.viewsScript(keys.length, ...keys, BARE_ETYPE, '0', ...args));
       keys = [];
       args = [];
       size = 0;
@@ -1056,7 +1059,9 @@ export class RedisCounterStore implements CounterStore {
   async addLoggedViews(
     records: readonly LoggedViews[],
     covered?: ReadonlyMap<number, readonly OffsetRange[]>,
+    options: { restoring?: boolean } = {},
   ): Promise<number> {
+    const sealed = this.requireSeal && !options.restoring ? '1' : '0';
     const ranges = coveredRanges(records, covered);
     const byGroup = new Map<number, GroupViews[]>();
     for (const record of records) {
@@ -1086,7 +1091,18 @@ export class RedisCounterStore implements CounterStore {
       calls.map(async (groups) => {
         for (let attempt = 0; ; attempt++) {
           const sent = this.loggedViewsCall(groups, byGroup, ranges);
-          const done = await this.viewsScript(sent.keys.length, ...sent.keys, BARE_ETYPE, ...sent.args);
+          const done = await this.viewsScript(
+            sent.keys.length,
+            ...sent.keys,
+            BARE_ETYPE,
+            sealed,
+            ...sent.args,
+          );
+          if (done === -1) {
+            throw new UnavailableError(
+              'Views wait while the counter store is being restored; try again later',
+            );
+          }
           if (done === 1) {
             for (const [key, value] of sent.marks) this.viewMarks.set(key, value);
             return sent.views;

@@ -257,11 +257,13 @@ export class SqliteCounterStore implements CounterStore {
   async addLoggedViews(
     records: readonly LoggedViews[],
     covered?: ReadonlyMap<number, readonly OffsetRange[]>,
+    options: { restoring?: boolean } = {},
   ): Promise<number> {
     const ranges = coveredRanges(records, covered);
     for (const record of records) for (const { n } of record.views) checkViewCount(n);
     return this.exclusive(() => {
       const s = this.s;
+      if (!options.restoring && s.unsealed.get() !== undefined) throw viewsWait();
       const added: ViewIncrement[] = [];
       for (const [partition, covers] of ranges) {
         const mine = records.filter((r) => r.partition === partition);
@@ -690,6 +692,10 @@ function chunks<T>(items: readonly T[], size: number): T[][] {
   const out: T[][] = [];
   for (let i = 0; i < items.length; i += size) out.push(items.slice(i, i + size));
   return out;
+}
+
+function viewsWait(): UnavailableError {
+  return new UnavailableError('Views wait while the counter store is being restored; try again later');
 }
 
 function restoring(): UnavailableError {
