@@ -224,7 +224,7 @@ function checkTags(tagJson: string): string {
     throw new BadRequestError('body.tagJson must be a JSON array of strings');
   }
   const message =
-    'body.tagJson must be a JSON array of at most 20 tags of 1 to 32 characters, visible and without control characters';
+    'body.tagJson must be a JSON array of at most 20 tags of 1 to 32 characters, visible, without control characters, unpaired surrogates or piles of combining marks';
   if (!Array.isArray(parsed) || parsed.length > 20) throw new BadRequestError(message);
   const tags: string[] = [];
   for (const raw of parsed) {

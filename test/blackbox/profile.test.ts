@@ -152,7 +152,22 @@ describe.each<ProfileName>(['embedded', 'cluster'])('profiles (%s profile)', (pr
       token: user.accessToken,
       body: { nickname: 'a\u0000b' },
     });
-    expect(named.body.message).toBe('body.nickname must not contain control characters');
+    expect(named.body.message).toBe(
+      'body.nickname must not contain control characters, unpaired surrogates or more than 4 combining marks in a row',
+    );
+    // Nor broken UTF-16 (kept as U+FFFD it would be another name than sent), nor a pile of marks.
+    for (const nickname of ['a\ud800b', `a${'\u0301'.repeat(60)}`]) {
+      const refused = await client.call('PATCH', '/api/v1/profile', {
+        token: user.accessToken,
+        body: { nickname },
+      });
+      expect([refused.status, refused.body.code]).toEqual([400, 'BAD_REQUEST']);
+    }
+    const tagged = await client.call('PATCH', '/api/v1/profile', {
+      token: user.accessToken,
+      body: { tagJson: JSON.stringify(['x\ud800']) },
+    });
+    expect(tagged.status).toBe(400);
     // A bio may have line breaks and tabs.
     const bio = 'first line\n\tsecond line\r\n';
     const edited = await client.call('PATCH', '/api/v1/profile', { token: user.accessToken, body: { bio } });

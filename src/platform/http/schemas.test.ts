@@ -33,6 +33,29 @@ describe('text checks', () => {
     expect(multi('one\ntwo\r\n\tthree \u2028 four')).toBe(true);
     expect(multi('bell\u0007')).toBe(false);
   });
+
+  it('refuses unpaired surrogates and piles of combining marks, taking the marks real scripts stack', () => {
+    const multi = TEXT_FORMATS['multi-line'].validate;
+    // Vietnamese in decomposed form, Thai with a vowel and a tone mark, Devanagari, a flag emoji.
+    for (const fine of ['Vie\u0323\u0302t', 'ก\u0e34\u0e49', 'क\u094d\u0937\u093f', '\u{1f1e8}\u{1f1f3}'])
+      expect({ fine, single: isSingleLine(fine), multi: multi(fine) }).toEqual({
+        fine,
+        single: true,
+        multi: true,
+      });
+    for (const bad of [
+      'a\ud800b',
+      '\udc00',
+      'x\ud83d',
+      'a' + '\u0301'.repeat(5),
+      'Z' + '\u0336\u0317'.repeat(30),
+    ])
+      expect({ bad, single: isSingleLine(bad), multi: multi(bad) }).toEqual({
+        bad,
+        single: false,
+        multi: false,
+      });
+  });
 });
 
 describe(sendJsonBytes.name, () => {

@@ -19,9 +19,23 @@ const CONTROL = /[\u0000-\u001f\u007f-\u009f\u2028\u2029\u202d\u202e]/;
 const CONTROL_BUT_LINE_BREAKS = /[\u0000-\u0008\u000b\u000c\u000e-\u001f\u007f-\u009f]/;
 /* eslint-enable no-control-regex */
 
+/**
+ * More combining marks in a row than any script's letters carry (Thai or Devanagari stack two or
+ * three): a run like this draws over the lines above and below it wherever the text is shown.
+ */
+const MARK_PILE = /\p{M}{5}/u;
+
+/**
+ * Whether `value` is text fit to keep and show: well-formed UTF-16 (an unpaired surrogate would be
+ * kept as U+FFFD, or written back as JSON that strict clients refuse) and no pile of combining marks.
+ */
+function isShowable(value: string): boolean {
+  return value.isWellFormed() && !MARK_PILE.test(value);
+}
+
 /** Whether `value` may be a name, title or tag (`single-line`). */
 export function isSingleLine(value: string): boolean {
-  return !CONTROL.test(value);
+  return !CONTROL.test(value) && isShowable(value);
 }
 
 /**
@@ -37,11 +51,13 @@ export function isVisible(value: string): boolean {
 export const TEXT_FORMATS = {
   'single-line': {
     validate: isSingleLine,
-    message: 'must not contain control characters',
+    message:
+      'must not contain control characters, unpaired surrogates or more than 4 combining marks in a row',
   },
   'multi-line': {
-    validate: (value: string) => !CONTROL_BUT_LINE_BREAKS.test(value),
-    message: 'must not contain control characters other than line breaks and tabs',
+    validate: (value: string) => !CONTROL_BUT_LINE_BREAKS.test(value) && isShowable(value),
+    message:
+      'must not contain control characters other than line breaks and tabs, unpaired surrogates or more than 4 combining marks in a row',
   },
 } as const;
 
