@@ -64,6 +64,16 @@ describe(loadConfig.name, () => {
     }
   });
 
+  it('takes whole numbers written in decimal digits only', () => {
+    for (const written of ['0x1F90', '8e3', '8080.0', '+8080', '1_000', '-0x1']) {
+      expect(() => loadConfig({ PORT: written })).toThrow(/PORT: must be an integer/);
+    }
+    expect(loadConfig({ PORT: ' 8081 ' }).port).toBe(8081);
+    // Blank is unset: the default.
+    expect(loadConfig({ PORT: ' ' }).port).toBe(8080);
+    expect(loadConfig({ ZG_AVATAR_MAX_BYTES: '5000000' }).avatarMaxBytes).toBe(5_000_000);
+  });
+
   it('trusts no proxy unless told which', () => {
     expect(loadConfig({}).trustProxy).toBe(false);
     expect(loadConfig({ ZG_TRUST_PROXY: 'true' }).trustProxy).toBe(true);

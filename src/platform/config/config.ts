@@ -608,7 +608,8 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: { ro
   };
   const int = (name: VarName, min: number, max: number): number => {
     const value = raw(name);
-    const n = Number(value);
+    // Decimal digits only: Number() would also take 0x1F90, 5e6, 1.0 or an empty string.
+    const n = value !== undefined && /^-?\d{1,16}$/.test(value.trim()) ? Number(value) : Number.NaN;
     if (!Number.isInteger(n) || n < min || n > max) {
       problems.push(`${name}: must be an integer from ${min} to ${max} (got ${JSON.stringify(value)})`);
       return min;
