@@ -240,13 +240,14 @@ export class PostRepository {
       .execute();
   }
 
-  /** Points the post's body at `to` if it is still at `from`; false otherwise. */
-  async moveContent(id: string, from: string, to: string): Promise<boolean> {
-    const result = await this.db.kysely
+  /** Points the body of a post not deleted at `to` if it is still at `from`; false otherwise. */
+  async moveContent(id: string, from: string, to: string, trx?: Transaction<Database>): Promise<boolean> {
+    const result = await (trx ?? this.db.kysely)
       .updateTable('knowposts')
       .set({ content_key: to })
       .where('id', '=', id)
       .where('content_key', '=', from)
+      .where('status', '!=', 'deleted')
       .executeTakeFirst();
     return result.numUpdatedRows > 0n;
   }

@@ -564,6 +564,7 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
       .execute();
     await sut.publish(AUTHOR, id);
     changes.length = 0;
+    const events = (await outboxFor(id)).length;
 
     // Another extension's key is not the body's: nothing moves.
     await sut.presign(AUTHOR, { scene: 'knowpost_content', postId: id, contentType: 'text/plain' });
@@ -577,6 +578,9 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     const moved = (await row(id)).content_key!;
     expect(moved).toMatch(new RegExp(`^posts/${id}/body/[0-9a-f]{64}\\.md$`));
     expect(changes).toEqual([{ id, authorId: AUTHOR, kind: 'updated', draft: false, unlisted: false }]);
+    // Other processes' caches hear of it even if this announcement is lost: a `changed` event.
+    const written = await outboxFor(id);
+    expect(written.slice(events).map((r) => r.event?.type)).toEqual(['changed']);
     await storage.put(legacy, Buffer.from('replaced'), 'text/markdown');
     expect(Buffer.concat(await (await storage.get(moved))!.body.toArray())).toEqual(bytes);
   });

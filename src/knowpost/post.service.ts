@@ -421,7 +421,13 @@ export class PostService {
       this.log?.warn({ post: post.id, key: uploadKey }, 'a post body no longer matches what was confirmed');
       return;
     }
-    if (await this.posts.moveContent(post.id, uploadKey, key)) {
+    // A published post's other caches hear of it through its `changed` event, as for any new body:
+    // the upload key they show is about to take another body.
+    if (
+      await this.replacingObjects(post.id, this.now(), (trx) =>
+        this.posts.moveContent(post.id, uploadKey, key, trx),
+      )
+    ) {
       await this.announce({
         id: post.id,
         authorId: post.authorId,
