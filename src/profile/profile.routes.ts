@@ -106,7 +106,11 @@ export function profileRoutes(deps: ProfileRouteDeps) {
 async function readAvatar(request: FastifyRequest, maxBytes: number) {
   try {
     const file = await request.file({ limits: { fileSize: maxBytes, files: 1 } });
-    if (!file || file.fieldname !== 'file') throw new BadRequestError('file is required');
+    if (!file || file.fieldname !== 'file') {
+      // The part's bytes are let go, so the request ends (and frees its connection) with the answer.
+      file?.file.resume();
+      throw new BadRequestError('file is required');
+    }
     return { file, bytes: await file.toBuffer() };
   } catch (err) {
     if (err instanceof AppError) throw err;
