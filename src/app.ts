@@ -14,6 +14,7 @@ import { SessionStore } from './auth/sessions.js';
 import { TokenSigner } from './auth/tokens.js';
 import { VerificationService } from './auth/verification.js';
 import type { Config } from './platform/config/config.js';
+import { UnavailableError } from './platform/errors/errors.js';
 import { closeWithin, createHttpServer } from './platform/http/server.js';
 import { opsRoutes } from './platform/http/ops.routes.js';
 import { createLogger } from './platform/logging/logger.js';
@@ -512,9 +513,14 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
         RESTORE_CHECK_MS,
       )
     : undefined;
-  const viewAggregator = new ViewAggregator(platform.events, platform.counterStore, viewMetrics, (err) =>
-    workerError('view-agg', err),
-  );
+  // Refused while the counter store is restored (each batch again, about once a second): said once a minute.
+  let viewsWaitTold = Number.NEGATIVE_INFINITY;
+  const viewAggregator = new ViewAggregator(platform.events, platform.counterStore, viewMetrics, (err) => {
+    if (!(err instanceof UnavailableError)) return workerError('view-agg', err);
+    if (performance.now() - viewsWaitTold < 60_000) return;
+    viewsWaitTold = performance.now();
+    log.warn({ err }, 'views wait while the counter store is restored; they are added once it is whole');
+  });
   const likesReceived = new LikesReceivedConsumer({
     events: platform.events,
     repo: new LikesReceivedRepository(platform.db),

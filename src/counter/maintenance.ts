@@ -281,7 +281,7 @@ export async function replayAll(
   store: CounterStore,
   events: EventLog,
   progress: Progress,
-  { now = Date.now, force = false, signal, refill }: ReplayOptions = {},
+  { now = Date.now, force = false, signal, refill, holds }: ReplayOptions = {},
 ): Promise<ReplayReport> {
   if (!(await events.holdsEveryRecord(COUNTER_TOPIC))) {
     throw new Error(
@@ -336,11 +336,14 @@ export async function replayAll(
       const ahead = await changesNotLogged(store, logged, progress, signal);
       if (ahead.entities > 0 && !force) throw notThisLog(ahead);
       signal?.throwIfAborted();
+      if (holds && !(await holds())) throw claimLost();
       // Emptied only once the whole log is read: a read that fails leaves the store as it was.
       emptied = true;
       await store.reset();
     } catch (err) {
-      if (!emptied) await store.seal(sealed);
+      // Sealed again only by the replay that still holds the deployment's claim: another may have
+      // unsealed the store since and be refilling it.
+      if (!emptied && (!holds || (await holds().catch(() => false)))) await store.seal(sealed);
       throw err;
     }
 
@@ -348,6 +351,8 @@ export async function replayAll(
     report.entities = await replayFolded(store, folded, report.facts, progress);
     // What else the reset emptied (views), while the store still refuses writers that would race.
     await refill?.();
+    // A replay that lost its claim meanwhile leaves the sealing to the one that took it over.
+    if (holds && !(await holds())) throw claimLost();
     // Its facts are whole again: toggles are taken.
     await store.seal();
     return report;
@@ -431,6 +436,18 @@ export interface ReplayOptions {
   signal?: AbortSignal;
   /** Run once the facts are back, before the store is sealed (views added back: `replayViews`). */
   refill?: () => Promise<void>;
+  /**
+   * Whether the caller still holds the deployment's claim on replays (see `restoreCounters`): asked
+   * before the reset and before sealing; a replay that no longer holds it stops, changing nothing
+   * before the reset and leaving the store unsealed after it, for the replay holding it now.
+   */
+  holds?: () => Promise<boolean>;
+}
+
+function claimLost(): Error {
+  return new Error(
+    'the replay lost its claim on the deployment (the key-value store was out of reach, or the process was stopped, for longer than the claim lasts): another replay may be running; this one stopped',
+  );
 }
 
 /** Entities of the store compared with the log before toggles are refused. */

@@ -990,6 +990,39 @@ describe.each<Profile>(['embedded', 'cluster'])('counter pipeline (%s profile)',
     await expectExact(rig, refs, model);
   });
 
+  it('stops a replay that lost its claim on the deployment: before the reset changing nothing, after it leaving the store unsealed (invariant 7)', async () => {
+    const refs = posts(3);
+    const model = new Model();
+    const aggregator = rig.aggregator();
+    await aggregator.start();
+    await load(rig, model, { refs, users: 20, ops: 120, seed: 13 });
+    await settle(rig, refs);
+    await aggregator.stop();
+    const { store, redis } = rig.separateStore();
+    const sealing = redis
+      ? new RedisCounterStore(redis, { prefix: rig.prefix!, groups: GROUPS, requireSeal: true })
+      : store;
+    await sealing.seal();
+    // Lost before the reset: nothing changes, and the groups stay for the replay that holds it now.
+    await expect(
+      replayAll(sealing, rig.events, () => undefined, { holds: async () => false }),
+    ).rejects.toThrow(/lost its claim/);
+    await expectExact(rig, refs, model);
+    expect(await sealing.unsealedGroups()).toBeGreaterThan(0);
+    // Lost while it refilled the store: it does not seal what another replay may be refilling.
+    await sealing.seal();
+    let asked = 0;
+    await expect(
+      replayAll(sealing, rig.events, () => undefined, { holds: async () => ++asked < 2 }),
+    ).rejects.toThrow(/lost its claim/);
+    expect(asked).toBe(2);
+    expect(await sealing.unsealedGroups()).toBeGreaterThan(0);
+    // The replay holding the claim makes it whole.
+    await replayAll(sealing, rig.events, () => undefined, { holds: async () => true });
+    expect(await sealing.unsealedGroups()).toBe(0);
+    await expectExact(rig, refs, model);
+  });
+
   it('publishes toggles that never reached the log before a replay reads it, so none is lost (invariant 7)', async () => {
     const refs = posts(3);
     const model = new Model();

@@ -88,6 +88,16 @@ describe('CounterRestorer', () => {
     expect(kv.values.has(REPLAY_LEASE)).toBe(false);
   });
 
+  it('stops with its worker, without counting the stop as a failure to back off from', async () => {
+    const { state, restorer } = setup();
+    const stop = new AbortController();
+    stop.abort();
+    expect(await restorer.runOnce(stop.signal)).toBe('stopped');
+    const reads = state.logReads;
+    await restorer.runOnce().catch(() => undefined);
+    expect(state.logReads).toBe(reads + 1);
+  });
+
   it('backs off after a refused replay, doubling up to ten minutes, and tries at once again once the store is whole', async () => {
     const { state, kv, restorer } = setup();
     const attempts: number[] = [];

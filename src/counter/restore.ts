@@ -62,7 +62,12 @@ export async function restoreCounters(
       force: options.force ?? false,
       signal: options.signal ? AbortSignal.any([options.signal, lost.signal]) : lost.signal,
       refill: async () => void (views = await parts.addViewsBack(progress)),
+      holds: () => lease.held(),
     });
+    // Marked as the deployment's only while the claim holds: a store wiped meanwhile (the claim's
+    // key with it, on Redis) must not be marked as whole.
+    if (!(await lease.held()))
+      throw new Error('the replay lost its claim on the deployment before marking the store restored');
     await parts.seal();
     return { outcome: 'restored', report: { ...counters, ...views } };
   } finally {
@@ -84,7 +89,8 @@ const MAX_BACKOFF_MS = 10 * 60_000;
  * (the log lost its earliest records, or the store holds changes the log does not: another
  * deployment's log) or fails is tried again after a back-off that doubles up to ten minutes, and said
  * at error level at most once a minute; the start of a restore is said once until it succeeds. A
- * stop ends a replay that has not emptied the store yet, changing nothing.
+ * stop of the worker ends the replay at its next step: before the reset changing nothing, after it
+ * leaving the store unsealed for another worker's restorer (a stop should not wait out a replay).
  */
 export class CounterRestorer {
   private readonly task: PeriodicTask;
@@ -116,7 +122,9 @@ export class CounterRestorer {
   }
 
   /** One look, and the replay if the store needs one; resolves to what it did. */
-  async runOnce(signal?: AbortSignal): Promise<'sealed' | 'busy' | 'restored' | 'waiting' | 'unreachable'> {
+  async runOnce(
+    signal?: AbortSignal,
+  ): Promise<'sealed' | 'busy' | 'restored' | 'waiting' | 'unreachable' | 'stopped'> {
     let unsealed: number;
     try {
       unsealed = await this.parts.store.unsealedGroups();
@@ -136,6 +144,9 @@ export class CounterRestorer {
       outcome = await restoreCounters(
         this.parts,
         () => {
+          // A stop of the worker ends the replay at its next step, also past the reset (the store
+          // stays unsealed, and another worker's restorer replays it again).
+          signal?.throwIfAborted();
           // Said once the lease is held, and once until the store is whole.
           if (this.announced) return;
           this.announced = true;
@@ -147,7 +158,7 @@ export class CounterRestorer {
         { onlyIfUnsealed: true, ...(signal ? { signal } : {}) },
       );
     } catch (err) {
-      if (signal?.aborted) throw err;
+      if (signal?.aborted) return 'stopped';
       this.failures++;
       this.nextAttemptAt =
         this.now() + Math.min(MAX_BACKOFF_MS, this.intervalMs * 2 ** Math.min(this.failures, 20));

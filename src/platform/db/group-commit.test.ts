@@ -191,6 +191,32 @@ describe('GroupCommit waits', () => {
     expect(gc.waiting).toBe(0);
   });
 
+  it('does not run again alone an item of a failed batch that waited past maxWaitMs by its turn', async () => {
+    const ran: number[][] = [];
+    const expired = new Error('waited too long');
+    const run = async (items: Item[]): Promise<number[]> => {
+      ran.push(items.map((i) => i.value));
+      // The batch fails (one bad item) after a long lock wait; alone, the first also waits long.
+      await new Promise((resolve) => setTimeout(resolve, 60));
+      if (items.length > 1) throw new Error('one of them is bad');
+      return items.map((i) => i.value);
+    };
+    const gc = new GroupCommit(run, {
+      maxBatch: 10,
+      key: (i) => i.key,
+      maxWaitMs: 150,
+      expired: () => expired,
+    });
+    const first = gc.submit(item('a', 1));
+    const batch = [2, 3, 4].map((v) => gc.submit(item(`k${v}`, v)));
+    expect(await first).toBe(1);
+    const settled = await Promise.allSettled(batch);
+    // 2 ran alone in time; by the time 3 and 4 had their turns they had waited too long.
+    expect(settled.map((s) => s.status)).toEqual(['fulfilled', 'rejected', 'rejected']);
+    expect((settled[1] as PromiseRejectedResult).reason).toBe(expired);
+    expect(ran).toEqual([[1], [2, 3, 4], [2]]);
+  });
+
   it('fails an item that waited longer than maxWaitMs for its batch without running it', async () => {
     const r = recorder();
     const expired = new Error('waited too long');

@@ -15,7 +15,8 @@ import { isContention, isDependencyOutage } from '../errors/outage.js';
  * when the database is out of reach (not merely contended), every item of the batch fails at once,
  * and so does every item waiting for a later batch: alone, each would wait out its own timeout while
  * later writes queue behind it (items of one key, which never share a batch, one timeout after the
- * other). With `maxWaitMs`, an item that waited longer than that for its batch fails without running.
+ * other). With `maxWaitMs`, an item that waited longer than that for its batch (or, run again
+ * alone, for its turn) fails without running.
  */
 export interface GroupCommitOptions<I> {
   /** Most items in one batch. */
@@ -84,11 +85,9 @@ export class GroupCommit<I, O> {
     const batch: Waiting<I, O>[] = [];
     const rest: Waiting<I, O>[] = [];
     const keys = new Set<string>();
-    const maxWaitMs = this.options.maxWaitMs ?? 0;
-    const now = performance.now();
     for (const w of this.queue) {
-      if (maxWaitMs > 0 && now - w.since > maxWaitMs) {
-        w.reject(this.options.expired?.() ?? new Error(`group commit: waited more than ${maxWaitMs} ms`));
+      if (this.expired(w)) {
+        this.rejectExpired(w);
       } else if (batch.length < this.maxBatch && !keys.has(w.key)) {
         keys.add(w.key);
         batch.push(w);
@@ -118,8 +117,23 @@ export class GroupCommit<I, O> {
         batch[0]!.reject(err);
         return;
       }
-      for (const w of batch) await this.runBatch([w]);
+      // Alone, one after the other: one that has waited too long by its turn is not run.
+      for (const w of batch) {
+        if (this.expired(w)) this.rejectExpired(w);
+        else await this.runBatch([w]);
+      }
     }
+  }
+
+  private expired(w: Waiting<I, O>): boolean {
+    const maxWaitMs = this.options.maxWaitMs ?? 0;
+    return maxWaitMs > 0 && performance.now() - w.since > maxWaitMs;
+  }
+
+  private rejectExpired(w: Waiting<I, O>): void {
+    w.reject(
+      this.options.expired?.() ?? new Error(`group commit: waited more than ${this.options.maxWaitMs} ms`),
+    );
   }
 
   private async runObserved(batch: Waiting<I, O>[], started: number): Promise<O[]> {

@@ -28,6 +28,20 @@ describe(takeLease.name, () => {
     await second!.release();
   });
 
+  it('tells its holder whether it still holds it, before a step only the holder may take', async () => {
+    const lease = await takeLease(kv, 'job', 60_000);
+    expect(await lease!.held()).toBe(true);
+    // Wiped from under it (a store that lost its data), then taken by another.
+    await kv.delete('job');
+    expect(await lease!.held()).toBe(false);
+    const next = await takeLease(kv, 'job', 60_000);
+    expect(await lease!.held()).toBe(false);
+    expect(await next!.held()).toBe(true);
+    await lease!.release();
+    expect(await next!.held()).toBe(true);
+    await next!.release();
+  });
+
   it('is free again once a holder that stopped renewing it has let its time pass', async () => {
     let told = 0;
     const gone = await takeLease(kv, 'job', 100, () => told++);

@@ -3,6 +3,12 @@ import type { KeyValueStore } from './kv.js';
 
 /** A key held by one process of the deployment until released, or until it stops renewing it. */
 export interface Lease {
+  /**
+   * Renews the key now and tells whether this holder still has it: false once it was lost (found
+   * gone or another's, or not renewed for its life), or when this renewal fails or finds it so.
+   * Asked before a step that only the holder may take.
+   */
+  held(): Promise<boolean>;
   /** Gives the key back (when still this holder's); stops renewing it. */
   release(): Promise<void>;
 }
@@ -32,21 +38,39 @@ export async function takeLease(
   };
   let renewing: Promise<unknown> = Promise.resolve();
   const interval = Math.max(1, Math.floor(ttlMs / 3));
-  const timer = setInterval(() => {
-    renewing = (async () => {
-      // The key lives `ttlMs` from the renewal's start at the latest: timed from there.
-      const started = performance.now();
-      try {
-        if (!(await kv.expireIfEquals(key, token, ttlMs))) return lose();
-        renewedAt = started;
-      } catch {
-        // Told by the last tick before the key may be gone, not a third of its life after.
-        if (performance.now() - renewedAt >= ttlMs - interval) lose();
+  /** One renewal, given up after `interval` (a store that never answers must not hold it forever). */
+  const renew = async (): Promise<boolean> => {
+    if (lost) return false;
+    // The key lives `ttlMs` from the renewal's start at the latest: timed from there.
+    const started = performance.now();
+    let timeout: NodeJS.Timeout | undefined;
+    try {
+      const renewed = await Promise.race([
+        kv.expireIfEquals(key, token, ttlMs),
+        new Promise<never>((_, fail) => {
+          timeout = setTimeout(() => fail(new Error('lease renewal timed out')), interval);
+        }),
+      ]);
+      if (!renewed) {
+        lose();
+        return false;
       }
-    })();
+      renewedAt = started;
+      return true;
+    } catch {
+      // Told by the last tick before the key may be gone, not a third of its life after.
+      if (performance.now() - renewedAt >= ttlMs - interval) lose();
+      return false;
+    } finally {
+      clearTimeout(timeout);
+    }
+  };
+  const timer = setInterval(() => {
+    renewing = renew();
   }, interval);
   timer.unref();
   return {
+    held: renew,
     release: async () => {
       clearInterval(timer);
       await renewing;
