@@ -61,7 +61,13 @@ import {
 } from './knowpost/post-cache.js';
 import { PostUrlSigner } from './knowpost/post-read.model.js';
 import { PostReadRepository } from './knowpost/post-read.repository.js';
-import { replayViews, VIEW_TOPIC, ViewAggregator, ViewMetrics, ViewRecorder } from './knowpost/views.js';
+import {
+  counterRestoreParts,
+  VIEW_TOPIC,
+  ViewAggregator,
+  ViewMetrics,
+  ViewRecorder,
+} from './knowpost/views.js';
 import { OutboxWriter } from './platform/outbox/outbox.js';
 import { SnowflakeGenerator } from './platform/ids/snowflake.js';
 import { PeriodicTask } from './platform/workers/periodic.js';
@@ -501,17 +507,7 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
   ];
   // Heals a counter store that lost its facts (or a replay that stopped half-way) by replaying the log.
   const restorer = config.counters.autoReplay
-    ? new CounterRestorer(
-        {
-          store: platform.counterStore,
-          events: platform.events,
-          kv: platform.kv,
-          seal: () => platform.sealCounters(),
-          addViewsBack: (progress) => replayViews(platform.events, platform.counterStore, progress),
-        },
-        log,
-        RESTORE_CHECK_MS,
-      )
+    ? new CounterRestorer(counterRestoreParts(platform), log, RESTORE_CHECK_MS)
     : undefined;
   // Refused while the counter store is restored (each batch again, about once a second): said once a minute.
   let viewsWaitTold = Number.NEGATIVE_INFINITY;

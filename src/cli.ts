@@ -8,7 +8,7 @@ import { COUNTER_TOPIC, entityKey, parseEntityKey, type EntityRef } from './coun
 import { ConfigError, loadConfig, unknownSettings, type Config } from './platform/config/config.js';
 import { createLogger } from './platform/logging/logger.js';
 import { checkEmbeddedDeployment, createPlatform } from './platform/wiring.js';
-import { replayViews, VIEW_TOPIC } from './knowpost/views.js';
+import { counterRestoreParts, VIEW_TOPIC } from './knowpost/views.js';
 import { KnowpostVisibilityRepository } from './knowpost/visibility.repository.js';
 import { relationUserCountParts } from './relation/user-count-parts.js';
 import { runUsersCommand, USERS_USAGE } from './user-counter/admin.js';
@@ -245,24 +245,14 @@ async function main(argv: string[]): Promise<number> {
       process.once('SIGINT', onSignal).once('SIGTERM', onSignal);
       // One replay at a time in a deployment (`restoreCounters` holds its lease): a second one's
       // reset, views and seals would interleave with the first's.
-      const restored = await restoreCounters(
-        {
-          store: platform.counterStore,
-          events: platform.events,
-          kv: platform.kv,
-          seal: () => platform.sealCounters(),
-          addViewsBack: (progress) => replayViews(platform.events, platform.counterStore, progress),
-        },
-        progress,
-        {
-          force: values.force ?? false,
-          signal: stop.signal,
-          onLeaseLost: () =>
-            process.stderr.write(
-              'warning: this replay could not keep its claim on the deployment (the key-value store was out of reach for a minute, or the claim was taken): another replay could start beside it\n',
-            ),
-        },
-      ).finally(() => process.off('SIGINT', onSignal).off('SIGTERM', onSignal));
+      const restored = await restoreCounters(counterRestoreParts(platform), progress, {
+        force: values.force ?? false,
+        signal: stop.signal,
+        onLeaseLost: () =>
+          process.stderr.write(
+            'warning: this replay could not keep its claim on the deployment (the key-value store was out of reach for a minute, or the claim was taken): another replay could start beside it\n',
+          ),
+      }).finally(() => process.off('SIGINT', onSignal).off('SIGTERM', onSignal));
       if (restored.outcome !== 'restored') {
         process.stderr.write(
           'another counters replay is running in this deployment (a worker restoring the store, or one run by hand; or one stopped less than 20 s ago); nothing was changed\n',

@@ -12,6 +12,8 @@ import {
   type EventRecord,
   type Subscription,
 } from '../platform/eventlog/eventlog.js';
+import type { RestoreParts } from '../counter/restore.js';
+import type { Platform } from '../platform/wiring.js';
 import type { ViewSink } from './detail.service.js';
 
 /**
@@ -487,4 +489,17 @@ export async function replayViews(
   });
   report.viewRecords -= report.malformedViewRecords;
   return report;
+}
+
+/** What restoring the counter store of `platform` takes (`restoreCounters`), its views included. */
+export function counterRestoreParts(
+  platform: Pick<Platform, 'counterStore' | 'events' | 'kv' | 'sealCounters'>,
+): RestoreParts {
+  return {
+    store: platform.counterStore,
+    events: platform.events,
+    kv: platform.kv,
+    seal: () => platform.sealCounters(),
+    addViewsBack: (progress) => replayViews(platform.events, platform.counterStore, progress),
+  };
 }
