@@ -745,4 +745,29 @@ describe('counters under faults (embedded profile: one process, killed with SIGK
     expect(toggler.failures).toEqual([]);
     await exactWithin(client, posts, toggler, 5_000);
   }, 90_000);
+
+  it('restores by itself, once started, a store a replay left emptied and unsealed', async () => {
+    await server!.stop();
+    // As a replay killed after its reset leaves it: unsealed, facts and counts gone.
+    const sqlite = openSqlite(join(deployment!.env.ZG_DATA_DIR!, 'zhiguang.db'));
+    try {
+      sqlite.raw!.exec(`INSERT INTO counter_meta (k, v) VALUES ('unsealed', 1)`);
+      for (const table of ['counter_facts', 'counter_entities', 'counter_pending', 'counter_snapshots'])
+        sqlite.raw!.exec(`DELETE FROM ${table}`);
+    } finally {
+      await sqlite.close();
+    }
+    server = await startNode(deployment!.env, 'all');
+    client = new Client(server.baseUrl);
+    // The server's restorer replays the log within seconds: counts and flags as the answers said.
+    await exactWithin(client, posts, toggler, 30_000);
+    await expectFlags(client, users, posts, toggler, 20, 7);
+    expect(
+      server.lines.some((line) => String(line.msg).startsWith('counter store restored from the event log')),
+    ).toBe(true);
+    toggler.retarget(client);
+    await toggler.run(100, 4);
+    expect(toggler.failures).toEqual([]);
+    await exactWithin(client, posts, toggler, 5_000);
+  }, 90_000);
 });
