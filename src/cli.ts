@@ -187,7 +187,7 @@ async function main(argv: string[]): Promise<number> {
     }
   }
   const log = createLogger(config.logLevel === 'info' ? 'warn' : config.logLevel);
-  // The replay refills Redis: once done, it sets the deployment's mark and seals (see sealCounters).
+  // The replay refills Redis: once done, it seals the groups and sets the deployment's mark (see markCountersRestored).
   const platform = await createPlatform(config, log, { replaying: command === 'replay', existing: true });
   const metrics = new CounterMetrics(new Registry());
   const started = Date.now();

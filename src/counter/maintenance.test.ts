@@ -93,6 +93,12 @@ class RecordingStore {
     return [3, 5];
   }
 
+  async claimForRestore(): Promise<void> {}
+
+  async unsealedGroups(): Promise<number> {
+    return 0;
+  }
+
   async reset(): Promise<void> {
     this.resets++;
     this.facts.clear();

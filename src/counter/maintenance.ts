@@ -1,5 +1,6 @@
 import { recheckUnsettled } from '../platform/workers/recheck.js';
 import type { Batch, EventLog } from '../platform/eventlog/eventlog.js';
+import { randomUUID } from 'node:crypto';
 import { parseCounterEvent } from './aggregator.js';
 import type { CounterMetrics } from './counter.metrics.js';
 import { counterRecord } from './event-publisher.js';
@@ -326,7 +327,10 @@ export async function replayAll(
     // compared with the whole log. Should the replay stop before its reset (an error, a refusal,
     // Ctrl-C), the groups that were sealed are sealed again; killed outright, it leaves toggles
     // refused until a replay completes.
-    const sealed = await store.unseal();
+    // Left on every group and required by the seals below: a store emptied under the replay (Redis
+    // wiped, the claim's key with it) stays unsealed whenever it happens, for the next replay.
+    const token = randomUUID();
+    const sealed = await store.unseal(token);
     let emptied = false;
     try {
       // Every record left, however recent its clock made it: no toggle can add one now.
@@ -340,10 +344,13 @@ export async function replayAll(
       // Emptied only once the whole log is read: a read that fails leaves the store as it was.
       emptied = true;
       await store.reset();
+      await store.claimForRestore(token);
+      // Emptied again between the reset and the token (the claim's key gone with it): stop here.
+      if (holds && !(await holds())) throw claimLost();
     } catch (err) {
       // Sealed again only by the replay that still holds the deployment's claim: another may have
       // unsealed the store since and be refilling it.
-      if (!emptied && (!holds || (await holds().catch(() => false)))) await store.seal(sealed);
+      if (!emptied && (!holds || (await holds().catch(() => false)))) await store.seal(sealed, token);
       throw err;
     }
 
@@ -353,8 +360,14 @@ export async function replayAll(
     await refill?.();
     // A replay that lost its claim meanwhile leaves the sealing to the one that took it over.
     if (holds && !(await holds())) throw claimLost();
-    // Its facts are whole again: toggles are taken.
-    await store.seal();
+    // Its facts are whole again: toggles are taken (in each group that still carries the token).
+    await store.seal(undefined, token);
+    const unsealed = await store.unsealedGroups();
+    if (unsealed > 0) {
+      throw new Error(
+        `${unsealed} counter group(s) were emptied while the replay refilled them (the store lost its data again); they stay refused until a replay completes`,
+      );
+    }
     return report;
   } finally {
     folded.close();

@@ -951,7 +951,13 @@ describe.each<Profile>(['embedded', 'cluster'])('counter pipeline (%s profile)',
     } as unknown as Pick<Logger, 'warn' | 'error'>;
     const restorer = (store: CounterStore) =>
       new CounterRestorer(
-        { store, events: rig.events, kv, seal: () => store.seal(), addViewsBack: async () => ({}) },
+        {
+          store,
+          events: rig.events,
+          kv,
+          markRestored: async () => undefined,
+          addViewsBack: async () => ({}),
+        },
         log,
         60_000,
       );
@@ -1022,6 +1028,36 @@ describe.each<Profile>(['embedded', 'cluster'])('counter pipeline (%s profile)',
     expect(await sealing.unsealedGroups()).toBe(0);
     await expectExact(rig, refs, model);
   });
+
+  it.runIf(profile === 'cluster')(
+    'does not seal a store wiped while the replay refilled it: it stays refused for the next replay (invariant 7)',
+    async () => {
+      const refs = posts(3);
+      const model = new Model();
+      const aggregator = rig.aggregator();
+      await aggregator.start();
+      await load(rig, model, { refs, users: 20, ops: 120, seed: 14 });
+      await settle(rig, refs);
+      await aggregator.stop();
+      const { redis } = rig.separateStore();
+      const sealing = new RedisCounterStore(redis!, {
+        prefix: rig.prefix!,
+        groups: GROUPS,
+        requireSeal: true,
+      });
+      await sealing.seal();
+      // Redis wiped (a FLUSHALL, no reconnection) after the facts are back, just before the seal.
+      await expect(
+        replayAll(sealing, rig.events, () => undefined, { refill: () => wipeCounterStore(rig) }),
+      ).rejects.toThrow(/emptied while the replay refilled them/);
+      expect(await sealing.unsealedGroups()).toBe(GROUPS);
+      await expect(sealing.toggle(refs[0]!, 'like', 99_001, true, Date.now())).rejects.toThrow(/restored/);
+      // The next replay makes it whole.
+      await replayAll(sealing, rig.events, () => undefined);
+      expect(await sealing.unsealedGroups()).toBe(0);
+      await expectExact(rig, refs, model);
+    },
+  );
 
   it('publishes toggles that never reached the log before a replay reads it, so none is lost (invariant 7)', async () => {
     const refs = posts(3);

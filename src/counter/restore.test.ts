@@ -48,7 +48,7 @@ function setup() {
     store,
     events,
     kv,
-    seal: async () => undefined,
+    markRestored: async () => undefined,
     addViewsBack: async () => ({}),
   };
   const log = {

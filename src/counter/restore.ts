@@ -19,8 +19,8 @@ export interface RestoreParts {
   store: CounterStore;
   events: EventLog;
   kv: KeyValueStore;
-  /** Once the facts are back: the store is marked as the deployment's and sealed (toggles taken). */
-  seal(): Promise<void>;
+  /** Once the facts are back and sealed: the store is marked as the deployment's. */
+  markRestored(): Promise<void>;
   /**
    * The views the log holds, added back before the store is sealed (`replayViews`); what it reports
    * joins the summary.
@@ -68,7 +68,7 @@ export async function restoreCounters(
     // key with it, on Redis) must not be marked as whole.
     if (!(await lease.held()))
       throw new Error('the replay lost its claim on the deployment before marking the store restored');
-    await parts.seal();
+    await parts.markRestored();
     return { outcome: 'restored', report: { ...counters, ...views } };
   } finally {
     await lease.release().catch(() => undefined);

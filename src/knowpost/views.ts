@@ -493,13 +493,13 @@ export async function replayViews(
 
 /** What restoring the counter store of `platform` takes (`restoreCounters`), its views included. */
 export function counterRestoreParts(
-  platform: Pick<Platform, 'counterStore' | 'events' | 'kv' | 'sealCounters'>,
+  platform: Pick<Platform, 'counterStore' | 'events' | 'kv' | 'markCountersRestored'>,
 ): RestoreParts {
   return {
     store: platform.counterStore,
     events: platform.events,
     kv: platform.kv,
-    seal: () => platform.sealCounters(),
+    markRestored: () => platform.markCountersRestored(),
     addViewsBack: (progress) => replayViews(platform.events, platform.counterStore, progress),
   };
 }

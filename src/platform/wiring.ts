@@ -47,8 +47,8 @@ export interface Platform {
   outboxStore: OutboxStore;
   storage: ObjectStorage;
   counterStore: CounterStore;
-  /** After a replay brought the counter facts back: takes likes and favourites again (see `sealCounters`). */
-  sealCounters(): Promise<void>;
+  /** After a replay brought the counter facts back and sealed them: marks the store as the deployment's (see `markCountersRestored`). */
+  markCountersRestored(): Promise<void>;
   userCounterStore: UserCounterStore;
   /** Cached following/followers lists (cluster: Redis sorted sets; embedded: in process). */
   relationLists: ListCache;
@@ -241,7 +241,7 @@ async function createEmbedded(
       outboxStore: new SqliteOutboxStore(db),
       storage: localStorage(config),
       counterStore,
-      sealCounters: async () => undefined,
+      markCountersRestored: async () => undefined,
       userCounterStore: new SqliteUserCounterStore(db),
       relationLists: new MemoryListCache({
         ttlMs: config.relations.listCacheTtlMs,
@@ -452,8 +452,8 @@ const sealedKey = (prefix: string) => `${prefix}meta:counter-sealed`;
 
 /**
  * Records that Redis holds the deployment's counter facts: the groups' mark (`checkCounterGroups`),
- * every group's seal, then the deployment's. At a deployment's first start, and by the replay once
- * it brought the facts back.
+ * every group's seal, then the deployment's. At a deployment's first start (a replay seals the
+ * groups itself, and then only marks: `markCountersRestored`).
  */
 export async function sealCounters(
   redis: Redis,
@@ -463,6 +463,15 @@ export async function sealCounters(
 ): Promise<void> {
   await checkCounterGroups(redis, prefix, groups, true);
   await store.seal();
+  await redis.set(sealedKey(prefix), '1');
+}
+
+/**
+ * After a replay brought the facts back and sealed the groups it refilled: the groups' mark and the
+ * deployment's seal. Not the groups' seals again, which would seal a group emptied since.
+ */
+export async function markCountersRestored(redis: Redis, prefix: string, groups: number): Promise<void> {
+  await checkCounterGroups(redis, prefix, groups, true);
   await redis.set(sealedKey(prefix), '1');
 }
 
@@ -681,7 +690,7 @@ async function createCluster(
       outboxStore: new MysqlOutboxStore(db),
       storage,
       counterStore,
-      sealCounters: () => sealCounters(redis, config.redisPrefix, config.counters.groups, counterStore),
+      markCountersRestored: () => markCountersRestored(redis, config.redisPrefix, config.counters.groups),
       userCounterStore: new RedisUserCounterStore(redis, {
         prefix: config.redisPrefix,
         groups: config.counters.groups,

@@ -172,9 +172,18 @@ export interface CounterStore {
    * in the database and are never lost apart from it, but a replay that stopped after emptying them
    * leaves the store unsealed there too (one group, 0).
    */
-  seal(groups?: readonly number[]): Promise<void>;
-  /** Refuses toggles from now on (a replay under way); the groups that were sealed, for `seal`. */
-  unseal(): Promise<number[]>;
+  seal(groups?: readonly number[], token?: string): Promise<void>;
+  /**
+   * Refuses toggles from now on (a replay under way); the groups that were sealed, for `seal`. With
+   * a replay's `token` (see `claimForRestore`).
+   */
+  unseal(token?: string): Promise<number[]>;
+  /**
+   * Leaves a replay's `token` on every group (after its reset emptied them), and `seal` with the
+   * token then seals a group only while it still carries it: a store emptied again under the replay
+   * (Redis wiped) is not sealed by it. Embedded: nothing empties the database under a replay; a no-op.
+   */
+  claimForRestore(token: string): Promise<void>;
   /** How many groups refuse toggles now (a replay under way, or one stopped half-way; data lost). */
   unsealedGroups(): Promise<number>;
   /**

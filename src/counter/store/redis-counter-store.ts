@@ -63,6 +63,11 @@ export interface RedisCounterStoreOptions {
  * emptied by a replay's reset) since it was sealed. Not an entity: no entity field is `~`.
  */
 export const SEAL_FIELD = '~';
+/**
+ * Where a replay leaves its token on each group it restores (`unseal`, `claimForRestore`); its
+ * `seal` seals a group only while the token is still there. Not an entity either.
+ */
+export const RESTORE_FIELD = '~r';
 /** Calls of `addLoggedViews` sent again after marks moved under them, before it gives up. */
 const VIEW_MARK_ATTEMPTS = 10;
 /** (group, partition) marks a store remembers at most (about 100 bytes each); past them it forgets all. */
@@ -539,8 +544,17 @@ return {
 }
 `;
 
+// Seals a group for the replay whose token it carries (see `seal`). KEYS: seq hash. ARGV: token.
+const SEAL_IF_LUA = `
+if redis.call('HGET', KEYS[1], '${RESTORE_FIELD}') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], '${SEAL_FIELD}', '1')
+redis.call('HDEL', KEYS[1], '${RESTORE_FIELD}')
+return 1
+`;
+
 const CMD = {
   toggle: 'zgCounterToggle',
+  sealIf: 'zgCounterSealIf',
   replay: 'zgCounterReplay',
   flags: 'zgCounterFlags',
   count: 'zgCounterCount',
@@ -754,6 +768,7 @@ export class RedisCounterStore implements CounterStore {
     this.unpubKey = `${this.prefix}c:unpub`;
     this.toggleScript = defineScript<ScriptCall>(redis, CMD.toggle, 4, TOGGLE_LUA);
     defineScript(redis, CMD.replay, 3, REPLAY_LUA);
+    defineScript(redis, CMD.sealIf, 1, SEAL_IF_LUA);
     this.flagsScript = defineScript<ScriptCall>(redis, CMD.flags, null, FLAGS_LUA);
     this.singleNode = options.singleNode ?? true;
     this.requireSeal = options.requireSeal ?? false;
@@ -864,23 +879,32 @@ export class RedisCounterStore implements CounterStore {
   /**
    * Marks every group as holding its facts (see `SEAL_FIELD`): at a deployment's first start, once
    * at the first start of a release that checks seals, and after a replay brought the facts back.
+   * With a replay's `token`, a group only while it still carries the token (`RESTORE_FIELD`), which
+   * goes: one emptied meanwhile (Redis wiped under the replay) stays unsealed.
    */
-  async seal(groups?: readonly number[]): Promise<void> {
+  async seal(groups?: readonly number[], token?: string): Promise<void> {
     // Highest first, so that group 0 (which `unseal` takes first) is sealed last: while it is not,
     // some group may not be (`restoring`), whichever pipeline a failure stops at.
     const all = [...(groups ?? Array.from({ length: this.groups }, (_, g) => g))].sort((a, b) => b - a);
     for (let from = 0; from < all.length; from += SCAN_CHUNK) {
-      const pipeline = this.redis.pipeline();
-      for (const g of all.slice(from, from + SCAN_CHUNK))
-        pipeline.hset(this.groupKey('seq', g), SEAL_FIELD, '1');
+      const pipeline = this.redis.pipeline() as unknown as Record<string, (...args: string[]) => unknown> &
+        ReturnType<Redis['pipeline']>;
+      for (const g of all.slice(from, from + SCAN_CHUNK)) {
+        if (token === undefined) pipeline.hset(this.groupKey('seq', g), SEAL_FIELD, '1');
+        else pipeline[CMD.sealIf]!(this.groupKey('seq', g), token);
+      }
       await execPipeline(pipeline);
     }
   }
 
-  /** The groups sealed now are read first, so a failure half-way seals them again before it is told. */
-  async unseal(): Promise<number[]> {
+  /**
+   * The groups sealed now are read first, so a failure half-way seals them again before it is told.
+   * With a replay's `token`, every group carries it from now on (see `seal`).
+   */
+  async unseal(token?: string): Promise<number[]> {
     const sealed = (await this.sealFlags()).flatMap((on, g) => (on ? [g] : []));
     try {
+      if (token !== undefined) await this.claimForRestore(token);
       for (let from = 0; from < sealed.length; from += SCAN_CHUNK) {
         const pipeline = this.redis.pipeline();
         for (const g of sealed.slice(from, from + SCAN_CHUNK))
@@ -888,10 +912,19 @@ export class RedisCounterStore implements CounterStore {
         await execPipeline(pipeline);
       }
     } catch (err) {
-      await this.seal(sealed).catch(() => undefined);
+      await this.seal(sealed, token).catch(() => undefined);
       throw err;
     }
     return sealed;
+  }
+
+  async claimForRestore(token: string): Promise<void> {
+    for (let from = 0; from < this.groups; from += SCAN_CHUNK) {
+      const pipeline = this.redis.pipeline();
+      for (let g = from; g < Math.min(this.groups, from + SCAN_CHUNK); g++)
+        pipeline.hset(this.groupKey('seq', g), RESTORE_FIELD, token);
+      await execPipeline(pipeline);
+    }
   }
 
   async unsealedGroups(): Promise<number> {

@@ -493,13 +493,17 @@ export class SqliteCounterStore implements CounterStore {
    * a replay completes, as on the cluster profile. A toggle taken meanwhile would restart its
    * entity's seq at 1, below the events the log holds, and the next replay would revert it.
    */
-  async seal(groups?: readonly number[]): Promise<void> {
+  async seal(groups?: readonly number[], _token?: string): Promise<void> {
     // One group, 0: `unseal` found the store unsealed already when it answered none.
     if (groups && !groups.includes(0)) return;
     await this.exclusive(() => void this.s.seal.run());
   }
 
-  async unseal(): Promise<number[]> {
+  async claimForRestore(_token: string): Promise<void> {
+    // Nothing empties the database under a replay but the replay itself.
+  }
+
+  async unseal(_token?: string): Promise<number[]> {
     const wasSealed = await this.exclusive(() => {
       const sealed = this.s.unsealed.get() === undefined;
       this.s.unseal.run();
