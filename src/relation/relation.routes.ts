@@ -33,9 +33,11 @@ export function relationRoutes(deps: { relations: RelationService; guards: AuthG
             description:
               'Follows plus unfollows: at most ZG_RELATION_CHANGE_LIMIT per user per minute (60 by default; ' +
               '429 past that). Following or unfollowing yourself is 400; an unknown user is 404 and still counts ' +
-              'against the limit.',
+              'against the limit. 503 when the database could not take the change in time: one that waited ' +
+              'ZG_MYSQL_TIMEOUT_MS for its transaction was not made; after a database outage it may have been ' +
+              '(the status route tells).',
             querystring: TargetQuery,
-            response: { 200: ChangedResponse, ...errorResponses(400, 401, 404, 429) },
+            response: { 200: ChangedResponse, ...errorResponses(400, 401, 404, 429, 503) },
           },
         },
         async (request) => {
