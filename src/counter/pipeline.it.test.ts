@@ -331,6 +331,16 @@ async function settle(rig: Rig, refs: readonly EntityRef[], timeoutMs = 20_000):
 }
 
 /** Every snapshot and every fact set equals the model, exactly. */
+/** Toggles `o` through a running aggregator until every count is folded; how many changed. */
+async function loadQuiet(rig: Rig, model: Model, o: LoadOptions): Promise<number> {
+  const aggregator = rig.aggregator();
+  await aggregator.start();
+  const changes = await load(rig, model, o);
+  await settle(rig, o.refs);
+  await aggregator.stop();
+  return changes;
+}
+
 async function expectExact(rig: Rig, refs: readonly EntityRef[], model: Model): Promise<void> {
   const snapshots = await rig.store.readSnapshots(refs);
   const got = await Promise.all(
@@ -829,11 +839,7 @@ describe.each<Profile>(['embedded', 'cluster'])('counter pipeline (%s profile)',
   it('replays the log from the earliest offset into an emptied store, exactly, up to the end captured at the start (invariant 7)', async () => {
     const refs = posts(10);
     const model = new Model();
-    const aggregator = rig.aggregator();
-    await aggregator.start();
-    const changes = await load(rig, model, { refs, users: 80, ops: 1_500, seed: 8 });
-    await settle(rig, refs);
-    await aggregator.stop();
+    const changes = await loadQuiet(rig, model, { refs, users: 80, ops: 1_500, seed: 8 });
     await expectExact(rig, refs, model);
     const flagsBefore = await Promise.all([1, 2, 3, 40, 79].map((u) => rig.store.flags(u, refs)));
     const seqBefore = await Promise.all(refs.map(async (r) => (await rig.store.inspect(r)).seq));
@@ -935,11 +941,7 @@ describe.each<Profile>(['embedded', 'cluster'])('counter pipeline (%s profile)',
   it('restores by itself a store whose facts were lost, one process replaying while the others wait, and takes toggles again (invariant 7, ZG_COUNTER_AUTO_REPLAY)', async () => {
     const refs = posts(6);
     const model = new Model();
-    const aggregator = rig.aggregator();
-    await aggregator.start();
-    await load(rig, model, { refs, users: 40, ops: 400, seed: 12 });
-    await settle(rig, refs);
-    await aggregator.stop();
+    await loadQuiet(rig, model, { refs, users: 40, ops: 400, seed: 12 });
     await expectExact(rig, refs, model);
     // As a deployment's first start leaves it.
     await rig.store.seal();
@@ -999,11 +1001,7 @@ describe.each<Profile>(['embedded', 'cluster'])('counter pipeline (%s profile)',
   it('stops a replay that lost its claim on the deployment: before the reset changing nothing, after it leaving the store unsealed (invariant 7)', async () => {
     const refs = posts(3);
     const model = new Model();
-    const aggregator = rig.aggregator();
-    await aggregator.start();
-    await load(rig, model, { refs, users: 20, ops: 120, seed: 13 });
-    await settle(rig, refs);
-    await aggregator.stop();
+    await loadQuiet(rig, model, { refs, users: 20, ops: 120, seed: 13 });
     const { store, redis } = rig.separateStore();
     const sealing = redis
       ? new RedisCounterStore(redis, { prefix: rig.prefix!, groups: GROUPS, requireSeal: true })
@@ -1034,11 +1032,7 @@ describe.each<Profile>(['embedded', 'cluster'])('counter pipeline (%s profile)',
     async () => {
       const refs = posts(3);
       const model = new Model();
-      const aggregator = rig.aggregator();
-      await aggregator.start();
-      await load(rig, model, { refs, users: 20, ops: 120, seed: 14 });
-      await settle(rig, refs);
-      await aggregator.stop();
+      await loadQuiet(rig, model, { refs, users: 20, ops: 120, seed: 14 });
       const { redis } = rig.separateStore();
       const sealing = new RedisCounterStore(redis!, {
         prefix: rig.prefix!,

@@ -53,6 +53,21 @@ async function stopRedis(child: ChildProcess | undefined): Promise<void> {
   await exited;
 }
 
+/** A `redis-server` of the test's own and a cluster server on it, commands timed out quickly. */
+async function startOnOwnRedis(
+  extra: Record<string, string> = {},
+): Promise<{ port: number; redis: ChildProcess; server: Server; client: Client }> {
+  const port = await freePort();
+  const redis = await startRedis(port);
+  const server = await startServer('cluster', {
+    ZG_REDIS_URL: `redis://127.0.0.1:${port}`,
+    ZG_REDIS_COMMAND_TIMEOUT_MS: String(COMMAND_TIMEOUT_MS),
+    ZG_ENTITY_CACHE_MS: '0',
+    ...extra,
+  });
+  return { port, redis, server, client: new Client(server.baseUrl) };
+}
+
 describe('a cluster server while its Redis is down', () => {
   let port: number;
   let redis: ChildProcess | undefined;
@@ -62,16 +77,8 @@ describe('a cluster server while its Redis is down', () => {
   const postId = String(BigInt(Date.now()) * 1_000_000n + 7n);
 
   beforeAll(async () => {
-    port = await freePort();
-    redis = await startRedis(port);
-    server = await startServer('cluster', {
-      ZG_REDIS_URL: `redis://127.0.0.1:${port}`,
-      ZG_REDIS_COMMAND_TIMEOUT_MS: String(COMMAND_TIMEOUT_MS),
-      ZG_ENTITY_CACHE_MS: '0',
-      // The restore is run by hand here; the suite below leaves it to the server.
-      ZG_COUNTER_AUTO_REPLAY: 'false',
-    });
-    client = new Client(server.baseUrl);
+    // The restore is run by hand here; the suite below leaves it to the server.
+    ({ port, redis, server, client } = await startOnOwnRedis({ ZG_COUNTER_AUTO_REPLAY: 'false' }));
     user = await signUp(server, client);
     await server.insertPost({ id: postId, authorId: user.userId });
   }, 120_000);
@@ -219,14 +226,7 @@ describe('a cluster server whose Redis comes back without its data', () => {
   const postId = String(BigInt(Date.now()) * 1_000_000n + 11n);
 
   beforeAll(async () => {
-    port = await freePort();
-    redis = await startRedis(port);
-    server = await startServer('cluster', {
-      ZG_REDIS_URL: `redis://127.0.0.1:${port}`,
-      ZG_REDIS_COMMAND_TIMEOUT_MS: String(COMMAND_TIMEOUT_MS),
-      ZG_ENTITY_CACHE_MS: '0',
-    });
-    client = new Client(server.baseUrl);
+    ({ port, redis, server, client } = await startOnOwnRedis());
   }, 120_000);
 
   afterAll(async () => {
