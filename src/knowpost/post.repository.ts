@@ -82,9 +82,26 @@ export class PostRepository {
     return this.db.kysely.transaction().execute(work);
   }
 
-  /** Throws `UniqueViolationError` when the id is taken. */
-  async insertDraft(id: string, authorId: number, now: number): Promise<void> {
-    await this.db.kysely
+  /**
+   * Inserts the draft unless its author holds `maxOpen` open drafts already (false then). One
+   * author's drafts are counted and added one at a time: MySQL locks the author's row first, SQLite
+   * has one writer. Throws `UniqueViolationError` when the id is taken.
+   */
+  async insertDraft(id: string, authorId: number, now: number, maxOpen: number): Promise<boolean> {
+    return this.db.kysely
+      .transaction()
+      .execute(async (trx) => {
+        if (this.db.dialect === 'mysql')
+          await trx.selectFrom('users').select('id').where('id', '=', authorId).forUpdate().execute();
+        if ((await this.countDrafts(authorId, trx)) >= maxOpen) return false;
+        await this.insertDraftRow(trx, id, authorId, now);
+        return true;
+      })
+      .catch(translateDbError);
+  }
+
+  private async insertDraftRow(db: Executor, id: string, authorId: number, now: number): Promise<void> {
+    await db
       .insertInto('knowposts')
       .values({
         id,
@@ -94,12 +111,11 @@ export class PostRepository {
         created_at: now,
         updated_at: now,
       })
-      .execute()
-      .catch(translateDbError);
+      .execute();
   }
 
-  async countDrafts(authorId: number): Promise<number> {
-    const row = await this.db.kysely
+  async countDrafts(authorId: number, db: Executor = this.db.kysely): Promise<number> {
+    const row = await db
       .selectFrom('knowposts')
       .select((eb) => eb.fn.countAll().as('n'))
       .where('author_id', '=', authorId)

@@ -3,7 +3,7 @@ import { mkdtempSync, rmSync, utimesSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
-import { freshDatabases, type FreshDatabase } from '../../test/rig/resources.js';
+import { freshDatabases, userRow, type FreshDatabase } from '../../test/rig/resources.js';
 import { migrate, openSqlite, type Db } from '../platform/db/database.js';
 import { AppError } from '../platform/errors/errors.js';
 import { parseSnowflake, SnowflakeGenerator } from '../platform/ids/snowflake.js';
@@ -153,6 +153,17 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     const limited = newService({ draftsPerHour: 1 });
     expect(await outcome(limited.createDraft(9100))).toBe('ok');
     expect(await outcome(limited.createDraft(9100))).toBe('429 RATE_LIMITED');
+  });
+
+  it('holds the cap on open drafts against drafts created at once', async () => {
+    const capped = newService({ maxOpenDrafts: 3 });
+    const author = 9003;
+    await backend.db.kysely
+      .insertInto('users')
+      .values(userRow({ id: author }))
+      .execute();
+    const outcomes = await Promise.all(Array.from({ length: 10 }, () => outcome(capped.createDraft(author))));
+    expect(outcomes.sort()).toEqual([...Array<string>(7).fill('409 DRAFT_LIMIT'), 'ok', 'ok', 'ok']);
   });
 
   it('presigns keys under the post for its author only', async () => {

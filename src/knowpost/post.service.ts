@@ -144,18 +144,16 @@ export class PostService {
 
   async createDraft(userId: number): Promise<string> {
     await enforceLimit(this.limiter, `post-draft:${userId}`, this.limits.draftsPerHour, 3_600_000, 'drafts');
-    if ((await this.posts.countDrafts(userId)) >= this.limits.maxOpenDrafts) {
-      throw new ConflictError(
-        `At most ${this.limits.maxOpenDrafts} drafts may be open; publish or delete one first`,
-        'DRAFT_LIMIT',
-      );
-    }
     const now = this.now();
     // A process started with another's worker id can repeat an id; a fresh one then succeeds.
     for (let attempt = 0; ; attempt++) {
       const id = this.ids.next();
       try {
-        await this.posts.insertDraft(id, userId, now);
+        if (!(await this.posts.insertDraft(id, userId, now, this.limits.maxOpenDrafts)))
+          throw new ConflictError(
+            `At most ${this.limits.maxOpenDrafts} drafts may be open; publish or delete one first`,
+            'DRAFT_LIMIT',
+          );
         await this.announce({ id, authorId: userId, kind: 'created', draft: true, unlisted: true });
         return id;
       } catch (err) {
