@@ -55,5 +55,8 @@ describe(meetsPasswordPolicy.name, () => {
     ['😀😀😀😀😀😀a1', true],
     [`a1${'😀'.repeat(126)}`, true],
     [`a1${'😀'.repeat(127)}`, false],
+    // A lone surrogate would be hashed as U+FFFD: "\ud800abc12345" and "\udfffabc12345" would match.
+    ['\ud800abc12345', false],
+    ['abc12345\udfff', false],
   ])('%s → %s', (password, ok) => expect(meetsPasswordPolicy(password)).toBe(ok));
 });

@@ -83,10 +83,13 @@ export class PasswordHasher {
   }
 }
 
-/** At least 8 characters (code points, as the schema counts them) with a letter and a digit. */
+/**
+ * At least 8 characters (code points, as the schema counts them) with a letter and a digit, and
+ * well-formed: a lone surrogate is hashed as U+FFFD, so different ones would make one password.
+ */
 export function meetsPasswordPolicy(password: string): boolean {
   // 128 characters are at most 256 UTF-16 units: a longer string fails without being looked at.
-  if (password.length > 256) return false;
+  if (password.length > 256 || !password.isWellFormed()) return false;
   const characters = [...password].length;
   return characters >= 8 && characters <= 128 && /\p{L}/u.test(password) && /\d/.test(password);
 }
