@@ -183,11 +183,25 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
 
   const counterMetrics = new CounterMetrics(metrics.registry);
   const visibility = new KnowpostVisibilityRepository(platform.db);
+  // Serving from past its cache time is worth a line per minute: the database is away.
+  const staleVisibilityWarning = damped(60_000);
   const directory = new CachedEntityDirectory(
     (refs) => visibility.load(refs),
     config.entityCacheMs,
     100_000,
     now,
+    {
+      staleIfErrorMs: config.entityStaleIfErrorMs,
+      onStale: () => {
+        counterMetrics.staleVisibility.inc();
+        staleVisibilityWarning((heldBack) =>
+          log.warn(
+            { heldBack },
+            'database out of reach: likes and counts are served on post visibility cached before',
+          ),
+        );
+      },
+    },
   );
   const publisher = new CounterEventPublisher(platform.events, platform.counterStore, {
     onPublished: (n) => counterMetrics.eventsPublished.inc(n),
@@ -257,6 +271,7 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
     localTtlMs: config.postReads.localCacheMs,
     localMaxEntries: config.postReads.localCacheEntries,
     sharedTtlMs: config.postReads.sharedCacheMs,
+    staleIfErrorMs: config.entityStaleIfErrorMs,
     // Every read fails alike while Redis is away: one line per 5 s is enough.
     onError: (err) =>
       sharedCacheWarning((heldBack) =>
@@ -355,6 +370,9 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
 
   // A process that serves the API rides out a Kafka outage (toggles wait in the counter store for
   // the repair, views are retried, follows wait in the outbox): Kafka down leaves it in rotation.
+  // So does the database out of reach: every process shares it, so taking them all out of rotation
+  // would end what is still served (likes and counts of posts read recently, posts from the shared
+  // cache), and what needs it answers 503 at once.
   // A worker is ready once its consumers read the event log (they start late when it was out of
   // reach at start, and never when something else keeps them from joining their groups).
   let consumersStarted = false;
@@ -376,7 +394,7 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
       },
       () => draining,
       config.metricsToken,
-      new Set(config.role === 'worker' ? ['counters'] : ['kafka', 'consumers', 'counters']),
+      new Set(config.role === 'worker' ? ['counters'] : ['kafka', 'consumers', 'counters', 'database']),
     ),
   );
   if (config.role !== 'worker') {

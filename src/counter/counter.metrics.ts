@@ -16,6 +16,7 @@ export class CounterMetrics {
   readonly rebuilds: Counter<'reason'>;
   readonly driftFound: Counter;
   readonly driftHealed: Counter;
+  readonly staleVisibility: Counter;
 
   /** How many events wait in this process's publisher; set by whoever owns the publisher. */
   buffered: () => number = () => 0;
@@ -99,6 +100,11 @@ export class CounterMetrics {
     this.driftHealed = new Counter({
       name: 'zg_counter_drift_healed_total',
       help: 'Entities healed after drift was found',
+      registers,
+    });
+    this.staleVisibility = new Counter({
+      name: 'zg_counter_stale_visibility_total',
+      help: 'Likes, favourites and count reads answered from a post visibility kept past its cache time, because the database could not be read',
       registers,
     });
   }

@@ -7,6 +7,8 @@ const PUBLIC: Visibility = { authorId: 1, status: 'published', visible: 'public'
 const HIDDEN: Visibility = { authorId: 1, status: 'deleted', visible: 'public' };
 const TTL = 1_000;
 const AHEAD = 250;
+const RETRY = 100;
+const STALE = 10_000;
 
 /**
  * A little real time and a turn of the event loop: the directory has started every load asked for
@@ -23,9 +25,12 @@ interface Call {
 }
 
 /** A loader whose answers the test gives, one call at a time, and a clock the test moves. */
-function rig(options: { ttl?: number; maxEntries?: number; gatherMs?: number } = {}) {
+function rig(
+  options: { ttl?: number; maxEntries?: number; gatherMs?: number; staleIfErrorMs?: number } = {},
+) {
   const calls: Call[] = [];
   const clock = { now: 0 };
+  const stale = { served: 0 };
   const sut = new CachedEntityDirectory(
     (refs) =>
       new Promise<Map<string, Visibility>>((resolve, reject) => {
@@ -34,7 +39,13 @@ function rig(options: { ttl?: number; maxEntries?: number; gatherMs?: number } =
     options.ttl ?? TTL,
     options.maxEntries ?? 100,
     () => clock.now,
-    { refreshAheadMs: AHEAD, refreshGatherMs: options.gatherMs ?? 0 },
+    {
+      refreshAheadMs: AHEAD,
+      refreshGatherMs: options.gatherMs ?? 0,
+      staleIfErrorMs: options.staleIfErrorMs ?? 0,
+      staleRetryMs: RETRY,
+      onStale: () => void stale.served++,
+    },
   );
   /** Answers the last load: every key it asked for gets `value`. */
   const answer = async (value: Visibility | null, call = calls[calls.length - 1]): Promise<void> => {
@@ -53,7 +64,7 @@ function rig(options: { ttl?: number; maxEntries?: number; gatherMs?: number } =
     );
     return { state, promise };
   };
-  return { sut, calls, clock, answer, lookup };
+  return { sut, calls, clock, stale, answer, lookup };
 }
 
 describe(CachedEntityDirectory.name, () => {
@@ -289,6 +300,116 @@ describe(CachedEntityDirectory.name, () => {
       expect(r.calls).toHaveLength(3);
       await r.answer(HIDDEN);
       expect(forgotten.state.value).toEqual([false]);
+    });
+  });
+
+  describe('serving while loads fail', () => {
+    /** A directory that knows post 1 (public) from a load at time 0, now expired, and whose loads fail. */
+    async function failing() {
+      const r = rig({ staleIfErrorMs: STALE });
+      r.lookup([post('1')]);
+      await turn();
+      await r.answer(PUBLIC);
+      r.clock.now = TTL + 1;
+      return r;
+    }
+    const fail = async (calls: Call[]): Promise<void> => {
+      calls[calls.length - 1]!.reject(new Error('database down'));
+      await turn();
+    };
+
+    it('answers from the entry known before when its load fails, then without waiting for loads', async () => {
+      const { calls, clock, stale, lookup } = await failing();
+      const a = lookup([post('1')]);
+      await turn();
+      expect(a.state.settled).toBe(false);
+      expect(calls).toHaveLength(2);
+      await fail(calls);
+      expect(a.state.value).toEqual([true]);
+      expect(stale.served).toBe(1);
+
+      // Until a load succeeds: answered at once, and the key is loaded again once per RETRY.
+      const b = lookup([post('1')]);
+      await turn();
+      expect(b.state.value).toEqual([true]);
+      expect(calls).toHaveLength(2);
+      clock.now += RETRY;
+      const c = lookup([post('1')]);
+      await turn();
+      expect(c.state.value).toEqual([true]);
+      expect(calls).toHaveLength(3);
+      lookup([post('1')]);
+      await turn();
+      expect(calls).toHaveLength(3);
+      expect(stale.served).toBe(4);
+
+      // The database is back: the answer it gives is kept and served fresh.
+      calls[2]!.resolve(new Map([['knowpost:1', HIDDEN]]));
+      await turn();
+      const d = lookup([post('1')]);
+      await turn();
+      expect(d.state.value).toEqual([false]);
+      expect(calls).toHaveLength(3);
+      expect(stale.served).toBe(4);
+    });
+
+    it('waits for a load again once one succeeded, and falls back only on its failure', async () => {
+      const { calls, clock, answer, lookup } = await failing();
+      lookup([post('1')]);
+      await turn();
+      await fail(calls);
+      // Another post loads fine: loads work again, so the next lookup of post 1 waits for its own.
+      lookup([post('2')]);
+      await turn();
+      await answer(PUBLIC);
+      clock.now += 1;
+      const a = lookup([post('1')]);
+      await turn();
+      expect(a.state.settled).toBe(false);
+      expect(calls).toHaveLength(4);
+      await answer(HIDDEN);
+      expect(a.state.value).toEqual([false]);
+    });
+
+    it('refuses an answer older than ttl + staleIfErrorMs, one forgotten since, and a key never loaded', async () => {
+      const old = await failing();
+      old.clock.now = TTL + STALE;
+      const a = old.lookup([post('1')]);
+      await turn();
+      await fail(old.calls);
+      expect(a.state.error).toBeInstanceOf(Error);
+
+      const forgotten = await failing();
+      forgotten.sut.forget(post('1'));
+      const b = forgotten.lookup([post('1')]);
+      await turn();
+      await fail(forgotten.calls);
+      expect(b.state.error).toBeInstanceOf(Error);
+      // A change heard of while the load was in flight drops the answer too.
+      const c = forgotten.lookup([post('1')]);
+      await turn();
+      forgotten.sut.forgetAll();
+      await fail(forgotten.calls);
+      expect(c.state.error).toBeInstanceOf(Error);
+
+      const unknown = await failing();
+      const d = unknown.lookup([post('2')]);
+      await turn();
+      await fail(unknown.calls);
+      expect(d.state.error).toBeInstanceOf(Error);
+      expect(old.stale.served + forgotten.stale.served + unknown.stale.served).toBe(0);
+    });
+
+    it('serves nothing stale by default', async () => {
+      const { calls, clock, answer, lookup } = rig();
+      lookup([post('1')]);
+      await turn();
+      await answer(PUBLIC);
+      clock.now = TTL + 1;
+      const a = lookup([post('1')]);
+      await turn();
+      await fail(calls);
+      expect(a.state.error).toBeInstanceOf(Error);
     });
   });
 

@@ -47,6 +47,15 @@ export interface CachedEntityDirectoryOptions {
   refreshAheadMs?: number;
   /** How long background refreshes are gathered into one load; default a quarter of `refreshAheadMs`, at most 100 ms. */
   refreshGatherMs?: number;
+  /**
+   * How long past `ttlMs` an answer is still served while loads fail (the database is out of
+   * reach); default 0: never. Only an answer no change was heard of stays: `forget` drops it.
+   */
+  staleIfErrorMs?: number;
+  /** While loads fail, a key's stale answer is loaded again at most this often; default 1000 ms. */
+  staleRetryMs?: number;
+  /** Told of every answer served past `ttlMs` because loads failed. */
+  onStale?: () => void;
 }
 
 /** Keys one `load` call receives at most (it becomes one `IN (…)` query). */
@@ -69,7 +78,11 @@ const later = setTimeout;
  *   `LOAD_BATCH` keys each. Background refreshes are gathered for `refreshGatherMs` first (or until
  *   a waiting lookup's load takes them along), so hot entries are refreshed a batch at a time.
  * A failed load fails the lookups waiting for it and is not cached; a failed background refresh
- * leaves the entry as it was.
+ * leaves the entry as it was. With `staleIfErrorMs`, a lookup whose load failed gets the answer
+ * known before instead, if it is younger than `ttlMs + staleIfErrorMs` and no change of the entity
+ * was heard of since (`forget` dropped it); until a load succeeds again, lookups of such answers do
+ * not wait for a load at all, and each key is loaded again at most every `staleRetryMs`. So likes of
+ * posts read recently go on while the database is out of reach; a change cannot be made meanwhile.
  */
 export class CachedEntityDirectory implements EntityDirectory {
   private readonly cache = new Map<string, Entry>();
@@ -85,6 +98,11 @@ export class CachedEntityDirectory implements EntityDirectory {
   private gatherTimer: ReturnType<typeof setTimeout> | null = null;
   private readonly refreshAheadMs: number;
   private readonly refreshGatherMs: number;
+  private readonly staleIfErrorMs: number;
+  private readonly staleRetryMs: number;
+  private readonly onStale: () => void;
+  /** When the last load failed; null once a load succeeded since. */
+  private failedAt: number | null = null;
 
   constructor(
     private readonly load: (refs: readonly EntityRef[]) => Promise<Map<string, Visibility>>,
@@ -98,6 +116,9 @@ export class CachedEntityDirectory implements EntityDirectory {
       0,
       options.refreshGatherMs ?? Math.min(100, Math.floor(this.refreshAheadMs / 4)),
     );
+    this.staleIfErrorMs = Math.max(0, options.staleIfErrorMs ?? 0);
+    this.staleRetryMs = Math.max(0, options.staleRetryMs ?? 1_000);
+    this.onStale = options.onStale ?? (() => undefined);
   }
 
   async visible(refs: readonly EntityRef[], viewerId: number | null): Promise<boolean[]> {
@@ -112,13 +133,34 @@ export class CachedEntityDirectory implements EntityDirectory {
       if (hit && age >= 0 && age < this.ttlMs) {
         if (age >= this.ttlMs - this.refreshAheadMs) this.fetch(key, ref, false).catch(() => undefined);
         out[i] = mayView(hit.value, viewerId);
+      } else if (hit && this.failedAt !== null && this.servesStale(hit, now)) {
+        // Loads fail: no lookup waits for one, and the key is tried again now and then.
+        if (now - this.failedAt >= this.staleRetryMs || now < this.failedAt)
+          this.fetch(key, ref, false).catch(() => undefined);
+        this.onStale();
+        out[i] = mayView(hit.value, viewerId);
       } else {
-        const wait = this.fetch(key, ref, true).then((value) => void (out[i] = mayView(value, viewerId)));
+        const wait = this.fetch(key, ref, true).then(
+          (value) => void (out[i] = mayView(value, viewerId)),
+          (err: unknown) => {
+            // The answer known before, unless a change was heard of meanwhile (`forget`).
+            const known = this.cache.get(key) ?? this.missing.get(key);
+            if (!known || !this.servesStale(known, this.now())) throw err;
+            this.onStale();
+            out[i] = mayView(known.value, viewerId);
+          },
+        );
         (waits ??= []).push(wait);
       }
     });
     if (waits) await Promise.all(waits);
     return out;
+  }
+
+  /** Whether `entry` may answer while loads fail: not older than `ttlMs + staleIfErrorMs`. */
+  private servesStale(entry: Entry, now: number): boolean {
+    const age = now - entry.at;
+    return age >= 0 && age < this.ttlMs + this.staleIfErrorMs;
   }
 
   /**
@@ -190,6 +232,7 @@ export class CachedEntityDirectory implements EntityDirectory {
     const loading = (async () => this.load(entries.map(([, p]) => p.ref)))();
     loading.then(
       (found) => {
+        this.failedAt = null;
         for (const [key, p] of entries) {
           const value = found.get(key) ?? null;
           // A key forgotten meanwhile keeps no answer read before its change.
@@ -201,6 +244,7 @@ export class CachedEntityDirectory implements EntityDirectory {
         }
       },
       (err: unknown) => {
+        this.failedAt = this.now();
         for (const [key, p] of entries) {
           if (this.flights.get(key) === p.flight) this.flights.delete(key);
           p.reject(err);

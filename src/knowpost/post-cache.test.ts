@@ -8,7 +8,7 @@ import {
   postCacheInvalidator,
   subscribePostCache,
 } from './post-cache.js';
-import type { PostReadRepository, PostReadRow } from './post-read.repository.js';
+import type { AuthorRow, PostReadRepository, PostReadRow } from './post-read.repository.js';
 import { PostUrlSigner } from './post-read.model.js';
 
 const row = (id: string, visible = 'public'): PostReadRow => ({
@@ -74,6 +74,63 @@ describe(PostCache.name, () => {
     await cache.postsById(['4']);
     await cache.postsById(['3', '4']);
     expect(loads).toEqual([['3'], ['4'], ['3']]);
+  });
+});
+
+describe('PostCache authors', () => {
+  const author = (id: number, nickname: string) => ({ id, nickname }) as unknown as AuthorRow;
+
+  function authorsRig(staleIfErrorMs?: number) {
+    const clock = { now: 0 };
+    const db = {
+      down: false,
+      names: new Map([
+        [1, 'ann'],
+        [2, 'bo'],
+      ]),
+    };
+    const repo = {
+      loadAuthors: async (ids: readonly number[]) => {
+        if (db.down) throw new Error('connect ECONNREFUSED');
+        return ids.map((id) => author(id, db.names.get(id)!));
+      },
+    } as unknown as PostReadRepository;
+    const cache = new PostCache({
+      repo,
+      signer: new PostUrlSigner({ presignGet: async (k) => k }, 3600),
+      shared: new NoSharedCache(),
+      localTtlMs: 1_000,
+      localMaxEntries: 100,
+      sharedTtlMs: 60_000,
+      ...(staleIfErrorMs === undefined ? {} : { staleIfErrorMs }),
+      now: () => clock.now,
+    });
+    const names = async (ids: number[]) => [...(await cache.authors(ids)).values()].map((a) => a.nickname);
+    return { clock, db, cache, names };
+  }
+
+  it('shows authors read lately as they were while the database cannot be read, for staleIfErrorMs', async () => {
+    const { clock, db, names } = authorsRig(10_000);
+    expect(await names([1])).toEqual(['ann']);
+    db.names.set(1, 'ann 2');
+    db.down = true;
+    clock.now = 5_000;
+    expect(await names([1])).toEqual(['ann']);
+    // One never read fails the lookup, as one read too long ago does.
+    await expect(names([1, 2])).rejects.toThrow(/ECONNREFUSED/);
+    clock.now = 11_000;
+    await expect(names([1])).rejects.toThrow(/ECONNREFUSED/);
+    // Back: read again.
+    db.down = false;
+    expect(await names([1])).toEqual(['ann 2']);
+  });
+
+  it('fails at once without staleIfErrorMs', async () => {
+    const { clock, db, names } = authorsRig();
+    expect(await names([1])).toEqual(['ann']);
+    db.down = true;
+    clock.now = 1_000;
+    await expect(names([1])).rejects.toThrow(/ECONNREFUSED/);
   });
 });
 

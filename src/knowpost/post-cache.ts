@@ -35,6 +35,11 @@ export interface PostCacheOptions {
   localMaxBytes?: number;
   /** Shared tier (cluster): posts and feed pages live this long in Redis. */
   sharedTtlMs: number;
+  /**
+   * How much longer than `localTtlMs` authors read lately are still shown when the database cannot
+   * be read (default 0: never); posts and pages are not (they are bounded by the shared tier).
+   */
+  staleIfErrorMs?: number;
   onError?: (err: unknown) => void;
   now?: () => number;
 }
@@ -82,13 +87,16 @@ function decodePage(text: string): IdPage | null {
  *    other posts are loaded for each request;
  *  - the public feed as blocks of ids at fixed offsets (two tiers), from which pages are cut, all
  *    under one guard, so a change to any post drops every block at once;
- *  - authors' public fields (in process only, short-lived: profile edits show within `localTtlMs`).
+ *  - authors' public fields (in process only, short-lived: profile edits show within `localTtlMs`;
+ *    while the database cannot be read, those read within `staleIfErrorMs` more are shown).
  * Readers still check each post's visibility on every hit (`mayRead`, `isListed`).
  */
 export class PostCache {
   private readonly posts: TieredCache<PostView>;
   private readonly pages: TieredCache<IdPage>;
   private readonly authorCache: LruCache<AuthorRow>;
+  /** The same rows kept longer, shown only when the database cannot be read. */
+  private readonly authorsKept: LruCache<AuthorRow>;
   private readonly authorFlights = new SingleFlight<AuthorRow>();
   private readonly repo: PostReadRepository;
   private readonly signer: PostUrlSigner;
@@ -123,6 +131,11 @@ export class PostCache {
       onSharedError,
     });
     this.authorCache = new LruCache<AuthorRow>(local);
+    const staleMs = options.staleIfErrorMs ?? 0;
+    this.authorsKept = new LruCache<AuthorRow>({
+      ...local,
+      ttlMs: staleMs > 0 && local.ttlMs > 0 ? local.ttlMs + staleMs : 0,
+    });
   }
 
   /** The posts with these ids that exist, in any state (callers decide who may see what). */
@@ -202,8 +215,19 @@ export class PostCache {
     }
     if (missing.length > 0) {
       const loaded = await this.authorFlights.many(missing, async (keys) => {
-        const rows = await this.repo.loadAuthors(keys.map(Number));
-        for (const row of rows) this.authorCache.set(String(row.id), row);
+        let rows: AuthorRow[];
+        try {
+          rows = await this.repo.loadAuthors(keys.map(Number));
+        } catch (err) {
+          // The database is out of reach: authors read lately are shown as they were then.
+          const kept = keys.map((key) => this.authorsKept.get(key));
+          if (kept.some((row) => row === undefined)) throw err;
+          return new Map(kept.map((row) => [String(row!.id), row!]));
+        }
+        for (const row of rows) {
+          this.authorCache.set(String(row.id), row);
+          this.authorsKept.set(String(row.id), row);
+        }
         return new Map(rows.map((r) => [String(r.id), r]));
       });
       for (const [id, row] of loaded) found.set(Number(id), row);
@@ -223,6 +247,7 @@ export class PostCache {
     this.posts.clearLocal();
     this.pages.clearLocal();
     this.authorCache.clear();
+    this.authorsKept.clear();
     this.generation += 1;
   }
 

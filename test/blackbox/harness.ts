@@ -82,6 +82,10 @@ export async function eventually<T>(
 export async function startServer(
   profile: ProfileName,
   extraEnv: Record<string, string> = {},
+  options: {
+    /** The database URL the server is given (cluster), from the one of its database: through a proxy. */
+    mysqlUrl?: (url: string) => string;
+  } = {},
 ): Promise<Server> {
   const delivered: (Delivered & { at: number })[] = [];
   const waiters = new Set<() => void>();
@@ -115,6 +119,7 @@ export async function startServer(
 
   if (profile === 'cluster') {
     const database = await createMysqlDatabase();
+    mysqlUrl = database.url;
     cleanups.push(database.drop);
     // The server creates its bucket at start; emptied and removed at stop.
     const bucket = uniqueBucket('bb');
@@ -164,7 +169,7 @@ export async function startServer(
     const smsPort = (sms.address() as AddressInfo).port;
     cleanups.push(() => new Promise<void>((ok) => sms.close(() => ok())));
     Object.assign(env, {
-      ZG_MYSQL_URL: (mysqlUrl = database.url),
+      ZG_MYSQL_URL: options.mysqlUrl ? options.mysqlUrl(database.url) : database.url,
       ZG_REDIS_URL: services.redisUrl(),
       ZG_REDIS_PREFIX: `${uniqueName('bb')}:`,
       ZG_KAFKA_BROKERS: services.kafkaBrokers().join(','),

@@ -80,6 +80,8 @@ export interface Config {
   };
   /** How long a process trusts what it learned of a post's visibility. */
   entityCacheMs: number;
+  /** How much longer a cached entity answers while its loads fail. */
+  entityStaleIfErrorMs: number;
   /** Secret for file URLs the app signs itself (local object storage). */
   storageSigningKey: string | undefined;
   /** Object storage of the cluster profile (any S3-compatible store); bucket and keys required there. */
@@ -307,6 +309,11 @@ export const CONFIG_VARS = {
     description:
       'how long a process caches whether a post exists and who may see it (at most 60000: it bounds how long a missed change is believed)',
     default: '5000',
+  },
+  ZG_ENTITY_STALE_IF_ERROR_MS: {
+    description:
+      'while the database is out of reach, how much longer a process still answers from what it read lately: whether a post exists and who may see it (past ZG_ENTITY_CACHE_MS, and only with no change of the post heard of since), so likes and counts of posts read recently go on, and the public fields of the authors of posts (past ZG_POST_CACHE_MS), so posts in the shared cache are still shown; 0 = answer 503 at once',
+    default: '300000',
   },
   ZG_AI_API_KEY: {
     description:
@@ -785,6 +792,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: { ro
       autoReplay: oneOf('ZG_COUNTER_AUTO_REPLAY', ['true', 'false']) === 'true',
     },
     entityCacheMs: int('ZG_ENTITY_CACHE_MS', 0, 60_000),
+    entityStaleIfErrorMs: int('ZG_ENTITY_STALE_IF_ERROR_MS', 0, 3_600_000),
     ai: {
       apiKey: raw('ZG_AI_API_KEY'),
       baseURL: url('ZG_AI_BASE_URL', ['http:', 'https:']) ?? 'https://api.deepseek.com',
