@@ -39,8 +39,9 @@ export interface RelationProjectorDeps {
  * 2. the user counters: each event's ±1 to the follower's `followings` and the followed user's
  *    `followers`, applied by event id (a redelivered event moves nothing); then the events' unapplied
  *    marks are deleted (a counter rebuild counts them as applied until then);
- * 3. the list caches of both users (changed only where cached, so never partial), and every
- *    process's first-page cache of the followed users.
+ * 3. the list caches of both users (changed only where cached, so never partial; a list a change
+ *    or another consumer touched after the batch began is dropped instead, see `ListCache.watch`),
+ *    and every process's first-page cache of the followed users.
  *
  * The batch's offsets are committed only when all of it succeeded; any failure redelivers the batch,
  * and every step above is idempotent.
@@ -88,23 +89,36 @@ export class RelationProjector {
     if (events.length === 0) return;
     const { repo, counters, lists, metrics } = this.deps;
 
-    const synced = await repo.syncPairs(events);
+    // Watched before the pairs are read: a list a follow or unfollow (or another consumer) touches
+    // after that is dropped rather than given the state read here, which may be older by then.
+    const watch = await lists.watch(
+      events.flatMap((e) => [
+        { owner: e.fromUserId, kind: 'following' as const },
+        { owner: e.toUserId, kind: 'followers' as const },
+      ]),
+    );
+    let skipped: number;
+    try {
+      const synced = await repo.syncPairs(events);
 
-    const deltas: UserCounterDelta[] = [];
-    for (const e of events) {
-      const delta = e.type === 'follow' ? 1 : -1;
-      deltas.push({ eventId: e.eventId, userId: e.fromUserId, field: 'followings', delta });
-      deltas.push({ eventId: e.eventId, userId: e.toUserId, field: 'followers', delta });
-    }
-    const { skipped } = await counters.apply(deltas, this.now());
-    await repo.markApplied(events.map((e) => e.eventId));
+      const deltas: UserCounterDelta[] = [];
+      for (const e of events) {
+        const delta = e.type === 'follow' ? 1 : -1;
+        deltas.push({ eventId: e.eventId, userId: e.fromUserId, field: 'followings', delta });
+        deltas.push({ eventId: e.eventId, userId: e.toUserId, field: 'followers', delta });
+      }
+      ({ skipped } = await counters.apply(deltas, this.now()));
+      await repo.markApplied(events.map((e) => e.eventId));
 
-    const changes: ListChange[] = [];
-    for (const s of synced) {
-      changes.push({ owner: s.fromUserId, kind: 'following', userId: s.toUserId, createdAt: s.createdAt });
-      changes.push({ owner: s.toUserId, kind: 'followers', userId: s.fromUserId, createdAt: s.createdAt });
+      const changes: ListChange[] = [];
+      for (const s of synced) {
+        changes.push({ owner: s.fromUserId, kind: 'following', userId: s.toUserId, createdAt: s.createdAt });
+        changes.push({ owner: s.toUserId, kind: 'followers', userId: s.fromUserId, createdAt: s.createdAt });
+      }
+      await lists.apply(changes, watch);
+    } finally {
+      watch.release();
     }
-    await lists.apply(changes);
     // Told, or the batch fails and comes again (every step above is idempotent): a process whose
     // bus stayed connected (so no gap makes it drop its pages) would keep a big account's first
     // followers page without the change for as long as the page is kept.

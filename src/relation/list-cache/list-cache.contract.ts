@@ -159,6 +159,55 @@ export function defineListCacheContract(name: string, factory: () => Promise<Lis
       expect(await sut.all(l)).toEqual([{ userId: 2, createdAt: 20 }]);
     });
 
+    it('applies watched changes to a list nothing touched since the watch, several of one list at once', async () => {
+      const l = list('following');
+      const other = list('followers');
+      await sut.fill(l, async () => [{ userId: 1, createdAt: 10 }]);
+      await sut.fill(other, async () => []);
+      const watch = await sut.watch([l, other, l]);
+      await sut.apply(
+        [
+          { ...l, userId: 2, createdAt: 20 },
+          { ...l, userId: 1, createdAt: null },
+          { ...l, userId: 3, createdAt: 30 },
+          { ...other, userId: 4, createdAt: 40 },
+        ],
+        watch,
+      );
+      expect(await sut.all(l)).toEqual([
+        { userId: 3, createdAt: 30 },
+        { userId: 2, createdAt: 20 },
+      ]);
+      expect(await sut.all(other)).toEqual([{ userId: 4, createdAt: 40 }]);
+    });
+
+    it('drops, instead of changing, a list touched after the changes were watched', async () => {
+      // Another consumer's change lands between the watch and this one's.
+      const changed = list('following');
+      await sut.fill(changed, async () => [{ userId: 1, createdAt: 10 }]);
+      const first = await sut.watch([changed]);
+      await sut.apply([{ ...changed, userId: 1, createdAt: null }]);
+      await sut.apply([{ ...changed, userId: 2, createdAt: 20 }], first);
+      expect(await sut.all(changed)).toBeNull();
+
+      // A follow's invalidation, then a fill from the database, land between them: the fill is
+      // newer than what the watched changes were read from.
+      const refilled = list('followers');
+      const second = await sut.watch([refilled]);
+      await sut.invalidate([refilled]);
+      await sut.fill(refilled, async () => []);
+      expect(await sut.all(refilled)).toEqual([]);
+      await sut.apply([{ ...refilled, userId: 5, createdAt: 50 }], second);
+      expect(await sut.all(refilled)).toBeNull();
+
+      // A watch released unused leaves nothing behind: later changes apply as usual.
+      const untouched = list();
+      await sut.fill(untouched, async () => []);
+      (await sut.watch([untouched])).release();
+      await sut.apply([{ ...untouched, userId: 6, createdAt: 60 }]);
+      expect(await sut.all(untouched)).toEqual([{ userId: 6, createdAt: 60 }]);
+    });
+
     it('does not cache a list longer than maxEntries, and drops one that grows past it', async () => {
       const l = list();
       const tooMany = Array.from({ length: fx.maxEntries + 1 }, (_, i) => ({ userId: i + 1, createdAt: i }));

@@ -41,6 +41,8 @@ export interface ListCacheOptions {
  *   reader that loaded the state before a change cannot put that state back after the change.
  * - `apply` sets each entry of a cached list to what the change says (idempotent, order-independent
  *   per user) and marks every touched list changed. `invalidate` drops lists and marks them changed.
+ * - **No stale changes.** `apply` with a `watch` taken before the state was read drops, instead of
+ *   changing, a list another `apply` or an `invalidate` touched after the watch.
  * - Every cached list expires `ttlMs` after it was built. Failures reject; callers read the database.
  */
 export interface ListCache {
@@ -52,9 +54,33 @@ export interface ListCache {
    * `maxEntries`. Resolves with what `load` returned and whether it was cached.
    */
   fill(list: ListRef, load: () => Promise<ListEntry[]>): Promise<{ entries: ListEntry[]; cached: boolean }>;
-  apply(changes: readonly ListChange[]): Promise<void>;
+  /**
+   * Notes where the lists stand, before the caller reads from the database the state it will
+   * `apply`: `apply` with the watch then drops each list touched since (by `apply` or `invalidate`)
+   * instead of writing into it a state that may be older than what touched it. `release` it when
+   * it is not passed to `apply` (which releases it).
+   */
+  watch(lists: readonly ListRef[]): Promise<ListWatch>;
+  apply(changes: readonly ListChange[], watch?: ListWatch): Promise<void>;
   invalidate(lists: readonly ListRef[]): Promise<void>;
   close(): Promise<void>;
+}
+
+/** See `ListCache.watch`; what it holds is the adapter's. */
+export interface ListWatch {
+  release(): void;
+}
+
+/** The changes by list, in order. */
+export function changesByList(changes: readonly ListChange[]): Map<string, ListChange[]> {
+  const byList = new Map<string, ListChange[]>();
+  for (const change of changes) {
+    const key = listKey(change);
+    const list = byList.get(key);
+    if (list) list.push(change);
+    else byList.set(key, [change]);
+  }
+  return byList;
 }
 
 export function listKey(list: ListRef): string {

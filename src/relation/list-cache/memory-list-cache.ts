@@ -7,6 +7,7 @@ import {
   type ListChange,
   type ListPage,
   type ListRef,
+  type ListWatch,
 } from './list-cache.js';
 
 export interface MemoryListCacheOptions extends ListCacheOptions {
@@ -20,9 +21,17 @@ export interface MemoryListCacheOptions extends ListCacheOptions {
   now?: () => number;
 }
 
-/** A fill in progress; a change to its list while it loads makes it `stale`. */
+/** A fill in progress or a watch; a change to its list meanwhile makes it `stale`. */
 interface Build {
   stale: boolean;
+}
+
+/** The lists' builds, registered until released. */
+class MemoryListWatch implements ListWatch {
+  constructor(
+    readonly builds: ReadonlyMap<string, Build>,
+    readonly release: () => void,
+  ) {}
 }
 
 /**
@@ -58,25 +67,46 @@ export class MemoryListCache implements ListCache {
     load: () => Promise<ListEntry[]>,
   ): Promise<{ entries: ListEntry[]; cached: boolean }> {
     const key = listKey(list);
-    const build: Build = { stale: false };
-    let set = this.builds.get(key);
-    if (!set) this.builds.set(key, (set = new Set()));
-    set.add(build);
+    const build = this.register(key);
     try {
       const entries = await load();
       const cached = !build.stale && entries.length <= this.options.maxEntries;
       if (cached) this.lists.set(key, [...entries].sort(compareEntries));
       return { entries, cached };
     } finally {
-      set.delete(build);
-      if (set.size === 0 && this.builds.get(key) === set) this.builds.delete(key);
+      this.unregister(key, build);
     }
   }
 
-  async apply(changes: readonly ListChange[]): Promise<void> {
+  async watch(lists: readonly ListRef[]): Promise<ListWatch> {
+    const builds = new Map<string, Build>();
+    for (const list of lists) {
+      const key = listKey(list);
+      if (!builds.has(key)) builds.set(key, this.register(key));
+    }
+    let released = false;
+    return new MemoryListWatch(builds, () => {
+      if (released) return;
+      released = true;
+      for (const [key, build] of builds) this.unregister(key, build);
+    });
+  }
+
+  async apply(changes: readonly ListChange[], watch?: ListWatch): Promise<void> {
+    const watched = watch instanceof MemoryListWatch ? watch : undefined;
+    // A list touched since it was watched is dropped: what touched it may be newer than the changes.
+    const stale = new Set<string>();
+    if (watched)
+      for (const change of changes)
+        if (watched.builds.get(listKey(change))?.stale) stale.add(listKey(change));
+    watched?.release();
     for (const change of changes) {
       const key = listKey(change);
       this.touched(key);
+      if (stale.has(key)) {
+        this.lists.delete(key);
+        continue;
+      }
       const entries = this.lists.get(key);
       if (!entries) continue;
       const at = entries.findIndex((e) => e.userId === change.userId);
@@ -105,6 +135,21 @@ export class MemoryListCache implements ListCache {
 
   async close(): Promise<void> {
     this.lists.clear();
+  }
+
+  private register(key: string): Build {
+    const build: Build = { stale: false };
+    let set = this.builds.get(key);
+    if (!set) this.builds.set(key, (set = new Set()));
+    set.add(build);
+    return build;
+  }
+
+  private unregister(key: string, build: Build): void {
+    const set = this.builds.get(key);
+    if (!set) return;
+    set.delete(build);
+    if (set.size === 0) this.builds.delete(key);
   }
 
   private touched(key: string): void {

@@ -1,7 +1,16 @@
 import type { Redis } from 'ioredis';
 import { BUMP_MARK_LUA } from '../../platform/kv/redis-kv.js';
 import type { ListEntry, ListPosition } from '../model.js';
-import type { ListCache, ListCacheOptions, ListChange, ListPage, ListRef } from './list-cache.js';
+import {
+  changesByList,
+  listKey,
+  type ListCache,
+  type ListCacheOptions,
+  type ListChange,
+  type ListPage,
+  type ListRef,
+  type ListWatch,
+} from './list-cache.js';
 
 // A cached list is a sorted set: score = created_at, member = the other user's id zero-padded to 16
 // digits, so equal scores order by id (Redis orders equal scores by member bytes). It always holds
@@ -69,17 +78,26 @@ redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return 1
 `;
 
-// KEYS: list, mark. ARGV: mark ttl ms, max entries, op ('a' add | 'r' remove | 'd' drop), score, member.
+// KEYS: list, mark. ARGV: mark ttl ms, max entries, the mark watched ('' = none), then
+// op ('a' add | 'r' remove | 'd' drop), score, member for each change. A list whose mark moved since
+// it was watched (or was lost) is dropped: what touched it may be newer than the changes.
 const CHANGE_LUA = `${BUMP_MARK_LUA}
+local watched = ARGV[3]
+local moved = watched ~= '' and redis.call('GET', KEYS[2]) ~= watched
 bump_mark(KEYS[2], ARGV[1])
-if ARGV[3] == 'd' then return redis.call('DEL', KEYS[1]) end
-if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-if ARGV[3] == 'a' then
-  redis.call('ZADD', KEYS[1], ARGV[4], ARGV[5])
-  if redis.call('ZCARD', KEYS[1]) > tonumber(ARGV[2]) + 1 then redis.call('DEL', KEYS[1]) end
-else
-  redis.call('ZREM', KEYS[1], ARGV[5])
+if moved then return redis.call('DEL', KEYS[1]) end
+for i = 4, #ARGV, 3 do
+  if ARGV[i] == 'd' then return redis.call('DEL', KEYS[1]) end
 end
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+for i = 4, #ARGV, 3 do
+  if ARGV[i] == 'a' then
+    redis.call('ZADD', KEYS[1], ARGV[i + 1], ARGV[i + 2])
+  else
+    redis.call('ZREM', KEYS[1], ARGV[i + 2])
+  end
+end
+if redis.call('ZCARD', KEYS[1]) > tonumber(ARGV[2]) + 1 then redis.call('DEL', KEYS[1]) end
 return 1
 `;
 
@@ -185,19 +203,27 @@ export class RedisListCache implements ListCache {
     return { entries, cached: installed === 1 };
   }
 
-  async apply(changes: readonly ListChange[]): Promise<void> {
+  async watch(lists: readonly ListRef[]): Promise<ListWatch> {
+    const keys = [...new Map(lists.map((l) => [listKey(l), l])).entries()];
+    const marks = await Promise.all(keys.map(([, l]) => this.cmd[CMD.mark](this.markKey(l), this.markTtlMs)));
+    return new RedisListWatch(new Map(keys.map(([key], i) => [key, marks[i]!])));
+  }
+
+  async apply(changes: readonly ListChange[], watch?: ListWatch): Promise<void> {
+    const marks = watch instanceof RedisListWatch ? watch.marks : undefined;
     await Promise.all(
-      changes.map((c) =>
-        this.cmd[CMD.change](
-          this.key(c),
-          this.markKey(c),
+      [...changesByList(changes)].map(([key, list]) => {
+        const ops: (string | number)[] = [];
+        for (const c of list) ops.push(c.createdAt === null ? 'r' : 'a', c.createdAt ?? 0, member(c.userId));
+        return this.cmd[CMD.change](
+          this.key(list[0]!),
+          this.markKey(list[0]!),
           this.markTtlMs,
           this.options.maxEntries,
-          c.createdAt === null ? 'r' : 'a',
-          c.createdAt ?? 0,
-          member(c.userId),
-        ),
-      ),
+          marks?.get(key) ?? '',
+          ...ops,
+        );
+      }),
     );
   }
 
@@ -209,6 +235,7 @@ export class RedisListCache implements ListCache {
           this.markKey(l),
           this.markTtlMs,
           this.options.maxEntries,
+          '',
           'd',
           0,
           '',
@@ -219,6 +246,14 @@ export class RedisListCache implements ListCache {
 
   async close(): Promise<void> {
     // The connection belongs to the platform.
+  }
+}
+
+/** The lists' change marks when watched (a watch of lists with a mark read in one script each). */
+class RedisListWatch implements ListWatch {
+  constructor(readonly marks: ReadonlyMap<string, string>) {}
+  release(): void {
+    // Nothing is held.
   }
 }
 
