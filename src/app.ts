@@ -389,7 +389,7 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
         counters: async () =>
           !(await Promise.race([
             platform.counterStore.restoring().catch(() => false),
-            sleep(1_500, false, { ref: false }),
+            sleep(500, false, { ref: false }),
           ])),
       },
       () => draining,

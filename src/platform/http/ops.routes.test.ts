@@ -3,9 +3,36 @@ import { pino } from 'pino';
 import { describe, expect, it } from 'vitest';
 import { Metrics } from '../metrics/metrics.js';
 import { plainHttpServer } from '../../../test/rig/fakes.js';
-import { opsRoutes } from './ops.routes.js';
+import { opsRoutes, READINESS_CHECK_TIMEOUT_MS } from './ops.routes.js';
 
 describe('readiness', () => {
+  it('answers within a probe timeout when a dependency hangs, counting it down', async () => {
+    const app = await plainHttpServer(pino({ level: 'silent' }));
+    await app.register(
+      opsRoutes(
+        new Metrics(),
+        { database: () => new Promise<boolean>(() => undefined), redis: async () => true },
+        () => false,
+        undefined,
+        new Set(['database']),
+        0,
+      ),
+    );
+    await app.ready();
+    try {
+      const started = performance.now();
+      const ready = await app.inject({ method: 'GET', url: '/readyz' });
+      expect(performance.now() - started).toBeLessThan(READINESS_CHECK_TIMEOUT_MS + 200);
+      expect(READINESS_CHECK_TIMEOUT_MS).toBeLessThan(1_000);
+      expect({ status: ready.statusCode, body: ready.json() }).toEqual({
+        status: 200,
+        body: { status: 'degraded', checks: { database: 'down', redis: 'ok' } },
+      });
+    } finally {
+      await app.close();
+    }
+  });
+
   it('logs when it changes, not every 503 a load balancer polls', async () => {
     const lines: { level: number; msg: string; checks?: Record<string, string>; status?: string }[] = [];
     const logger = pino(

@@ -9,6 +9,12 @@ export type ReadinessCheck = () => Promise<boolean>;
 
 /** How long one round of readiness checks answers `/readyz`. */
 const READINESS_KEPT_MS = 1_000;
+/**
+ * How long a check may take before it counts as down: a dependency that hangs (a stopped host)
+ * must not make `/readyz` itself slower than a probe waits (Kubernetes: 1 s by default), or an
+ * advisory check would take the process out of rotation after all.
+ */
+export const READINESS_CHECK_TIMEOUT_MS = 750;
 
 /**
  * Liveness, readiness and metrics, served by every role. Readiness is every check but the advisory
@@ -37,7 +43,9 @@ export function opsRoutes(
       Object.entries(checks).map(async ([name, check]) => {
         const ok = await Promise.race([
           check().catch(() => false),
-          new Promise<boolean>((resolve) => setTimeout(() => resolve(false), 2000).unref()),
+          new Promise<boolean>((resolve) =>
+            setTimeout(() => resolve(false), READINESS_CHECK_TIMEOUT_MS).unref(),
+          ),
         ]);
         return [name, ok ? 'ok' : 'down'] as const;
       }),
