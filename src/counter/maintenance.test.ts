@@ -2,10 +2,10 @@ import { Registry } from 'prom-client';
 import { describe, expect, it, vi } from 'vitest';
 import type { Batch, EndOffsets, EventLog } from '../platform/eventlog/eventlog.js';
 import { CounterMetrics } from './counter.metrics.js';
-import { LISTED, repairUnpublished, replayAll, verifyAll } from './maintenance.js';
+import { LISTED, REPAIR_RETRY_MAX_MS, repairUnpublished, replayAll, verifyAll } from './maintenance.js';
 import { ReplayFold } from './replay-fold.js';
 import { COUNTER_TOPIC, entityKey, eventFor, type CounterEvent, type EntityRef } from './model.js';
-import type { CounterStore, StaleEvent } from './store/counter-store.js';
+import type { CounterStore, DeferredEvent, StaleEvent } from './store/counter-store.js';
 
 /** A log of counter events in two partitions; `readRange` honours the end offsets it is given. */
 class FakeLog {
@@ -133,6 +133,7 @@ describe(repairUnpublished.name, () => {
       return { ref, token: String(i), event: eventFor(ref, 'like', i, 1, i + 1, 0) };
     });
     const rebuilds: string[] = [];
+    const deferred: DeferredEvent[] = [];
     let inFlight = 0;
     let maxInFlight = 0;
     const leave = (entries: readonly StaleEvent[]) => {
@@ -142,7 +143,10 @@ describe(repairUnpublished.name, () => {
     const store = {
       staleUnpublished: async (_now: number, _older: number, limit: number) => waiting.slice(0, limit),
       dropUnpublished: async (entries: readonly StaleEvent[]) => leave(entries),
-      deferUnpublished: async (entries: readonly StaleEvent[]) => leave(entries),
+      deferUnpublished: async (entries: readonly DeferredEvent[]) => {
+        deferred.push(...entries);
+        leave(entries);
+      },
       rebuild: async (ref: EntityRef) => {
         maxInFlight = Math.max(maxInFlight, ++inFlight);
         await new Promise((resolve) => setTimeout(resolve, 1));
@@ -150,7 +154,7 @@ describe(repairUnpublished.name, () => {
         rebuilds.push(entityKey(ref));
       },
     } as unknown as CounterStore;
-    return { store, rebuilds, waiting, maxInFlight: () => maxInFlight };
+    return { store, rebuilds, waiting, deferred, maxInFlight: () => maxInFlight };
   }
 
   it('asks a log that refused once no more that run, and rebuilds each entity once, a few at a time', async () => {
@@ -170,6 +174,20 @@ describe(repairUnpublished.name, () => {
     expect(maxInFlight()).toBeGreaterThan(1);
     expect(maxInFlight()).toBeLessThanOrEqual(8);
     expect(waiting).toEqual([]); // every record kept for a later attempt (deferred here)
+  });
+
+  it('tries a refused record again after as long as it waited so far, between olderThanMs and a minute', async () => {
+    const { store, waiting, deferred } = backlog(3, 3);
+    // Toggled 3.5 s, 20 s and 10 minutes before this run.
+    const now = 1_000_000;
+    const ages = [3_500, 20_000, 600_000];
+    waiting.forEach((w, i) => (w.event!.ts = now - ages[i]!));
+    const refusing = {
+      publish: async () => Promise.reject(new Error('injected: log down')),
+    } as unknown as EventLog;
+    await repairUnpublished(store, refusing, new CounterMetrics(new Registry()), now, 3_000);
+    // Found again `olderThanMs` after `at`: 3.5 s, 20 s and 60 s from now.
+    expect(deferred.map((d) => d.at + 3_000 - now)).toEqual([3_500, 20_000, REPAIR_RETRY_MAX_MS]);
   });
 
   it('publishes every batch while the log takes them, rebuilding nothing', async () => {

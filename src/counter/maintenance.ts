@@ -13,7 +13,7 @@ import {
   type EntityRef,
 } from './model.js';
 import { ReplayFold } from './replay-fold.js';
-import type { CounterStore, Inspection } from './store/counter-store.js';
+import type { CounterStore, Inspection, StaleEvent } from './store/counter-store.js';
 
 export type Progress = (message: string) => void;
 
@@ -72,12 +72,17 @@ const REPAIR_REBUILDS_IN_FLIGHT = 8;
  * log stays complete for replays and for the consumers of `counter-events`; consumers skip what
  * they already applied. When the log still refuses them, their entities are rebuilt from facts at
  * once (exact whatever happened to the events; the events, when they come, are below the applied
- * mark and skipped) and the records kept for another attempt `olderThanMs` later.
+ * mark and skipped) and the records kept for another attempt, after as long as they waited so far
+ * (at least `olderThanMs`, at most `REPAIR_RETRY_MAX_MS`): the rebuild made the counts exact, so
+ * what waits is only the event's place in the log.
  *
  * A run goes through every stale record, however many a long outage left: after the log refused
  * one batch it is not asked again in that run, and each entity is rebuilt once (a rebuild reads
  * facts newer than every record the run finds, all older than `now`).
  */
+/** Longest a record waits between two attempts while the log refuses its event. */
+export const REPAIR_RETRY_MAX_MS = 60_000;
+
 export async function repairUnpublished(
   store: CounterStore,
   events: EventLog,
@@ -121,9 +126,20 @@ export async function repairUnpublished(
     });
     report.rebuilt += unique.size;
     await store.dropUnpublished(sent ? stale : withoutEvent);
-    if (!sent) await store.deferUnpublished(withEvent, now);
+    if (!sent)
+      await store.deferUnpublished(withEvent.map((s) => ({ ...s, at: retryAt(s, now, olderThanMs) })));
     if (stale.length < UNPUBLISHED_BATCH) return report;
   }
+}
+
+/**
+ * When a record the log refused is tried again: after as long as its event has waited so far (so a
+ * long outage's backlog is walked a few times a minute, not at every run), at least `olderThanMs`
+ * and at most `REPAIR_RETRY_MAX_MS`; returned as the time it is then `olderThanMs` older than.
+ */
+function retryAt(stale: StaleEvent, now: number, olderThanMs: number): number {
+  const waited = stale.event ? now - stale.event.ts : 0;
+  return now + Math.max(0, Math.min(waited, REPAIR_RETRY_MAX_MS) - olderThanMs);
 }
 
 /**

@@ -98,6 +98,11 @@ export interface StaleEvent {
   event: CounterEvent | null;
 }
 
+/** A stale entry kept for another attempt, as if toggled at `at`. */
+export interface DeferredEvent extends StaleEvent {
+  at: number;
+}
+
 /** One entity's state, read in one atomic step, for reconciliation. */
 export interface Inspection {
   seq: number;
@@ -157,8 +162,8 @@ export interface CounterStore {
   markPublished(events: readonly CounterEvent[]): Promise<void>;
   /** Forget stale entries once their events were published again or their entities rebuilt. */
   dropUnpublished(entries: readonly StaleEvent[]): Promise<void>;
-  /** Keeps stale entries for another attempt: found again `olderThanMs` after `now`. */
-  deferUnpublished(entries: readonly StaleEvent[], now: number): Promise<void>;
+  /** Keeps stale entries for another attempt: each found again `olderThanMs` after its `at`. */
+  deferUnpublished(entries: readonly DeferredEvent[]): Promise<void>;
   /** Up to `limit` entities that have facts or a snapshot, after `cursor` (opaque, '' to start). */
   scanEntities(cursor: string, limit: number): Promise<{ refs: EntityRef[]; cursor: string | null }>;
   /** Random entities with a snapshot (for the reconciler's sample). */

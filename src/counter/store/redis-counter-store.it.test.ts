@@ -717,9 +717,27 @@ describe('RedisCounterStore (cluster specifics)', () => {
         rb.event,
       ]);
       await store.markPublished([rb.event!]);
-      await store.deferUnpublished(stale, NOW + 2_000);
+      await store.deferUnpublished(stale.map((s) => ({ ...s, at: NOW + 2_000 })));
       expect(await store.staleUnpublished(NOW + 2_500, 1_000, 10)).toEqual([]);
       expect((await store.staleUnpublished(NOW + 3_500, 1_000, 10)).map((s) => s.event)).toEqual([ra.event]);
+    });
+
+    it('defers each stale record to its own time, the group found again by the earliest', async () => {
+      const store = open({ groups: 1 });
+      const [a, b] = [post('7300000000000000221'), post('7300000000000000222')];
+      await store.toggle(a, 'like', 1, true, NOW);
+      await store.toggle(b, 'like', 2, true, NOW);
+      const stale = await store.staleUnpublished(NOW + 2_000, 1_000, 10);
+      await store.deferUnpublished(
+        stale.map((s) => ({ ...s, at: NOW + (s.event!.entityId === a.eid ? 2_000 : 30_000) })),
+      );
+      const at = async (t: number) =>
+        (await store.staleUnpublished(t, 1_000, 10)).map((s) => s.event!.entityId);
+      expect(await at(NOW + 2_500)).toEqual([]);
+      expect(await at(NOW + 3_500)).toEqual([a.eid]);
+      await store.dropUnpublished(await store.staleUnpublished(NOW + 3_500, 1_000, 10));
+      expect(await at(NOW + 30_500)).toEqual([]);
+      expect(await at(NOW + 31_500)).toEqual([b.eid]);
     });
 
     it('costs one round trip of a constant number of commands when idle, whatever the number of groups', async () => {

@@ -25,6 +25,7 @@ import type {
   CounterStore,
   Flags,
   Inspection,
+  DeferredEvent,
   StaleEvent,
   LoggedViews,
   ToggleResult,
@@ -1536,12 +1537,12 @@ export class RedisCounterStore implements CounterStore {
     );
   }
 
-  async deferUnpublished(entries: readonly StaleEvent[], now: number): Promise<void> {
+  async deferUnpublished(entries: readonly DeferredEvent[]): Promise<void> {
     await Promise.all(
-      [...this.tokensByGroup(entries)].map(async ([group, tokens]) => {
+      [...byGroup(entries, (e) => this.groupOf(e.ref))].map(async ([group, list]) => {
         // Indexed first, as a toggle does; XX: a record published meanwhile stays gone.
-        await this.indexUnpublished(group, now);
-        await this.redis.zadd(this.groupKey('un', group), 'XX', ...tokens.flatMap((t) => [now, t]));
+        await this.indexUnpublished(group, Math.min(...list.map((e) => e.at)));
+        await this.redis.zadd(this.groupKey('un', group), 'XX', ...list.flatMap((e) => [e.at, e.token]));
       }),
     );
   }

@@ -23,6 +23,7 @@ import type {
   Flags,
   Inspection,
   LoggedViews,
+  DeferredEvent,
   StaleEvent,
   ToggleResult,
   ViewIncrement,
@@ -452,7 +453,7 @@ export class SqliteCounterStore implements CounterStore {
     // Nothing is ever recorded as unpublished here.
   }
 
-  async deferUnpublished(_entries: readonly StaleEvent[], _now: number): Promise<void> {
+  async deferUnpublished(_entries: readonly DeferredEvent[]): Promise<void> {
     // Nothing is ever recorded as unpublished here.
   }
 
