@@ -103,7 +103,16 @@ describe('a cluster server while its database does not answer', () => {
     expect(refused.status).toBe(503);
     expect(refused.body).toMatchObject({ code: 'UNAVAILABLE' });
 
-    // Still in rotation: what needs the database answers 503 at once.
+    // What needs the database answers 503: after the deadline while it has answered lately, then
+    // at once (the pool's connections hang: the deadline tells).
+    const profile = () => client.call('GET', `/api/v1/profile/${author.userId}`);
+    for (let i = 0; i < 4; i++) expect((await profile()).status).toBe(503);
+    const asked = Date.now();
+    const fast = await profile();
+    expect({ status: fast.status, code: fast.body?.code }).toEqual({ status: 503, code: 'UNAVAILABLE' });
+    expect(Date.now() - asked).toBeLessThan(500);
+
+    // Still in rotation.
     const ready = await client.call('GET', '/readyz');
     expect({ status: ready.status, body: ready.body }).toMatchObject({
       status: 200,

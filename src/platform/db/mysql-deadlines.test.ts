@@ -1,5 +1,7 @@
 import { describe, expect, it, vi } from 'vitest';
 import {
+  FAIL_FAST_PROBE_MS,
+  FAILURES_TO_FAIL_FAST,
   MysqlDeadlineError,
   poolWithDeadlines,
   type RawMysqlConnection,
@@ -96,5 +98,102 @@ describe(poolWithDeadlines.name, () => {
     expect(raw.asked).toHaveLength(1);
     raw.give(5);
     expect((await second).connection?.threadId).toBe(5);
+  });
+});
+
+describe('poolWithDeadlines while the database does not answer', () => {
+  /** A pool whose connections fail to be made while `down`, and whose statements reply `reply`. */
+  function flakyPool() {
+    const state = {
+      down: true,
+      asked: 0,
+      reply: null as unknown,
+    };
+    const connection = {
+      threadId: 1,
+      config: {},
+      connect: () => undefined,
+      destroy: () => undefined,
+      release: () => undefined,
+      query: (_options: unknown, callback: (error: unknown, result: unknown) => void) =>
+        queueMicrotask(() => callback(state.reply, { rows: [] })),
+    } as unknown as RawMysqlConnection;
+    const pool: RawMysqlPool = {
+      getConnection: (callback) => {
+        state.asked++;
+        queueMicrotask(() =>
+          state.down
+            ? callback(
+                Object.assign(new Error('connect ECONNREFUSED'), { code: 'ECONNREFUSED', fatal: true }),
+                connection,
+              )
+            : callback(null, connection),
+        );
+      },
+      end: (callback) => callback(null),
+    };
+    return { pool, state };
+  }
+  const statement = (connection: object) =>
+    new Promise<unknown>((resolve) =>
+      (connection as { query: (sql: string, params: unknown[], cb: (error: unknown) => void) => void }).query(
+        'SELECT 1',
+        [],
+        (error) => resolve(error),
+      ),
+    );
+
+  it('fails at once after failures in a row, lets one request a second try it, and serves again once it answers', async () => {
+    const clock = { now: 0 };
+    const { pool: raw, state } = flakyPool();
+    const pool = poolWithDeadlines(raw, { timeoutMs: 1_000, size: 4, now: () => clock.now });
+    for (let i = 0; i < FAILURES_TO_FAIL_FAST; i++)
+      expect(((await get(pool)).error as Error).message).toMatch(/ECONNREFUSED/);
+    expect(state.asked).toBe(FAILURES_TO_FAIL_FAST);
+
+    // Out of reach: the first request after that tries it, the others within a second do not.
+    expect(((await get(pool)).error as Error).message).toMatch(/ECONNREFUSED/);
+    const fast = await get(pool);
+    expect(fast.error).toBeInstanceOf(MysqlDeadlineError);
+    expect(state.asked).toBe(FAILURES_TO_FAIL_FAST + 1);
+
+    // A second later one tries again; the database is back and answers (an SQL error is an answer).
+    clock.now += FAIL_FAST_PROBE_MS;
+    state.down = false;
+    state.reply = Object.assign(new Error('Duplicate entry'), { code: 'ER_DUP_ENTRY' });
+    const probe = await get(pool);
+    expect(probe.error).toBeNull();
+    expect(await statement(probe.connection!)).toMatchObject({ code: 'ER_DUP_ENTRY' });
+    probe.connection!.release();
+    const after = await Promise.all([get(pool), get(pool)]);
+    expect(after.map((a) => a.error)).toEqual([null, null]);
+    expect(state.asked).toBe(FAILURES_TO_FAIL_FAST + 4);
+  });
+
+  it('takes statements that had no answer for failures, and keeps serving while answers come between them', async () => {
+    const clock = { now: 0 };
+    const { pool: raw, state } = flakyPool();
+    state.down = false;
+    const pool = poolWithDeadlines(raw, { timeoutMs: 1_000, size: 4, now: () => clock.now });
+    const lost = () =>
+      Object.assign(new Error('Connection lost'), { code: 'PROTOCOL_CONNECTION_LOST', fatal: true });
+    // Two lost, one answered, two lost: never three in a row.
+    for (const reply of [lost(), lost(), null, lost(), lost()]) {
+      state.reply = reply;
+      const got = await get(pool);
+      expect(got.error).toBeNull();
+      await statement(got.connection!);
+      got.connection!.release();
+    }
+    state.reply = lost();
+    const third = await get(pool);
+    await statement(third.connection!);
+    third.connection!.release();
+    // Out of reach: one request tries it (and finds it lost again), the next fails at once.
+    const probe = await get(pool);
+    expect(probe.error).toBeNull();
+    await statement(probe.connection!);
+    probe.connection!.release();
+    expect((await get(pool)).error).toBeInstanceOf(MysqlDeadlineError);
   });
 });

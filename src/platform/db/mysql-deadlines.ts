@@ -33,6 +33,50 @@ export interface DeadlineOptions {
   timeoutMs: number;
   /** The pool's size: at most this many requests wait on it at once, the others wait here. */
   size: number;
+  now?: () => number;
+}
+
+/** Failures of the database to answer in a row, with no answer between them, that make it out of reach. */
+export const FAILURES_TO_FAIL_FAST = 3;
+/** While the database counts as out of reach, one request this often is let through to try it. */
+export const FAIL_FAST_PROBE_MS = 1_000;
+
+/**
+ * Whether the database answers: out of reach after `FAILURES_TO_FAIL_FAST` failures in a row (a
+ * connection that could not be made, a statement past the deadline, a connection lost), until
+ * anything answers again. An answer is any reply of the server, an SQL
+ * error included.
+ */
+class Reachability {
+  private failures = 0;
+  private triedAt = Number.NEGATIVE_INFINITY;
+
+  constructor(private readonly now: () => number) {}
+
+  answered(): void {
+    this.failures = 0;
+  }
+
+  failed(): void {
+    this.failures++;
+  }
+
+  /** Whether a request may try the database now: always while it answers, else once a probe interval. */
+  mayTry(): boolean {
+    if (this.failures < FAILURES_TO_FAIL_FAST) return true;
+    const now = this.now();
+    if (now - this.triedAt < FAIL_FAST_PROBE_MS && now >= this.triedAt) return false;
+    this.triedAt = now;
+    return true;
+  }
+
+  /** Sorts a statement's outcome: the server's reply (an SQL error too) or none. */
+  settled(error: unknown): void {
+    if (error === null || error === undefined) return this.answered();
+    const e = error as { code?: unknown; fatal?: unknown };
+    if (e.code === MYSQL_DEADLINE_CODE || e.fatal === true) this.failed();
+    else this.answered();
+  }
 }
 
 /**
@@ -52,10 +96,16 @@ export interface DeadlineOptions {
  *   address a thread id may name another server's thread); a write or COMMIT that had already
  *   reached it may still have been done.
  * Both fail with `MysqlDeadlineError`. Streamed queries (none in this code) have no deadline.
+ *
+ * After `FAILURES_TO_FAIL_FAST` failures in a row with no answer between them, the database counts
+ * as out of reach: requests fail at once with `MysqlDeadlineError` (503), but for one a second that
+ * tries it, until an answer comes. So a primary that hangs costs the deadline to a few requests,
+ * not to each one for as long as it hangs (nor its place in the queue to those behind it).
  */
 export function poolWithDeadlines(pool: RawMysqlPool, options: DeadlineOptions): MysqlPool {
   const { timeoutMs, size } = options;
   if (timeoutMs <= 0) return pool;
+  const reach = new Reachability(options.now ?? (() => performance.now()));
   // One wrapper per pooled connection: Kysely keeps its own state per connection object.
   const wrapped = new WeakMap<RawMysqlConnection, Wrapped>();
   // Requests handed to the pool and not given back yet; the others wait in `waiting`, oldest first.
@@ -79,6 +129,7 @@ export function poolWithDeadlines(pool: RawMysqlPool, options: DeadlineOptions):
       if (error) {
         busy--;
         next();
+        reach.failed();
         waiter.settle(error, undefined);
         return;
       }
@@ -86,7 +137,7 @@ export function poolWithDeadlines(pool: RawMysqlPool, options: DeadlineOptions):
       if (waiter.settled) return giveBack(raw);
       let connection = wrapped.get(raw);
       if (!connection) {
-        connection = connectionWithDeadline(raw, timeoutMs, giveBack);
+        connection = connectionWithDeadline(raw, timeoutMs, giveBack, reach);
         wrapped.set(raw, connection);
       }
       connection.lent = true;
@@ -105,6 +156,16 @@ export function poolWithDeadlines(pool: RawMysqlPool, options: DeadlineOptions):
           callback(error, connection as MysqlPoolConnection);
         },
       };
+      if (!reach.mayTry()) {
+        // The database did not answer lately: failing at once beats each request waiting it out.
+        const error = new MysqlDeadlineError(
+          'MySQL has not answered lately; requests fail at once until it does (tried every second)',
+        );
+        queueMicrotask(() => callback(error, undefined as unknown as MysqlPoolConnection));
+        return;
+      }
+      // Not a failure of the database: requests may hold its connections (their statements'
+      // deadlines and the connections that cannot be made tell whether it answers).
       const timer = setTimeout(
         () =>
           waiter.settle(
@@ -135,6 +196,7 @@ function connectionWithDeadline(
   raw: RawMysqlConnection,
   timeoutMs: number,
   giveBack: (raw: RawMysqlConnection) => void,
+  reach: Reachability,
 ): Wrapped {
   const state: Wrapped = {
     lent: false,
@@ -154,7 +216,10 @@ function connectionWithDeadline(
       },
       query: ((sql: string, parameters: unknown, callback?: QueryCallback) => {
         if (!callback) return raw.query(sql, parameters);
-        return queryWithin(raw, { sql, values: parameters, timeout: timeoutMs }, callback);
+        return queryWithin(raw, { sql, values: parameters, timeout: timeoutMs }, (error, result) => {
+          reach.settled(error);
+          callback(error, result);
+        });
       }) as MysqlPoolConnection['query'],
     },
   };
