@@ -95,6 +95,10 @@ export class RelationRepository {
       maxWaitMs,
       expired: () =>
         new UnavailableError('The database did not take this change in time; nothing was changed, try again'),
+      refuseWhileBusy: () =>
+        db.outOfReach?.()
+          ? new UnavailableError('The database is out of reach; nothing was changed, try again')
+          : undefined,
     });
   }
 

@@ -69,6 +69,10 @@ describe('a cluster server while its database does not answer', () => {
     const feed = () => client.call('GET', '/api/v1/knowposts/feed?page=1&size=20');
     expect((await detail()).status).toBe(200);
     expect((await feed()).status).toBe(200);
+    const follow = await client.call('POST', `/api/v1/relation/follow?toUserId=${author.userId}`, {
+      token: reader.accessToken,
+    });
+    expect(follow.body).toBe(true);
 
     proxy.freeze();
     await sleep(ENTITY_CACHE_MS + 100);
@@ -111,6 +115,24 @@ describe('a cluster server while its database does not answer', () => {
     const fast = await profile();
     expect({ status: fast.status, code: fast.body?.code }).toEqual({ status: 503, code: 'UNAVAILABLE' });
     expect(Date.now() - asked).toBeLessThan(500);
+
+    // Follows asked for while one tries the database fail at once, not behind its batch.
+    await sleep(1_100);
+    const changes = await Promise.all(
+      Array.from({ length: 10 }, async (_, i) => {
+        const started = Date.now();
+        const res = await client.call(
+          'POST',
+          `/api/v1/relation/${i % 2 ? 'unfollow' : 'follow'}?toUserId=${author.userId}`,
+          {
+            token: reader.accessToken,
+          },
+        );
+        return { status: res.status, ms: Date.now() - started };
+      }),
+    );
+    expect(changes.map((c) => c.status)).toEqual(Array<number>(10).fill(503));
+    expect(changes.filter((c) => c.ms < 500).length).toBeGreaterThanOrEqual(8);
 
     // Still in rotation.
     const ready = await client.call('GET', '/readyz');

@@ -7,6 +7,7 @@ import { createNodeSqliteDialect } from './node-sqlite-dialect.js';
 import { migrationsFor } from './migrations/index.js';
 import { MysqlExactIdsPlugin } from './mysql-exact-ids.js';
 import {
+  MysqlReachability,
   poolWithDeadlines,
   queryWithin,
   type RawMysqlConnection,
@@ -26,6 +27,11 @@ export interface Db {
    * connection Kysely uses, so work on it must hold Kysely's connection lock when it spans statements.
    */
   readonly raw?: DatabaseSync;
+  /**
+   * MySQL with deadlines: whether requests fail at once because the database has not answered
+   * lately (see `poolWithDeadlines`), so that work queued behind one that tries it fails too.
+   */
+  outOfReach?: () => boolean;
   close(): Promise<void>;
 }
 
@@ -74,13 +80,19 @@ export async function openMysql(url: string, poolSize = 10, timeoutMs = 0): Prom
       );
     });
   }
+  const reach = new MysqlReachability();
   const kysely = new Kysely<Database>({
     dialect: new MysqlDialect({
-      pool: poolWithDeadlines(pool as unknown as RawMysqlPool, { timeoutMs, size: poolSize }),
+      pool: poolWithDeadlines(pool as unknown as RawMysqlPool, { timeoutMs, size: poolSize, reach }),
     }),
     plugins: [new MysqlExactIdsPlugin()],
   });
-  return { kysely, dialect: 'mysql', close: () => kysely.destroy() };
+  return {
+    kysely,
+    dialect: 'mysql',
+    ...(timeoutMs > 0 ? { outOfReach: () => reach.outOfReach } : {}),
+    close: () => kysely.destroy(),
+  };
 }
 
 /** Whether migrations ever ran on this database: a deployment, not an empty database. */

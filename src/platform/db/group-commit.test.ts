@@ -154,6 +154,32 @@ describe('GroupCommit', () => {
     }
   });
 
+  it('refuses an item at once, rather than queue it, while a batch runs and refuseWhileBusy says so', async () => {
+    const r = recorder();
+    let outOfReach = false;
+    const gc = new GroupCommit(r.run, {
+      maxBatch: 10,
+      key: (i) => i.key,
+      refuseWhileBusy: () => (outOfReach ? new Error('out of reach') : undefined),
+    });
+    r.holdNext();
+    const probe = gc.submit(item('a', 1));
+    outOfReach = true;
+    await expect(gc.submit(item('b', 2))).rejects.toThrow('out of reach');
+    expect(gc.waiting).toBe(0);
+    r.release();
+    expect(await probe).toBe(10);
+    await new Promise((resolve) => setTimeout(resolve, 0));
+    // Not busy: submitted as usual (the batch tries the database).
+    expect(await gc.submit(item('c', 3))).toBe(30);
+    outOfReach = false;
+    r.holdNext();
+    const next = gc.submit(item('d', 4));
+    const queued = gc.submit(item('e', 5));
+    r.release();
+    expect(await Promise.all([next, queued])).toEqual([40, 50]);
+  });
+
   it('keeps going after a failure', async () => {
     const r = recorder((items) => items[0]!.value === 1);
     const gc = new GroupCommit(r.run, { maxBatch: 10, key: (i) => i.key });

@@ -31,6 +31,11 @@ export interface GroupCommitOptions<I> {
    */
   maxWaitMs?: number;
   expired?: () => unknown;
+  /**
+   * Asked when an item is submitted while a batch runs: an error to reject it with at once rather
+   * than queue it behind that batch (the database is out of reach and the batch is trying it).
+   */
+  refuseWhileBusy?: () => Error | undefined;
 }
 
 interface Waiting<I, O> {
@@ -58,6 +63,8 @@ export class GroupCommit<I, O> {
   /** Resolves with the item's result once its batch committed. */
   submit(item: I): Promise<O> {
     return new Promise<O>((resolve, reject) => {
+      const refusal = this.running ? this.options.refuseWhileBusy?.() : undefined;
+      if (refusal !== undefined) return reject(refusal);
       this.queue.push({ item, key: this.options.key(item), since: performance.now(), resolve, reject });
       if (!this.running) void this.drain();
     });

@@ -33,6 +33,8 @@ export interface DeadlineOptions {
   timeoutMs: number;
   /** The pool's size: at most this many requests wait on it at once, the others wait here. */
   size: number;
+  /** Where the pool keeps whether the database answers (its owner may read it); a new one by default. */
+  reach?: MysqlReachability;
   now?: () => number;
 }
 
@@ -43,15 +45,20 @@ export const FAIL_FAST_PROBE_MS = 1_000;
 
 /**
  * Whether the database answers: out of reach after `FAILURES_TO_FAIL_FAST` failures in a row (a
- * connection that could not be made, a statement past the deadline, a connection lost), until
- * anything answers again. An answer is any reply of the server, an SQL
- * error included.
+ * connection that could not be made, a statement past the deadline), until anything answers again.
+ * An answer is any reply of the server, an SQL error included. A pooled connection found closed
+ * (left over from before an outage) is neither: it tells nothing of the server now.
  */
-class Reachability {
+export class MysqlReachability {
   private failures = 0;
   private triedAt = Number.NEGATIVE_INFINITY;
 
-  constructor(private readonly now: () => number) {}
+  constructor(private readonly now: () => number = () => performance.now()) {}
+
+  /** Whether requests fail at once now (but for one a probe interval). */
+  get outOfReach(): boolean {
+    return this.failures >= FAILURES_TO_FAIL_FAST;
+  }
 
   answered(): void {
     this.failures = 0;
@@ -74,8 +81,8 @@ class Reachability {
   settled(error: unknown): void {
     if (error === null || error === undefined) return this.answered();
     const e = error as { code?: unknown; fatal?: unknown };
-    if (e.code === MYSQL_DEADLINE_CODE || e.fatal === true) this.failed();
-    else this.answered();
+    if (e.code === MYSQL_DEADLINE_CODE) this.failed();
+    else if (e.fatal !== true) this.answered();
   }
 }
 
@@ -105,7 +112,7 @@ class Reachability {
 export function poolWithDeadlines(pool: RawMysqlPool, options: DeadlineOptions): MysqlPool {
   const { timeoutMs, size } = options;
   if (timeoutMs <= 0) return pool;
-  const reach = new Reachability(options.now ?? (() => performance.now()));
+  const reach = options.reach ?? new MysqlReachability(options.now);
   // One wrapper per pooled connection: Kysely keeps its own state per connection object.
   const wrapped = new WeakMap<RawMysqlConnection, Wrapped>();
   // Requests handed to the pool and not given back yet; the others wait in `waiting`, oldest first.
@@ -196,7 +203,7 @@ function connectionWithDeadline(
   raw: RawMysqlConnection,
   timeoutMs: number,
   giveBack: (raw: RawMysqlConnection) => void,
-  reach: Reachability,
+  reach: MysqlReachability,
 ): Wrapped {
   const state: Wrapped = {
     lent: false,
