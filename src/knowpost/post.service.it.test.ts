@@ -518,6 +518,44 @@ describe.each(backends)(`${PostService.name} on %s`, (_name, open) => {
     expect(changes).toEqual([{ id, authorId: AUTHOR, kind: 'updated', draft: false, unlisted: false }]);
   });
 
+  it('tells caches of a publish or delete that failed for want of the database, which may have committed', async () => {
+    const repo = new PostRepository(backend.db);
+    const lost: typeof repo = Object.create(repo) as typeof repo;
+    let failure: Error = Object.assign(new Error('Connection lost: The server closed the connection.'), {
+      code: 'PROTOCOL_CONNECTION_LOST',
+    });
+    lost.transaction = async (work) => {
+      await repo.transaction(work);
+      throw failure;
+    };
+    const sut = new PostService({ ...serviceOptions(), posts: lost });
+    const uncertain = (id: string) => ({
+      id,
+      authorId: AUTHOR,
+      kind: 'visibility',
+      draft: false,
+      unlisted: false,
+    });
+
+    const draft = await sut.createDraft(AUTHOR);
+    await newService().confirmContent(AUTHOR, draft, await upload(sut, draft));
+    changes.length = 0;
+    await expect(sut.publish(AUTHOR, draft)).rejects.toThrow(/Connection lost/);
+    expect(changes).toEqual([uncertain(draft)]);
+    expect((await row(draft)).status).toBe('published');
+
+    changes.length = 0;
+    await expect(sut.delete(AUTHOR, draft)).rejects.toThrow(/Connection lost/);
+    expect(changes).toEqual([uncertain(draft)]);
+
+    // A failure that is no outage (a bug) is no doubt about the database: nothing is told.
+    const other = await publishedPost(newService());
+    failure = new Error('some bug');
+    changes.length = 0;
+    await expect(sut.delete(AUTHOR, other)).rejects.toThrow(/some bug/);
+    expect(changes).toEqual([]);
+  });
+
   it('tells caches of an edit to a post nobody else may read as unlisted, unless it became public meanwhile', async () => {
     const sut = newService();
     const id = await publishedPost(sut);

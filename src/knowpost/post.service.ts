@@ -9,6 +9,7 @@ import {
   PayloadTooLargeError,
   UniqueViolationError,
 } from '../platform/errors/errors.js';
+import { isDependencyOutage } from '../platform/errors/outage.js';
 import type { OutboxWriter } from '../platform/outbox/outbox.js';
 import { enforceLimit, type RateLimiter } from '../platform/ratelimit/ratelimit.js';
 import { normalizeEtag, type ObjectStorage, type StoredObject } from '../platform/storage/object-storage.js';
@@ -450,6 +451,11 @@ export class PostService {
    * first deleted. After three such losses it answers 409 `POST_CHANGED`.
    */
   async update(userId: number, postId: string, fields: PostFields): Promise<void> {
+    if (fields.visible === undefined) return this.updateNow(userId, postId, fields);
+    return this.announcedIfUncertain(userId, postId, () => this.updateNow(userId, postId, fields));
+  }
+
+  private async updateNow(userId: number, postId: string, fields: PostFields): Promise<void> {
     if (Object.values(fields).every((v) => v === undefined))
       throw new BadRequestError('body must set at least one field');
     await enforceLimit(this.limiter, `post-edit:${userId}`, this.limits.editsPerMinute, 60_000, 'post edits');
@@ -594,6 +600,10 @@ export class PostService {
 
   /** draft → published. 409 `INVALID_STATE` unless a draft; 409 `CONTENT_REQUIRED` without a confirmed body. */
   async publish(userId: number, postId: string): Promise<void> {
+    return this.announcedIfUncertain(userId, postId, () => this.publishNow(userId, postId));
+  }
+
+  private async publishNow(userId: number, postId: string): Promise<void> {
     const post = await this.owned(userId, postId, true);
     if (post.status !== 'draft') throw invalidState(post.status);
     if (post.contentKey === null)
@@ -621,6 +631,10 @@ export class PostService {
    * deleted post succeeds and changes nothing, so a retried request gets its 204.
    */
   async delete(userId: number, postId: string): Promise<void> {
+    return this.announcedIfUncertain(userId, postId, () => this.deleteNow(userId, postId));
+  }
+
+  private async deleteNow(userId: number, postId: string): Promise<void> {
     for (let attempt = 0; attempt < 3; attempt++) {
       const post = await this.owned(userId, postId, true);
       if (post.status === 'deleted') return;
@@ -783,6 +797,32 @@ export class PostService {
       draft: before.status === 'draft' && after?.status === 'draft',
       unlisted: !after || !isListed(after),
     };
+  }
+
+  /**
+   * Runs a change of who may see a post; when it fails for want of the database (a COMMIT whose
+   * answer never came may still have been done), the change is announced as if made: caches
+   * everywhere drop the post, rather than go on believing, while the database is away and nothing
+   * corrects them, what the post may no longer be.
+   */
+  private async announcedIfUncertain(
+    userId: number,
+    postId: string,
+    work: () => Promise<void>,
+  ): Promise<void> {
+    try {
+      await work();
+    } catch (err) {
+      if (isDependencyOutage(err))
+        await this.announce({
+          id: postId,
+          authorId: userId,
+          kind: 'visibility',
+          draft: false,
+          unlisted: false,
+        });
+      throw err;
+    }
   }
 
   private async announce(change: PostChange): Promise<void> {

@@ -170,6 +170,30 @@ describe('poolWithDeadlines while the database does not answer', () => {
     expect(state.asked).toBe(FAILURES_TO_FAIL_FAST + 4);
   });
 
+  it('takes the server refusing connections (too many) for an answer, not for being out of reach', async () => {
+    const asked: number[] = [];
+    const raw: RawMysqlPool = {
+      getConnection: (callback) => {
+        asked.push(asked.length);
+        queueMicrotask(() =>
+          callback(
+            Object.assign(new Error('Too many connections'), {
+              code: 'ER_CON_COUNT_ERROR',
+              errno: 1040,
+              fatal: true,
+            }),
+            undefined as unknown as RawMysqlConnection,
+          ),
+        );
+      },
+      end: (callback) => callback(null),
+    };
+    const pool = poolWithDeadlines(raw, { timeoutMs: 1_000, size: 4, now: () => 0 });
+    for (let i = 0; i < FAILURES_TO_FAIL_FAST + 2; i++)
+      expect(((await get(pool)).error as Error).message).toBe('Too many connections');
+    expect(asked).toHaveLength(FAILURES_TO_FAIL_FAST + 2);
+  });
+
   it('takes statements past the deadline for failures, and keeps serving while answers come between them', async () => {
     const clock = { now: 0 };
     const { pool: raw, state } = flakyPool();

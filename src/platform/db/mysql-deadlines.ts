@@ -77,6 +77,16 @@ export class MysqlReachability {
     return true;
   }
 
+  /**
+   * Sorts a failure to make a connection: no answer (refused, unreachable, timed out) or the
+   * server's own refusal (too many connections, access denied), which is an answer.
+   */
+  connectFailed(error: unknown): void {
+    if (typeof (error as { errno?: unknown } | null)?.errno === 'number' && !isNetworkError(error))
+      this.answered();
+    else this.failed();
+  }
+
   /** Sorts a statement's outcome: the server's reply (an SQL error too) or none. */
   settled(error: unknown): void {
     if (error === null || error === undefined) return this.answered();
@@ -84,6 +94,12 @@ export class MysqlReachability {
     if (e.code === MYSQL_DEADLINE_CODE) this.failed();
     else if (e.fatal !== true) this.answered();
   }
+}
+
+/** Socket-level failures: Node's errno names (a server's own refusals carry a MySQL error code instead). */
+function isNetworkError(error: unknown): boolean {
+  const code = (error as { code?: unknown } | null)?.code;
+  return typeof code === 'string' && /^E[A-Z]+$/.test(code) && !code.startsWith('ER_');
 }
 
 /**
@@ -136,7 +152,7 @@ export function poolWithDeadlines(pool: RawMysqlPool, options: DeadlineOptions):
       if (error) {
         busy--;
         next();
-        reach.failed();
+        reach.connectFailed(error);
         waiter.settle(error, undefined);
         return;
       }

@@ -10,11 +10,13 @@ export type ReadinessCheck = () => Promise<boolean>;
 /** How long one round of readiness checks answers `/readyz`. */
 const READINESS_KEPT_MS = 1_000;
 /**
- * How long a check may take before it counts as down: a dependency that hangs (a stopped host)
- * must not make `/readyz` itself slower than a probe waits (Kubernetes: 1 s by default), or an
- * advisory check would take the process out of rotation after all.
+ * How long an advisory check may take before it counts as down: a dependency the process rides
+ * out that hangs (a stopped host) must not make `/readyz` itself slower than a probe waits
+ * (Kubernetes: 1 s by default), or it would take the process out of rotation after all.
  */
 export const READINESS_CHECK_TIMEOUT_MS = 750;
+/** The same for a check the process is not ready without: longer, so a busy process does not flap. */
+export const READINESS_REQUIRED_CHECK_TIMEOUT_MS = 2_000;
 
 /**
  * Liveness, readiness and metrics, served by every role. Readiness is every check but the advisory
@@ -44,7 +46,10 @@ export function opsRoutes(
         const ok = await Promise.race([
           check().catch(() => false),
           new Promise<boolean>((resolve) =>
-            setTimeout(() => resolve(false), READINESS_CHECK_TIMEOUT_MS).unref(),
+            setTimeout(
+              () => resolve(false),
+              advisory.has(name) ? READINESS_CHECK_TIMEOUT_MS : READINESS_REQUIRED_CHECK_TIMEOUT_MS,
+            ).unref(),
           ),
         ]);
         return [name, ok ? 'ok' : 'down'] as const;
