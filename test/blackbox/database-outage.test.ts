@@ -111,10 +111,18 @@ describe('a cluster server while its database does not answer', () => {
     // at once (the pool's connections hang: the deadline tells).
     const profile = () => client.call('GET', `/api/v1/profile/${author.userId}`);
     for (let i = 0; i < 4; i++) expect((await profile()).status).toBe(503);
-    const asked = Date.now();
-    const fast = await profile();
-    expect({ status: fast.status, code: fast.body?.code }).toEqual({ status: 503, code: 'UNAVAILABLE' });
-    expect(Date.now() - asked).toBeLessThan(500);
+    // Asked at once: one of them may be the request a second that tries the database.
+    const reads = await Promise.all(
+      Array.from({ length: 5 }, async () => {
+        const asked = Date.now();
+        const res = await profile();
+        return { status: res.status, code: res.body?.code, fast: Date.now() - asked < 500 };
+      }),
+    );
+    expect(reads.map(({ status, code }) => ({ status, code }))).toEqual(
+      Array.from({ length: 5 }, () => ({ status: 503, code: 'UNAVAILABLE' })),
+    );
+    expect(reads.filter((r) => r.fast).length).toBeGreaterThanOrEqual(4);
 
     // Follows asked for while one tries the database fail at once, not behind its batch.
     await sleep(1_100);
