@@ -288,7 +288,7 @@ export const CONFIG_VARS = {
   },
   ZG_COUNTER_REPAIR_AFTER_MS: {
     description:
-      'an unacknowledged counter event older than this is published again by the repair job (its entity is rebuilt from facts while the log refuses it); likes received wait three times this (at least 10 s) for a missing event of a post before rebuilding its author',
+      'an unacknowledged counter event older than this is published again by the repair job (while the log refuses it, its entity is rebuilt from facts and it is tried again after as long as it has waited, at most a minute); likes received wait three times this (at least 10 s) for a missing event of a post before rebuilding its author',
     default: '3000',
   },
   ZG_COUNTER_RECONCILE_MS: {
