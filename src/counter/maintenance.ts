@@ -66,6 +66,9 @@ const UNPUBLISHED_BATCH = 500;
 /** Entities the repair job rebuilds at once. */
 const REPAIR_REBUILDS_IN_FLIGHT = 8;
 
+/** Longest a record waits between two attempts while the log refuses its event. */
+export const REPAIR_RETRY_MAX_MS = 60_000;
+
 /**
  * Events toggled but never acknowledged by the event log (a publish that failed, a process that died
  * with events in memory, a buffer that overflowed) are published again from their records, so the
@@ -80,9 +83,6 @@ const REPAIR_REBUILDS_IN_FLIGHT = 8;
  * one batch it is not asked again in that run, and each entity is rebuilt once (a rebuild reads
  * facts newer than every record the run finds, all older than `now`).
  */
-/** Longest a record waits between two attempts while the log refuses its event. */
-export const REPAIR_RETRY_MAX_MS = 60_000;
-
 export async function repairUnpublished(
   store: CounterStore,
   events: EventLog,

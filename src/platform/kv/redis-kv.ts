@@ -80,9 +80,9 @@ export async function execPipeline(pipeline: ChainableCommander): Promise<unknow
   });
 }
 
-/** Items by the group (hash tag) they belong to, each group's in their order, groups in first-seen order. */
-export function byGroup<T>(items: readonly T[], groupOf: (item: T) => number): Map<number, T[]> {
-  const groups = new Map<number, T[]>();
+/** Items by the group (hash tag, key) they belong to, each group's in their order, groups in first-seen order. */
+export function byGroup<T, K = number>(items: readonly T[], groupOf: (item: T) => K): Map<K, T[]> {
+  const groups = new Map<K, T[]>();
   for (const item of items) {
     const g = groupOf(item);
     const list = groups.get(g);

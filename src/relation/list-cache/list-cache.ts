@@ -71,18 +71,6 @@ export interface ListWatch {
   release(): void;
 }
 
-/** The changes by list, in order. */
-export function changesByList(changes: readonly ListChange[]): Map<string, ListChange[]> {
-  const byList = new Map<string, ListChange[]>();
-  for (const change of changes) {
-    const key = listKey(change);
-    const list = byList.get(key);
-    if (list) list.push(change);
-    else byList.set(key, [change]);
-  }
-  return byList;
-}
-
 export function listKey(list: ListRef): string {
   return `${list.kind}:${list.owner}`;
 }

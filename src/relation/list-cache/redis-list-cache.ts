@@ -1,8 +1,7 @@
 import type { Redis } from 'ioredis';
-import { BUMP_MARK_LUA } from '../../platform/kv/redis-kv.js';
+import { BUMP_MARK_LUA, byGroup } from '../../platform/kv/redis-kv.js';
 import type { ListEntry, ListPosition } from '../model.js';
 import {
-  changesByList,
   listKey,
   type ListCache,
   type ListCacheOptions,
@@ -212,7 +211,7 @@ export class RedisListCache implements ListCache {
   async apply(changes: readonly ListChange[], watch?: ListWatch): Promise<void> {
     const marks = watch instanceof RedisListWatch ? watch.marks : undefined;
     await Promise.all(
-      [...changesByList(changes)].map(([key, list]) => {
+      [...byGroup(changes, listKey)].map(([key, list]) => {
         const ops: (string | number)[] = [];
         for (const c of list) ops.push(c.createdAt === null ? 'r' : 'a', c.createdAt ?? 0, member(c.userId));
         return this.cmd[CMD.change](
