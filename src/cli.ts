@@ -24,7 +24,8 @@ const USAGE = `usage: zhiguang counters|users|relations <command> [options]
                                       on their way again after a flush interval and 0.5 s, at least
                                       1.5 s, twice); --fix rebuilds the drifted ones
   counters rebuild [--entity T:ID]…   rebuild snapshots from facts (all entities, or the ones named)
-  counters replay --yes [--force]     empty the counter store and rebuild it from counter-events,
+  counters replay --yes [--force] [--drop-old-views]
+                                      empty the counter store and rebuild it from counter-events,
                                       earliest record to the end captured at the start, then add
                                       back the views read-events holds, each record once also
                                       beside running workers (likes are refused while it runs;
@@ -33,7 +34,9 @@ const USAGE = `usage: zhiguang counters|users|relations <command> [options]
                                       to it first; refused,
                                       changing nothing, when the log no longer holds its earliest events,
                                       or, unless --force, when the store holds changes the log does not
-                                      or an embedded server runs on the data directory)
+                                      or an embedded server runs on the data directory, or, unless
+                                      --drop-old-views, when the store is whole and read-events may
+                                      no longer hold every view: the older views would be lost)
   counters flush                      fold all pending deltas into snapshots now
 ${USERS_USAGE}
 ${RELATIONS_USAGE}
@@ -49,7 +52,7 @@ Configuration comes from the environment, as for the server (see .env.example).`
 const COMMAND_OPTIONS: Record<string, readonly string[]> = {
   'counters verify': ['fix'],
   'counters rebuild': ['entity'],
-  'counters replay': ['yes', 'force'],
+  'counters replay': ['yes', 'force', 'drop-old-views'],
   'counters flush': [],
   'users verify': ['fix'],
   'relations verify': ['fix'],
@@ -84,6 +87,7 @@ async function main(argv: string[]): Promise<number> {
         fix: { type: 'boolean' },
         yes: { type: 'boolean' },
         force: { type: 'boolean' },
+        'drop-old-views': { type: 'boolean' },
         entity: { type: 'string', multiple: true },
         help: { type: 'boolean', short: 'h' },
       },
@@ -229,6 +233,22 @@ async function main(argv: string[]): Promise<number> {
     } else if (command === 'replay') {
       // The only command that reads the event log: the others work while Kafka is down.
       await platform.events.ensureTopics([COUNTER_TOPIC, VIEW_TOPIC], { keepForever: [COUNTER_TOPIC] });
+      // Views are not facts: a replay empties them with the rest and adds back only what read-events
+      // holds. A store that lost them already (unsealed) has nothing more to lose; a whole one would
+      // lose every view older than the topic's retention, which no other command takes away.
+      if (
+        !values['drop-old-views'] &&
+        (await platform.counterStore.unsealedGroups()) === 0 &&
+        !(await platform.events.holdsEveryRecord(VIEW_TOPIC))
+      ) {
+        process.stderr.write(
+          `${VIEW_TOPIC} no longer holds every view (its retention removes them after 7 days; the embedded ` +
+            "log cannot tell once views were consumed): a replay would set every post's views back to those " +
+            'it holds. `counters verify --fix` and `counters rebuild` heal likes and favourites and keep views; ' +
+            'run the replay with --drop-old-views to go ahead all the same. Nothing was changed.\n',
+        );
+        return 1;
+      }
       // Exact beside running workers (a server of role `all` is its own): their folds are
       // idempotent, and toggles and `view-agg`'s views are refused until the store is whole, views
       // included, after which `view-agg` skips the records the replay added back.

@@ -709,7 +709,20 @@ describe('counters under faults (embedded profile: one process, killed with SIGK
     const beside = await runCli(deployment!.env, ['counters', 'replay', '--yes']);
     expect(beside.code).toBe(1);
     expect(beside.stderr).toContain('is in use by an embedded server');
+    // A view, folded and committed by view-agg: from then on the embedded log cannot tell whether
+    // pruning removed views, and a replay of a whole store could take them away.
+    const viewed = posts[0]!;
+    const readCount = async (): Promise<unknown> =>
+      (await client.call('GET', `/api/v1/counter/knowpost/${viewed}?metrics=read`)).body?.counts?.read;
+    const before = Number(await readCount());
+    expect((await client.call('GET', `/api/v1/knowposts/detail/${viewed}`)).status).toBe(200);
+    expect(await eventually(readCount, (read) => read === before + 1, 10_000)).toBe(before + 1);
     await server!.stop();
+    const whole = await runCli(deployment!.env, ['counters', 'replay', '--yes']);
+    expect([whole.code, whole.stderr]).toEqual([1, expect.stringContaining('--drop-old-views')]);
+    // Refused before anything changed: the store is still sealed and whole.
+    const untouched = await runCli(deployment!.env, ['counters', 'verify']);
+    expect([untouched.code, untouched.json?.unsealedGroups]).toEqual([0, 0]);
     // As a replay killed after emptying the store leaves it: verify says so and fails, whatever it compared.
     const sqlite = openSqlite(join(deployment!.env.ZG_DATA_DIR!, 'zhiguang.db'));
     try {
@@ -739,6 +752,8 @@ describe('counters under faults (embedded profile: one process, killed with SIGK
     client = new Client(server.baseUrl);
     await exactWithin(client, posts, toggler, 5_000);
     await expectFlags(client, users, posts, toggler, 20, 6);
+    // A store already unsealed is replayed without --drop-old-views, and the view the log holds is back.
+    expect(await readCount()).toBe(before + 1);
     // Sealed again by the replay: likes are taken.
     toggler.retarget(client);
     await toggler.run(100, 4);
