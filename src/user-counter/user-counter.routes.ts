@@ -18,7 +18,9 @@ export function userCounterRoutes(deps: { counters: UserCounterService; guards: 
           security: [{ bearerAuth: [] }],
           description:
             "A user's counts; posts are their public posts (published and public: what anyone may read), " +
-            'likedPosts and favedPosts the likes and favourites received',
+            'likedPosts and favedPosts the likes and favourites received on every post they wrote, also ' +
+            'those since deleted or no longer public (what was received stays received), so they may be more ' +
+            "than the sum of their public posts' counts",
           querystring: UserCounterQuery,
           response: { 200: UserCounterResponse, ...errorResponses(400, 401, 404) },
         },
