@@ -7,7 +7,14 @@ import { createLogger } from './platform/logging/logger.js';
 
 /** `node dist/main.js [--role api|worker|all]`: the service, configured from the environment. */
 async function main(): Promise<void> {
-  const { values } = parseArgs({ options: { role: { type: 'string' } }, allowPositionals: false });
+  let values: { role?: string | undefined };
+  try {
+    ({ values } = parseArgs({ options: { role: { type: 'string' } }, allowPositionals: false }));
+  } catch (err) {
+    // Settings come from the environment; the command line takes only the role.
+    process.stderr.write(`${(err as Error).message}\nusage: node dist/main.js [--role api|worker|all]\n`);
+    process.exit(2);
+  }
   // Named even when the configuration is refused: a misspelt setting may be why it is.
   const unknown = unknownSettings(process.env);
   let config;

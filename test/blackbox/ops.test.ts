@@ -212,6 +212,19 @@ describe('the admin command line', () => {
     }
   });
 
+  it('refuses a server argument it does not take with its usage, exit 2 and no stack', () => {
+    for (const args of [['--port', '9000'], ['extra']]) {
+      const server = spawnSync(process.execPath, [join(ROOT, 'dist/main.js'), ...args], {
+        env: { PATH: process.env.PATH ?? '' },
+        encoding: 'utf8',
+        timeout: 30_000,
+      });
+      expect({ args, code: server.status }).toEqual({ args, code: 2 });
+      expect(server.stderr).toContain('usage: node dist/main.js [--role api|worker|all]');
+      expect(server.stderr).not.toContain('    at ');
+    }
+  });
+
   it('names settings it does not know, also when the configuration is refused (server and command)', async () => {
     // A misspelt name is why the required one is missing: both are said.
     const env = {
