@@ -256,6 +256,8 @@ async function main(argv: string[]): Promise<number> {
       // are taken again); a second one ends the process at once.
       const stop = new AbortController();
       const onSignal = () => {
+        // Whichever comes next, SIGINT or SIGTERM, ends the process at once (their default).
+        process.off('SIGINT', onSignal).off('SIGTERM', onSignal);
         // Past the reset the replay goes on: said, so that the signal does not look ignored.
         process.stderr.write(
           'stopping: a replay that has not emptied the store yet stops, changing nothing; one that has goes on until the store is whole (a second signal ends it at once, leaving likes and favourites refused until a replay completes)\n',
