@@ -1,9 +1,9 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import { pino } from 'pino';
-import { describe, expect, it } from 'vitest';
+import { describe, expect, it, vi } from 'vitest';
 import { Metrics } from '../metrics/metrics.js';
 import { plainHttpServer } from '../../../test/rig/fakes.js';
-import { opsRoutes, READINESS_CHECK_TIMEOUT_MS } from './ops.routes.js';
+import { opsRoutes, READINESS_CHECK_TIMEOUT_MS, READINESS_PROBE_ABANDON_MS } from './ops.routes.js';
 
 describe('readiness', () => {
   it('answers within a probe timeout when a dependency hangs, counting it down', async () => {
@@ -109,6 +109,44 @@ describe('readiness', () => {
       await sleep(250);
       await app.inject({ url: '/readyz' });
       expect(checked).toBe(2);
+    } finally {
+      await app.close();
+    }
+  });
+
+  it('calls a check that still runs no more, however many rounds count it down meanwhile', async () => {
+    let calls = 0;
+    let release = (_ok: boolean): void => undefined;
+    let hanging = true;
+    const database = () => {
+      calls++;
+      return hanging ? new Promise<boolean>((resolve) => (release = resolve)) : Promise.resolve(true);
+    };
+    const app = await plainHttpServer(pino({ level: 'silent' }));
+    await app.register(
+      opsRoutes(new Metrics(), { database }, () => false, undefined, new Set(['database']), 0),
+    );
+    await app.ready();
+    try {
+      for (let round = 0; round < 3; round++) {
+        const polls = await Promise.all(Array.from({ length: 5 }, () => app.inject({ url: '/readyz' })));
+        expect(polls.map((p) => p.json().checks.database)).toEqual(Array(5).fill('down'));
+      }
+      expect(calls).toBe(1);
+      // One that never settles is called anew after a while, or the check would stay down for good.
+      const now = performance.now.bind(performance);
+      const later = vi.spyOn(performance, 'now').mockImplementation(() => now() + READINESS_PROBE_ABANDON_MS);
+      try {
+        expect((await app.inject({ url: '/readyz' })).json().checks.database).toBe('down');
+        expect(calls).toBe(2);
+        hanging = false;
+        release(true);
+        await sleep(10);
+        expect((await app.inject({ url: '/readyz' })).json().checks.database).toBe('ok');
+        expect(calls).toBe(3);
+      } finally {
+        later.mockRestore();
+      }
     } finally {
       await app.close();
     }

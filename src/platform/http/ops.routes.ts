@@ -17,6 +17,8 @@ const READINESS_KEPT_MS = 1_000;
 export const READINESS_CHECK_TIMEOUT_MS = 750;
 /** The same for a check the process is not ready without: longer, so a busy process does not flap. */
 export const READINESS_REQUIRED_CHECK_TIMEOUT_MS = 2_000;
+/** A check still running after this long is called anew (one that never settles must not stay down). */
+export const READINESS_PROBE_ABANDON_MS = 10_000;
 
 /**
  * Liveness, readiness and metrics, served by every role. Readiness is every check but the advisory
@@ -36,15 +38,32 @@ export function opsRoutes(
   const digest = (text: string) => createHash('sha256').update(text).digest();
   const expected = metricsToken === undefined ? undefined : digest(metricsToken);
   let lastReadiness: string | undefined;
-  // One round of checks at a time, its answer kept a second: a client polling hard (the route is
-  // public) asks the database, Redis and Kafka no more often than that.
+  // A round of checks answers for a second: a client polling hard (the route is public) asks the
+  // database, Redis and Kafka no more often than that. A round counts a check down after its time
+  // limit, but the check itself is not called again while it still runs (up to
+  // READINESS_PROBE_ABANDON_MS): a dependency that hangs gets one probe at a time, not one more
+  // every round.
   let checking: Promise<(readonly [string, 'ok' | 'down'])[]> | undefined;
   let checkedAt = -Infinity;
+  const running = new Map<string, { call: Promise<boolean>; at: number }>();
+  const probe = (name: string, check: ReadinessCheck): Promise<boolean> => {
+    const now = performance.now();
+    const current = running.get(name);
+    if (current && now - current.at < READINESS_PROBE_ABANDON_MS) return current.call;
+    const entry = { call: Promise.resolve(false), at: now };
+    entry.call = check()
+      .catch(() => false)
+      .finally(() => {
+        if (running.get(name) === entry) running.delete(name);
+      });
+    running.set(name, entry);
+    return entry.call;
+  };
   const runChecks = () =>
     Promise.all(
       Object.entries(checks).map(async ([name, check]) => {
         const ok = await Promise.race([
-          check().catch(() => false),
+          probe(name, check),
           new Promise<boolean>((resolve) =>
             setTimeout(
               () => resolve(false),
