@@ -1,3 +1,4 @@
+import { isIP } from 'node:net';
 import type { Transporter } from 'nodemailer';
 import { minutesLeft, RecipientRefusedError, type CodeMessage, type CodeSender } from './code-sender.js';
 
@@ -27,6 +28,10 @@ export class SmtpCodeSender implements CodeSender {
       host: parsed.hostname,
       port: Number(parsed.port || (parsed.protocol === 'smtps:' ? 465 : 587)),
       secure: parsed.protocol === 'smtps:',
+      // On smtp: nodemailer takes STARTTLS only when the server offers it, and otherwise signs in
+      // and sends in plaintext: a server whose offer someone between strips would give away its
+      // password and every code. Required, except to this machine or with `?tls=optional`.
+      requireTLS: parsed.protocol === 'smtp:' && !tlsOptional(parsed) && !isLoopback(parsed.hostname),
       ...(parsed.username
         ? { auth: { user: decodeURIComponent(parsed.username), pass: decodeURIComponent(parsed.password) } }
         : {}),
@@ -71,4 +76,17 @@ export class SmtpCodeSender implements CodeSender {
 export function refusesRecipient(err: unknown): boolean {
   const e = err as { code?: unknown; command?: unknown } | null;
   return e?.code === 'EENVELOPE' && e.command === 'RCPT TO';
+}
+
+/** `ZG_SMTP_URL`'s `?tls=optional`: plaintext allowed where the server offers no STARTTLS. */
+export function tlsOptional(url: URL): boolean {
+  return url.searchParams.get('tls') === 'optional';
+}
+
+/** A host name of this machine itself, whose traffic no one between can read. */
+export function isLoopback(hostname: string): boolean {
+  const host = hostname.startsWith('[') ? hostname.slice(1, -1) : hostname;
+  if (host === 'localhost') return true;
+  if (isIP(host) === 4) return host.startsWith('127.');
+  return isIP(host) === 6 && host === '::1';
 }

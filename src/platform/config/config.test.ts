@@ -198,6 +198,13 @@ describe(loadConfig.name, () => {
     expect(loadConfig({ ...CLUSTER_ENV, ZG_MAIL_LOG_CODES: 'true' }).smtp.url).toBe('smtp://127.0.0.1:25');
     expect(() => loadConfig({ ZG_MAIL_LOG_CODES: 'false' })).toThrow(/ZG_SMTP_URL/);
     expect(() => loadConfig({ ZG_MAIL_LOG_CODES: 'yes' })).toThrow(/ZG_MAIL_LOG_CODES/);
+    // Plaintext only when asked for in so many words; nothing else in the query (a typo would be ignored).
+    const optional = 'smtp://u:p@mail.example:587?tls=optional';
+    expect(loadConfig({ ZG_SMTP_URL: optional }).smtp.url).toBe(optional);
+    for (const query of ['?tls=off', '?tls=optional&x=1', '?requireTLS=false'])
+      expect(() => loadConfig({ ZG_SMTP_URL: `smtp://mail.example${query}` })).toThrow(
+        /ZG_SMTP_URL: the only query it takes is \?tls=optional/,
+      );
   });
 
   it('refuses an unknown profile rather than starting embedded', () => {

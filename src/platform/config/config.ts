@@ -229,7 +229,7 @@ export const CONFIG_VARS = {
   },
   ZG_SMTP_URL: {
     description:
-      'smtp://user:pass@host:port for verification mail; required on cluster unless ZG_MAIL_LOG_CODES=true; on embedded, e-mail codes are logged when unset',
+      'smtp://user:pass@host:port (STARTTLS required, except to localhost or with ?tls=optional) or smtps://… for verification mail; required on cluster unless ZG_MAIL_LOG_CODES=true; on embedded, e-mail codes are logged when unset',
     secret: true,
   },
   ZG_SMTP_FROM: {
@@ -694,6 +694,11 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: { ro
     if (!s3SecretAccessKey) problems.push('ZG_S3_SECRET_ACCESS_KEY: required on the cluster profile');
   }
   const smtpUrl = url('ZG_SMTP_URL', ['smtp:', 'smtps:']);
+  if (smtpUrl !== undefined && URL.canParse(smtpUrl)) {
+    const { search } = new URL(smtpUrl);
+    if (search !== '' && search !== '?tls=optional')
+      problems.push('ZG_SMTP_URL: the only query it takes is ?tls=optional');
+  }
   const mailLog =
     oneOf(
       'ZG_MAIL_LOG_CODES',
