@@ -6,6 +6,7 @@ import { ANALYSED_CHARS, EmptyContentError, SCANNED_CHARS, type DescriptionLog }
 import { ExtractiveSuggester } from './extractive.js';
 import {
   descriptionFromAnswer,
+  FAILURES_TO_REST,
   OpenAiSuggester,
   promptContent,
   PROMPT_CONTENT_CHARS,
@@ -238,6 +239,37 @@ describe('OpenAiSuggester', () => {
     });
     expect(fake.received).toHaveLength(2);
   }, 5_000);
+
+  it(`leaves a provider that hangs alone after ${FAILURES_TO_REST} failures in a row, then asks once again`, async () => {
+    const fake = await FakeProvider.start({ ...completion('太慢了的回答内容'), delayMs: 5_000 });
+    const log = memoryLog();
+    const ai = suggester(fake, { timeoutMs: 200, maxRetries: 0, failureRestMs: 600 }, log);
+    for (let i = 0; i < FAILURES_TO_REST; i++) expect((await ai.suggest(POST)).source).toBe('extractive');
+    expect(fake.received).toHaveLength(FAILURES_TO_REST);
+    // Resting: answered at once, the provider not asked.
+    const started = performance.now();
+    expect((await ai.suggest(POST)).source).toBe('extractive');
+    expect(performance.now() - started).toBeLessThan(100);
+    expect(fake.received).toHaveLength(FAILURES_TO_REST);
+    expect(log.lines.filter((line) => line.includes('left alone after'))).toHaveLength(1);
+    // Once the rest is over it asks again, and one failure more rests again.
+    await sleep(650);
+    expect((await ai.suggest(POST)).source).toBe('extractive');
+    expect(fake.received).toHaveLength(FAILURES_TO_REST + 1);
+    expect((await ai.suggest(POST)).source).toBe('extractive');
+    expect(fake.received).toHaveLength(FAILURES_TO_REST + 1);
+  }, 10_000);
+
+  it('counts only failures in a row: an answer between them starts the count again', async () => {
+    const slow = { ...completion('太慢了的回答内容'), delayMs: 5_000 };
+    const answer = completion('基于 Redis 与事件日志的精确计数器设计');
+    const fake = await FakeProvider.start(slow, slow, answer, slow, slow, answer);
+    const ai = suggester(fake, { timeoutMs: 200, maxRetries: 0, failureRestMs: 60_000 });
+    const sources = [];
+    for (let i = 0; i < 6; i++) sources.push((await ai.suggest(POST)).source);
+    expect(sources).toEqual(['extractive', 'extractive', 'ai', 'extractive', 'extractive', 'ai']);
+    expect(fake.received).toHaveLength(6);
+  }, 10_000);
 
   it('after a retry-after shorter than the timeout but past what is left of it, asks again next time', async () => {
     const fake = await FakeProvider.start(

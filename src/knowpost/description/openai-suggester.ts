@@ -20,6 +20,8 @@ export interface OpenAiSuggesterOptions {
   timeoutMs: number;
   /** Further attempts after a connection error, 408, 409, 429 or 5xx, within `timeoutMs`. */
   maxRetries: number;
+  /** How long the model is left alone after `FAILURES_TO_REST` failed suggestions in a row. */
+  failureRestMs?: number;
 }
 
 // Enough to know what a post is about; the rest would only cost tokens and time.
@@ -36,6 +38,12 @@ const LAST_RETRY_MS = 8_000;
 // A provider that asks for a wait longer than a suggestion may take is not asked again before it is
 // over, but for no longer than this: a wrong header must not turn the model off for the day.
 const MAX_REST_MS = 10 * 60_000;
+// A provider that hangs or cannot be reached would cost every suggestion its whole timeout, holding
+// one of the process's places meanwhile: after this many failed suggestions in a row, the next ones
+// take the fallback at once for `failureRestMs`; then one asks again, and a single failure more
+// rests again.
+export const FAILURES_TO_REST = 3;
+const FAILURE_REST_MS = 30_000;
 
 export const SYSTEM_PROMPT = [
   `You write the one-line description shown under a post's title on Zhiguang, a knowledge-sharing community.`,
@@ -137,6 +145,8 @@ export class OpenAiSuggester implements DescriptionSuggester {
   private readonly client: OpenAI;
   /** Until when the provider asked not to be called (a Retry-After past a suggestion's timeout). */
   private restingUntil = 0;
+  /** Suggestions in a row whose model call failed (an answer, even an unusable one, ends the run). */
+  private failuresInRow = 0;
 
   constructor(
     private readonly options: OpenAiSuggesterOptions,
@@ -165,6 +175,7 @@ export class OpenAiSuggester implements DescriptionSuggester {
     if (started < this.restingUntil) return this.fallback.suggest(content, signal);
     try {
       const answer = await this.ask(content, signal);
+      this.failuresInRow = 0;
       const description = descriptionFromAnswer(answer);
       if (description !== undefined) return { description, source: 'ai' };
       this.log?.warn(
@@ -177,6 +188,13 @@ export class OpenAiSuggester implements DescriptionSuggester {
         { model: this.options.model, error: this.describeError(err), elapsedMs: Date.now() - started },
         'AI description failed; using the extractive summary',
       );
+      this.failuresInRow += 1;
+      if (this.failuresInRow >= FAILURES_TO_REST)
+        this.rest(
+          this.options.failureRestMs ?? FAILURE_REST_MS,
+          err,
+          `${this.failuresInRow} failures in a row`,
+        );
     }
     return this.fallback.suggest(content, signal);
   }
@@ -225,14 +243,19 @@ export class OpenAiSuggester implements DescriptionSuggester {
     }
   }
 
-  /** The provider asked for a wait longer than a suggestion may take: no calls until it is over. */
-  private rest(afterMs: number, err: unknown): void {
+  /**
+   * No calls until `afterMs` is over: the provider asked for a wait longer than a suggestion may
+   * take, or failed `FAILURES_TO_REST` suggestions in a row (`why`).
+   */
+  private rest(afterMs: number, err: unknown, why?: string): void {
     const until = Date.now() + Math.min(afterMs, MAX_REST_MS);
     if (until <= this.restingUntil) return;
     this.restingUntil = until;
     this.log?.warn(
       { model: this.options.model, error: this.describeError(err), restMs: until - Date.now() },
-      'AI provider asked to wait; using the extractive summary until then',
+      why === undefined
+        ? 'AI provider asked to wait; using the extractive summary until then'
+        : `AI provider left alone after ${why}; using the extractive summary until then`,
     );
   }
 
