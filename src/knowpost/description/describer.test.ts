@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { withoutHiddenHtml } from './describer.js';
+import { analysedPart, withoutHiddenHtml } from './describer.js';
 
 describe(withoutHiddenHtml.name, () => {
   it('drops script and style blocks, to their closing line or to the end', () => {
@@ -47,5 +47,19 @@ describe(withoutHiddenHtml.name, () => {
       withoutHiddenHtml(unit.repeat(200_000 / unit.length));
     }
     expect(performance.now() - started).toBeLessThan(1_000);
+  });
+});
+
+describe(analysedPart.name, () => {
+  it('ends the opening at a line break when that keeps a few sentences, else within the line', () => {
+    const paragraph = '计数器'.repeat(10_000);
+    // A short heading and one long paragraph: read into the paragraph, not as the heading alone.
+    const headed = analysedPart(`# 笔记\n${paragraph}`, 1_000);
+    expect(headed.length).toBe(1_000);
+    expect(headed.startsWith('# 笔记\n计数器')).toBe(true);
+    const lines = `${'一行文字。'.repeat(50)}\n${paragraph}`;
+    expect(analysedPart(lines, 1_000)).toBe('一行文字。'.repeat(50));
+    // Never half a surrogate pair.
+    expect(analysedPart(`# tt\n${'😀'.repeat(1_000)}`, 1_000)).toBe(`# tt\n${'😀'.repeat(497)}`);
   });
 });

@@ -44,7 +44,7 @@ export const SCANNED_CHARS = 1_000_000;
 /**
  * The opening of `content` the suggesters read: at most `max` characters of it once inline data
  * (`withoutInlineData`) and what no reader sees (`withoutHiddenHtml`) are left out and runs of blank
- * lines made one, ended at its last line break when it has one. What is left out does not use up the opening: a post that starts
+ * lines made one, ended at its last line break when that keeps a few sentences. What is left out does not use up the opening: a post that starts
  * with a pasted screenshot is read from the text after it, within the first `SCANNED_CHARS`.
  */
 export function analysedPart(content: string, max: number = ANALYSED_CHARS): string {
@@ -64,10 +64,15 @@ export function withoutInlineData(markdown: string): string {
   return markdown.replace(/data:[\w/+.-]+;base64,[A-Za-z0-9+/=]+/g, 'data:');
 }
 
+/** Characters before a line break that are enough of an opening to end it there (a few sentences). */
+const OPENING_ENOUGH = 200;
+
 function openingOf(content: string, max: number): string {
   if (content.length <= max) return content;
+  // Ended at a line break only when that keeps a few sentences (or half of it): a short heading
+  // followed by one long paragraph is read into the paragraph, not as the heading alone.
   const lineEnd = content.lastIndexOf('\n', max);
-  if (lineEnd > 0) return content.slice(0, lineEnd);
+  if (lineEnd >= Math.min(max / 2, OPENING_ENOUGH)) return content.slice(0, lineEnd);
   const cut = content.slice(0, max);
   return /[\uD800-\uDBFF]$/.test(cut) ? cut.slice(0, -1) : cut;
 }
