@@ -93,6 +93,12 @@ describe.each<ProfileName>(['embedded', 'cluster'])('description suggestions (%s
       body: { content: '   \n # \n' },
     });
     expect(blank.status).toBe(400);
+    // Characters that show nothing are no text either.
+    const invisible = await client.call('POST', '/api/v1/knowposts/description/suggest', {
+      token: user.accessToken,
+      body: { content: '\u200b\u200b\n\u3164' },
+    });
+    expect(invisible.status).toBe(400);
     const statuses: number[] = [];
     for (let i = 0; i < 3; i++)
       statuses.push(

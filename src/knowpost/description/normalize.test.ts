@@ -73,6 +73,20 @@ describe('normalizeDescription', () => {
     expect(isSingleLine(got)).toBe(true);
   });
 
+  it('leaves out unpaired surrogates and piles of combining marks, which a description may not hold either', () => {
+    const piled = normalizeDescription('Z\u0301\u0302\u0303\u0304\u0305\u0306 计数\ud800器 设计');
+    // NFKC makes Z and the first mark one letter, Ź; four of the five marks after it stay.
+    expect(piled).toBe('\u0179\u0302\u0303\u0304\u0305 计数器 设计');
+    expect(isSingleLine(piled)).toBe(true);
+    expect(isSingleLine(normalizeDescription('a\udfff lone low surrogate, and a pair 😀'))).toBe(true);
+  });
+
+  it('is empty when nothing left shows', () => {
+    expect(normalizeDescription('\u200b\u200b\u200b')).toBe('');
+    expect(normalizeDescription('\u3164\u200d \u2800')).toBe('');
+    expect(normalizeDescription('\u200b可见\u200b')).toBe('\u200b可见\u200b');
+  });
+
   it('cuts Chinese at the last clause boundary in the final 30%', () => {
     const raw =
       '这是一个非常长的中文描述，它的长度远远超过了五十个字符的限制，因此需要被截断，我们希望它在合适的标点处截断，而不是在中间随意截断。';

@@ -1,3 +1,4 @@
+import { isVisible } from '../../platform/http/schemas.js';
 import { DESCRIPTION_MAX_LENGTH } from './describer.js';
 import {
   codePointLength,
@@ -198,7 +199,12 @@ function withoutControls(text: string): string {
 export function normalizeDescription(raw: string, max: number = DESCRIPTION_MAX_LENGTH): string {
   const limit = Math.floor(max);
   if (!(limit > 0)) return '';
-  // Without the characters a description's `single-line` format refuses: a suggestion can be saved.
-  const text = peel(collapseWhitespace(withoutControls(markdownToText(foldCompatibility(raw)))));
-  return cut(text, limit);
+  // Without what a description's `single-line` format refuses (controls, unpaired surrogates, piles
+  // of combining marks), so a suggestion can be saved; and none that shows nothing.
+  const plain = withoutControls(markdownToText(foldCompatibility(raw)))
+    .replace(/\p{Cs}/gu, '')
+    .replace(/(\p{M}{4})\p{M}+/gu, '$1');
+  const text = peel(collapseWhitespace(plain));
+  const described = cut(text, limit);
+  return isVisible(described) ? described : '';
 }
