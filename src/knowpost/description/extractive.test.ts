@@ -206,9 +206,23 @@ describe('ExtractiveSuggester', () => {
   });
 
   it('rejects content with nothing to describe', async () => {
-    for (const empty of ['', '   \n\n', '---', '。。。', '![](a.png)']) {
+    for (const empty of [
+      '',
+      '   \n\n',
+      '---',
+      '。。。',
+      '![](a.png)',
+      '\u200b\u200b\n\u3164',
+      '\u2800\n'.repeat(30),
+    ]) {
       await expect(suggester.suggest(empty)).rejects.toBeInstanceOf(EmptyContentError);
     }
+    // What shows nothing before the text does not make it empty.
+    const spaced = `${'\u2800\n'.repeat(30)}${'\u200b'.repeat(60)}本文介绍基于 Redis 与事件日志的精确计数器设计。`;
+    await expect(suggester.suggest(spaced)).resolves.toEqual({
+      description: '本文介绍基于 Redis 与事件日志的精确计数器设计',
+      source: 'extractive',
+    });
     // A validation answer in the contract's terms.
     await expect(suggester.suggest('---')).rejects.toMatchObject({
       code: 'BAD_REQUEST',

@@ -5,7 +5,7 @@ import {
   type DescriptionSuggester,
   type SuggestedDescription,
 } from './describer.js';
-import { normalizeDescription } from './normalize.js';
+import { hasDescribableText, normalizeDescription } from './normalize.js';
 import {
   codePointLength,
   fenceOf,
@@ -271,7 +271,7 @@ export class ExtractiveSuggester implements DescriptionSuggester {
   async suggest(content: string, signal?: AbortSignal): Promise<SuggestedDescription> {
     signal?.throwIfAborted();
     const analysed = analysedPart(content);
-    if (normalizeDescription(analysed) === '') throw new EmptyContentError();
+    if (!hasDescribableText(analysed)) throw new EmptyContentError();
     return { description: this.summarise(analysed), source: 'extractive' };
   }
 

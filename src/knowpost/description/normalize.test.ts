@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { isSingleLine } from '../../platform/http/schemas.js';
-import { normalizeDescription } from './normalize.js';
+import { hasDescribableText, normalizeDescription } from './normalize.js';
 
 const codePoints = (text: string): number => [...text].length;
 
@@ -84,7 +84,24 @@ describe('normalizeDescription', () => {
   it('is empty when nothing left shows', () => {
     expect(normalizeDescription('\u200b\u200b\u200b')).toBe('');
     expect(normalizeDescription('\u3164\u200d \u2800')).toBe('');
-    expect(normalizeDescription('\u200b可见\u200b')).toBe('\u200b可见\u200b');
+    expect(normalizeDescription('\u200b可见\u200b')).toBe('可见');
+  });
+
+  it('starts with what shows, however much shows nothing before it', () => {
+    const text = '本文介绍基于 Redis 与事件日志的精确计数器设计。';
+    for (const blank of [
+      '\u2800\n'.repeat(30),
+      '\u3164\n'.repeat(30),
+      '\u200b'.repeat(60),
+      '\u0301'.repeat(3),
+    ]) {
+      expect(normalizeDescription(`${blank}${text}`)).toBe(text.slice(0, -1));
+      expect(hasDescribableText(`${blank}${text}`)).toBe(true);
+      expect(hasDescribableText(blank)).toBe(false);
+    }
+    // Marks at the end belong to the letter before them.
+    expect(normalizeDescription('हिंदी में लिखि')).toBe('हिंदी में लिखि');
+    expect(normalizeDescription('👩\u200d💻 开发者\u200d')).toBe('👩\u200d💻 开发者');
   });
 
   it('cuts Chinese at the last clause boundary in the final 30%', () => {

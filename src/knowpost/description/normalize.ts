@@ -104,12 +104,18 @@ function unwrapQuotes(text: string): string {
   return text;
 }
 
+// What shows nothing at either end: at the start anything but a letter, digit, punctuation mark or
+// symbol (blank fillers too), so a description starts with something seen; at the end spaces,
+// format characters and fillers (a combining mark there belongs to the letter before it).
+const BLANK_START = /^(?:[^\p{L}\p{N}\p{P}\p{S}]|[\u115f\u1160\u3164\uffa0\u2800])+/u;
+const BLANK_END = /[\s\p{Cf}\u115f\u1160\u3164\uffa0\u2800]+$/u;
+
 function peel(text: string): string {
   let current = text;
   for (let round = 0; round < 8; round++) {
     const before = current;
-    current = stripLeading(current).replace(LABEL, '');
-    current = stripTrailing(unwrapQuotes(current).trim());
+    current = stripLeading(current.replace(BLANK_START, '')).replace(LABEL, '');
+    current = stripTrailing(unwrapQuotes(current).trim()).replace(BLANK_END, '');
     if (current === before) break;
   }
   return current;
@@ -199,12 +205,24 @@ function withoutControls(text: string): string {
 export function normalizeDescription(raw: string, max: number = DESCRIPTION_MAX_LENGTH): string {
   const limit = Math.floor(max);
   if (!(limit > 0)) return '';
-  // Without what a description's `single-line` format refuses (controls, unpaired surrogates, piles
-  // of combining marks), so a suggestion can be saved; and none that shows nothing.
+  const text = normalizedText(raw);
+  // It starts with something seen, so any cut of it shows something too.
+  return isVisible(text) ? cut(text, limit) : '';
+}
+
+/** Whether `raw` holds text a description can be drawn from: something seen once normalised, however far in. */
+export function hasDescribableText(raw: string): boolean {
+  return isVisible(normalizedText(raw));
+}
+
+/**
+ * `normalizeDescription`'s text before the cut: without what a description's `single-line` format
+ * refuses (controls, unpaired surrogates, piles of combining marks), so a suggestion can be saved,
+ * and without what shows nothing at either end.
+ */
+function normalizedText(raw: string): string {
   const plain = withoutControls(markdownToText(foldCompatibility(raw)))
     .replace(/\p{Cs}/gu, '')
     .replace(/(\p{M}{4})\p{M}+/gu, '$1');
-  const text = peel(collapseWhitespace(plain));
-  const described = cut(text, limit);
-  return isVisible(described) ? described : '';
+  return peel(collapseWhitespace(plain));
 }

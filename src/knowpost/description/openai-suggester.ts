@@ -8,7 +8,7 @@ import {
   type DescriptionSuggester,
   type SuggestedDescription,
 } from './describer.js';
-import { normalizeDescription } from './normalize.js';
+import { hasDescribableText, normalizeDescription } from './normalize.js';
 import { codePointLength, fenceOf, isHeading } from './text.js';
 
 export interface OpenAiSuggesterOptions {
@@ -170,7 +170,7 @@ export class OpenAiSuggester implements DescriptionSuggester {
 
   async suggest(content: string, signal?: AbortSignal): Promise<SuggestedDescription> {
     signal?.throwIfAborted();
-    if (normalizeDescription(analysedPart(content)) === '') throw new EmptyContentError();
+    if (!hasDescribableText(analysedPart(content))) throw new EmptyContentError();
     const started = Date.now();
     if (started < this.restingUntil) return this.fallback.suggest(content, signal);
     try {
