@@ -152,6 +152,26 @@ describe('readiness', () => {
     }
   });
 
+  it('counts a check that answers past its time limit down, also in the round that sees the answer', async () => {
+    const database = async () => {
+      await sleep(READINESS_CHECK_TIMEOUT_MS + 250);
+      return true;
+    };
+    const app = await plainHttpServer(pino({ level: 'silent' }));
+    await app.register(
+      opsRoutes(new Metrics(), { database }, () => false, undefined, new Set(['database']), 0),
+    );
+    await app.ready();
+    try {
+      const states: string[] = [];
+      for (let round = 0; round < 3; round++)
+        states.push((await app.inject({ url: '/readyz' })).json().checks.database);
+      expect(states).toEqual(['down', 'down', 'down']);
+    } finally {
+      await app.close();
+    }
+  });
+
   it('answers /metrics to the token only, however the scheme is written', async () => {
     const app = await plainHttpServer(pino({ level: 'silent' }));
     await app.register(opsRoutes(new Metrics(), {}, () => false, 's3cret'));

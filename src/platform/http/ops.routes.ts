@@ -17,8 +17,11 @@ const READINESS_KEPT_MS = 1_000;
 export const READINESS_CHECK_TIMEOUT_MS = 750;
 /** The same for a check the process is not ready without: longer, so a busy process does not flap. */
 export const READINESS_REQUIRED_CHECK_TIMEOUT_MS = 2_000;
-/** A check still running after this long is called anew (one that never settles must not stay down). */
-export const READINESS_PROBE_ABANDON_MS = 10_000;
+/**
+ * A check still running after this long is called anew: one that never settles must not keep the
+ * dependency down once it is back for longer than this.
+ */
+export const READINESS_PROBE_ABANDON_MS = 5_000;
 
 /**
  * Liveness, readiness and metrics, served by every role. Readiness is every check but the advisory
@@ -39,17 +42,17 @@ export function opsRoutes(
   const expected = metricsToken === undefined ? undefined : digest(metricsToken);
   let lastReadiness: string | undefined;
   // A round of checks answers for a second: a client polling hard (the route is public) asks the
-  // database, Redis and Kafka no more often than that. A round counts a check down after its time
-  // limit, but the check itself is not called again while it still runs (up to
-  // READINESS_PROBE_ABANDON_MS): a dependency that hangs gets one probe at a time, not one more
-  // every round.
+  // database, Redis and Kafka no more often than that. A check is ok only when it answers within
+  // its time limit of being called; a round counts it down past that, but does not call it again
+  // while it still runs (up to READINESS_PROBE_ABANDON_MS): a dependency that hangs gets one probe
+  // at a time, not one more every round.
   let checking: Promise<(readonly [string, 'ok' | 'down'])[]> | undefined;
   let checkedAt = -Infinity;
   const running = new Map<string, { call: Promise<boolean>; at: number }>();
-  const probe = (name: string, check: ReadinessCheck): Promise<boolean> => {
+  const probe = (name: string, check: ReadinessCheck) => {
     const now = performance.now();
     const current = running.get(name);
-    if (current && now - current.at < READINESS_PROBE_ABANDON_MS) return current.call;
+    if (current && now - current.at < READINESS_PROBE_ABANDON_MS) return current;
     const entry = { call: Promise.resolve(false), at: now };
     entry.call = check()
       .catch(() => false)
@@ -57,19 +60,17 @@ export function opsRoutes(
         if (running.get(name) === entry) running.delete(name);
       });
     running.set(name, entry);
-    return entry.call;
+    return entry;
   };
   const runChecks = () =>
     Promise.all(
       Object.entries(checks).map(async ([name, check]) => {
+        const limitMs = advisory.has(name) ? READINESS_CHECK_TIMEOUT_MS : READINESS_REQUIRED_CHECK_TIMEOUT_MS;
+        const { call, at } = probe(name, check);
         const ok = await Promise.race([
-          probe(name, check),
-          new Promise<boolean>((resolve) =>
-            setTimeout(
-              () => resolve(false),
-              advisory.has(name) ? READINESS_CHECK_TIMEOUT_MS : READINESS_REQUIRED_CHECK_TIMEOUT_MS,
-            ).unref(),
-          ),
+          // A late answer to a call an earlier round made is no answer: too slow is down.
+          call.then((answer) => answer && performance.now() - at <= limitMs),
+          new Promise<boolean>((resolve) => setTimeout(() => resolve(false), limitMs).unref()),
         ]);
         return [name, ok ? 'ok' : 'down'] as const;
       }),
