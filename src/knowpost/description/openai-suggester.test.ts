@@ -260,6 +260,39 @@ describe('OpenAiSuggester', () => {
     expect(fake.received).toHaveLength(FAILURES_TO_REST + 1);
   }, 10_000);
 
+  it('after a rest, lets one suggestion ask while the others take the fallback at once', async () => {
+    const fake = await FakeProvider.start({ ...completion('太慢了的回答内容'), delayMs: 5_000 });
+    const ai = suggester(fake, { timeoutMs: 200, maxRetries: 0, failureRestMs: 300 });
+    for (let i = 0; i < FAILURES_TO_REST; i++) await ai.suggest(POST);
+    await sleep(350);
+    const started = performance.now();
+    const took: number[] = [];
+    await Promise.all(
+      Array.from({ length: 4 }, async () => {
+        expect((await ai.suggest(POST)).source).toBe('extractive');
+        took.push(performance.now() - started);
+      }),
+    );
+    expect(fake.received).toHaveLength(FAILURES_TO_REST + 1);
+    expect(took.filter((ms) => ms < 100)).toHaveLength(3);
+  }, 10_000);
+
+  it('does not rest for refusals of a post: the provider answered', async () => {
+    const refused = { status: 400, body: { error: { message: 'Content Exists Risk' } } };
+    const fake = await FakeProvider.start(
+      refused,
+      refused,
+      refused,
+      refused,
+      completion('基于 Redis 与事件日志的精确计数器设计'),
+    );
+    const ai = suggester(fake, { timeoutMs: 500, maxRetries: 0, failureRestMs: 60_000 });
+    const sources = [];
+    for (let i = 0; i < 5; i++) sources.push((await ai.suggest(POST)).source);
+    expect(sources).toEqual(['extractive', 'extractive', 'extractive', 'extractive', 'ai']);
+    expect(fake.received).toHaveLength(5);
+  }, 10_000);
+
   it('counts only failures in a row: an answer between them starts the count again', async () => {
     const slow = { ...completion('太慢了的回答内容'), delayMs: 5_000 };
     const answer = completion('基于 Redis 与事件日志的精确计数器设计');

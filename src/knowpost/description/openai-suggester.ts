@@ -40,8 +40,8 @@ const LAST_RETRY_MS = 8_000;
 const MAX_REST_MS = 10 * 60_000;
 // A provider that hangs or cannot be reached would cost every suggestion its whole timeout, holding
 // one of the process's places meanwhile: after this many failed suggestions in a row, the next ones
-// take the fallback at once for `failureRestMs`; then one asks again, and a single failure more
-// rests again.
+// take the fallback at once for `failureRestMs`; then one asks again (the others take the fallback
+// while it does), and a single failure more rests again.
 export const FAILURES_TO_REST = 3;
 const FAILURE_REST_MS = 30_000;
 
@@ -126,6 +126,16 @@ function retryAdvice(err: unknown): { retry: boolean; afterMs?: number } {
   return afterMs === undefined ? { retry } : { retry, afterMs };
 }
 
+/**
+ * Whether a failed call says the provider is unwell (no answer in time, no connection, a 5xx, a
+ * refused key, a quota) rather than that it refused this post (any other 4xx).
+ */
+function saysProviderUnwell(err: unknown): boolean {
+  const status: unknown = err instanceof APIError ? err.status : undefined;
+  if (typeof status !== 'number') return true;
+  return status >= 500 || status === 401 || status === 403 || status === 408 || status === 429;
+}
+
 /** The wait a `retry-after-ms` or `Retry-After` (seconds or an HTTP date) header asks for. */
 export function retryAfterMs(headers: Headers | undefined, now = Date.now()): number | undefined {
   const ms = Number.parseFloat(headers?.get('retry-after-ms') ?? '');
@@ -145,8 +155,13 @@ export class OpenAiSuggester implements DescriptionSuggester {
   private readonly client: OpenAI;
   /** Until when the provider asked not to be called (a Retry-After past a suggestion's timeout). */
   private restingUntil = 0;
-  /** Suggestions in a row whose model call failed (an answer, even an unusable one, ends the run). */
+  /**
+   * Suggestions in a row whose model call failed for the provider's sake (`saysProviderUnwell`); an
+   * answer, even an unusable one or a refusal of the post, ends the run.
+   */
   private failuresInRow = 0;
+  /** Whether the one suggestion asking after a rest for failures is under way. */
+  private probeInFlight = false;
 
   constructor(
     private readonly options: OpenAiSuggesterOptions,
@@ -173,6 +188,11 @@ export class OpenAiSuggester implements DescriptionSuggester {
     if (!hasDescribableText(analysedPart(content))) throw new EmptyContentError();
     const started = Date.now();
     if (started < this.restingUntil) return this.fallback.suggest(content, signal);
+    // After a rest for failures, one suggestion asks whether the provider is back; the others meanwhile
+    // take the fallback rather than each wait out a timeout.
+    const probing = this.failuresInRow >= FAILURES_TO_REST;
+    if (probing && this.probeInFlight) return this.fallback.suggest(content, signal);
+    if (probing) this.probeInFlight = true;
     try {
       const answer = await this.ask(content, signal);
       this.failuresInRow = 0;
@@ -188,13 +208,17 @@ export class OpenAiSuggester implements DescriptionSuggester {
         { model: this.options.model, error: this.describeError(err), elapsedMs: Date.now() - started },
         'AI description failed; using the extractive summary',
       );
-      this.failuresInRow += 1;
-      if (this.failuresInRow >= FAILURES_TO_REST)
+      // A refusal of this post (a 400 for its content) says the provider is up: no one post turns
+      // the model off for everyone.
+      if (!saysProviderUnwell(err)) this.failuresInRow = 0;
+      else if (++this.failuresInRow >= FAILURES_TO_REST)
         this.rest(
           this.options.failureRestMs ?? FAILURE_REST_MS,
           err,
           `${this.failuresInRow} failures in a row`,
         );
+    } finally {
+      if (probing) this.probeInFlight = false;
     }
     return this.fallback.suggest(content, signal);
   }
