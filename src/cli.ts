@@ -242,7 +242,7 @@ async function main(argv: string[]): Promise<number> {
         !(await platform.events.holdsEveryRecord(VIEW_TOPIC))
       ) {
         process.stderr.write(
-          `${VIEW_TOPIC} may no longer hold every view (its retention removes them after 7 days; the embedded ` +
+          `${VIEW_TOPIC} may no longer hold every view (its retention removes them, after 7 days by default; the embedded ` +
             "log cannot tell once views were consumed): a replay would set every post's views back to those " +
             'it holds. `counters verify --fix` and `counters rebuild` heal likes and favourites and keep views; ' +
             'run the replay with --drop-old-views to go ahead all the same. Nothing was changed.\n',
