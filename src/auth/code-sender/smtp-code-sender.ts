@@ -1,4 +1,4 @@
-import { isIP } from 'node:net';
+import { BlockList, isIP } from 'node:net';
 import type { Transporter } from 'nodemailer';
 import { minutesLeft, RecipientRefusedError, type CodeMessage, type CodeSender } from './code-sender.js';
 
@@ -85,8 +85,15 @@ export function tlsOptional(url: URL): boolean {
 
 /** A host name of this machine itself, whose traffic no one between can read. */
 export function isLoopback(hostname: string): boolean {
-  const host = hostname.startsWith('[') ? hostname.slice(1, -1) : hostname;
+  // smtp: is not a special scheme to URL: the host comes as written (any case, a final dot).
+  const host = (hostname.startsWith('[') ? hostname.slice(1, -1) : hostname).toLowerCase().replace(/\.$/, '');
   if (host === 'localhost') return true;
-  if (isIP(host) === 4) return host.startsWith('127.');
-  return isIP(host) === 6 && host === '::1';
+  if (isIP(host) === 4) return LOOPBACK.check(host, 'ipv4');
+  return isIP(host) === 6 && LOOPBACK.check(host, 'ipv6');
 }
+
+const LOOPBACK = new BlockList();
+LOOPBACK.addSubnet('127.0.0.0', 8, 'ipv4');
+LOOPBACK.addAddress('::1', 'ipv6');
+// 127/8 written as IPv6 (::ffff:127.0.0.1).
+LOOPBACK.addSubnet('::ffff:127.0.0.0', 104, 'ipv6');
