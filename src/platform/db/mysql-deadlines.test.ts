@@ -101,6 +101,9 @@ describe(poolWithDeadlines.name, () => {
   });
 });
 
+/** Lets callbacks queued as microtasks and immediates run. */
+const settled = () => new Promise<void>((resolve) => setImmediate(resolve));
+
 describe('poolWithDeadlines while the database does not answer', () => {
   /** A pool whose connections fail to be made while `down`, and whose statements reply `reply`. */
   function flakyPool() {
@@ -108,6 +111,7 @@ describe('poolWithDeadlines while the database does not answer', () => {
       down: true,
       asked: 0,
       reply: null as unknown,
+      statements: [] as string[],
     };
     const connection = {
       threadId: 1,
@@ -115,8 +119,10 @@ describe('poolWithDeadlines while the database does not answer', () => {
       connect: () => undefined,
       destroy: () => undefined,
       release: () => undefined,
-      query: (_options: unknown, callback: (error: unknown, result: unknown) => void) =>
-        queueMicrotask(() => callback(state.reply, { rows: [] })),
+      query: (options: { sql: string }, callback: (error: unknown, result: unknown) => void) => {
+        state.statements.push(options.sql);
+        queueMicrotask(() => callback(state.reply, { rows: [] }));
+      },
     } as unknown as RawMysqlConnection;
     const pool: RawMysqlPool = {
       getConnection: (callback) => {
@@ -143,7 +149,7 @@ describe('poolWithDeadlines while the database does not answer', () => {
       ),
     );
 
-  it('fails at once after failures in a row, lets one request a second try it, and serves again once it answers', async () => {
+  it('fails at once after failures in a row, tries it in the background once a second, and serves again once it answers', async () => {
     const clock = { now: 0 };
     const { pool: raw, state } = flakyPool();
     const pool = poolWithDeadlines(raw, { timeoutMs: 1_000, size: 4, now: () => clock.now });
@@ -151,20 +157,21 @@ describe('poolWithDeadlines while the database does not answer', () => {
       expect(((await get(pool)).error as Error).message).toMatch(/ECONNREFUSED/);
     expect(state.asked).toBe(FAILURES_TO_FAIL_FAST);
 
-    // Out of reach: the first request after that tries it, the others within a second do not.
-    expect(((await get(pool)).error as Error).message).toMatch(/ECONNREFUSED/);
-    const fast = await get(pool);
-    expect(fast.error).toBeInstanceOf(MysqlDeadlineError);
+    // Out of reach: every request fails at once; the first one starts a probe, which waits for no one.
+    const fast = await Promise.all([get(pool), get(pool), get(pool)]);
+    expect(fast.map((f) => f.error instanceof MysqlDeadlineError)).toEqual([true, true, true]);
+    await settled();
     expect(state.asked).toBe(FAILURES_TO_FAIL_FAST + 1);
+    expect(state.statements).toEqual([]);
 
-    // A second later one tries again; the database is back and answers (an SQL error is an answer).
+    // A second later a request starts another probe; the database is back and answers (an SQL error
+    // is an answer), and requests are served again.
     clock.now += FAIL_FAST_PROBE_MS;
     state.down = false;
     state.reply = Object.assign(new Error('Duplicate entry'), { code: 'ER_DUP_ENTRY' });
-    const probe = await get(pool);
-    expect(probe.error).toBeNull();
-    expect(await statement(probe.connection!)).toMatchObject({ code: 'ER_DUP_ENTRY' });
-    probe.connection!.release();
+    expect((await get(pool)).error).toBeInstanceOf(MysqlDeadlineError);
+    await settled();
+    expect(state.statements).toEqual(['SELECT 1']);
     const after = await Promise.all([get(pool), get(pool)]);
     expect(after.map((a) => a.error)).toEqual([null, null]);
     expect(state.asked).toBe(FAILURES_TO_FAIL_FAST + 4);
@@ -215,11 +222,12 @@ describe('poolWithDeadlines while the database does not answer', () => {
     const third = await get(pool);
     await statement(third.connection!);
     third.connection!.release();
-    // Out of reach: one request tries it (and finds it lost again), the next fails at once.
-    const probe = await get(pool);
-    expect(probe.error).toBeNull();
-    await statement(probe.connection!);
-    probe.connection!.release();
+    // Out of reach: requests fail at once; the probe they start finds it lost again.
+    const before = state.statements.length;
+    expect((await get(pool)).error).toBeInstanceOf(MysqlDeadlineError);
+    await settled();
+    expect(state.statements.length).toBe(before + 1);
+    clock.now += FAIL_FAST_PROBE_MS;
     expect((await get(pool)).error).toBeInstanceOf(MysqlDeadlineError);
   });
 });

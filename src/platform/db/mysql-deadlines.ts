@@ -40,7 +40,7 @@ export interface DeadlineOptions {
 
 /** Failures of the database to answer in a row, with no answer between them, that make it out of reach. */
 export const FAILURES_TO_FAIL_FAST = 3;
-/** While the database counts as out of reach, one request this often is let through to try it. */
+/** While the database counts as out of reach, it is tried this often (`SELECT 1`, no request waiting on it). */
 export const FAIL_FAST_PROBE_MS = 1_000;
 
 /**
@@ -55,7 +55,7 @@ export class MysqlReachability {
 
   constructor(private readonly now: () => number = () => performance.now()) {}
 
-  /** Whether requests fail at once now (but for one a probe interval). */
+  /** Whether requests fail at once now (while a probe a second finds whether it answers again). */
   get outOfReach(): boolean {
     return this.failures >= FAILURES_TO_FAIL_FAST;
   }
@@ -68,9 +68,8 @@ export class MysqlReachability {
     this.failures++;
   }
 
-  /** Whether a request may try the database now: always while it answers, else once a probe interval. */
-  mayTry(): boolean {
-    if (this.failures < FAILURES_TO_FAIL_FAST) return true;
+  /** Whether a probe of the database is due (at most one a probe interval), taking it if so. */
+  probeDue(): boolean {
     const now = this.now();
     if (now - this.triedAt < FAIL_FAST_PROBE_MS && now >= this.triedAt) return false;
     this.triedAt = now;
@@ -121,9 +120,10 @@ function isNetworkError(error: unknown): boolean {
  * Both fail with `MysqlDeadlineError`. Streamed queries (none in this code) have no deadline.
  *
  * After `FAILURES_TO_FAIL_FAST` failures in a row with no answer between them, the database counts
- * as out of reach: requests fail at once with `MysqlDeadlineError` (503), but for one a second that
- * tries it, until an answer comes. So a primary that hangs costs the deadline to a few requests,
- * not to each one for as long as it hangs (nor its place in the queue to those behind it).
+ * as out of reach: requests fail at once with `MysqlDeadlineError` (503), and while they come a
+ * probe (`SELECT 1`) tries it once a second, until an answer comes. So a primary that hangs costs
+ * the deadline to a few requests, not to each one for as long as it hangs (nor its place in the
+ * queue to those behind it), and no request is kept waiting to find out whether it is back.
  */
 export function poolWithDeadlines(pool: RawMysqlPool, options: DeadlineOptions): MysqlPool {
   const { timeoutMs, size } = options;
@@ -167,6 +167,36 @@ export function poolWithDeadlines(pool: RawMysqlPool, options: DeadlineOptions):
       waiter.settle(null, connection.api);
     });
   };
+  let probing = false;
+  /** `SELECT 1` on a pooled connection, at most one at a time and one a probe interval; its outcome is sorted as any statement's. */
+  const probe = (): void => {
+    if (probing || !reach.probeDue()) return;
+    probing = true;
+    const waiter: Waiter = {
+      settled: false,
+      settle(error, connection) {
+        if (waiter.settled) return;
+        waiter.settled = true;
+        clearTimeout(timer);
+        waiting.delete(waiter);
+        if (error !== null || !connection) {
+          probing = false;
+          return;
+        }
+        connection.query('SELECT 1', [], () => {
+          connection.release();
+          probing = false;
+        });
+      },
+    };
+    const timer = setTimeout(
+      () => waiter.settle(new MysqlDeadlineError('no MySQL connection came free for a probe'), undefined),
+      timeoutMs,
+    );
+    timer.unref();
+    if (busy < size) acquire(waiter);
+    else waiting.add(waiter);
+  };
   return {
     getConnection(callback) {
       const waiter: Waiter = {
@@ -179,8 +209,11 @@ export function poolWithDeadlines(pool: RawMysqlPool, options: DeadlineOptions):
           callback(error, connection as MysqlPoolConnection);
         },
       };
-      if (!reach.mayTry()) {
-        // The database did not answer lately: failing at once beats each request waiting it out.
+      if (reach.outOfReach) {
+        // The database did not answer lately: failing at once beats each request waiting it out,
+        // and no request is the one that finds out whether it is back (it would wait the deadline
+        // for each of its statements): a probe does, in the background.
+        probe();
         const error = new MysqlDeadlineError(
           'MySQL has not answered lately; requests fail at once until it does (tried every second)',
         );
