@@ -16,6 +16,7 @@ import { LocalObjectStorage, loadOrCreateSigningKey } from './storage/local-obje
 import type { CounterStore } from '../counter/store/counter-store.js';
 import { SqliteCounterStore } from '../counter/store/sqlite-counter-store.js';
 import type { Redis, RedisOptions } from 'ioredis';
+import { isDependencyOutage } from './errors/outage.js';
 import type { UserCounterStore } from '../user-counter/store/user-counter-store.js';
 import { SqliteUserCounterStore } from '../user-counter/store/sqlite-user-counter-store.js';
 import type { CodeSender } from '../auth/code-sender/code-sender.js';
@@ -639,17 +640,25 @@ async function createCluster(
       requireSeal: true,
       onUnsealed: tellUnsealed,
     });
-    await checkRedisAtStart(
-      redis,
-      db,
-      config.redisPrefix,
-      config.counters.groups,
-      counterStore,
-      { markRedis, replaying },
-      log,
-    );
+    try {
+      await checkRedisAtStart(
+        redis,
+        db,
+        config.redisPrefix,
+        config.counters.groups,
+        counterStore,
+        { markRedis, replaying },
+        log,
+      );
+      await checkRedisEviction(redis, log);
+    } catch (err) {
+      // Said as plainly as a database out of reach is: which service, and where.
+      if (!isDependencyOutage(err)) throw err;
+      throw new Error(`Redis could not be reached at ${hostOf(config.redisUrl)}: ${(err as Error).message}`, {
+        cause: err,
+      });
+    }
     watchRedisDataLoss(redis, config.redisPrefix, log);
-    await checkRedisEviction(redis, log);
     // A subscribed connection can run no other command, so the bus gets one of its own (and closes it).
     const invalidation = await createRedisInvalidationBus({
       publisher: redis,
@@ -746,4 +755,9 @@ function oncePerMinute<A extends unknown[]>(tell: (...args: A) => void): (...arg
     toldAt = Date.now();
     tell(...args);
   };
+}
+
+/** Where a service's URL points, without its credentials (for messages). */
+function hostOf(url: string | undefined): string {
+  return url !== undefined && URL.canParse(url) ? new URL(url).host : 'its URL';
 }

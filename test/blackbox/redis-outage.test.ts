@@ -4,14 +4,16 @@
  * instead of waiting for Redis to return, readiness says so, and the server serves again once Redis
  * is back, without a restart. The Redis here is a throwaway `redis-server` of the test's own.
  */
-import { spawn, type ChildProcess } from 'node:child_process';
+import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import { join, resolve } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { runCli } from '../fault/processes.js';
+import { clusterDeployment, runCli } from '../fault/processes.js';
 import { Client, eventually, freePort, signUp, startServer, type Server, type SignedUp } from './harness.js';
 
 const COMMAND_TIMEOUT_MS = 500;
+const ROOT = resolve(import.meta.dirname, '../..');
 
 /** Starts `redis-server` on `port`, without persistence, and waits for PING. */
 async function startRedis(port: number): Promise<ChildProcess> {
@@ -281,4 +283,22 @@ describe('a cluster server whose Redis comes back without its data', () => {
     expect((await client.call('GET', `/api/v1/knowposts/detail/${postId}`)).status).toBe(200);
     expect(await eventually(counts, (c) => c?.read === 4, 10_000)).toMatchObject({ read: 4 });
   }, 120_000);
+});
+
+describe('a cluster server started while its Redis is down', () => {
+  it('exits 1 saying which service it could not reach, and where', async () => {
+    const port = await freePort();
+    const deployment = await clusterDeployment('127.0.0.1:9', { ZG_REDIS_URL: `redis://127.0.0.1:${port}` });
+    try {
+      const started = spawnSync(process.execPath, [join(ROOT, 'dist/main.js')], {
+        env: deployment.env,
+        encoding: 'utf8',
+        timeout: 60_000,
+      });
+      expect(started.status).toBe(1);
+      expect(started.stderr).toContain(`Redis could not be reached at 127.0.0.1:${port}`);
+    } finally {
+      await deployment.dispose();
+    }
+  }, 90_000);
 });
