@@ -167,11 +167,11 @@ export function poolWithDeadlines(pool: RawMysqlPool, options: DeadlineOptions):
       waiter.settle(null, connection.api);
     });
   };
-  let probing = false;
-  /** `SELECT 1` on a pooled connection, at most one at a time and one a probe interval; its outcome is sorted as any statement's. */
-  const probe = (): void => {
-    if (probing || !reach.probeDue()) return;
-    probing = true;
+  /** Lends a connection to `use`, which gets an error instead if none comes free within the deadline. */
+  const lend = (
+    use: (error: unknown, connection: MysqlPoolConnection | undefined) => void,
+    late: string,
+  ): NodeJS.Timeout => {
     const waiter: Waiter = {
       settled: false,
       settle(error, connection) {
@@ -179,36 +179,37 @@ export function poolWithDeadlines(pool: RawMysqlPool, options: DeadlineOptions):
         waiter.settled = true;
         clearTimeout(timer);
         waiting.delete(waiter);
-        if (error !== null || !connection) {
-          probing = false;
-          return;
-        }
-        connection.query('SELECT 1', [], () => {
-          connection.release();
-          probing = false;
-        });
+        use(error, connection);
       },
     };
-    const timer = setTimeout(
-      () => waiter.settle(new MysqlDeadlineError('no MySQL connection came free for a probe'), undefined),
-      timeoutMs,
-    );
-    timer.unref();
+    const timer = setTimeout(() => waiter.settle(new MysqlDeadlineError(late), undefined), timeoutMs);
     if (busy < size) acquire(waiter);
     else waiting.add(waiter);
+    return timer;
+  };
+  let probing = false;
+  /**
+   * `SELECT 1` on a pooled connection, at most one at a time and one a probe interval; its outcome
+   * is sorted as any statement's.
+   */
+  const probe = (): void => {
+    if (probing || !reach.probeDue()) return;
+    probing = true;
+    const use = (error: unknown, connection: MysqlPoolConnection | undefined): void => {
+      if (error !== null || !connection) {
+        probing = false;
+        return;
+      }
+      connection.query('SELECT 1', [], () => {
+        connection.release();
+        probing = false;
+      });
+    };
+    // Nobody waits on it: it keeps no process from ending.
+    lend(use, 'no MySQL connection came free for a probe').unref();
   };
   return {
     getConnection(callback) {
-      const waiter: Waiter = {
-        settled: false,
-        settle(error, connection) {
-          if (waiter.settled) return;
-          waiter.settled = true;
-          clearTimeout(timer);
-          waiting.delete(waiter);
-          callback(error, connection as MysqlPoolConnection);
-        },
-      };
       if (reach.outOfReach) {
         // The database did not answer lately: failing at once beats each request waiting it out,
         // and no request is the one that finds out whether it is back (it would wait the deadline
@@ -222,16 +223,10 @@ export function poolWithDeadlines(pool: RawMysqlPool, options: DeadlineOptions):
       }
       // Not a failure of the database: requests may hold its connections (their statements'
       // deadlines and the connections that cannot be made tell whether it answers).
-      const timer = setTimeout(
-        () =>
-          waiter.settle(
-            new MysqlDeadlineError(`no MySQL connection of the pool came free within ${timeoutMs} ms`),
-            undefined,
-          ),
-        timeoutMs,
+      lend(
+        (error, connection) => callback(error, connection as MysqlPoolConnection),
+        `no MySQL connection of the pool came free within ${timeoutMs} ms`,
       );
-      if (busy < size) acquire(waiter);
-      else waiting.add(waiter);
     },
     end: (callback) => pool.end(callback),
   };
