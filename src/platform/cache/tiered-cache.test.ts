@@ -253,4 +253,36 @@ describe(TieredCache.name, () => {
     await writer.get('a', db.load);
     expect(shared.calls.get).toBe(2);
   });
+
+  it('reads the shared tier again once an invalidation started after the failure is done', async () => {
+    const shared = new MemoryShared();
+    const db = table({ a: { id: 'a', public: true, title: 'old' } });
+    const writer = cacheOf(shared, { sharedTtlMs: 60_000 }).sut;
+    await writer.get('a', db.load);
+    db.rows.a!.title = 'new';
+    const invalidate = shared.invalidate.bind(shared);
+    // One started before the failure and done after it tells nothing: it may have run before the change.
+    const early = deferred<void>();
+    shared.invalidate = async (guards) => {
+      await early.promise;
+      return invalidate(guards);
+    };
+    const before = writer.invalidateShared(['a']);
+    shared.invalidate = async () => {
+      throw new Error('shared tier down');
+    };
+    writer.invalidateLocal(['a']);
+    await expect(writer.invalidateShared(['a'])).rejects.toThrow('shared tier down');
+    early.resolve();
+    await before;
+    writer.clearLocal();
+    await writer.get('a', db.load);
+    expect(shared.calls.get).toBe(1);
+    // The retry (the consumer's) goes through: the old copy is unreadable there, and the tier is read again.
+    shared.invalidate = invalidate;
+    await writer.invalidateShared(['a']);
+    writer.clearLocal();
+    expect((await writer.get('a', db.load))?.title).toBe('new');
+    expect(shared.calls.get).toBe(2);
+  });
 });

@@ -165,13 +165,23 @@ export class TieredCache<V> {
    * Makes the guards' values unreadable in the shared tier, for every process. Until that is done,
    * this process's loads for them read past the shared tier (see `readThrough`): after
    * `invalidateLocal`, a read here cannot be given the value from before the change. When it fails
-   * (rejecting), they go on reading past it until the values there have expired.
+   * (rejecting), they go on reading past it until the values there have expired, or until an
+   * invalidation of theirs started after the failure succeeds.
    */
   async invalidateShared(guards: readonly string[]): Promise<void> {
     const unique = [...new Set(guards)];
     for (const guard of unique) this.invalidating.set(guard, (this.invalidating.get(guard) ?? 0) + 1);
+    const startedAt = performance.now();
     try {
       await this.options.shared.invalidate(guards);
+      // Done after a failed one was recorded (a retry, or the next change): what the failure left
+      // readable there is no longer, so loads may read the shared tier again. One that started
+      // before may have run before the change whose invalidation failed.
+      for (const guard of unique) {
+        const until = this.unsettled.get(guard);
+        if (until !== undefined && startedAt >= until - this.options.sharedTtlMs)
+          this.unsettled.delete(guard);
+      }
     } catch (err) {
       // The old values may stay readable there until they expire: this process reads past them.
       const until = performance.now() + this.options.sharedTtlMs;
