@@ -16,7 +16,6 @@ import { LocalObjectStorage, loadOrCreateSigningKey } from './storage/local-obje
 import type { CounterStore } from '../counter/store/counter-store.js';
 import { SqliteCounterStore } from '../counter/store/sqlite-counter-store.js';
 import type { Redis, RedisOptions } from 'ioredis';
-import { isDependencyOutage } from './errors/outage.js';
 import type { UserCounterStore } from '../user-counter/store/user-counter-store.js';
 import { SqliteUserCounterStore } from '../user-counter/store/sqlite-user-counter-store.js';
 import type { CodeSender } from '../auth/code-sender/code-sender.js';
@@ -640,24 +639,22 @@ async function createCluster(
       requireSeal: true,
       onUnsealed: tellUnsealed,
     });
-    try {
-      await checkRedisAtStart(
-        redis,
-        db,
-        config.redisPrefix,
-        config.counters.groups,
-        counterStore,
-        { markRedis, replaying },
-        log,
-      );
-      await checkRedisEviction(redis, log);
-    } catch (err) {
-      // Said as plainly as a database out of reach is: which service, and where.
-      if (!isDependencyOutage(err)) throw err;
+    // Asked first, so that an outage is said as plainly as the database's: which service, and where.
+    await redis.ping().catch((err: unknown) => {
       throw new Error(`Redis could not be reached at ${hostOf(config.redisUrl)}: ${(err as Error).message}`, {
         cause: err,
       });
-    }
+    });
+    await checkRedisAtStart(
+      redis,
+      db,
+      config.redisPrefix,
+      config.counters.groups,
+      counterStore,
+      { markRedis, replaying },
+      log,
+    );
+    await checkRedisEviction(redis, log);
     watchRedisDataLoss(redis, config.redisPrefix, log);
     // A subscribed connection can run no other command, so the bus gets one of its own (and closes it).
     const invalidation = await createRedisInvalidationBus({

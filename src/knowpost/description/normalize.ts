@@ -206,7 +206,8 @@ export function normalizeDescription(raw: string, max: number = DESCRIPTION_MAX_
   const limit = Math.floor(max);
   if (!(limit > 0)) return '';
   const text = normalizedText(raw);
-  // It starts with something seen, so any cut of it shows something too.
+  // It starts with something seen, so a cut of it shows something, or is empty (punctuation alone,
+  // which the suggesters then do without).
   return isVisible(text) ? cut(text, limit) : '';
 }
 

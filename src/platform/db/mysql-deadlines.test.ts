@@ -222,12 +222,61 @@ describe('poolWithDeadlines while the database does not answer', () => {
     const third = await get(pool);
     await statement(third.connection!);
     third.connection!.release();
-    // Out of reach: requests fail at once; the probe they start finds it lost again.
+    // Out of reach: requests fail at once; the probe they start finds it lost again, and so does
+    // the next one, a second later.
     const before = state.statements.length;
+    expect((await get(pool)).error).toBeInstanceOf(MysqlDeadlineError);
+    await settled();
+    expect(state.statements.length).toBe(before + 1);
     expect((await get(pool)).error).toBeInstanceOf(MysqlDeadlineError);
     await settled();
     expect(state.statements.length).toBe(before + 1);
     clock.now += FAIL_FAST_PROBE_MS;
     expect((await get(pool)).error).toBeInstanceOf(MysqlDeadlineError);
+    await settled();
+    expect(state.statements.length).toBe(before + 2);
+  });
+
+  it('does not hold a probe back behind one still hanging on a connection left from before', async () => {
+    const clock = { now: 0 };
+    // Idle connections to a primary that vanished hang; then come fresh ones to the new primary.
+    const hanging = (threadId: number) =>
+      ({
+        threadId,
+        config: {},
+        connect: () => undefined,
+        destroy: () => undefined,
+        release: () => undefined,
+        query: () => undefined,
+      }) as unknown as RawMysqlConnection;
+    const fresh = {
+      threadId: 99,
+      config: {},
+      connect: () => undefined,
+      destroy: () => undefined,
+      release: () => undefined,
+      query: (_options: unknown, callback: (error: unknown, result: unknown) => void) =>
+        queueMicrotask(() => callback(null, { rows: [] })),
+    } as unknown as RawMysqlConnection;
+    const handed = [hanging(1), fresh];
+    let refused = FAILURES_TO_FAIL_FAST;
+    const raw: RawMysqlPool = {
+      getConnection: (callback) =>
+        queueMicrotask(() =>
+          refused-- > 0
+            ? callback(Object.assign(new Error('connect ETIMEDOUT'), { code: 'ETIMEDOUT' }), fresh)
+            : callback(null, handed.shift() ?? fresh),
+        ),
+      end: (callback) => callback(null),
+    };
+    const pool = poolWithDeadlines(raw, { timeoutMs: 60_000, size: 4, now: () => clock.now });
+    for (let i = 0; i < FAILURES_TO_FAIL_FAST; i++) await get(pool);
+    // The first probe draws the hanging connection; a second later the next one goes all the same.
+    expect((await get(pool)).error).toBeInstanceOf(MysqlDeadlineError);
+    await settled();
+    clock.now += FAIL_FAST_PROBE_MS;
+    expect((await get(pool)).error).toBeInstanceOf(MysqlDeadlineError);
+    await settled();
+    expect((await get(pool)).error).toBeNull();
   });
 });

@@ -187,25 +187,18 @@ export function poolWithDeadlines(pool: RawMysqlPool, options: DeadlineOptions):
     else waiting.add(waiter);
     return timer;
   };
-  let probing = false;
   /**
-   * `SELECT 1` on a pooled connection, at most one at a time and one a probe interval; its outcome
-   * is sorted as any statement's.
+   * `SELECT 1` on a pooled connection, one a probe interval; its outcome is sorted as any
+   * statement's. One does not wait for the one before: after a failover that left the pool's idle
+   * connections hanging, each probe may draw one of them and run out the deadline on it, and
+   * probes one after another would take a deadline per connection to reach a fresh one.
    */
   const probe = (): void => {
-    if (probing || !reach.probeDue()) return;
-    probing = true;
+    if (!reach.probeDue()) return;
     const use = (error: unknown, connection: MysqlPoolConnection | undefined): void => {
-      if (error !== null || !connection) {
-        probing = false;
-        return;
-      }
-      connection.query('SELECT 1', [], () => {
-        connection.release();
-        probing = false;
-      });
+      if (error === null && connection) connection.query('SELECT 1', [], () => connection.release());
     };
-    // Nobody waits on it: it keeps no process from ending.
+    // Nobody waits on its wait for a connection.
     lend(use, 'no MySQL connection came free for a probe').unref();
   };
   return {
