@@ -24,10 +24,10 @@ import type { ViewSink } from './detail.service.js';
  * whatever the number of posts read. The `view-agg` consumer adds a batch's views to the snapshots
  * with `addLoggedViews`, which counts each record once however often and in whatever batches it is
  * handed (a crash before the commit, a rebalance, a retry), and commits (at most once a second).
- * Views may be approximate, likes and favourites may not. Views are lost (and counted in
- * `zg_views_dropped_total`) where a process dies with views in its buffer, and where a shutdown's
- * 3 s run out; views of posts past `maxPosts` buffered while the log cannot be reached; those of a
- * publish that timed out and never settled. A publish that timed out and then failed is sent again:
+ * Views may be approximate, likes and favourites may not. Views are lost where a process dies with
+ * views in its buffer, and, counted in `zg_views_dropped_total`, where a shutdown's 3 s run out,
+ * past `maxPosts` posts buffered while the log cannot be reached, and for a publish that timed out
+ * and never settled. A publish that timed out and then failed is sent again:
  * a broker that hangs would otherwise lose every view of its outage, at the risk of counting twice
  * a record the broker wrote without telling. A mark past `VIEW_MARK_RANGES` ranges takes its
  * oldest gap as added (`planViewMark`).

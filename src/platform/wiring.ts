@@ -654,8 +654,8 @@ async function createCluster(
       { markRedis, replaying },
       log,
     );
-    await checkRedisEviction(redis, log);
     watchRedisDataLoss(redis, config.redisPrefix, log);
+    await checkRedisEviction(redis, log);
     // A subscribed connection can run no other command, so the bus gets one of its own (and closes it).
     const invalidation = await createRedisInvalidationBus({
       publisher: redis,
