@@ -29,7 +29,7 @@ export interface Db {
   readonly raw?: DatabaseSync;
   /**
    * MySQL with deadlines: whether requests fail at once because the database has not answered
-   * lately (see `poolWithDeadlines`), so that work queued behind one that tries it fails too.
+   * lately (see `poolWithDeadlines`), so that work queued behind one that may hang on it fails too.
    */
   outOfReach?: () => boolean;
   close(): Promise<void>;

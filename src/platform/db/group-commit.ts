@@ -33,7 +33,7 @@ export interface GroupCommitOptions<I> {
   expired?: () => unknown;
   /**
    * Asked when an item is submitted while a batch runs: an error to reject it with at once rather
-   * than queue it behind that batch (the database is out of reach and the batch is trying it).
+   * than queue it behind that batch (the database is out of reach and the batch may hang on it).
    */
   refuseWhileBusy?: () => Error | undefined;
 }

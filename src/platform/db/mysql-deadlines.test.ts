@@ -8,19 +8,30 @@ import {
   type RawMysqlPool,
 } from './mysql-deadlines.js';
 
+type Reply = (error: unknown, result: unknown) => void;
+
+/** A pooled connection whose statements go to `query` (by default, never answered). */
+function fakeConnection(
+  threadId: number,
+  query: (options: { sql: string }, callback: Reply) => void = () => undefined,
+  release: () => void = () => undefined,
+): RawMysqlConnection {
+  return {
+    threadId,
+    config: {},
+    connect: () => undefined,
+    destroy: () => undefined,
+    release,
+    query,
+  } as unknown as RawMysqlConnection;
+}
+
 /** A pool whose connections come only when the test hands them out. */
 function manualPool() {
   const asked: ((error: unknown, connection: RawMysqlConnection) => void)[] = [];
   let released = 0;
   const connection = (threadId: number): RawMysqlConnection =>
-    ({
-      threadId,
-      config: {},
-      connect: () => undefined,
-      destroy: () => undefined,
-      release: () => void released++,
-      query: () => undefined,
-    }) as unknown as RawMysqlConnection;
+    fakeConnection(threadId, undefined, () => void released++);
   const pool: RawMysqlPool = {
     getConnection: (callback) => void asked.push(callback),
     end: (callback) => callback(null),
@@ -113,17 +124,10 @@ describe('poolWithDeadlines while the database does not answer', () => {
       reply: null as unknown,
       statements: [] as string[],
     };
-    const connection = {
-      threadId: 1,
-      config: {},
-      connect: () => undefined,
-      destroy: () => undefined,
-      release: () => undefined,
-      query: (options: { sql: string }, callback: (error: unknown, result: unknown) => void) => {
-        state.statements.push(options.sql);
-        queueMicrotask(() => callback(state.reply, { rows: [] }));
-      },
-    } as unknown as RawMysqlConnection;
+    const connection = fakeConnection(1, (options, callback) => {
+      state.statements.push(options.sql);
+      queueMicrotask(() => callback(state.reply, { rows: [] }));
+    });
     const pool: RawMysqlPool = {
       getConnection: (callback) => {
         state.asked++;
@@ -240,25 +244,10 @@ describe('poolWithDeadlines while the database does not answer', () => {
   it('does not hold a probe back behind one still hanging on a connection left from before', async () => {
     const clock = { now: 0 };
     // Idle connections to a primary that vanished hang; then come fresh ones to the new primary.
-    const hanging = (threadId: number) =>
-      ({
-        threadId,
-        config: {},
-        connect: () => undefined,
-        destroy: () => undefined,
-        release: () => undefined,
-        query: () => undefined,
-      }) as unknown as RawMysqlConnection;
-    const fresh = {
-      threadId: 99,
-      config: {},
-      connect: () => undefined,
-      destroy: () => undefined,
-      release: () => undefined,
-      query: (_options: unknown, callback: (error: unknown, result: unknown) => void) =>
-        queueMicrotask(() => callback(null, { rows: [] })),
-    } as unknown as RawMysqlConnection;
-    const handed = [hanging(1), fresh];
+    const fresh = fakeConnection(99, (_options, callback) =>
+      queueMicrotask(() => callback(null, { rows: [] })),
+    );
+    const handed = [fakeConnection(1), fresh];
     let refused = FAILURES_TO_FAIL_FAST;
     const raw: RawMysqlPool = {
       getConnection: (callback) =>
