@@ -1,5 +1,5 @@
 import type { Db } from '../db/database.js';
-import { toOutboxRow, type OutboxRow, type OutboxStore } from './outbox.js';
+import { toOutboxRow, type ClaimResult, type OutboxRow, type OutboxStore } from './outbox.js';
 
 /**
  * Outbox on MariaDB/MySQL, shared by many relay processes. A claim is one transaction: lock the
@@ -15,7 +15,7 @@ export class MysqlOutboxStore implements OutboxStore {
     if (db.dialect !== 'mysql') throw new Error('MysqlOutboxStore needs the mysql dialect');
   }
 
-  async claim(limit: number, work: (rows: OutboxRow[]) => Promise<number[]>): Promise<number> {
+  async claim(limit: number, work: (rows: OutboxRow[]) => Promise<number[]>): Promise<ClaimResult> {
     return this.db.kysely
       .transaction()
       .setIsolationLevel('read committed')
@@ -30,7 +30,7 @@ export class MysqlOutboxStore implements OutboxStore {
             .skipLocked()
             .execute()
         ).map(toOutboxRow);
-        if (locked.length === 0) return 0;
+        if (locked.length === 0) return { handed: 0, full: false };
 
         const mine = new Set(locked.map((r) => r.id));
         const lastId = locked[locked.length - 1]!.id;
@@ -53,7 +53,8 @@ export class MysqlOutboxStore implements OutboxStore {
           const foreign = firstForeign.get(slot(r.topic, r.key));
           return foreign === undefined || r.id < foreign;
         });
-        if (ready.length === 0) return 0;
+        // Everything taken waits behind other claimers: the next round after a poll interval.
+        if (ready.length === 0) return { handed: 0, full: false };
 
         const done = await work(ready);
         // Deletes touch no row another relay holds, so they never wait, and a batch already
@@ -68,7 +69,7 @@ export class MysqlOutboxStore implements OutboxStore {
             await trx.deleteFrom('outbox').where('id', '>=', from).where('id', '<', to).execute();
           await trx.deleteFrom('outbox').where('id', '=', to).execute();
         }
-        return ready.length;
+        return { handed: ready.length, full: locked.length >= limit };
       });
   }
 }

@@ -283,6 +283,48 @@ describe.each(backends)('outbox on %s', (dialect, open) => {
       expect(await outboxCount(b.db)).toBe(0);
     },
   );
+
+  it.runIf(dialect === 'mariadb')(
+    'goes on at once after a full claim part of which waits behind another relay',
+    async () => {
+      const held: OutboxMessage = { topic: 'follows', key: 'p-held', payload: 'p-first' };
+      const behind: OutboxMessage = { ...held, payload: 'p-second' };
+      const free = messages('p', 29, 29, ['follows']);
+      await appendCommitted(b.db, [held, behind, ...free]);
+
+      // Another relay holds the first row of a key until released.
+      let release!: () => void;
+      const gate = new Promise<void>((resolve) => (release = resolve));
+      let holding = false;
+      const other = (await b.newStore()).claim(1, async (rows) => {
+        holding = true;
+        await gate;
+        return rows.map((r) => r.id);
+      });
+      await waitUntil(() => holding, 5_000);
+
+      const log = new Recorder();
+      const relay = new OutboxRelay({
+        store: await b.newStore(),
+        events: log.log(),
+        batchSize: 10,
+        pollIntervalMs: 60_000,
+      });
+      relay.start();
+      try {
+        // Each claim of 10 holds back the key's second row and hands the other 9: a full claim,
+        // so no poll interval is waited until only the held-back row is left.
+        await waitUntil(() => log.published.length >= free.length, 5_000);
+        expect(log.published.map((p) => p.value)).toEqual(free.map((m) => m.payload));
+      } finally {
+        release();
+        await other;
+        await relay.stop();
+      }
+      expect(await outboxCount(b.db)).toBe(1);
+      await b.newStore().then((s) => s.claim(10, async (rows) => rows.map((r) => r.id)));
+    },
+  );
 });
 
 async function waitUntil(condition: () => boolean | Promise<boolean>, timeoutMs: number): Promise<void> {

@@ -44,16 +44,26 @@ export class OutboxWriter {
   }
 }
 
+/** What a claim did. */
+export interface ClaimResult {
+  /** Rows handed to `work`. */
+  handed: number;
+  /**
+   * The claim took `limit` rows and handed some of them, so more are probably waiting. Rows held
+   * back behind another claimer's do not make it less full: the rows after them are still there.
+   */
+  full: boolean;
+}
+
 /** What the relay needs from the outbox table; one adapter per dialect. */
 export interface OutboxStore {
   /**
    * Claims up to `limit` of the oldest rows and hands the claimable ones to `work` in id order.
    * `work` returns the ids it is done with (published); those rows are deleted, the rest stay for
    * a later claim. When `work` throws, nothing is deleted. While `work` runs, no other claimer gets
-   * these rows, nor a later row with the same topic and key. Resolves with the number of rows handed
-   * to `work`.
+   * these rows, nor a later row with the same topic and key.
    */
-  claim(limit: number, work: (rows: OutboxRow[]) => Promise<number[]>): Promise<number>;
+  claim(limit: number, work: (rows: OutboxRow[]) => Promise<number[]>): Promise<ClaimResult>;
 }
 
 export function toOutboxRow(row: {

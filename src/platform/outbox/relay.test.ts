@@ -20,7 +20,7 @@ describe(OutboxRelay.name, () => {
         const done = await work(rows);
         // The first delete fails (a lost connection): the rows stay, and are published again.
         if (deletes++ === 0) throw new Error('delete failed');
-        return done.length;
+        return { handed: done.length, full: false };
       },
     };
     const events = {

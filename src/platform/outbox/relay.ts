@@ -110,7 +110,7 @@ export class OutboxRelay {
     let error: Error | undefined;
     let published = 0;
     let oldest = Infinity;
-    const handed = await this.options.store.claim(this.batchSize, async (rows) => {
+    const claim = await this.options.store.claim(this.batchSize, async (rows) => {
       const done: number[] = [];
       for (const [topic, group] of byTopic(rows)) {
         try {
@@ -141,9 +141,7 @@ export class OutboxRelay {
         // Metrics must not fail a round.
       }
     }
-    return error === undefined
-      ? { published, full: handed >= this.batchSize }
-      : { published, full: false, error };
+    return error === undefined ? { published, full: claim.full } : { published, full: false, error };
   }
 
   private report(err: unknown): void {

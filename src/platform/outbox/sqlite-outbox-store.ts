@@ -1,5 +1,5 @@
 import type { Db } from '../db/database.js';
-import { toOutboxRow, type OutboxRow, type OutboxStore } from './outbox.js';
+import { toOutboxRow, type ClaimResult, type OutboxRow, type OutboxStore } from './outbox.js';
 
 const DELETE_CHUNK = 500;
 
@@ -13,15 +13,18 @@ export class SqliteOutboxStore implements OutboxStore {
 
   constructor(private readonly db: Db) {}
 
-  claim(limit: number, work: (rows: OutboxRow[]) => Promise<number[]>): Promise<number> {
+  claim(limit: number, work: (rows: OutboxRow[]) => Promise<number[]>): Promise<ClaimResult> {
     const run = this.tail.then(() => this.claimNow(limit, work));
     this.tail = run.catch(() => undefined);
     return run;
   }
 
-  private async claimNow(limit: number, work: (rows: OutboxRow[]) => Promise<number[]>): Promise<number> {
+  private async claimNow(
+    limit: number,
+    work: (rows: OutboxRow[]) => Promise<number[]>,
+  ): Promise<ClaimResult> {
     const rows = await this.db.kysely.selectFrom('outbox').selectAll().orderBy('id').limit(limit).execute();
-    if (rows.length === 0) return 0;
+    if (rows.length === 0) return { handed: 0, full: false };
     const done = await work(rows.map(toOutboxRow));
     for (let i = 0; i < done.length; i += DELETE_CHUNK) {
       await this.db.kysely
@@ -29,6 +32,6 @@ export class SqliteOutboxStore implements OutboxStore {
         .where('id', 'in', done.slice(i, i + DELETE_CHUNK))
         .execute();
     }
-    return rows.length;
+    return { handed: rows.length, full: rows.length >= limit };
   }
 }
