@@ -10,6 +10,7 @@ import {
   UniqueViolationError,
 } from '../platform/errors/errors.js';
 import { isDependencyOutage } from '../platform/errors/outage.js';
+import { isVisible } from '../platform/http/schemas.js';
 import type { OutboxWriter } from '../platform/outbox/outbox.js';
 import { enforceLimit, type RateLimiter } from '../platform/ratelimit/ratelimit.js';
 import { normalizeEtag, type ObjectStorage, type StoredObject } from '../platform/storage/object-storage.js';
@@ -458,6 +459,7 @@ export class PostService {
   private async updateNow(userId: number, postId: string, fields: PostFields): Promise<void> {
     if (Object.values(fields).every((v) => v === undefined))
       throw new BadRequestError('body must set at least one field');
+    refuseBlankText(fields);
     await enforceLimit(this.limiter, `post-edit:${userId}`, this.limits.editsPerMinute, 60_000, 'post edits');
     if (fields.imgUrls !== undefined) await this.limitStores(userId);
     let post = await this.owned(userId, postId);
@@ -849,4 +851,18 @@ function notUploaded(): ConflictError {
 
 function invalidState(status: string): ConflictError {
   return new ConflictError(`Only a draft can be published; this post is ${status}`, 'INVALID_STATE');
+}
+
+/**
+ * A title, description or tag that shows nothing (only spaces or invisible characters) would be an
+ * empty line in every feed: refused, as a blank nickname is. An empty title or description clears it.
+ */
+function refuseBlankText(fields: PostFields): void {
+  for (const name of ['title', 'description'] as const) {
+    const value = fields[name];
+    if (value !== undefined && value !== '' && !isVisible(value))
+      throw new BadRequestError(`body.${name} must not be blank (an empty string clears it)`);
+  }
+  if (fields.tags?.some((tag) => !isVisible(tag)))
+    throw new BadRequestError('body.tags must not hold a blank tag');
 }
