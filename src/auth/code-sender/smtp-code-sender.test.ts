@@ -83,7 +83,9 @@ describe('SMTP without STARTTLS', () => {
     }
   };
 
-  it.skipIf(address === undefined)('neither signs in nor sends to a server elsewhere', async () => {
+  it('neither signs in nor sends to a server elsewhere', async () => {
+    // Another machine is played by this one's outside address: without one, say so rather than skip.
+    if (address === undefined) throw new Error('this test needs a non-loopback IPv4 address on this machine');
     seen.length = 0;
     await expect(send(`smtp://mailer:s3cret@${address}:${port}`)).rejects.toThrow(/STARTTLS/);
     expect(seen).toEqual([]);
