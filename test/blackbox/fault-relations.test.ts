@@ -266,6 +266,8 @@ describe('follow relations under faults (cluster profile: 3 API processes, a wor
   let readers: ReturnType<typeof startReaders> | undefined;
   let workerKills = 0;
   const consumedBeforeKills: number[] = [];
+  /** Per kill, the calls answered between the kill and the new worker's start: the load went on. */
+  const callsWhileDown: number[] = [];
   const timings: Record<string, number> = {};
   const found: Record<string, number> = {};
 
@@ -283,9 +285,11 @@ describe('follow relations under faults (cluster profile: 3 API processes, a wor
       if (Date.now() > deadline) throw new Error('the worker projected nothing within 60 s of starting');
       await sleep(100);
     }
+    const before = load.done;
     await worker!.crash();
     workerKills++;
     worker = await startNode(env(), 'worker', 90_000);
+    callsWhileDown.push(load.done - before);
   };
   const killWorkerAt = async (at: readonly number[], ready: () => boolean = () => true): Promise<void> => {
     for (const n of at) {
@@ -338,7 +342,7 @@ describe('follow relations under faults (cluster profile: 3 API processes, a wor
     await kafka?.destroy();
     await deployment?.dispose();
     console.log(
-      `fault-relations: ${JSON.stringify({ users: users.length, calls: load?.done, changes: load?.changes, following: load?.model.size, workerKills, consumedBeforeKills, ...timings, ...found })}`,
+      `fault-relations: ${JSON.stringify({ users: users.length, calls: load?.done, changes: load?.changes, following: load?.model.size, workerKills, consumedBeforeKills, callsWhileDown, ...timings, ...found })}`,
     );
   }, 120_000);
 
@@ -353,9 +357,13 @@ describe('follow relations under faults (cluster profile: 3 API processes, a wor
   it('takes 10,000 follows and unfollows while the worker is killed four times and Kafka is down for 20 s', async () => {
     // Readers go on until the pipeline is quiet (they are stopped by the next test).
     readers = startReaders(clients, users, 4);
-    // Phase 1: two kills under full load.
+    // Phase 1: two kills, the load going on until the second worker is back.
     let t0 = Date.now();
-    await Promise.all([load.run(3_000, 24), killWorkerAt([800, 2_000])]);
+    let phase1Killed = false;
+    await Promise.all([
+      load.run(4_500, 24, () => phase1Killed, 150),
+      killWorkerAt([800, 2_000]).then(() => (phase1Killed = true)),
+    ]);
     timings.phase1Ms = Date.now() - t0;
 
     // Phase 2: the broker goes away for 20 s; follows go on (they need only the database).
@@ -384,7 +392,8 @@ describe('follow relations under faults (cluster profile: 3 API processes, a wor
     const remaining = OPS - load.done;
     const start = load.done;
     await Promise.all([
-      load.run(remaining, 24, () => false, 250),
+      // Paced to last about 40 s, so that both kills and restarts fall within it.
+      load.run(remaining, 24, () => false, Math.max(50, remaining / 40)),
       killWorkerAt(
         [start + Math.floor(remaining / 3), start + Math.floor((2 * remaining) / 3)],
         () => recoverySettled,
@@ -395,6 +404,7 @@ describe('follow relations under faults (cluster profile: 3 API processes, a wor
     expect(load.failures.slice(0, 10)).toEqual([]);
     expect(load.done).toBe(OPS);
     expect(workerKills).toBe(4);
+    expect(callsWhileDown.filter((n) => n > 0)).toHaveLength(4);
     // The outage was real for the relay: changes piled up in the outbox while the broker was away.
     expect(found.outboxAtOutageEnd).toBeGreaterThan(500);
   }, 240_000);
