@@ -67,7 +67,11 @@ async function main(): Promise<void> {
   }
   let stopping = false;
   const shutdown = (signal: string) => {
-    if (stopping) return;
+    // A second signal cuts the shutdown short, as it does before the server starts.
+    if (stopping) {
+      app.log.warn({ signal }, 'second signal: exiting now');
+      process.exit(1);
+    }
     stopping = true;
     app.log.info({ signal, drainMs: config.shutdownDrainMs }, 'shutting down');
     const force = setTimeout(() => {

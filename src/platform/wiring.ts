@@ -149,6 +149,11 @@ async function s3Storage(config: Config, log: Logger) {
   return storage;
 }
 
+function warnOpenMetrics(config: Config, log: Logger): void {
+  if (config.metricsToken === undefined)
+    log.warn('GET /metrics answers anyone who reaches this port; set ZG_METRICS_TOKEN');
+}
+
 /** `warn`: say at start-up which codes go to the log (a cluster process that serves requests). */
 async function codeSenders(config: Config, log: Logger, warn: boolean): Promise<RoutingCodeSender> {
   const { smtp, sms } = config;
@@ -233,6 +238,7 @@ async function createEmbedded(
     const counterStore = new SqliteCounterStore(db, { onUnsealed: tellUnsealed });
     // Said at start too: nothing else shows it until the first like is refused.
     if (serves && (await counterStore.unsealedGroups()) > 0) tellUnsealed();
+    if (serves) warnOpenMetrics(config, log);
     return {
       db,
       kv: createSqliteKv(db),
@@ -685,9 +691,7 @@ async function createCluster(
 
     const codeSender = await codeSenders(config, log, serves);
     closers.unshift(async () => codeSender.close());
-    if (serves && config.metricsToken === undefined) {
-      log.warn('GET /metrics answers anyone who reaches this port; set ZG_METRICS_TOKEN');
-    }
+    if (serves) warnOpenMetrics(config, log);
     return {
       db,
       kv: createRedisKv(redis, config.redisPrefix),

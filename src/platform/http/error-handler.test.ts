@@ -134,6 +134,7 @@ describe('refusals the service decides on', () => {
     try {
       const res = await app.inject({ method: 'GET', url: '/refused' });
       expect(res.statusCode).toBe(503);
+      expect(res.headers['retry-after']).toBe('1');
       expect(res.json()).toMatchObject({ code: 'UNAVAILABLE', message: expect.stringContaining('restored') });
       const told = lines.filter((l) => l.msg.startsWith('request refused'));
       expect(told).toHaveLength(1);

@@ -52,6 +52,7 @@ describe('the HTTP server while it closes', () => {
     for (const answer of [busy.received(), late.received()]) {
       expect(answer).toMatch(/\r\nconnection: close\r\n/i);
     }
+    expect(late.received()).toMatch(/\r\nretry-after: 1\r\n/i);
     // A web page can read the refusal (and retry) rather than see a network error.
     expect(late.received()).toMatch(/\r\naccess-control-allow-origin: https:\/\/app\.example\r\n/i);
     const text = late.received();

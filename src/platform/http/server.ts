@@ -384,6 +384,7 @@ export async function createHttpServer(options: HttpServerOptions): Promise<Fast
     void reply
       .code(503)
       .header('connection', 'close')
+      .header('retry-after', '1')
       .send({
         code: 'UNAVAILABLE',
         message: 'This server is shutting down; try again',
