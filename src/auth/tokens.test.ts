@@ -37,6 +37,21 @@ describe(TokenSigner.name, () => {
     expect(await after.verify(issued.token, 'refresh')).toBeNull();
   });
 
+  it('takes a token of either type until its expiry and refuses it after', async () => {
+    let now = Date.parse('2026-12-01T00:00:00Z');
+    const signer = new TokenSigner(await signingKeyFromPem(oldKey.privatePem), 'zhiguang', TTL, () => now);
+    for (const typ of ['access', 'refresh'] as const) {
+      const issuedAt = now;
+      const issued = await signer.sign(typ, 7, 'sid-1', 1);
+      expect(issued.expiresAt.getTime()).toBe(issuedAt + TTL[typ] * 1000);
+      now = issuedAt + TTL[typ] * 1000 - 1_000;
+      expect([typ, await signer.verify(issued.token, typ)]).toMatchObject([typ, { userId: 7 }]);
+      now = issuedAt + TTL[typ] * 1000 + 1_000;
+      expect([typ, await signer.verify(issued.token, typ)]).toEqual([typ, null]);
+      now = issuedAt;
+    }
+  });
+
   it('tries every key when a token names none of them, and refuses a forged one', async () => {
     // Signed under a key id set by hand (ZG_JWT_KID): accepted keys are known by their thumbprints.
     const named = new TokenSigner(await signingKeyFromPem(oldKey.privatePem, '2025-key'), 'zhiguang', TTL);
