@@ -115,7 +115,9 @@ export function postRoutes(deps: PostRouteDeps) {
           description:
             'A field sent as null is left as it is, except tagId, where null clears the tag; fields ' +
             'that are not among these are ignored, and an edit left with nothing to change (only ' +
-            'unknown or null fields, or none) is a 400 naming what was sent. ' +
+            'unknown or null fields, or none) is a 400 naming what was sent. A title, description or ' +
+            'tag that shows nothing (only spaces or invisible characters) is a 400; an empty title or ' +
+            'description clears it. ' +
             '`imgUrls` entries are image keys of this post (from presign, under posts/{id}/images/) or ' +
             "absolute http(s) URLs. A URL of this post's own objects stands for its key: the upload URL " +
             'with or without its query, or an image URL from a detail answer (signed, possibly expired); ' +
