@@ -195,7 +195,8 @@ export const CONFIG_VARS = {
   ZG_KAFKA_PREFIX: { description: 'prefix of every Kafka topic and consumer group', default: 'zg.' },
   ZG_KAFKA_PARTITIONS: { description: 'partitions for topics the service creates', default: '6' },
   ZG_JWT_PRIVATE_KEY: {
-    description: 'RS256 private key (PKCS#8 PEM); embedded generates one under ZG_DATA_DIR if unset',
+    description:
+      'RS256 private key: unencrypted RSA of 2048 bits or more, PKCS#8 or PKCS#1 PEM; embedded generates one under ZG_DATA_DIR if unset',
     secret: true,
   },
   ZG_JWT_ACCEPTED_KEYS: {
