@@ -1,5 +1,6 @@
 import { chmodSync, existsSync, mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
+import { hostname } from 'node:os';
 import type { Logger } from 'pino';
 import { ConfigError, type Config } from './config/config.js';
 import { isDeployed, migrate, openMysql, openSqlite, type Db } from './db/database.js';
@@ -681,6 +682,9 @@ async function createCluster(
       // Retry a lost broker at least every second: events published once it is back are no longer
       // covered by the repair job, so counting must resume within seconds (not the default 10 s).
       retryBackoffMs: { min: 200, max: 1_000 },
+      // A server started again (by its supervisor, on the same host, with the same ZG_NODE_ID and
+      // role) takes its consumers' partitions over at once; admin commands stay members of their own.
+      ...(serves ? { memberName: `${hostname()}-n${config.nodeId}-${config.role}` } : {}),
     });
     closers.unshift(() => events.close());
     const { MysqlOutboxStore } = await import('./outbox/mysql-outbox-store.js');

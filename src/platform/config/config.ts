@@ -369,7 +369,7 @@ export const CONFIG_VARS = {
     description: 'cluster: base URL public objects are read from (a CDN); the bucket URL when unset',
   },
   ZG_NODE_ID: {
-    description: `worker id of this process in generated ids, 0 to ${MAX_WORKER_ID}; distinct for every process of a deployment`,
+    description: `worker id of this process in generated ids, 0 to ${MAX_WORKER_ID}, and with the host name and role its name in Kafka consumer groups (a worker started again under its name takes its partitions over at once); distinct for every process of a deployment`,
     default: '0',
   },
   ZG_POST_CONTENT_MAX_BYTES: {

@@ -2,11 +2,13 @@ import { Admin, ConfigResourceTypes } from '@platformatic/kafka';
 import { describe, expect, it } from 'vitest';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { spawn } from 'node:child_process';
+import { join, resolve } from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { migrate, openSqlite } from '../db/database.js';
 import { services, uniqueName } from '../../../test/rig/resources.js';
 import { defineEventLogContract } from './eventlog.contract.js';
-import { PublishTimeoutError, type SubscribeOptions } from './eventlog.js';
+import { PublishTimeoutError, type SubscribeOptions, type Subscription } from './eventlog.js';
 import { KafkaEventLog } from './kafka-eventlog.js';
 import { SqliteEventLog } from './sqlite-eventlog.js';
 
@@ -466,6 +468,118 @@ describe('KafkaEventLog records fetched before a rebalance', () => {
       await Promise.all([first.close(), second.close()]);
     }
   });
+});
+
+/** A subscription in a process of its own (test/rig/kafka-member.ts), which a test may kill. */
+function memberProcess(prefix: string, memberName: string) {
+  const child = spawn(
+    process.execPath,
+    ['--import', 'tsx', 'test/rig/kafka-member.ts', services.kafkaBrokers().join(','), prefix, memberName],
+    { cwd: resolve(import.meta.dirname, '../../..'), stdio: ['ignore', 'pipe', 'pipe'] },
+  );
+  let out = '';
+  let err = '';
+  child.stdout.setEncoding('utf8').on('data', (chunk: string) => (out += chunk));
+  child.stderr.setEncoding('utf8').on('data', (chunk: string) => (err += chunk));
+  const exited = new Promise<void>((ok) => child.once('exit', () => ok()));
+  return {
+    /** Resolves once the member printed `line`; rejects after `timeoutMs`. */
+    async printed(line: string, timeoutMs: number): Promise<void> {
+      const deadline = Date.now() + timeoutMs;
+      while (!out.split('\n').includes(line)) {
+        if (Date.now() > deadline)
+          throw new Error(`member did not print "${line}" in ${timeoutMs} ms\n${out}\n${err}`);
+        await sleep(20);
+      }
+    },
+    async kill(): Promise<void> {
+      if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
+      await exited;
+    },
+  };
+}
+
+describe('KafkaEventLog member names', () => {
+  it('has a process started again under its name take its partitions over at once', async () => {
+    const prefix = `${uniqueName('t')}.`;
+    const log = new KafkaEventLog({
+      brokers: services.kafkaBrokers(),
+      prefix,
+      partitions: 3,
+      clientId: 'zg-named',
+    });
+    const members: ReturnType<typeof memberProcess>[] = [];
+    try {
+      await log.ensureTopics(['t']);
+      // Keys that land on every partition.
+      const publish = (tag: string) =>
+        log.publish(
+          't',
+          Array.from({ length: 12 }, (_, i) => ({ key: `k${i}`, value: `${tag}${i}` })),
+        );
+      const first = memberProcess(prefix, 'host-n7-worker');
+      members.push(first);
+      await first.printed('subscribed', 30_000);
+      await publish('a');
+      for (let i = 0; i < 12; i++) await first.printed(`handled a${i}`, 10_000);
+      // Killed: it neither leaves its group nor heartbeats, and its member lives on for its session (10 s).
+      await first.kill();
+      const started = Date.now();
+      const second = memberProcess(prefix, 'host-n7-worker');
+      members.push(second);
+      await second.printed('subscribed', 30_000);
+      await publish('b');
+      for (let i = 0; i < 12; i++) await second.printed(`handled b${i}`, 10_000);
+      // A process start, a join and the records: well within the dead member's 10 s session.
+      expect(Date.now() - started).toBeLessThan(7_000);
+    } finally {
+      await Promise.all(members.map((m) => m.kill()));
+      await log.deleteGroups(['g']).catch(() => undefined);
+      await log.deleteTopics(['t']);
+      await log.close();
+    }
+  }, 60_000);
+
+  it('gives the name up when another running process takes the member in turn', async () => {
+    const prefix = `${uniqueName('t')}.`;
+    const options = { brokers: services.kafkaBrokers(), prefix, partitions: 3, memberName: 'host-n7-worker' };
+    // Two processes of one name, played by two logs of one process.
+    const logs = [
+      new KafkaEventLog({ ...options, clientId: 'zg-twin' }),
+      new KafkaEventLog({ ...options, clientId: 'zg-twin' }),
+    ];
+    const handled: string[] = [];
+    const errors: string[] = [];
+    const subscriptions: Subscription[] = [];
+    try {
+      await logs[0]!.ensureTopics(['t']);
+      await Promise.all(
+        logs.map(async (log) =>
+          subscriptions.push(
+            await subscribeInto(log, handled, { onError: (err) => errors.push(String(err)) }),
+          ),
+        ),
+      );
+      // Each joins over the other about once a second, until one of them gives the name up.
+      const takeover = /joined 6 times in 15 s, as when another running process has the same name/;
+      const deadline = Date.now() + 30_000;
+      while (!errors.some((e) => takeover.test(e)) && Date.now() < deadline) await sleep(50);
+      expect(errors.filter((e) => takeover.test(e)).length).toBeGreaterThan(0);
+      // Then the two share the partitions as any two members do.
+      await logs[0]!.publish(
+        't',
+        Array.from({ length: 12 }, (_, i) => ({ key: `k${i}`, value: `v${i}` })),
+      );
+      const handledBy = Date.now() + 20_000;
+      while (new Set(handled).size < 12 && Date.now() < handledBy) await sleep(50);
+      expect([...new Set(handled)].sort()).toEqual(Array.from({ length: 12 }, (_, i) => `v${i}`).sort());
+    } finally {
+      await Promise.all(subscriptions.map((sub) => sub.close()));
+      await logs[0]!.deleteGroups(['g']).catch(() => undefined);
+      await logs[0]!.deleteTopics(['t']);
+      for (const log of logs) await log.close();
+    }
+  }, 90_000);
 });
 
 describe('KafkaEventLog ensureTopics', () => {

@@ -57,9 +57,22 @@ export interface KafkaEventLogOptions {
   fetchMinBytes?: number;
   /** Longest a subscription's fetch waits at the broker for `fetchMinBytes`. */
   fetchMaxWaitMs?: number;
+  /**
+   * This process's name among the deployment's, for static group membership: a subscription's
+   * member is `<clientId>-<memberName>-<group>-<n>` (the n-th subscription of the group in this
+   * log), so a process started again under the same name takes its predecessor's partitions over at
+   * once instead of waiting out the dead member's session (about 10 s in which nothing of those
+   * partitions is handled). Two running processes of one name would take the member from each other
+   * in turn: a subscription that sees that goes on under a member of its own. Without a name every
+   * subscription is a member of its own.
+   */
+  memberName?: string;
 }
 
-type Settings = Required<Omit<KafkaEventLogOptions, 'brokers'>> & { brokers: string[] };
+type Settings = Required<Omit<KafkaEventLogOptions, 'brokers' | 'memberName'>> & {
+  brokers: string[];
+  memberName: string | undefined;
+};
 type StringConsumer = Consumer<string, string, string, string>;
 type StringStream = MessagesStream<string, string, string, string>;
 type StringMessage = Message<string, string, string, string>;
@@ -82,6 +95,9 @@ const DEFAULT_FETCH_MIN_BYTES = 32 * 1024;
 const DEFAULT_FETCH_MAX_WAIT_MS = 50;
 /** Most bytes one fetch of a subscription returns. */
 const SUBSCRIBE_FETCH_MAX_BYTES = 4 * 1024 * 1024;
+/** A named member joining this often within the window gives its name up (see `noteJoin`). */
+const TAKEOVER_JOINS = 6;
+const TAKEOVER_WINDOW_MS = 15_000;
 
 /**
  * Event log on Apache Kafka. Records are keyed, so the default partitioner keeps a key on one
@@ -118,6 +134,7 @@ export class KafkaEventLog implements EventLog {
       retryBackoffMs: options.retryBackoffMs ?? { min: 200, max: 10_000 },
       fetchMinBytes: options.fetchMinBytes ?? DEFAULT_FETCH_MIN_BYTES,
       fetchMaxWaitMs: options.fetchMaxWaitMs ?? DEFAULT_FETCH_MAX_WAIT_MS,
+      memberName: options.memberName,
     };
     this.producer = new Producer({
       ...this.clientOptions('producer'),
@@ -237,7 +254,13 @@ export class KafkaEventLog implements EventLog {
   async subscribe(options: SubscribeOptions): Promise<Subscription> {
     if (this.closed) throw new Error('event log is closed');
     if (options.topics.length === 0) throw new Error('subscribe needs at least one topic');
-    const sub = new KafkaSubscription(this, options, () => this.subscriptions.delete(sub));
+    const group = this.name(options.group);
+    const sub = new KafkaSubscription(
+      this,
+      options,
+      () => this.subscriptions.delete(sub),
+      this.freeSlot(group),
+    );
     this.subscriptions.add(sub);
     try {
       await sub.start();
@@ -246,6 +269,15 @@ export class KafkaEventLog implements EventLog {
       throw err;
     }
     return sub;
+  }
+
+  /** The lowest member number no live subscription of `group` has; undefined without a member name. */
+  private freeSlot(group: string): number | undefined {
+    if (this.s.memberName === undefined) return undefined;
+    const taken = new Set([...this.subscriptions].filter((s) => s.group === group).map((s) => s.slot));
+    let slot = 0;
+    while (taken.has(slot)) slot++;
+    return slot;
   }
 
   async endOffsets(topic: string): Promise<EndOffsets> {
@@ -574,28 +606,72 @@ class KafkaSubscription implements Subscription {
   /**
    * Static group membership, one id per subscription: a consumer recreated after the broker was
    * lost takes over its predecessor's member and assignment at once, instead of waiting a session
-   * timeout for the dead member to expire (counting would otherwise lag ~10 s after an outage).
+   * timeout for the dead member to expire (counting would otherwise lag ~10 s after an outage). With
+   * the log's `memberName` the id outlives the process too (see `KafkaEventLogOptions`).
    */
-  private readonly instanceId: string;
+  private instanceId: string;
+  /** The broker-side group name. */
+  readonly group: string;
+  /** Whether the member id is the log's name for this subscription (see `noteJoin`). */
+  private named: boolean;
+  /** Join times while the member is named, to see another running process take it in turn. */
+  private readonly recentJoins: number[] = [];
+  /** Set when the named member was taken over in turn: the reason, until the consumer is made anew. */
+  private takenOver: Error | undefined;
 
   constructor(
     private readonly log: KafkaEventLog,
     private readonly options: SubscribeOptions,
     private readonly onClosed: () => void,
+    /** This subscription's number among the log's of its group, when the log has a member name. */
+    readonly slot: number | undefined,
   ) {
     this.topics = [...new Set(options.topics.map((t) => log.name(t)))];
     this.maxBatch = Math.max(1, options.maxBatch ?? DEFAULT_MAX_BATCH);
     this.maxWaitMs = Math.max(0, options.maxWaitMs ?? DEFAULT_MAX_WAIT_MS);
     this.commitIntervalMs = Math.max(0, options.commitIntervalMs ?? 0);
-    this.instanceId = `${log.settings.clientId}-${randomUUID()}`;
+    this.group = log.name(options.group);
+    const { clientId, memberName } = log.settings;
+    this.named = slot !== undefined && memberName !== undefined;
+    // The broker takes letters, digits, '.', '_' and '-' in an id, up to 249 of them.
+    this.instanceId = this.named
+      ? `${clientId}-${memberName}-${this.group}-${slot}`.replace(/[^\w.-]/g, '_').slice(-249)
+      : `${clientId}-${randomUUID()}`;
+  }
+
+  /**
+   * A named member joined again. Rebalances make every member join, but a member joining over and
+   * over, as two processes of one name do while each takes the member from the other, gives its
+   * name up: the consumer is made anew under an id of its own.
+   */
+  private noteJoin(): void {
+    if (!this.named) return;
+    const now = Date.now();
+    this.recentJoins.push(now);
+    while (now - this.recentJoins[0]! > TAKEOVER_WINDOW_MS) this.recentJoins.shift();
+    if (this.recentJoins.length < TAKEOVER_JOINS) return;
+    this.takenOver = new Error(
+      `consumer group ${this.group}: member ${this.instanceId} joined ${TAKEOVER_JOINS} times in ${TAKEOVER_WINDOW_MS / 1000} s, ` +
+        'as when another running process has the same name (host name, ZG_NODE_ID and role: give every process its own ZG_NODE_ID); ' +
+        'going on under a member of its own',
+    );
+    this.named = false;
+    this.instanceId = `${this.log.settings.clientId}-${randomUUID()}`;
+    this.consumerFailed = true;
+    this.reader?.fail(this.takenOver);
   }
 
   async start(): Promise<void> {
-    try {
-      await this.open();
-    } catch (err) {
-      await this.teardown(true);
-      throw err;
+    for (let attempt = 0; ; attempt++) {
+      try {
+        await this.open();
+        break;
+      } catch (err) {
+        await this.teardown(true);
+        // A name another process holds is given up while joining (see `noteJoin`): joined again.
+        if (attempt > 0 || this.takenOver === undefined) throw err;
+        this.report(this.takenOver);
+      }
     }
     this.loop = this.run();
   }
@@ -638,6 +714,7 @@ class KafkaSubscription implements Subscription {
     if (this.consumer && this.consumerFailed) await this.teardown(true);
     if (!this.consumer) {
       this.consumerFailed = false;
+      this.takenOver = undefined;
       const consumer = this.log.createConsumer(
         this.options.group,
         this.maxBatch,
@@ -653,7 +730,9 @@ class KafkaSubscription implements Subscription {
         this.reader?.fail(err);
       });
       consumer.on('consumer:group:join', () => {
-        if (this.consumer === consumer) this.joins++;
+        if (this.consumer !== consumer) return;
+        this.joins++;
+        this.noteJoin();
       });
       consumer.on('consumer:heartbeat:stalled', (payload) => {
         if (this.consumer !== consumer) return;
@@ -674,6 +753,8 @@ class KafkaSubscription implements Subscription {
       'joining the consumer group timed out',
     );
     this.reader = new StreamReader(stream);
+    // Taken over while joining: made anew at once under its own id (see `noteJoin`).
+    if (this.takenOver) this.reader.fail(this.takenOver);
     await this.reader.positioned(this.log.settings.requestTimeoutMs);
     if (this.options.fromLatest && !this.pinned) {
       await this.pinPositions(stream);
