@@ -540,6 +540,46 @@ describe('KafkaEventLog member names', () => {
     }
   }, 60_000);
 
+  it('keeps the name through rebalances, however many', async () => {
+    const prefix = `${uniqueName('t')}.`;
+    const named = new KafkaEventLog({
+      brokers: services.kafkaBrokers(),
+      prefix,
+      partitions: 3,
+      clientId: 'zg-named',
+      memberName: 'host-n7-worker',
+    });
+    const other = new KafkaEventLog({
+      brokers: services.kafkaBrokers(),
+      prefix,
+      partitions: 3,
+      clientId: 'zg-other',
+    });
+    const handled: string[] = [];
+    const errors: string[] = [];
+    let sub: Subscription | undefined;
+    try {
+      await named.ensureTopics(['t']);
+      sub = await subscribeInto(named, handled, { onError: (err) => errors.push(String(err)) });
+      const joins = watchConsumers(named);
+      // Another member comes and goes six times: every one a rebalance the named member joins in.
+      for (let i = 0; i < 6; i++) {
+        const passing = await subscribeInto(other, []);
+        await sleep(300);
+        await passing.close();
+      }
+      await sleep(1_000);
+      expect(errors).toEqual([]);
+      // No new consumer was made: the same one joined in every rebalance.
+      expect(joins.joins).toBe(0);
+    } finally {
+      await sub?.close();
+      await named.deleteGroups(['g']).catch(() => undefined);
+      await named.deleteTopics(['t']);
+      await Promise.all([named.close(), other.close()]);
+    }
+  }, 90_000);
+
   it('gives the name up when another running process takes the member in turn', async () => {
     const prefix = `${uniqueName('t')}.`;
     const options = { brokers: services.kafkaBrokers(), prefix, partitions: 3, memberName: 'host-n7-worker' };
@@ -560,8 +600,8 @@ describe('KafkaEventLog member names', () => {
           ),
         ),
       );
-      // Each joins over the other about once a second, until one of them gives the name up.
-      const takeover = /joined 6 times in 15 s, as when another running process has the same name/;
+      // Each takes the member from the other about once a second, until one of them gives the name up.
+      const takeover = /was taken over 6 times in 15 s, as when another running process has the same name/;
       const deadline = Date.now() + 30_000;
       while (!errors.some((e) => takeover.test(e)) && Date.now() < deadline) await sleep(50);
       expect(errors.filter((e) => takeover.test(e)).length).toBeGreaterThan(0);

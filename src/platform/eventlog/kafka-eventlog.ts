@@ -95,7 +95,7 @@ const DEFAULT_FETCH_MIN_BYTES = 32 * 1024;
 const DEFAULT_FETCH_MAX_WAIT_MS = 50;
 /** Most bytes one fetch of a subscription returns. */
 const SUBSCRIBE_FETCH_MAX_BYTES = 4 * 1024 * 1024;
-/** A named member joining this often within the window gives its name up (see `noteJoin`). */
+/** A named member taken over this often within the window gives its name up (see `noteTakeover`). */
 const TAKEOVER_JOINS = 6;
 const TAKEOVER_WINDOW_MS = 15_000;
 
@@ -612,7 +612,7 @@ class KafkaSubscription implements Subscription {
   private instanceId: string;
   /** The broker-side group name. */
   readonly group: string;
-  /** Whether the member id is the log's name for this subscription (see `noteJoin`). */
+  /** Whether the member id is the log's name for this subscription (see `noteTakeover`). */
   private named: boolean;
   /** Join times while the member is named, to see another running process take it in turn. */
   private readonly recentJoins: number[] = [];
@@ -640,18 +640,20 @@ class KafkaSubscription implements Subscription {
   }
 
   /**
-   * A named member joined again. Rebalances make every member join, but a member joining over and
-   * over, as two processes of one name do while each takes the member from the other, gives its
-   * name up: the consumer is made anew under an id of its own.
+   * The named member was joined under a new member id: another member of its name took it (the
+   * client then forgets its member id and joins again, taking it back). A rebalance keeps the member
+   * id, however many there are. Taken over this often, as two running processes of one name take it
+   * from each other in turn, the subscription gives its name up: the consumer is made anew under an
+   * id of its own.
    */
-  private noteJoin(): void {
+  private noteTakeover(): void {
     if (!this.named) return;
     const now = Date.now();
     this.recentJoins.push(now);
     while (now - this.recentJoins[0]! > TAKEOVER_WINDOW_MS) this.recentJoins.shift();
     if (this.recentJoins.length < TAKEOVER_JOINS) return;
     this.takenOver = new Error(
-      `consumer group ${this.group}: member ${this.instanceId} joined ${TAKEOVER_JOINS} times in ${TAKEOVER_WINDOW_MS / 1000} s, ` +
+      `consumer group ${this.group}: member ${this.instanceId} was taken over ${TAKEOVER_JOINS} times in ${TAKEOVER_WINDOW_MS / 1000} s, ` +
         'as when another running process has the same name (host name, ZG_NODE_ID and role: give every process its own ZG_NODE_ID); ' +
         'going on under a member of its own',
     );
@@ -668,7 +670,7 @@ class KafkaSubscription implements Subscription {
         break;
       } catch (err) {
         await this.teardown(true);
-        // A name another process holds is given up while joining (see `noteJoin`): joined again.
+        // A name another process holds is given up while joining (see `noteTakeover`): joined again.
         if (attempt > 0 || this.takenOver === undefined) throw err;
         this.report(this.takenOver);
       }
@@ -729,10 +731,13 @@ class KafkaSubscription implements Subscription {
         this.consumerFailed = true;
         this.reader?.fail(err);
       });
-      consumer.on('consumer:group:join', () => {
+      let memberId: string | null | undefined;
+      consumer.on('consumer:group:join', (payload: { memberId?: string | null }) => {
         if (this.consumer !== consumer) return;
         this.joins++;
-        this.noteJoin();
+        const previous = memberId;
+        memberId = payload.memberId;
+        if (previous !== undefined && memberId !== previous) this.noteTakeover();
       });
       consumer.on('consumer:heartbeat:stalled', (payload) => {
         if (this.consumer !== consumer) return;
@@ -753,7 +758,7 @@ class KafkaSubscription implements Subscription {
       'joining the consumer group timed out',
     );
     this.reader = new StreamReader(stream);
-    // Taken over while joining: made anew at once under its own id (see `noteJoin`).
+    // Taken over while joining: made anew at once under its own id (see `noteTakeover`).
     if (this.takenOver) this.reader.fail(this.takenOver);
     await this.reader.positioned(this.log.settings.requestTimeoutMs);
     if (this.options.fromLatest && !this.pinned) {
