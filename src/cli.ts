@@ -14,6 +14,7 @@ import { relationUserCountParts } from './relation/user-count-parts.js';
 import { runUsersCommand, USERS_USAGE } from './user-counter/admin.js';
 import { RELATIONS_USAGE, runRelationsCommand } from './relation/admin.js';
 import { isDependencyOutage } from './platform/errors/outage.js';
+import { sameSignal } from './platform/signals.js';
 
 /** What a verify command exits with when it found drift, so a scheduled run can raise an alarm. */
 const DRIFT_EXIT = 3;
@@ -255,16 +256,22 @@ async function main(argv: string[]): Promise<number> {
       // A first Ctrl-C (or SIGTERM) before the store is emptied stops it, changing nothing (toggles
       // are taken again); a second one ends the process at once.
       const stop = new AbortController();
-      const onSignal = () => {
-        // Whichever comes next, SIGINT or SIGTERM, ends the process at once (their default).
-        process.off('SIGINT', onSignal).off('SIGTERM', onSignal);
+      let firstAt: number | undefined;
+      const onSignal = (signal: NodeJS.Signals) => {
+        if (firstAt !== undefined) {
+          // Whichever comes next, SIGINT or SIGTERM, ends the process at once (as by default),
+          // unless it is the first one again (see `sameSignal`).
+          if (!sameSignal(firstAt)) process.exit(signal === 'SIGINT' ? 130 : 143);
+          return;
+        }
+        firstAt = Date.now();
         // Past the reset the replay goes on: said, so that the signal does not look ignored.
         process.stderr.write(
           'stopping: a replay that has not emptied the store yet stops, changing nothing; one that has goes on until the store is whole (a second signal ends it at once, leaving likes and favourites refused until a replay completes)\n',
         );
         stop.abort(new Error('replay stopped by a signal; nothing was changed'));
       };
-      process.once('SIGINT', onSignal).once('SIGTERM', onSignal);
+      process.on('SIGINT', onSignal).on('SIGTERM', onSignal);
       // One replay at a time in a deployment (`restoreCounters` holds its lease): a second one's
       // reset, views and seals would interleave with the first's.
       const restored = await restoreCounters(counterRestoreParts(platform), progress, {

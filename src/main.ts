@@ -4,6 +4,7 @@ import { buildApp } from './app.js';
 import { ConfigError, loadConfig, unknownSettings } from './platform/config/config.js';
 import { DataDirBusyError, holdDataDir } from './platform/db/data-dir-lock.js';
 import { createLogger } from './platform/logging/logger.js';
+import { sameSignal } from './platform/signals.js';
 
 /** `node dist/main.js [--role api|worker|all]`: the service, configured from the environment. */
 async function main(): Promise<void> {
@@ -51,9 +52,12 @@ async function main(): Promise<void> {
   // A signal while the app is built (migrations run then, and MariaDB's DDL is not transactional)
   // waits for the build to finish, then stops the process before it starts; a second one does not.
   let early: string | undefined;
+  let earlyAt = 0;
   const onEarlySignal = (signal: string) => {
-    if (early !== undefined) process.exit(1);
-    early = signal;
+    if (early === undefined) {
+      early = signal;
+      earlyAt = Date.now();
+    } else if (!sameSignal(earlyAt)) process.exit(1);
   };
   process.on('SIGTERM', onEarlySignal);
   process.on('SIGINT', onEarlySignal);
@@ -66,13 +70,16 @@ async function main(): Promise<void> {
     process.exit(0);
   }
   let stopping = false;
+  let stoppingAt = 0;
   const shutdown = (signal: string) => {
     // A second signal cuts the shutdown short, as it does before the server starts.
     if (stopping) {
+      if (sameSignal(stoppingAt)) return;
       app.log.warn({ signal }, 'second signal: exiting now');
       process.exit(1);
     }
     stopping = true;
+    stoppingAt = Date.now();
     app.log.info({ signal, drainMs: config.shutdownDrainMs }, 'shutting down');
     const force = setTimeout(() => {
       app.log.error('graceful shutdown timed out; exiting');
