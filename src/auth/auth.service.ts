@@ -113,6 +113,8 @@ export class AuthService {
     if (!this.verification.delivers(type)) {
       throw new UnavailableError(
         'Codes cannot be sent to phone numbers here; use an e-mail address or a password',
+        // This deployment sends none: trying again does not help.
+        { retryAfterSeconds: null },
       );
     }
     await this.limitIp('send', ctx);

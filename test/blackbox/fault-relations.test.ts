@@ -159,13 +159,14 @@ class FollowLoad {
     ops: number,
     concurrency: number,
     stop: () => boolean = () => false,
-    perSecond = Infinity,
+    perSecond: number | (() => number) = Infinity,
   ): Promise<number> {
+    const rate = typeof perSecond === 'number' ? () => perSecond : perSecond;
     let issued = 0;
     const started = Date.now();
     const worker = async (): Promise<void> => {
       while (issued < ops && !stop()) {
-        if (issued >= ((Date.now() - started) / 1000) * perSecond) {
+        if (issued >= ((Date.now() - started) / 1000) * rate()) {
           await sleep(5);
           continue;
         }
@@ -361,7 +362,7 @@ describe('follow relations under faults (cluster profile: 3 API processes, a wor
     let t0 = Date.now();
     let phase1Killed = false;
     await Promise.all([
-      load.run(4_500, 24, () => phase1Killed, 150),
+      load.run(4_500, 24, () => phase1Killed, 100),
       killWorkerAt([800, 2_000]).then(() => (phase1Killed = true)),
     ]);
     timings.phase1Ms = Date.now() - t0;
@@ -391,13 +392,20 @@ describe('follow relations under faults (cluster profile: 3 API processes, a wor
       .finally(() => (recoverySettled = true));
     const remaining = OPS - load.done;
     const start = load.done;
+    let phase3Killed = false;
     await Promise.all([
-      // Paced to last about 40 s, so that both kills and restarts fall within it.
-      load.run(remaining, 24, () => false, Math.max(50, remaining / 40)),
+      // Paced to last about a minute, so that both kills and restarts fall within it, and unpaced
+      // once the second worker is back.
+      load.run(
+        remaining,
+        24,
+        () => false,
+        () => (phase3Killed ? Infinity : Math.max(50, remaining / 60)),
+      ),
       killWorkerAt(
         [start + Math.floor(remaining / 3), start + Math.floor((2 * remaining) / 3)],
         () => recoverySettled,
-      ),
+      ).then(() => (phase3Killed = true)),
       recovery,
     ]);
     timings.phase3Ms = Date.now() - t0;

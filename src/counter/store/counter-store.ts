@@ -199,3 +199,6 @@ export interface CounterStore {
   /** Overwrites (or with null deletes) a snapshot's raw bytes; for tests and repair tools only. */
   writeRawSnapshot(ref: EntityRef, bytes: Buffer | null): Promise<void>;
 }
+
+/** The `Retry-After` of likes, favourites and views refused while a store is restored: a replay takes a while. */
+export const RESTORE_RETRY_AFTER_S = 5;

@@ -31,6 +31,7 @@ import type {
   ToggleResult,
   ViewIncrement,
 } from './counter-store.js';
+import { RESTORE_RETRY_AFTER_S } from './counter-store.js';
 
 export interface RedisCounterStoreOptions {
   /** Prepended to every key; must not contain `{`, which would replace the group's hash tag. */
@@ -864,6 +865,7 @@ export class RedisCounterStore implements CounterStore {
       this.onUnsealed(group);
       throw new UnavailableError(
         'Likes and favourites are being restored after a data loss; try again later',
+        { retryAfterSeconds: RESTORE_RETRY_AFTER_S },
       );
     }
     if (reply[0] !== 1) return { changed: false, state: on, event: null, published: false };
@@ -1135,6 +1137,7 @@ export class RedisCounterStore implements CounterStore {
           if (done === -1) {
             throw new UnavailableError(
               'Views wait while the counter store is being restored; try again later',
+              { retryAfterSeconds: RESTORE_RETRY_AFTER_S },
             );
           }
           if (done === 1) {

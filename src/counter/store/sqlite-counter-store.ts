@@ -28,6 +28,7 @@ import type {
   ToggleResult,
   ViewIncrement,
 } from './counter-store.js';
+import { RESTORE_RETRY_AFTER_S } from './counter-store.js';
 import { prepareTransactionStatements, runExclusive } from '../../platform/db/sqlite-exclusive.js';
 
 export interface SqliteCounterStoreOptions {
@@ -700,11 +701,14 @@ function chunks<T>(items: readonly T[], size: number): T[][] {
 }
 
 function viewsWait(): UnavailableError {
-  return new UnavailableError('Views wait while the counter store is being restored; try again later');
+  return new UnavailableError('Views wait while the counter store is being restored; try again later', {
+    retryAfterSeconds: RESTORE_RETRY_AFTER_S,
+  });
 }
 
 function restoring(): UnavailableError {
   return new UnavailableError(
     'Likes and favourites are being restored (a counters replay is under way or stopped half-way); try again later',
+    { retryAfterSeconds: RESTORE_RETRY_AFTER_S },
   );
 }

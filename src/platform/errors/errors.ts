@@ -62,8 +62,21 @@ export class RateLimitedError extends AppError {
 }
 
 export class UnavailableError extends AppError {
-  constructor(message = 'Service temporarily unavailable', options?: ErrorOptions) {
-    super('UNAVAILABLE', message, 503, undefined, options);
+  /** How long a client should wait before trying again (`Retry-After`); null when trying again will not help. */
+  readonly retryAfterSeconds: number | null;
+
+  constructor(
+    message = 'Service temporarily unavailable',
+    options?: ErrorOptions & { retryAfterSeconds?: number | null },
+  ) {
+    super(
+      'UNAVAILABLE',
+      message,
+      503,
+      undefined,
+      options?.cause === undefined ? undefined : { cause: options.cause },
+    );
+    this.retryAfterSeconds = options?.retryAfterSeconds === undefined ? 1 : options.retryAfterSeconds;
   }
 }
 

@@ -131,6 +131,12 @@ describe('refusals the service decides on', () => {
         cause: new Error('535 authentication failed'),
       });
     });
+    app.get('/not-here', async () => {
+      throw new UnavailableError('Codes cannot be sent to phone numbers here', { retryAfterSeconds: null });
+    });
+    app.get('/restoring', async () => {
+      throw new UnavailableError('Likes and favourites are being restored', { retryAfterSeconds: 5 });
+    });
     try {
       const res = await app.inject({ method: 'GET', url: '/refused' });
       expect(res.statusCode).toBe(503);
@@ -146,6 +152,9 @@ describe('refusals the service decides on', () => {
       const failed = lines.filter((l) => l.level >= 50);
       expect(failed).toHaveLength(1);
       expect(JSON.stringify(failed[0]!.err)).toContain('535 authentication failed');
+      // How long to wait is the refusal's to say: by default a second, never when waiting will not help.
+      expect((await app.inject({ method: 'GET', url: '/not-here' })).headers['retry-after']).toBeUndefined();
+      expect((await app.inject({ method: 'GET', url: '/restoring' })).headers['retry-after']).toBe('5');
     } finally {
       await app.close();
     }

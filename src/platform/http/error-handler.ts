@@ -78,6 +78,9 @@ export function installErrorHandling(app: FastifyInstance): void {
       if (error instanceof AppError) {
         if (error instanceof RateLimitedError && error.retryAfterSeconds !== undefined) {
           void reply.header('retry-after', String(Math.max(1, Math.ceil(error.retryAfterSeconds))));
+        } else if (error instanceof UnavailableError) {
+          if (error.retryAfterSeconds !== null)
+            void reply.header('retry-after', String(Math.max(1, Math.ceil(error.retryAfterSeconds))));
         } else if (error.status === 503) void reply.header('retry-after', '1');
         // A refusal the service decided on with nothing failing behind it (likes refused while
         // counts are restored, told where that was found) is said without a stack; one with a
