@@ -93,8 +93,11 @@ export interface App {
   close(): Promise<void>;
 }
 
-/** The longest wait between two attempts to start the event log's consumers while it is out of reach. */
-const CONSUMER_START_RETRY_MAX_MS = 5_000;
+/**
+ * The wait between two attempts to start the event log's consumers while it is out of reach: as a
+ * lost broker is retried, at least every second, so counting resumes within seconds of its return.
+ */
+const CONSUMER_START_RETRY_MS = 1_000;
 /** Longest a graceful stop of the embedded profile waits for its events to settle (see `settle`). */
 const SETTLE_MAX_MS = 5_000;
 /** The pause between two looks at whether they have. */
@@ -626,8 +629,7 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
   const startConsumersLater = async (pending: (typeof workers)[number][], topicsMade: boolean) => {
     let failures = 0;
     while (pending.length > 0) {
-      const wait = Math.min(CONSUMER_START_RETRY_MAX_MS, 1_000 * 2 ** Math.min(failures, 8));
-      await sleep(wait, undefined, { signal: stopping.signal }).catch(() => undefined);
+      await sleep(CONSUMER_START_RETRY_MS, undefined, { signal: stopping.signal }).catch(() => undefined);
       if (stopping.signal.aborted) return;
       try {
         if (!topicsMade) await ensureTopics();
@@ -636,7 +638,7 @@ export async function buildApp(config: Config, options: BuildOptions = {}): Prom
       } catch (err) {
         failures++;
         // The first failure and then one a minute or so, not one per attempt.
-        if (failures % 12 === 1)
+        if (failures % 60 === 1)
           log.warn(
             { err, failures },
             'the event log is still out of reach; its consumers start once it is back',

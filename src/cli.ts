@@ -264,7 +264,7 @@ async function main(argv: string[]): Promise<number> {
           if (!sameSignal(firstAt)) process.exit(signal === 'SIGINT' ? 130 : 143);
           return;
         }
-        firstAt = Date.now();
+        firstAt = performance.now();
         // Past the reset the replay goes on: said, so that the signal does not look ignored.
         process.stderr.write(
           'stopping: a replay that has not emptied the store yet stops, changing nothing; one that has goes on until the store is whole (a second signal ends it at once, leaving likes and favourites refused until a replay completes)\n',
@@ -281,7 +281,9 @@ async function main(argv: string[]): Promise<number> {
           process.stderr.write(
             'warning: this replay could not keep its claim on the deployment (the key-value store was out of reach for a minute, or the claim was taken): another replay could start beside it\n',
           ),
-      }).finally(() => process.off('SIGINT', onSignal).off('SIGTERM', onSignal));
+      });
+      // The listeners stay: a copy of the first signal arriving after the replay settled is taken
+      // for it, not left to end the process by default before it says what was done.
       if (restored.outcome !== 'restored') {
         process.stderr.write(
           'another counters replay is running in this deployment (a worker restoring the store, or one run by hand; or one stopped less than 20 s ago); nothing was changed\n',

@@ -56,19 +56,19 @@ async function main(): Promise<void> {
   const onEarlySignal = (signal: string) => {
     if (early === undefined) {
       early = signal;
-      earlyAt = Date.now();
+      earlyAt = performance.now();
     } else if (!sameSignal(earlyAt)) process.exit(1);
   };
   process.on('SIGTERM', onEarlySignal);
   process.on('SIGINT', onEarlySignal);
   const app = await buildApp(config);
-  process.off('SIGTERM', onEarlySignal);
-  process.off('SIGINT', onEarlySignal);
   if (early !== undefined) {
     app.log.info({ signal: early }, 'stopped before starting');
     await app.close();
     process.exit(0);
   }
+  process.off('SIGTERM', onEarlySignal);
+  process.off('SIGINT', onEarlySignal);
   let stopping = false;
   let stoppingAt = 0;
   const shutdown = (signal: string) => {
@@ -79,7 +79,7 @@ async function main(): Promise<void> {
       process.exit(1);
     }
     stopping = true;
-    stoppingAt = Date.now();
+    stoppingAt = performance.now();
     app.log.info({ signal, drainMs: config.shutdownDrainMs }, 'shutting down');
     const force = setTimeout(() => {
       app.log.error('graceful shutdown timed out; exiting');

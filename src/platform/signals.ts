@@ -5,7 +5,10 @@
  */
 export const SAME_SIGNAL_MS = 1_000;
 
-/** Whether a signal now is the one of `firstAt` again (see `SAME_SIGNAL_MS`). */
-export function sameSignal(firstAt: number, now = Date.now()): boolean {
+/**
+ * Whether a signal now is the one of `firstAt` again (see `SAME_SIGNAL_MS`); times are
+ * `performance.now()`, which a clock set back does not move.
+ */
+export function sameSignal(firstAt: number, now = performance.now()): boolean {
   return now - firstAt < SAME_SIGNAL_MS;
 }

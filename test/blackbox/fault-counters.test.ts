@@ -423,10 +423,11 @@ describe('counters under faults (cluster profile: API and worker processes, a pr
       doneAtDown = toggler.done;
       await kafka!.down();
       downAt = Date.now();
-      // Halfway, the worker dies and its supervisor starts it again: the dead one is still a member
-      // of its groups when the broker comes back, until its session ends (10 s) unless the new one
-      // takes its place as it joins.
-      await sleep(OUTAGE_MS / 2);
+      // A quarter of the way in, the worker dies and its supervisor starts it again (a start takes
+      // a few seconds, within the outage): the dead one is still a member of its groups when the
+      // broker comes back, until its session ends (10 s) unless the new one takes its place as it
+      // joins.
+      await sleep(OUTAGE_MS / 4);
       repairedByFirst = await metric(worker!, 'zg_counter_rebuilds_total{reason="unpublished"}');
       await worker!.crash();
       worker = await startNode(env(), 'worker', 90_000);

@@ -394,13 +394,13 @@ describe('follow relations under faults (cluster profile: 3 API processes, a wor
     const start = load.done;
     let phase3Killed = false;
     await Promise.all([
-      // Paced to last about a minute, so that both kills and restarts fall within it, and unpaced
+      // Paced to last about 45 s, so that both kills and restarts fall within it, and unpaced
       // once the second worker is back.
       load.run(
         remaining,
         24,
         () => false,
-        () => (phase3Killed ? Infinity : Math.max(50, remaining / 60)),
+        () => (phase3Killed ? Infinity : Math.max(50, remaining / 45)),
       ),
       killWorkerAt(
         [start + Math.floor(remaining / 3), start + Math.floor((2 * remaining) / 3)],

@@ -158,7 +158,7 @@ describe('a graceful stop', () => {
       expect((await client.call('GET', '/api/v1/knowposts/feed')).status).toBe(200);
       expect(Date.now() - signalled).toBeLessThan(2_000);
       // A second signal, a second or more after the first, cuts the drain short.
-      await new Promise((resolve) => setTimeout(resolve, Math.max(0, signalled + 1_100 - Date.now())));
+      await new Promise((resolve) => setTimeout(resolve, Math.max(0, signalled + 1_500 - Date.now())));
       const again = Date.now();
       server.terminate();
       expect(await server.exited).toBe(1);

@@ -660,6 +660,8 @@ class KafkaSubscription implements Subscription {
     this.named = false;
     this.instanceId = `${this.log.settings.clientId}-${randomUUID()}`;
     this.consumerFailed = true;
+    // Said here: the reader may already hold another failure, or not exist yet.
+    this.report(this.takenOver);
     this.reader?.fail(this.takenOver);
   }
 
@@ -672,7 +674,6 @@ class KafkaSubscription implements Subscription {
         await this.teardown(true);
         // A name another process holds is given up while joining (see `noteTakeover`): joined again.
         if (attempt > 0 || this.takenOver === undefined) throw err;
-        this.report(this.takenOver);
       }
     }
     this.loop = this.run();
