@@ -69,13 +69,7 @@ export class UnavailableError extends AppError {
     message = 'Service temporarily unavailable',
     options?: ErrorOptions & { retryAfterSeconds?: number | null },
   ) {
-    super(
-      'UNAVAILABLE',
-      message,
-      503,
-      undefined,
-      options?.cause === undefined ? undefined : { cause: options.cause },
-    );
+    super('UNAVAILABLE', message, 503, undefined, options);
     this.retryAfterSeconds = options?.retryAfterSeconds === undefined ? 1 : options.retryAfterSeconds;
   }
 }

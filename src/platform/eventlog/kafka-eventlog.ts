@@ -96,7 +96,7 @@ const DEFAULT_FETCH_MAX_WAIT_MS = 50;
 /** Most bytes one fetch of a subscription returns. */
 const SUBSCRIBE_FETCH_MAX_BYTES = 4 * 1024 * 1024;
 /** A named member taken over this often within the window gives its name up (see `noteTakeover`). */
-const TAKEOVER_JOINS = 6;
+const TAKEOVERS = 6;
 const TAKEOVER_WINDOW_MS = 15_000;
 
 /**
@@ -614,8 +614,8 @@ class KafkaSubscription implements Subscription {
   readonly group: string;
   /** Whether the member id is the log's name for this subscription (see `noteTakeover`). */
   private named: boolean;
-  /** Join times while the member is named, to see another running process take it in turn. */
-  private readonly recentJoins: number[] = [];
+  /** Times the named member was taken over within the window, to see another running process take it in turn. */
+  private readonly recentTakeovers: number[] = [];
   /** Set when the named member was taken over in turn: the reason, until the consumer is made anew. */
   private takenOver: Error | undefined;
 
@@ -649,11 +649,11 @@ class KafkaSubscription implements Subscription {
   private noteTakeover(): void {
     if (!this.named) return;
     const now = Date.now();
-    this.recentJoins.push(now);
-    while (now - this.recentJoins[0]! > TAKEOVER_WINDOW_MS) this.recentJoins.shift();
-    if (this.recentJoins.length < TAKEOVER_JOINS) return;
+    this.recentTakeovers.push(now);
+    while (now - this.recentTakeovers[0]! > TAKEOVER_WINDOW_MS) this.recentTakeovers.shift();
+    if (this.recentTakeovers.length < TAKEOVERS) return;
     this.takenOver = new Error(
-      `consumer group ${this.group}: member ${this.instanceId} was taken over ${TAKEOVER_JOINS} times in ${TAKEOVER_WINDOW_MS / 1000} s, ` +
+      `consumer group ${this.group}: member ${this.instanceId} was taken over ${TAKEOVERS} times in ${TAKEOVER_WINDOW_MS / 1000} s, ` +
         'as when another running process has the same name (host name, ZG_NODE_ID and role: give every process its own ZG_NODE_ID); ' +
         'going on under a member of its own',
     );

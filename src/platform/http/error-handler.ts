@@ -76,12 +76,15 @@ export function installErrorHandling(app: FastifyInstance): void {
     (error: FastifyError | AppError | Error, request: FastifyRequest, reply: FastifyReply) => {
       const requestId = String(request.id);
       if (error instanceof AppError) {
-        if (error instanceof RateLimitedError && error.retryAfterSeconds !== undefined) {
-          void reply.header('retry-after', String(Math.max(1, Math.ceil(error.retryAfterSeconds))));
-        } else if (error instanceof UnavailableError) {
-          if (error.retryAfterSeconds !== null)
-            void reply.header('retry-after', String(Math.max(1, Math.ceil(error.retryAfterSeconds))));
-        } else if (error.status === 503) void reply.header('retry-after', '1');
+        // A refusal that knows how long to wait says so; any other 503, a second.
+        const wait =
+          error instanceof RateLimitedError || error instanceof UnavailableError
+            ? error.retryAfterSeconds
+            : error.status === 503
+              ? 1
+              : undefined;
+        if (wait !== undefined && wait !== null)
+          void reply.header('retry-after', String(Math.max(1, Math.ceil(wait))));
         // A refusal the service decided on with nothing failing behind it (likes refused while
         // counts are restored, told where that was found) is said without a stack; one with a
         // failure behind it (a code the mail server would not take) is logged with that failure.
