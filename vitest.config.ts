@@ -1,3 +1,4 @@
+import { availableParallelism } from 'node:os';
 import { defineConfig } from 'vitest/config';
 
 /**
@@ -8,6 +9,10 @@ import { defineConfig } from 'vitest/config';
 export default defineConfig({
   test: {
     globalSetup: ['./test/rig/global-setup.ts'],
+    // Unit and contract files at least two at a time (the default, a worker per core but one, runs
+    // them one by one on a two-core machine); black-box files, whose processes and timings need the
+    // machine to themselves, one at a time (their project says so).
+    maxWorkers: Math.max(2, availableParallelism() - 1),
     testTimeout: 30_000,
     hookTimeout: 120_000,
     teardownTimeout: 60_000,

@@ -102,8 +102,11 @@ const CONSUMER_START_RETRY_MS = 1_000;
 const SETTLE_MAX_MS = 5_000;
 /** The pause between two looks at whether they have. */
 const SETTLE_POLL_MS = 10;
-/** How often a worker looks at whether the counter store needs restoring (`CounterRestorer`). */
-const RESTORE_CHECK_MS = 5_000;
+/**
+ * How often a worker looks at whether the counter store needs restoring (`CounterRestorer`): a look
+ * is one pipeline of HEXISTS, and likes are refused until the replay it starts is done.
+ */
+const RESTORE_CHECK_MS = 1_000;
 
 export interface BuildOptions {
   logger?: Logger;

@@ -75,6 +75,8 @@ export async function restoreCounters(
   }
 }
 
+/** The wait after a first failed attempt (a replay reads the whole log), doubling with each further one. */
+const FIRST_BACKOFF_MS = 10_000;
 /** The longest wait between two attempts after failed ones. */
 const MAX_BACKOFF_MS = 10 * 60_000;
 
@@ -87,7 +89,7 @@ const MAX_BACKOFF_MS = 10 * 60_000;
  * processes may look: the lease lets one replay at a time, a replay under way (also one run by
  * hand) is waited for, and the seals are read again once the lease is held. A replay that refuses
  * (the log lost its earliest records, or the store holds changes the log does not: another
- * deployment's log) or fails is tried again after a back-off that doubles up to ten minutes, and said
+ * deployment's log) or fails is tried again after a back-off that doubles from 10 s up to ten minutes, and said
  * at error level at most once a minute; the start of a restore is said once until it succeeds. A
  * stop of the worker ends the replay at its next step: before the reset changing nothing, after it
  * leaving the store unsealed for another worker's restorer (a stop should not wait out a replay).
@@ -102,7 +104,7 @@ export class CounterRestorer {
   constructor(
     private readonly parts: RestoreParts,
     private readonly log: Pick<Logger, 'warn' | 'error'>,
-    private readonly intervalMs: number,
+    intervalMs: number,
     private readonly now: () => number = () => performance.now(),
   ) {
     this.task = new PeriodicTask(
@@ -161,7 +163,7 @@ export class CounterRestorer {
       if (signal?.aborted) return 'stopped';
       this.failures++;
       this.nextAttemptAt =
-        this.now() + Math.min(MAX_BACKOFF_MS, this.intervalMs * 2 ** Math.min(this.failures, 20));
+        this.now() + Math.min(MAX_BACKOFF_MS, FIRST_BACKOFF_MS * 2 ** Math.min(this.failures - 1, 20));
       throw err;
     }
     if (outcome.outcome === 'busy') return 'busy';

@@ -139,13 +139,17 @@ class Toggler {
     this.client = client;
   }
 
-  /** Issues up to `ops` toggles, `concurrency` at a time, at most `perSecond` on average when given. */
+  /**
+   * Issues up to `ops` toggles, `concurrency` at a time, at most `perSecond` on average when given
+   * (asked again before every toggle when a function).
+   */
   async run(
     ops: number,
     concurrency: number,
     stop: () => boolean = () => false,
-    perSecond = Infinity,
+    perSecond: number | (() => number) = Infinity,
   ): Promise<number> {
+    const rate = typeof perSecond === 'number' ? () => perSecond : perSecond;
     let issued = 0;
     const started = Date.now();
     const worker = async (): Promise<void> => {
@@ -154,7 +158,7 @@ class Toggler {
           await this.gate;
           continue;
         }
-        if (issued >= ((Date.now() - started) / 1000) * perSecond) {
+        if (issued >= ((Date.now() - started) / 1000) * rate()) {
           await sleep(5);
           continue;
         }
@@ -504,10 +508,16 @@ describe('counters under faults (cluster profile: API and worker processes, a pr
     const remaining = Math.max(0, TOGGLES - toggler.done);
     const t0 = Date.now();
     try {
-      // Paced, and on until both kills are done and the run has made its 20,000 toggles.
+      // Paced until both kills are done, so that they fall within the load; then unpaced until the
+      // run has made its 20,000 toggles.
       let killed = false;
       await settled([
-        toggler.run(40_000, 32, () => (killed && toggler.done >= TOGGLES) || aborted, 300),
+        toggler.run(
+          40_000,
+          32,
+          () => (killed && toggler.done >= TOGGLES) || aborted,
+          () => (killed ? Infinity : 300),
+        ),
         killWorkerAt([toggler.done + Math.floor(remaining / 5), 0]).finally(() => void (killed = true)),
       ]);
     } finally {

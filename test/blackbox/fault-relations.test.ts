@@ -363,7 +363,7 @@ describe('follow relations under faults (cluster profile: 3 API processes, a wor
     let phase1Killed = false;
     await Promise.all([
       load.run(4_500, 24, () => phase1Killed, 100),
-      killWorkerAt([800, 2_000]).then(() => (phase1Killed = true)),
+      killWorkerAt([500, 1_200]).then(() => (phase1Killed = true)),
     ]);
     timings.phase1Ms = Date.now() - t0;
 
@@ -394,13 +394,13 @@ describe('follow relations under faults (cluster profile: 3 API processes, a wor
     const start = load.done;
     let phase3Killed = false;
     await Promise.all([
-      // Paced to last about 45 s, so that both kills and restarts fall within it, and unpaced
-      // once the second worker is back.
+      // Paced to last about 30 s, so that both kills and restarts (about 1.5 s each) fall within
+      // it, and unpaced once the second worker is back.
       load.run(
         remaining,
         24,
         () => false,
-        () => (phase3Killed ? Infinity : Math.max(50, remaining / 45)),
+        () => (phase3Killed ? Infinity : Math.max(50, remaining / 30)),
       ),
       killWorkerAt(
         [start + Math.floor(remaining / 3), start + Math.floor((2 * remaining) / 3)],

@@ -196,22 +196,27 @@ export class PrivateKafka {
   ) {}
 
   static async start(): Promise<PrivateKafka> {
-    const kafka = new PrivateKafka(mkdtempSync(join(tmpdir(), 'zg-fault-kafka-')), await freePortPair());
+    const kafka = await PrivateKafka.reserve();
     await kafka.up();
     return kafka;
+  }
+
+  /** A broker not started yet: its address refuses connections until `up()`. */
+  static async reserve(): Promise<PrivateKafka> {
+    return new PrivateKafka(mkdtempSync(join(tmpdir(), 'zg-fault-kafka-')), await freePortPair());
   }
 
   get brokers(): string {
     return `127.0.0.1:${this.port}`;
   }
 
-  private script(command: string, timeoutMs: number): Promise<RunResult> {
+  private script(command: string, timeoutMs: number, stopTimeoutS = 3): Promise<RunResult> {
     return run('bash', [KAFKA_SCRIPT, command], timeoutMs, {
       ...process.env,
       ZG_KAFKA_DIR: this.dir,
       ZG_KAFKA_PORT: String(this.port),
       // An outage is a crash, not a maintenance stop: SIGKILL after 3 s (no class-data dump either).
-      ZG_KAFKA_STOP_TIMEOUT: '3',
+      ZG_KAFKA_STOP_TIMEOUT: String(stopTimeoutS),
       ZG_KAFKA_HEAP: '384m',
     });
   }
@@ -235,7 +240,8 @@ export class PrivateKafka {
   }
 
   async destroy(): Promise<void> {
-    await this.script('reset', 60_000);
+    // Its data goes with it: nothing to stop gracefully for.
+    await this.script('reset', 60_000, 0);
     rmSync(this.dir, { recursive: true, force: true });
   }
 }
