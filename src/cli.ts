@@ -257,14 +257,29 @@ async function main(argv: string[]): Promise<number> {
       // are taken again); a second one ends the process at once.
       const stop = new AbortController();
       let firstAt: number | undefined;
+      /** The status a process ended by `signal` has by default. */
+      const exitFor = (signal: NodeJS.Signals) => (signal === 'SIGINT' ? 130 : 143);
+      let stoppedBy: NodeJS.Signals | undefined;
+      let releaseLease: (() => Promise<void>) | undefined;
+      let exiting = false;
       const onSignal = (signal: NodeJS.Signals) => {
+        if (exiting) process.exit(exitFor(signal));
         if (firstAt !== undefined) {
           // Whichever comes next, SIGINT or SIGTERM, ends the process at once (as by default),
-          // unless it is the first one again (see `sameSignal`).
-          if (!sameSignal(firstAt)) process.exit(signal === 'SIGINT' ? 130 : 143);
+          // unless it is the first one again (see `sameSignal`). The deployment's claim goes
+          // first, for half a second at most, so that the replay run next need not wait 20 s for
+          // it to lapse.
+          if (sameSignal(firstAt)) return;
+          exiting = true;
+          const code = exitFor(signal);
+          const gone = releaseLease?.().catch(() => undefined);
+          void Promise.race([gone, new Promise((resolve) => setTimeout(resolve, 500))]).finally(() =>
+            process.exit(code),
+          );
           return;
         }
         firstAt = performance.now();
+        stoppedBy = signal;
         // Past the reset the replay goes on: said, so that the signal does not look ignored.
         process.stderr.write(
           'stopping: a replay that has not emptied the store yet stops, changing nothing; one that has goes on until the store is whole (a second signal ends it at once, leaving likes and favourites refused until a replay completes)\n',
@@ -274,14 +289,24 @@ async function main(argv: string[]): Promise<number> {
       process.on('SIGINT', onSignal).on('SIGTERM', onSignal);
       // One replay at a time in a deployment (`restoreCounters` holds its lease): a second one's
       // reset, views and seals would interleave with the first's.
-      const restored = await restoreCounters(counterRestoreParts(platform), progress, {
-        force: values.force ?? false,
-        signal: stop.signal,
-        onLeaseLost: () =>
-          process.stderr.write(
-            'warning: this replay could not keep its claim on the deployment (the key-value store was out of reach for a minute, or the claim was taken): another replay could start beside it\n',
-          ),
-      });
+      let restored: Awaited<ReturnType<typeof restoreCounters>>;
+      try {
+        restored = await restoreCounters(counterRestoreParts(platform), progress, {
+          force: values.force ?? false,
+          signal: stop.signal,
+          onLease: (release) => (releaseLease = release),
+          onLeaseLost: () =>
+            process.stderr.write(
+              'warning: this replay could not keep its claim on the deployment (the key-value store was out of reach for a minute, or the claim was taken): another replay could start beside it\n',
+            ),
+        });
+      } catch (err) {
+        // Stopped as asked, before the reset: said as such, with the status the signal gives.
+        if (stoppedBy === undefined || err !== stop.signal.reason) throw err;
+        endProgress();
+        process.stderr.write(`${(err as Error).message}\n`);
+        return exitFor(stoppedBy);
+      }
       // The listeners stay: a copy of the first signal arriving after the replay settled is taken
       // for it, not left to end the process by default before it says what was done.
       if (restored.outcome !== 'restored') {

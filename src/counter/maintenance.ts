@@ -22,6 +22,12 @@ const REPLAY_CHUNK = 5_000;
 const REPLAY_CONCURRENCY = 4;
 /** Rebuilds issued together (each a single store call, so a chunk goes out as one write). */
 const REBUILD_CHUNK = 250;
+/**
+ * A turn of the event loop. The embedded store answers synchronously: a replay that never yields
+ * would hold off its lease's renewals (and lose its claim after 20 s), the signals that stop it and,
+ * in a server, every request.
+ */
+const nextTurn = (): Promise<void> => new Promise((resolve) => setImmediate(resolve));
 
 /** True when the entity is quiet (everything toggled has been applied) and its snapshot disagrees with its facts. */
 export function hasDrift(state: Inspection): boolean {
@@ -419,6 +425,7 @@ async function replayFolded(
     replayed += chunk.facts.length;
     await rebuild(chunk.complete);
     progress(`replayed ${replayed} of ${facts} facts, rebuilt ${rebuilt} entities`);
+    await nextTurn();
   });
   await rebuild(spanning);
   progress(`rebuilt ${rebuilt} entities`);
@@ -542,6 +549,7 @@ async function changesNotLogged(
     checked += page.refs.length;
     cursor = page.cursor;
     if (checked > 0) progress(`compared ${checked} entities of the store with the log`);
+    await nextTurn();
   }
   return found;
 }

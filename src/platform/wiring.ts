@@ -685,6 +685,11 @@ async function createCluster(
       // A server started again (by its supervisor, on the same host, with the same ZG_NODE_ID and
       // role) takes its consumers' partitions over at once; admin commands stay members of their own.
       ...(serves ? { memberName: `${hostname()}-n${config.nodeId}-${config.role}` } : {}),
+      onNameGivenUp: (err) =>
+        log.error(
+          { err },
+          "another running process has this one's name (host name, ZG_NODE_ID and role): a consumer goes on as a member of its own, and a restart of this process no longer takes its partitions over at once; give every process its own ZG_NODE_ID",
+        ),
     });
     closers.unshift(() => events.close());
     const { MysqlOutboxStore } = await import('./outbox/mysql-outbox-store.js');

@@ -1,4 +1,4 @@
-import { spawnSync } from 'node:child_process';
+import { spawn, spawnSync } from 'node:child_process';
 import { existsSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
@@ -19,6 +19,73 @@ async function deploy(dataDir: string): Promise<void> {
 }
 
 const ROOT = resolve(import.meta.dirname, '../..');
+
+/** Writes `likes` like events (a user each, over 1,000 posts) and `views` view records into an embedded log. */
+function fillLog(dataDir: string, likes: number, views: number): void {
+  const db = new DatabaseSync(join(dataDir, 'zhiguang.db'));
+  try {
+    db.exec('BEGIN');
+    const insert = db.prepare(`INSERT INTO event_log (topic, key, value, ts) VALUES (?, ?, ?, 1)`);
+    for (let i = 0; i < likes; i++) {
+      const eid = String(1 + (i % 1_000));
+      const event = { eventId: `e${i}`, entityType: 'knowpost', entityId: eid, metric: 'like', idx: 0 };
+      const value = { ...event, userId: i + 1, delta: 1, ts: 1, seq: 1 + Math.floor(i / 1_000) };
+      insert.run('counter-events', `knowpost:${eid}`, JSON.stringify(value));
+    }
+    for (let i = 0; i < views; i++) {
+      const eid = String(1 + (i % 1_000));
+      insert.run('read-events', `knowpost:${eid}`, JSON.stringify({ etype: 'knowpost', eid, n: 1, ts: 1 }));
+    }
+    db.exec('COMMIT');
+  } finally {
+    db.close();
+  }
+}
+
+interface SignalledRun {
+  code: number | null;
+  stdout: string;
+  stderr: string;
+  /** From the last signal sent to the exit. */
+  exitedAfterMs: number;
+}
+
+/**
+ * Runs `counters replay --yes` and, once a line of its progress matches `at`, sends each signal
+ * that many milliseconds later.
+ */
+function replayWithSignals(
+  env: Record<string, string>,
+  at: RegExp,
+  signals: readonly (readonly [NodeJS.Signals, number])[],
+): Promise<SignalledRun> {
+  return new Promise((resolve, reject) => {
+    const child = spawn(process.execPath, [join(ROOT, 'dist/cli.js'), 'counters', 'replay', '--yes'], {
+      env,
+    });
+    let stdout = '';
+    let stderr = '';
+    let lastSentAt = Number.NaN;
+    let scheduled = false;
+    const killer = setTimeout(() => child.kill('SIGKILL'), 60_000);
+    child.stdout.on('data', (chunk) => (stdout += String(chunk)));
+    child.stderr.on('data', (chunk) => {
+      stderr += String(chunk);
+      if (scheduled || !at.test(stderr)) return;
+      scheduled = true;
+      for (const [signal, afterMs] of signals)
+        setTimeout(() => {
+          lastSentAt = performance.now();
+          child.kill(signal);
+        }, afterMs);
+    });
+    child.on('error', reject);
+    child.on('exit', (code) => {
+      clearTimeout(killer);
+      resolve({ code, stdout, stderr, exitedAfterMs: performance.now() - lastSentAt });
+    });
+  });
+}
 
 const METRICS_OPEN = 'GET /metrics answers anyone who reaches this port; set ZG_METRICS_TOKEN';
 
@@ -257,6 +324,45 @@ describe('the admin command line', () => {
       expect(stderr).toMatch(/settings not known to this release.*\(misspelt\?\): ZG_REDIS_ULR/);
     }
   });
+
+  it('stops a replay at a signal before it empties the store; past that, goes on, taking a signal repeated at once for the same one, and ends at once at a later one', async () => {
+    const dataDir = mkdtempSync(join(tmpdir(), 'zg-cli-'));
+    try {
+      const env = { PATH: process.env.PATH ?? '', ZG_DATA_DIR: dataDir, LOG_LEVEL: 'warn' };
+      await deploy(dataDir);
+      // Enough that reading the log, and refilling the store after its reset, take a while.
+      fillLog(dataDir, 100_000, 600_000);
+      const verify = async () => (await runCli(env, ['counters', 'verify'])).json;
+
+      // While it reads the log: stopped, the store as it was (whole), the status the signal gives.
+      const early = await replayWithSignals(env, /^read \d+ events$/m, [['SIGINT', 0]]);
+      expect([early.code, early.stdout]).toEqual([130, '']);
+      expect(early.stderr).toContain('replay stopped by a signal; nothing was changed');
+      expect(early.stderr).not.toContain('    at ');
+      expect(await verify()).toMatchObject({ unsealedGroups: 0 });
+
+      // Past the reset: the copy 20 ms later is the same signal, the one 1.1 s later ends it at once.
+      const cut = await replayWithSignals(env, /^replayed \d+ of/m, [
+        ['SIGINT', 0],
+        ['SIGINT', 20],
+        ['SIGTERM', 1_100],
+      ]);
+      expect([cut.code, cut.stdout, cut.stderr.slice(-300)]).toEqual([143, '', expect.any(String)]);
+      expect(cut.exitedAfterMs).toBeLessThan(1_000);
+      expect(await verify()).toMatchObject({ unsealedGroups: 1 });
+
+      // Past the reset, a signal (twice at once) lets it finish: the store is whole again.
+      const whole = await replayWithSignals(env, /^replayed \d+ of/m, [
+        ['SIGINT', 0],
+        ['SIGINT', 20],
+      ]);
+      expect([whole.code, whole.stderr.slice(-300)]).toEqual([0, expect.any(String)]);
+      expect(JSON.parse(whole.stdout)).toMatchObject({ events: 100_000, entities: 1_000, views: 600_000 });
+      expect(await verify()).toMatchObject({ checked: 1_000, drifted: [], unsealedGroups: 0 });
+    } finally {
+      rmSync(dataDir, { recursive: true, force: true });
+    }
+  }, 120_000);
 
   it('exits 3 when verify finds drift, also once --fix healed it, and refuses to rebuild posts that do not exist', async () => {
     const dataDir = mkdtempSync(join(tmpdir(), 'zg-cli-'));

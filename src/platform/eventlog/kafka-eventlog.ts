@@ -67,11 +67,17 @@ export interface KafkaEventLogOptions {
    * subscription is a member of its own.
    */
   memberName?: string;
+  /**
+   * Told once per subscription that gives its member name up (see `memberName`), in place of its
+   * `onError`: that is for failures of its own, and this one is the deployment's to fix.
+   */
+  onNameGivenUp?: (err: Error) => void;
 }
 
-type Settings = Required<Omit<KafkaEventLogOptions, 'brokers' | 'memberName'>> & {
+type Settings = Required<Omit<KafkaEventLogOptions, 'brokers' | 'memberName' | 'onNameGivenUp'>> & {
   brokers: string[];
   memberName: string | undefined;
+  onNameGivenUp: ((err: Error) => void) | undefined;
 };
 type StringConsumer = Consumer<string, string, string, string>;
 type StringStream = MessagesStream<string, string, string, string>;
@@ -135,6 +141,7 @@ export class KafkaEventLog implements EventLog {
       fetchMinBytes: options.fetchMinBytes ?? DEFAULT_FETCH_MIN_BYTES,
       fetchMaxWaitMs: options.fetchMaxWaitMs ?? DEFAULT_FETCH_MAX_WAIT_MS,
       memberName: options.memberName,
+      onNameGivenUp: options.onNameGivenUp,
     };
     this.producer = new Producer({
       ...this.clientOptions('producer'),
@@ -660,8 +667,16 @@ class KafkaSubscription implements Subscription {
     this.named = false;
     this.instanceId = `${this.log.settings.clientId}-${randomUUID()}`;
     this.consumerFailed = true;
-    // Said here: the reader may already hold another failure, or not exist yet.
-    this.report(this.takenOver);
+    // Said here, once: the reader may already hold another failure, or not exist yet (the loop
+    // does not report this one again).
+    const tell = this.log.settings.onNameGivenUp;
+    if (tell) {
+      try {
+        tell(this.takenOver);
+      } catch {
+        // A failing reporter must not stop the subscription.
+      }
+    } else this.report(this.takenOver);
     this.reader?.fail(this.takenOver);
   }
 
@@ -698,7 +713,8 @@ class KafkaSubscription implements Subscription {
         } catch (err) {
           if (this.closing) break;
           const handlerFailed = err instanceof HandlerFailed;
-          this.report(handlerFailed ? err.cause : err);
+          const failure = handlerFailed ? err.cause : err;
+          if (failure !== this.takenOver) this.report(failure);
           // A handler that failed as its consumer did: the consumer is made anew (see `open`); a
           // failure of anything else may have left it broken.
           await this.teardown(!handlerFailed);

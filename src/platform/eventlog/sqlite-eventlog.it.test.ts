@@ -240,6 +240,31 @@ describe(`${SqliteEventLog.name} retention`, () => {
     expect(turns).toBeGreaterThanOrEqual(3);
   });
 
+  it('gives the event loop a turn between the chunks of a range read (a replay renews its lease, takes signals)', async () => {
+    const { db } = await newDb();
+    const sut = newLog(db);
+    await publish(sut, 'counter-events', 'a', 'b', 'c', 'd', 'e', 'f', 'g', 'h');
+    let turns = 0;
+    let reading = true;
+    const turn = (): void => {
+      turns++;
+      if (reading) setImmediate(turn);
+    };
+    setImmediate(turn);
+    const read: string[] = [];
+    await sut.readRange(
+      'counter-events',
+      await sut.endOffsets('counter-events'),
+      async (batch) => {
+        read.push(...batch.records.map((r) => r.value));
+      },
+      2,
+    );
+    reading = false;
+    expect(read).toEqual(['a', 'b', 'c', 'd', 'e', 'f', 'g', 'h']);
+    expect(turns).toBeGreaterThanOrEqual(3);
+  });
+
   it('prunes by itself every pruneIntervalMs once ensureTopics was called, until closed', async () => {
     const { db } = await newDb();
     const sut = newLog(db, { pruneIntervalMs: 20 });

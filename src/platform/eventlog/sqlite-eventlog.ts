@@ -249,6 +249,9 @@ export class SqliteEventLog implements EventLog {
       await handler({ topic, records: rows.map(toDelivered) });
       next = rows[rows.length - 1]!.offset + 1;
       if (rows.length < maxBatch) return;
+      // The reads and the handler's writes are synchronous here: without a turn of the event loop
+      // between chunks, a long read would hold off timers (a lease's renewal), signals and requests.
+      await new Promise((resolve) => setImmediate(resolve));
     }
   }
 

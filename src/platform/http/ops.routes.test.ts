@@ -33,13 +33,14 @@ describe('readiness', () => {
     }
   });
 
-  it('logs when it changes, not every 503 a load balancer polls', async () => {
+  it('logs when it changes, not every 503 a load balancer polls, and warns only once it was ready', async () => {
     const lines: { level: number; msg: string; checks?: Record<string, string>; status?: string }[] = [];
     const logger = pino(
       { level: 'info' },
       { write: (line: string) => void lines.push(JSON.parse(line) as (typeof lines)[number]) },
     );
-    let kafkaUp = true;
+    // Not ready at first, as a process whose consumers are still joining.
+    let kafkaUp = false;
     let draining = false;
     const app = await plainHttpServer(logger);
     await app.register(
@@ -55,6 +56,8 @@ describe('readiness', () => {
     await app.ready();
     const poll = async () => (await app.inject({ method: 'GET', url: '/readyz' })).statusCode;
     try {
+      expect(await poll()).toBe(503);
+      kafkaUp = true;
       expect(await poll()).toBe(200);
       kafkaUp = false;
       for (let i = 0; i < 5; i++) expect(await poll()).toBe(503);
@@ -79,12 +82,14 @@ describe('readiness', () => {
     }
     const readiness = lines.filter((l) => l.msg.startsWith('readiness'));
     expect(readiness.map((l) => [l.level, l.msg, l.status])).toEqual([
+      // Told, but not as a warning: the process was never ready yet.
+      [30, 'readiness changed', 'unavailable'],
       [30, 'readiness changed', 'ok'],
       [40, 'readiness changed', 'unavailable'],
       [30, 'readiness changed', 'ok'],
       [30, 'readiness changed', 'draining'],
     ]);
-    expect(readiness[1]?.checks).toEqual({ database: 'ok', kafka: 'down' });
+    expect(readiness[2]?.checks).toEqual({ database: 'ok', kafka: 'down' });
     expect(lines.filter((l) => l.msg === 'request failed')).toEqual([]);
   });
 

@@ -41,6 +41,8 @@ export function opsRoutes(
   const digest = (text: string) => createHash('sha256').update(text).digest();
   const expected = metricsToken === undefined ? undefined : digest(metricsToken);
   let lastReadiness: string | undefined;
+  /** Whether it was ready once: not ready before that is a process starting, not an outage. */
+  let beenReady = false;
   // A round of checks answers for a second: a client polling hard (the route is public) asks the
   // database, Redis and Kafka no more often than that. A check is ok only when it answers within
   // its time limit of being called; a round counts it down past that, but does not call it again
@@ -118,9 +120,10 @@ export function opsRoutes(
       const summary = `${status} ${JSON.stringify(states)}`;
       if (summary !== lastReadiness) {
         lastReadiness = summary;
-        const level = status === 'unavailable' || status === 'degraded' ? 'warn' : 'info';
+        const level = beenReady && (status === 'unavailable' || status === 'degraded') ? 'warn' : 'info';
         request.log[level]({ status, checks: states }, 'readiness changed');
       }
+      if (ready) beenReady = true;
       if (ready) return reply.send({ status, checks: states });
       // The contract's error shape, with the states for whoever operates the service.
       return reply.status(503).send({
