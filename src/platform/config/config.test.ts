@@ -228,6 +228,18 @@ describe(loadConfig.name, () => {
     expect(() => loadConfig({}, { role: 'boss' })).toThrow(/ZG_ROLE/);
   });
 
+  it('drains 5 s by default where an API is served on the cluster profile, not on a worker or embedded', () => {
+    const drain = (env: Record<string, string>, role?: string) =>
+      loadConfig(env, role === undefined ? {} : { role }).shutdownDrainMs;
+    expect([
+      drain(CLUSTER_ENV, 'api'),
+      drain(CLUSTER_ENV, 'all'),
+      drain(CLUSTER_ENV, 'worker'),
+      drain({}),
+    ]).toEqual([5_000, 5_000, 0, 0]);
+    expect(drain({ ...CLUSTER_ENV, ZG_SHUTDOWN_DRAIN_MS: '2000' }, 'worker')).toBe(2_000);
+  });
+
   it('runs the embedded profile only as one process of every role', () => {
     expect(loadConfig({}).role).toBe('all');
     for (const role of ['api', 'worker']) {

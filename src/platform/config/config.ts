@@ -424,7 +424,7 @@ export const CONFIG_VARS = {
   ZG_AVATAR_MAX_BYTES: { description: 'largest avatar upload accepted', default: '5242880' },
   ZG_SHUTDOWN_DRAIN_MS: {
     description:
-      'on SIGTERM, how long a process keeps serving while /readyz answers 503 "draining", so load balancers stop sending it requests before it stops listening; default 5000 on cluster, 0 on embedded',
+      'on SIGTERM, how long a process keeps serving while /readyz answers 503 "draining", so load balancers stop sending it requests before it stops listening; default 5000 on cluster, 0 on embedded and for role worker (it serves no API)',
   },
   ZG_SHUTDOWN_TIMEOUT_MS: {
     description:
@@ -844,7 +844,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: { ro
     shutdownTimeoutMs: int('ZG_SHUTDOWN_TIMEOUT_MS', 100, 600_000),
     shutdownDrainMs:
       raw('ZG_SHUTDOWN_DRAIN_MS') === undefined
-        ? profile === 'cluster'
+        ? profile === 'cluster' && role !== 'worker'
           ? 5_000
           : 0
         : int('ZG_SHUTDOWN_DRAIN_MS', 0, 600_000),
