@@ -240,6 +240,32 @@ describe(`${SqliteEventLog.name} retention`, () => {
     expect(turns).toBeGreaterThanOrEqual(3);
   });
 
+  it('gives the event loop a turn between the full batches of a backlog, so a server answers meanwhile', async () => {
+    const { db } = await newDb();
+    const sut = newLog(db);
+    await publish(sut, 'views', 'a', 'b', 'c', 'd', 'e', 'f', 'g', 'h');
+    let turns = 0;
+    let counting = true;
+    const turn = (): void => {
+      turns++;
+      if (counting) setImmediate(turn);
+    };
+    setImmediate(turn);
+    const seen: number[] = [];
+    const sub = await sut.subscribe({
+      group: 'g',
+      topics: ['views'],
+      maxBatch: 2,
+      handler: async () => void seen.push(turns),
+    });
+    const deadline = Date.now() + 5_000;
+    while (seen.length < 4 && Date.now() < deadline) await delay(5);
+    counting = false;
+    await sub.close();
+    expect(seen).toHaveLength(4);
+    for (let i = 1; i < seen.length; i++) expect(seen[i]).toBeGreaterThan(seen[i - 1]!);
+  });
+
   it('gives the event loop a turn between the chunks of a range read (a replay renews its lease, takes signals)', async () => {
     const { db } = await newDb();
     const sut = newLog(db);

@@ -450,6 +450,9 @@ class SqliteSubscription implements Subscription {
             if (rows.length === this.maxBatch) full = true;
           }
           if (!full) await this.sleep(this.idlePollMs);
+          // A backlog is worked off in full batches, read and handled synchronously: a turn of the
+          // event loop between them keeps the server answering requests meanwhile.
+          else await new Promise((resolve) => setImmediate(resolve));
         } catch (err) {
           this.report(err instanceof HandlerFailed ? err.cause : err);
           // The committed positions are the truth again after a failure.
