@@ -41,4 +41,33 @@ describe(OutboxRelay.name, () => {
     await relay.runOnce().catch(() => undefined);
     expect([reported, relay.stats.published]).toEqual([[[1, 100]], 1]);
   });
+
+  it('gives the event loop a turn between full rounds of a backlog', async () => {
+    let turns = 0;
+    let counting = true;
+    const turn = (): void => {
+      turns++;
+      if (counting) setImmediate(turn);
+    };
+    setImmediate(turn);
+    // Four full claims answered synchronously (as the embedded store does), then none.
+    const seen: number[] = [];
+    const store: OutboxStore = {
+      claim: async (_limit: number, work: (rows: OutboxRow[]) => Promise<number[]>) => {
+        if (seen.length >= 4) return { handed: 0, full: false };
+        seen.push(turns);
+        await work([row(seen.length, 'a', 0)]);
+        return { handed: 1, full: true };
+      },
+    };
+    const events = { publish: async () => undefined } as unknown as EventLog;
+    const relay = new OutboxRelay({ store, events, pollIntervalMs: 60_000 });
+    relay.start();
+    const deadline = Date.now() + 5_000;
+    while (seen.length < 4 && Date.now() < deadline) await new Promise((resolve) => setTimeout(resolve, 5));
+    counting = false;
+    await relay.stop();
+    expect(seen).toHaveLength(4);
+    for (let i = 1; i < seen.length; i++) expect(seen[i]).toBeGreaterThan(seen[i - 1]!);
+  });
 });

@@ -103,6 +103,9 @@ export class OutboxRelay {
       }
       failures = 0;
       if (!result.full) await this.sleep(this.pollIntervalMs, true);
+      // More rows wait: claimed at once, after a turn of the event loop (the embedded store and log
+      // answer synchronously, and a backlog worked off without turns would hold requests off).
+      else await new Promise((resolve) => setImmediate(resolve));
     }
   }
 
