@@ -260,22 +260,31 @@ async function main(argv: string[]): Promise<number> {
       /** The status a process ended by `signal` has by default. */
       const exitFor = (signal: NodeJS.Signals) => (signal === 'SIGINT' ? 130 : 143);
       let stoppedBy: NodeJS.Signals | undefined;
-      let releaseLease: (() => Promise<void>) | undefined;
-      let exiting = false;
+      /** Set by a second signal: the replay's next step throws it (see `replayProgress`). */
+      let halted: Error | undefined;
+      let haltedAt = 0;
+      let haltedBy: NodeJS.Signals | undefined;
+      let replaying: Promise<unknown> = Promise.resolve();
       const onSignal = (signal: NodeJS.Signals) => {
-        if (exiting) process.exit(exitFor(signal));
+        // A third signal ends the process at once, unless it is the second one again.
+        if (halted) {
+          if (!sameSignal(haltedAt)) process.exit(exitFor(signal));
+          return;
+        }
         if (firstAt !== undefined) {
           // Whichever comes next, SIGINT or SIGTERM, ends the process at once (as by default),
-          // unless it is the first one again (see `sameSignal`). The deployment's claim goes
-          // first, for half a second at most, so that the replay run next need not wait 20 s for
-          // it to lapse.
+          // unless it is the first one again (see `sameSignal`): the replay stops at its next step,
+          // and lets the deployment's claim go (so the replay run next need not wait 20 s for it
+          // to lapse) once every write it issued went out before that; half a second at most.
           if (sameSignal(firstAt)) return;
-          exiting = true;
+          halted = new Error('replay ended by a second signal');
+          haltedAt = performance.now();
+          haltedBy = signal;
           const code = exitFor(signal);
-          const gone = releaseLease?.().catch(() => undefined);
-          void Promise.race([gone, new Promise((resolve) => setTimeout(resolve, 500))]).finally(() =>
-            process.exit(code),
-          );
+          void Promise.race([
+            replaying.catch(() => undefined),
+            new Promise((resolve) => setTimeout(resolve, 500)),
+          ]).finally(() => process.exit(code));
           return;
         }
         firstAt = performance.now();
@@ -291,21 +300,34 @@ async function main(argv: string[]): Promise<number> {
       // reset, views and seals would interleave with the first's.
       let restored: Awaited<ReturnType<typeof restoreCounters>>;
       try {
-        restored = await restoreCounters(counterRestoreParts(platform), progress, {
+        const replayProgress = (message: string): void => {
+          if (halted) throw halted;
+          progress(message);
+        };
+        const run = restoreCounters(counterRestoreParts(platform), replayProgress, {
           force: values.force ?? false,
           signal: stop.signal,
-          onLease: (release) => (releaseLease = release),
           onLeaseLost: () =>
             process.stderr.write(
               'warning: this replay could not keep its claim on the deployment (the key-value store was out of reach for a minute, or the claim was taken): another replay could start beside it\n',
             ),
         });
+        replaying = run;
+        restored = await run;
       } catch (err) {
-        // Stopped as asked, before the reset: said as such, with the status the signal gives.
-        if (stoppedBy === undefined || err !== stop.signal.reason) throw err;
+        // Stopped as asked, before the reset (said as such), or ended by a second signal: the
+        // status the signal gives.
+        if (stoppedBy !== undefined && err === stop.signal.reason) {
+          endProgress();
+          process.stderr.write(`${(err as Error).message}\n`);
+          return exitFor(stoppedBy);
+        }
+        if (halted === undefined || err !== halted) throw err;
         endProgress();
-        process.stderr.write(`${(err as Error).message}\n`);
-        return exitFor(stoppedBy);
+        process.stderr.write(
+          `${halted.message}: likes and favourites are refused until a replay completes\n`,
+        );
+        return exitFor(haltedBy!);
       }
       // The listeners stay: a copy of the first signal arriving after the replay settled is taken
       // for it, not left to end the process by default before it says what was done.

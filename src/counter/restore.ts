@@ -45,14 +45,7 @@ export type RestoreOutcome =
 export async function restoreCounters(
   parts: RestoreParts,
   progress: Progress,
-  options: {
-    force?: boolean;
-    signal?: AbortSignal;
-    onLeaseLost?: () => void;
-    /** Given the lease's release once it is held: a process about to exit mid-replay lets it go. */
-    onLease?: (release: () => Promise<void>) => void;
-    onlyIfUnsealed?: boolean;
-  } = {},
+  options: { force?: boolean; signal?: AbortSignal; onLeaseLost?: () => void; onlyIfUnsealed?: boolean } = {},
 ): Promise<RestoreOutcome> {
   const lost = new AbortController();
   // A replay killed outright holds the lease `REPLAY_LEASE_MS` more.
@@ -61,7 +54,6 @@ export async function restoreCounters(
     lost.abort(new Error('the replay lost its claim on the deployment; nothing was changed'));
   });
   if (!lease) return { outcome: 'busy' };
-  options.onLease?.(() => lease.release());
   try {
     // Another process may have restored the store between the look that led here and the lease.
     if (options.onlyIfUnsealed && (await parts.store.unsealedGroups()) === 0) return { outcome: 'sealed' };

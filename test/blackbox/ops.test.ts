@@ -51,13 +51,12 @@ interface SignalledRun {
 }
 
 /**
- * Runs `counters replay --yes` and, once a line of its progress matches `at`, sends each signal
- * that many milliseconds later.
+ * Runs `counters replay --yes` and sends each signal that many milliseconds after the first line of
+ * its stderr that matches the signal's anchor.
  */
 function replayWithSignals(
   env: Record<string, string>,
-  at: RegExp,
-  signals: readonly (readonly [NodeJS.Signals, number])[],
+  signals: readonly (readonly [NodeJS.Signals, number, RegExp])[],
 ): Promise<SignalledRun> {
   return new Promise((resolve, reject) => {
     const child = spawn(process.execPath, [join(ROOT, 'dist/cli.js'), 'counters', 'replay', '--yes'], {
@@ -66,18 +65,20 @@ function replayWithSignals(
     let stdout = '';
     let stderr = '';
     let lastSentAt = Number.NaN;
-    let scheduled = false;
+    const waiting = new Set(signals);
     const killer = setTimeout(() => child.kill('SIGKILL'), 60_000);
     child.stdout.on('data', (chunk) => (stdout += String(chunk)));
     child.stderr.on('data', (chunk) => {
       stderr += String(chunk);
-      if (scheduled || !at.test(stderr)) return;
-      scheduled = true;
-      for (const [signal, afterMs] of signals)
+      for (const entry of waiting) {
+        const [signal, afterMs, anchor] = entry;
+        if (!anchor.test(stderr)) continue;
+        waiting.delete(entry);
         setTimeout(() => {
           lastSentAt = performance.now();
           child.kill(signal);
         }, afterMs);
+      }
     });
     child.on('error', reject);
     child.on('exit', (code) => {
@@ -325,39 +326,51 @@ describe('the admin command line', () => {
     }
   });
 
-  it('stops a replay at a signal before it empties the store; past that, goes on, taking a signal repeated at once for the same one, and ends at once at a later one', async () => {
+  it('stops a replay at a signal before it empties the store; past that, goes on, taking a signal repeated at once for the same one, and ends at a later one, letting its claim go', async () => {
     const dataDir = mkdtempSync(join(tmpdir(), 'zg-cli-'));
     try {
       const env = { PATH: process.env.PATH ?? '', ZG_DATA_DIR: dataDir, LOG_LEVEL: 'warn' };
       await deploy(dataDir);
-      // Enough that reading the log, and refilling the store after its reset, take a while.
-      fillLog(dataDir, 100_000, 600_000);
+      // Enough that reading the log (about a second here), and refilling the store after its
+      // reset (views mostly, about two), take a while.
+      fillLog(dataDir, 200_000, 400_000);
       const verify = async () => (await runCli(env, ['counters', 'verify'])).json;
+      const reading = /^read \d+ events$/m;
+      const refilling = /^replayed \d+ of/m;
+      const stopping = /^stopping: /m;
 
       // While it reads the log: stopped, the store as it was (whole), the status the signal gives.
-      const early = await replayWithSignals(env, /^read \d+ events$/m, [['SIGINT', 0]]);
+      const early = await replayWithSignals(env, [['SIGINT', 0, reading]]);
       expect([early.code, early.stdout]).toEqual([130, '']);
       expect(early.stderr).toContain('replay stopped by a signal; nothing was changed');
       expect(early.stderr).not.toContain('    at ');
       expect(await verify()).toMatchObject({ unsealedGroups: 0 });
 
-      // Past the reset: the copy 20 ms later is the same signal, the one 1.1 s later ends it at once.
-      const cut = await replayWithSignals(env, /^replayed \d+ of/m, [
-        ['SIGINT', 0],
-        ['SIGINT', 20],
-        ['SIGTERM', 1_100],
+      // Past the reset: the copy 20 ms later is the same signal; one 1.3 s after the first was
+      // taken ends it within a second.
+      const cut = await replayWithSignals(env, [
+        ['SIGINT', 0, refilling],
+        ['SIGINT', 20, refilling],
+        ['SIGTERM', 1_300, stopping],
       ]);
-      expect([cut.code, cut.stdout, cut.stderr.slice(-300)]).toEqual([143, '', expect.any(String)]);
+      expect([cut.code, cut.stdout, cut.stderr.slice(-400)]).toEqual([
+        143,
+        '',
+        expect.stringContaining(
+          'replay ended by a second signal: likes and favourites are refused until a replay completes',
+        ),
+      ]);
       expect(cut.exitedAfterMs).toBeLessThan(1_000);
       expect(await verify()).toMatchObject({ unsealedGroups: 1 });
 
-      // Past the reset, a signal (twice at once) lets it finish: the store is whole again.
-      const whole = await replayWithSignals(env, /^replayed \d+ of/m, [
-        ['SIGINT', 0],
-        ['SIGINT', 20],
+      // Taken at once (the claim was let go, not left to lapse), and past the reset a signal (twice
+      // at once) lets it finish: the store is whole again.
+      const whole = await replayWithSignals(env, [
+        ['SIGINT', 0, refilling],
+        ['SIGINT', 20, refilling],
       ]);
       expect([whole.code, whole.stderr.slice(-300)]).toEqual([0, expect.any(String)]);
-      expect(JSON.parse(whole.stdout)).toMatchObject({ events: 100_000, entities: 1_000, views: 600_000 });
+      expect(JSON.parse(whole.stdout)).toMatchObject({ events: 200_000, entities: 1_000, views: 400_000 });
       expect(await verify()).toMatchObject({ checked: 1_000, drifted: [], unsealedGroups: 0 });
     } finally {
       rmSync(dataDir, { recursive: true, force: true });

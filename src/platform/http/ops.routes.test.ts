@@ -93,6 +93,33 @@ describe('readiness', () => {
     expect(lines.filter((l) => l.msg === 'request failed')).toEqual([]);
   });
 
+  it('warns of a process never ready once its start has taken longer than the grace', async () => {
+    const lines: { level: number; msg: string; status?: string }[] = [];
+    const logger = pino(
+      { level: 'info' },
+      { write: (line: string) => void lines.push(JSON.parse(line) as (typeof lines)[number]) },
+    );
+    const app = await plainHttpServer(logger);
+    await app.register(
+      opsRoutes(new Metrics(), { kafka: async () => false }, () => false, undefined, new Set(), 0, 200),
+    );
+    await app.ready();
+    try {
+      for (let i = 0; i < 3; i++)
+        expect((await app.inject({ method: 'GET', url: '/readyz' })).statusCode).toBe(503);
+      await sleep(250);
+      for (let i = 0; i < 3; i++)
+        expect((await app.inject({ method: 'GET', url: '/readyz' })).statusCode).toBe(503);
+    } finally {
+      await app.close();
+    }
+    const readiness = lines.filter((l) => l.msg.startsWith('readiness'));
+    expect(readiness.map((l) => [l.level, l.status])).toEqual([
+      [30, 'unavailable'],
+      [40, 'unavailable'],
+    ]);
+  });
+
   it('checks the dependencies once for the polls of a short while, however many', async () => {
     let checked = 0;
     const app = await plainHttpServer(pino({ level: 'silent' }));

@@ -9,6 +9,8 @@ export type ReadinessCheck = () => Promise<boolean>;
 
 /** How long one round of readiness checks answers `/readyz`. */
 const READINESS_KEPT_MS = 1_000;
+/** A process not ready this long after it started is warned about, as one that was ready and is no more. */
+const READINESS_START_GRACE_MS = 60_000;
 /**
  * How long an advisory check may take before it counts as down: a dependency the process rides
  * out that hangs (a stopped host) must not make `/readyz` itself slower than a probe waits
@@ -37,11 +39,17 @@ export function opsRoutes(
   advisory: ReadonlySet<string> = new Set(),
   /** How long one round of checks answers `/readyz` (0: each request checks again). */
   readinessKeptMs = READINESS_KEPT_MS,
+  /** How long a process may take to be ready at start before not being so is a warning. */
+  startGraceMs = READINESS_START_GRACE_MS,
 ) {
+  const createdAt = performance.now();
   const digest = (text: string) => createHash('sha256').update(text).digest();
   const expected = metricsToken === undefined ? undefined : digest(metricsToken);
   let lastReadiness: string | undefined;
-  /** Whether it was ready once: not ready before that is a process starting, not an outage. */
+  /**
+   * Whether it was ready once: not ready before that is a process starting (its consumers joining),
+   * not an outage, unless it lasts past `startGraceMs`.
+   */
   let beenReady = false;
   // A round of checks answers for a second: a client polling hard (the route is public) asks the
   // database, Redis and Kafka no more often than that. A check is ok only when it answers within
@@ -116,11 +124,13 @@ export function opsRoutes(
       const ready = !draining && down.every((name) => advisory.has(name));
       const status = !ready ? (draining ? 'draining' : 'unavailable') : down.length > 0 ? 'degraded' : 'ok';
       const states = Object.fromEntries(entries);
-      // Polled every few seconds: told once per change, not once per answer.
-      const summary = `${status} ${JSON.stringify(states)}`;
+      // Polled every few seconds: told once per change, not once per answer (the end of the start's
+      // grace counts as one while it is not ready).
+      const starting = !beenReady && performance.now() - createdAt < startGraceMs;
+      const summary = `${status} ${JSON.stringify(states)}${starting ? ' starting' : ''}`;
       if (summary !== lastReadiness) {
         lastReadiness = summary;
-        const level = beenReady && (status === 'unavailable' || status === 'degraded') ? 'warn' : 'info';
+        const level = !starting && (status === 'unavailable' || status === 'degraded') ? 'warn' : 'info';
         request.log[level]({ status, checks: states }, 'readiness changed');
       }
       if (ready) beenReady = true;
