@@ -254,7 +254,7 @@ async function main(argv: string[]): Promise<number> {
       // idempotent, and toggles and `view-agg`'s views are refused until the store is whole, views
       // included, after which `view-agg` skips the records the replay added back.
       // A first Ctrl-C (or SIGTERM) before the store is emptied stops it, changing nothing (toggles
-      // are taken again); a second one ends the process at once.
+      // are taken again); a second one ends it at its next step, within half a second.
       const stop = new AbortController();
       let firstAt: number | undefined;
       /** The status a process ended by `signal` has by default. */
@@ -264,7 +264,6 @@ async function main(argv: string[]): Promise<number> {
       let halted: Error | undefined;
       let haltedAt = 0;
       let haltedBy: NodeJS.Signals | undefined;
-      let replaying: Promise<unknown> = Promise.resolve();
       const onSignal = (signal: NodeJS.Signals) => {
         // A third signal ends the process at once, unless it is the second one again.
         if (halted) {
@@ -272,26 +271,30 @@ async function main(argv: string[]): Promise<number> {
           return;
         }
         if (firstAt !== undefined) {
-          // Whichever comes next, SIGINT or SIGTERM, ends the process at once (as by default),
-          // unless it is the first one again (see `sameSignal`): the replay stops at its next step,
-          // and lets the deployment's claim go (so the replay run next need not wait 20 s for it
-          // to lapse) once every write it issued went out before that; half a second at most.
+          // Whichever comes next, SIGINT or SIGTERM, ends the replay at its next step, unless it is
+          // the first one again (see `sameSignal`): it lets the deployment's claim go (so the replay
+          // run next need not wait 20 s for it to lapse) once every write it issued went out, and
+          // the flow below says so and exits with the signal's status (or, done meanwhile, with
+          // its summary). A step that takes longer than half a second is not waited for.
           if (sameSignal(firstAt)) return;
           halted = new Error('replay ended by a second signal');
           haltedAt = performance.now();
           haltedBy = signal;
           const code = exitFor(signal);
-          void Promise.race([
-            replaying.catch(() => undefined),
-            new Promise((resolve) => setTimeout(resolve, 500)),
-          ]).finally(() => process.exit(code));
+          setTimeout(() => {
+            endProgress();
+            process.stderr.write(
+              'replay ended by a second signal in the middle of a step: its claim on the deployment lapses within 20 s; likes and favourites are refused until a replay completes\n',
+            );
+            process.exit(code);
+          }, 500);
           return;
         }
         firstAt = performance.now();
         stoppedBy = signal;
         // Past the reset the replay goes on: said, so that the signal does not look ignored.
         process.stderr.write(
-          'stopping: a replay that has not emptied the store yet stops, changing nothing; one that has goes on until the store is whole (a second signal ends it at once, leaving likes and favourites refused until a replay completes)\n',
+          'stopping: a replay that has not emptied the store yet stops, changing nothing; one that has goes on until the store is whole (a second signal ends it at its next step, leaving likes and favourites refused until a replay completes)\n',
         );
         stop.abort(new Error('replay stopped by a signal; nothing was changed'));
       };
@@ -304,7 +307,7 @@ async function main(argv: string[]): Promise<number> {
           if (halted) throw halted;
           progress(message);
         };
-        const run = restoreCounters(counterRestoreParts(platform), replayProgress, {
+        restored = await restoreCounters(counterRestoreParts(platform), replayProgress, {
           force: values.force ?? false,
           signal: stop.signal,
           onLeaseLost: () =>
@@ -312,8 +315,6 @@ async function main(argv: string[]): Promise<number> {
               'warning: this replay could not keep its claim on the deployment (the key-value store was out of reach for a minute, or the claim was taken): another replay could start beside it\n',
             ),
         });
-        replaying = run;
-        restored = await run;
       } catch (err) {
         // Stopped as asked, before the reset (said as such), or ended by a second signal: the
         // status the signal gives.

@@ -306,6 +306,12 @@ export async function replayAll(
   progress: Progress,
   { now = Date.now, force = false, signal, refill, holds }: ReplayOptions = {},
 ): Promise<ReplayReport> {
+  // Before the reset a stop is the signal's, whichever step notices it first (a progress report
+  // may, when the caller's throws): it is said as the signal says it.
+  const beforeReset: Progress = (message) => {
+    signal?.throwIfAborted();
+    progress(message);
+  };
   if (!(await events.holdsEveryRecord(COUNTER_TOPIC))) {
     throw new Error(
       `${COUNTER_TOPIC} no longer holds its earliest records (removed by retention or by hand): a replay ` +
@@ -319,7 +325,7 @@ export async function replayAll(
     sample.map(async (ref) => ({ ref, seq: (await store.inspect(ref)).seq })),
   );
   // Records strictly older than the time given: + 1 takes those of this very millisecond too.
-  const published = await publishWaiting(store, events, now() + 1, progress);
+  const published = await publishWaiting(store, events, now() + 1, beforeReset);
   const until = await events.endOffsets(COUNTER_TOPIC);
   // On disk, not in the heap: a log of millions of likes would not fit a default heap (see ReplayFold).
   const folded = ReplayFold.open();
@@ -335,7 +341,7 @@ export async function replayAll(
       }
       folded.add(parsed);
       report.events += parsed.length;
-      progress(`read ${report.events} events`);
+      beforeReset(`read ${report.events} events`);
     };
     const logged = (ref: EntityRef): number => folded.loggedSeq(ref);
     await events.readRange(COUNTER_TOPIC, until, fold, REPLAY_CHUNK);
@@ -356,10 +362,10 @@ export async function replayAll(
     let emptied = false;
     try {
       // Every record left, however recent its clock made it: no toggle can add one now.
-      report.published += await publishWaiting(store, events, Number.MAX_SAFE_INTEGER, progress);
+      report.published += await publishWaiting(store, events, Number.MAX_SAFE_INTEGER, beforeReset);
       const end = await events.endOffsets(COUNTER_TOPIC);
       await events.readRange(COUNTER_TOPIC, end, fold, REPLAY_CHUNK, until);
-      const ahead = await changesNotLogged(store, logged, progress, signal);
+      const ahead = await changesNotLogged(store, logged, beforeReset, signal);
       if (ahead.entities > 0 && !force) throw notThisLog(ahead);
       signal?.throwIfAborted();
       if (holds && !(await holds())) throw claimLost();

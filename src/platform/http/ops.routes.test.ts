@@ -59,6 +59,7 @@ describe('readiness', () => {
       expect(await poll()).toBe(503);
       kafkaUp = true;
       expect(await poll()).toBe(200);
+      expect(await poll()).toBe(200);
       kafkaUp = false;
       for (let i = 0; i < 5; i++) expect(await poll()).toBe(503);
       const down = await app.inject({ method: 'GET', url: '/readyz' });

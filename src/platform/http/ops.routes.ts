@@ -126,11 +126,12 @@ export function opsRoutes(
       const states = Object.fromEntries(entries);
       // Polled every few seconds: told once per change, not once per answer (the end of the start's
       // grace counts as one while it is not ready).
-      const starting = !beenReady && performance.now() - createdAt < startGraceMs;
+      const warnable = beenReady || performance.now() - createdAt >= startGraceMs;
+      const starting = !ready && !warnable;
       const summary = `${status} ${JSON.stringify(states)}${starting ? ' starting' : ''}`;
       if (summary !== lastReadiness) {
         lastReadiness = summary;
-        const level = !starting && (status === 'unavailable' || status === 'degraded') ? 'warn' : 'info';
+        const level = warnable && (status === 'unavailable' || status === 'degraded') ? 'warn' : 'info';
         request.log[level]({ status, checks: states }, 'readiness changed');
       }
       if (ready) beenReady = true;
