@@ -51,3 +51,20 @@ export function plainHttpServer(
     ...options,
   });
 }
+
+/** Counts the turns of the event loop from now until `stop()`: whether work in between gave any. */
+export function turnCounter(): { readonly turns: number; stop(): void } {
+  let turns = 0;
+  let counting = true;
+  const turn = (): void => {
+    turns++;
+    if (counting) setImmediate(turn);
+  };
+  setImmediate(turn);
+  return {
+    get turns() {
+      return turns;
+    },
+    stop: () => void (counting = false),
+  };
+}

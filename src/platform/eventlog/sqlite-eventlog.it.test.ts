@@ -5,6 +5,7 @@ import { join } from 'node:path';
 import { migrate, openSqlite, type Db } from '../db/database.js';
 import type { DeliveredRecord, EventLog } from './eventlog.js';
 import { SqliteEventLog, type SqliteEventLogOptions } from './sqlite-eventlog.js';
+import { turnCounter } from '../../../test/rig/fakes.js';
 
 const RETENTION_MS = 1_000;
 
@@ -228,39 +229,27 @@ describe(`${SqliteEventLog.name} retention`, () => {
     await publish(sut, 'views', 'a', 'b', 'c', 'd', 'e', 'f', 'g', 'h');
     await consume(sut, 'g', 'views', 8);
     clock += RETENTION_MS + 1;
-    let turns = 0;
-    let pruning = true;
-    const turn = (): void => {
-      turns++;
-      if (pruning) setImmediate(turn);
-    };
-    setImmediate(turn);
+    const loop = turnCounter();
     expect(await sut.prune()).toBe(7);
-    pruning = false;
-    expect(turns).toBeGreaterThanOrEqual(3);
+    loop.stop();
+    expect(loop.turns).toBeGreaterThanOrEqual(3);
   });
 
   it('gives the event loop a turn between the full batches of a backlog, so a server answers meanwhile', async () => {
     const { db } = await newDb();
     const sut = newLog(db);
     await publish(sut, 'views', 'a', 'b', 'c', 'd', 'e', 'f', 'g', 'h');
-    let turns = 0;
-    let counting = true;
-    const turn = (): void => {
-      turns++;
-      if (counting) setImmediate(turn);
-    };
-    setImmediate(turn);
+    const loop = turnCounter();
     const seen: number[] = [];
     const sub = await sut.subscribe({
       group: 'g',
       topics: ['views'],
       maxBatch: 2,
-      handler: async () => void seen.push(turns),
+      handler: async () => void seen.push(loop.turns),
     });
     const deadline = Date.now() + 5_000;
     while (seen.length < 4 && Date.now() < deadline) await delay(5);
-    counting = false;
+    loop.stop();
     await sub.close();
     expect(seen).toHaveLength(4);
     for (let i = 1; i < seen.length; i++) expect(seen[i]).toBeGreaterThan(seen[i - 1]!);
@@ -270,13 +259,7 @@ describe(`${SqliteEventLog.name} retention`, () => {
     const { db } = await newDb();
     const sut = newLog(db);
     await publish(sut, 'counter-events', 'a', 'b', 'c', 'd', 'e', 'f', 'g', 'h');
-    let turns = 0;
-    let reading = true;
-    const turn = (): void => {
-      turns++;
-      if (reading) setImmediate(turn);
-    };
-    setImmediate(turn);
+    const loop = turnCounter();
     const read: string[] = [];
     await sut.readRange(
       'counter-events',
@@ -286,9 +269,9 @@ describe(`${SqliteEventLog.name} retention`, () => {
       },
       2,
     );
-    reading = false;
+    loop.stop();
     expect(read).toEqual(['a', 'b', 'c', 'd', 'e', 'f', 'g', 'h']);
-    expect(turns).toBeGreaterThanOrEqual(3);
+    expect(loop.turns).toBeGreaterThanOrEqual(3);
   });
 
   it('prunes by itself every pruneIntervalMs once ensureTopics was called, until closed', async () => {

@@ -2,6 +2,7 @@ import { describe, expect, it } from 'vitest';
 import type { EventLog } from '../eventlog/eventlog.js';
 import type { OutboxRow, OutboxStore } from './outbox.js';
 import { OutboxRelay } from './relay.js';
+import { turnCounter } from '../../../test/rig/fakes.js';
 
 const row = (id: number, topic: string, createdAt: number): OutboxRow => ({
   id,
@@ -43,19 +44,13 @@ describe(OutboxRelay.name, () => {
   });
 
   it('gives the event loop a turn between full rounds of a backlog', async () => {
-    let turns = 0;
-    let counting = true;
-    const turn = (): void => {
-      turns++;
-      if (counting) setImmediate(turn);
-    };
-    setImmediate(turn);
+    const loop = turnCounter();
     // Four full claims answered synchronously (as the embedded store does), then none.
     const seen: number[] = [];
     const store: OutboxStore = {
       claim: async (_limit: number, work: (rows: OutboxRow[]) => Promise<number[]>) => {
         if (seen.length >= 4) return { handed: 0, full: false };
-        seen.push(turns);
+        seen.push(loop.turns);
         await work([row(seen.length, 'a', 0)]);
         return { handed: 1, full: true };
       },
@@ -65,7 +60,7 @@ describe(OutboxRelay.name, () => {
     relay.start();
     const deadline = Date.now() + 5_000;
     while (seen.length < 4 && Date.now() < deadline) await new Promise((resolve) => setTimeout(resolve, 5));
-    counting = false;
+    loop.stop();
     await relay.stop();
     expect(seen).toHaveLength(4);
     for (let i = 1; i < seen.length; i++) expect(seen[i]).toBeGreaterThan(seen[i - 1]!);
