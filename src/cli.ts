@@ -264,6 +264,7 @@ async function main(argv: string[]): Promise<number> {
       let halted: Error | undefined;
       let haltedAt = 0;
       let haltedBy: NodeJS.Signals | undefined;
+      let haltTimer: NodeJS.Timeout | undefined;
       const onSignal = (signal: NodeJS.Signals) => {
         // A third signal ends the process at once, unless it is the second one again.
         if (halted) {
@@ -281,7 +282,7 @@ async function main(argv: string[]): Promise<number> {
           haltedAt = performance.now();
           haltedBy = signal;
           const code = exitFor(signal);
-          setTimeout(() => {
+          haltTimer = setTimeout(() => {
             endProgress();
             process.stderr.write(
               'replay ended by a second signal in the middle of a step: its claim on the deployment lapses within 20 s; likes and favourites are refused until a replay completes\n',
@@ -329,6 +330,9 @@ async function main(argv: string[]): Promise<number> {
           `${halted.message}: likes and favourites are refused until a replay completes\n`,
         );
         return exitFor(haltedBy!);
+      } finally {
+        // Settled: what follows says how, closing the stores however long that takes.
+        clearTimeout(haltTimer);
       }
       // The listeners stay: a copy of the first signal arriving after the replay settled is taken
       // for it, not left to end the process by default before it says what was done.
