@@ -2,7 +2,15 @@ import { Registry } from 'prom-client';
 import { describe, expect, it, vi } from 'vitest';
 import type { Batch, EndOffsets, EventLog } from '../platform/eventlog/eventlog.js';
 import { CounterMetrics } from './counter.metrics.js';
-import { LISTED, REPAIR_RETRY_MAX_MS, repairUnpublished, replayAll, verifyAll } from './maintenance.js';
+import {
+  flushPending,
+  LISTED,
+  REPAIR_RETRY_MAX_MS,
+  repairUnpublished,
+  replayAll,
+  verifyAll,
+} from './maintenance.js';
+import { turnCounter } from '../../test/rig/fakes.js';
 import { ReplayFold } from './replay-fold.js';
 import { COUNTER_TOPIC, entityKey, eventFor, type CounterEvent, type EntityRef } from './model.js';
 import type { CounterStore, DeferredEvent, StaleEvent } from './store/counter-store.js';
@@ -483,5 +491,22 @@ describe(verifyAll.name, () => {
     expect(report).toMatchObject({ checked: entities, busy: 0, driftedEntities: entities, fixed: 0 });
     expect(report.drifted).toHaveLength(LISTED);
     expect(report.drifted.at(-1)).toEqual(ref(LISTED));
+  });
+});
+
+describe(flushPending.name, () => {
+  it('gives the event loop a turn between rounds, as a store that folds synchronously needs', async () => {
+    const loop = turnCounter();
+    const seen: number[] = [];
+    const store = {
+      clampedFields: 0,
+      flush: async () => {
+        seen.push(loop.turns);
+        return seen.length <= 3 ? 512 : 0;
+      },
+    } as unknown as CounterStore;
+    expect(await flushPending(store, new CounterMetrics(new Registry()))).toBe(3 * 512);
+    loop.stop();
+    for (let i = 1; i < seen.length; i++) expect(seen[i]).toBeGreaterThan(seen[i - 1]!);
   });
 });

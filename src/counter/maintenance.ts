@@ -51,6 +51,8 @@ export async function flushPending(
       const folded = await store.flush(limit);
       total += folded;
       if (folded === 0) break;
+      // The embedded store folds synchronously: a long backlog would hold requests off otherwise.
+      await nextTurn();
     }
   } finally {
     metrics.clampedFields.inc(store.clampedFields - clampedBefore);
