@@ -1,6 +1,7 @@
 import { UnauthorizedError } from '../platform/errors/errors.js';
 import type { SessionStore } from './sessions.js';
 import type { TokenClaims, TokenSigner } from './tokens.js';
+import { trimOldest } from '../platform/cache/trim.js';
 
 export interface Principal {
   userId: number;
@@ -95,9 +96,6 @@ export class Authenticator {
   private remember<V>(map: Map<string, V>, key: string, value: V): void {
     map.delete(key);
     map.set(key, value);
-    if (map.size > this.maxEntries) {
-      const oldest = map.keys().next().value;
-      if (oldest !== undefined) map.delete(oldest);
-    }
+    trimOldest(map, this.maxEntries);
   }
 }

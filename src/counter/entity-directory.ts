@@ -1,4 +1,5 @@
 import { entityKey, type EntityRef } from './model.js';
+import { trimOldest } from '../platform/cache/trim.js';
 
 /**
  * Whether an entity exists and who may see it. Likes, favourites and counts are served only for
@@ -261,10 +262,6 @@ export class CachedEntityDirectory implements EntityDirectory {
         ? [this.missing, Math.max(1, Math.floor(this.maxEntries / 10))]
         : [this.cache, this.maxEntries];
     map.set(key, { value, at });
-    while (map.size > max) {
-      const oldest = map.keys().next().value;
-      if (oldest === undefined) break;
-      map.delete(oldest);
-    }
+    trimOldest(map, max);
   }
 }

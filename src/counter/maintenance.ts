@@ -14,6 +14,7 @@ import {
 } from './model.js';
 import { ReplayFold } from './replay-fold.js';
 import type { CounterStore, Inspection, StaleEvent } from './store/counter-store.js';
+import { trimOldest } from '../platform/cache/trim.js';
 
 export type Progress = (message: string) => void;
 
@@ -169,11 +170,7 @@ export class CounterReconciler {
       this.recent.delete(key);
       this.recent.set(key, { etype: e.entityType, eid: e.entityId });
     }
-    while (this.recent.size > this.options.recentCapacity) {
-      const oldest = this.recent.keys().next().value;
-      if (oldest === undefined) break;
-      this.recent.delete(oldest);
-    }
+    trimOldest(this.recent, this.options.recentCapacity);
   }
 
   async runOnce(): Promise<{ checked: number; drifted: number }> {

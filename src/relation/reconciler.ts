@@ -7,6 +7,7 @@ import type { ListEntry, ListKind } from './model.js';
 import type { RelationMetrics } from './relation.metrics.js';
 import type { Pair, RelationRepository } from './relation.repository.js';
 import { FIRST_PAGE_SCOPE } from './relation.service.js';
+import { trimOldest } from '../platform/cache/trim.js';
 
 /** What one check of one user found; empty lists mean "in order". */
 export interface RelationDrift {
@@ -82,11 +83,7 @@ export class RelationReconciler {
       this.recent.delete(id);
       this.recent.add(id);
     }
-    while (this.recent.size > 10_000) {
-      const oldest = this.recent.values().next();
-      if (oldest.done) break;
-      this.recent.delete(oldest.value);
-    }
+    trimOldest(this.recent, 10_000);
   }
 
   async check(userId: number): Promise<RelationDrift> {

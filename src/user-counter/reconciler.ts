@@ -4,6 +4,7 @@ import type { UserCountSource } from './source.js';
 import type { UserCounterStore } from './store/user-counter-store.js';
 import type { UserCounterMetrics } from './user-counter.metrics.js';
 import type { UserCounterService } from './user-counter.service.js';
+import { trimOldest } from '../platform/cache/trim.js';
 
 export type Progress = (message: string) => void;
 
@@ -122,11 +123,7 @@ export class UserCounterReconciler {
       this.recent.delete(id);
       this.recent.set(id, ++this.touches);
     }
-    while (this.recent.size > this.options.recentCapacity) {
-      const oldest = this.recent.keys().next().value;
-      if (oldest === undefined) break;
-      this.recent.delete(oldest);
-    }
+    trimOldest(this.recent, this.options.recentCapacity);
   }
 
   /**

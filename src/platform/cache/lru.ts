@@ -1,3 +1,5 @@
+import { trimOldest } from './trim.js';
+
 export interface LruOptions<V = unknown> {
   /** Most entries kept; the least recently used one goes first. 0 disables the cache. */
   maxEntries: number;
@@ -70,10 +72,14 @@ export class LruCache<V> {
     if (weight > maxWeight) return;
     this.entries.set(key, { value, expiresAt: this.now() + ttlMs, stamp: ++this.clock, weight });
     this.weight += weight;
-    while (this.entries.size > maxEntries || this.weight > maxWeight) {
-      const oldest = this.entries.keys().next();
-      if (oldest.done) break;
-      this.delete(oldest.value);
+    // Evicted in walks from the front, not a new iterator per entry (see `trimOldest`).
+    trimOldest(this.entries, maxEntries, (key) => this.delete(key));
+    if (this.weight > maxWeight) {
+      const keep = maxWeight < 1_024 ? maxWeight : maxWeight - maxWeight / 64;
+      for (const key of this.entries.keys()) {
+        if (this.weight <= keep) break;
+        this.delete(key);
+      }
     }
   }
 

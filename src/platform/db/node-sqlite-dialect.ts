@@ -11,6 +11,7 @@ import {
   type SqliteDialectConfig,
   type SqliteStatement,
 } from 'kysely';
+import { trimOldest } from '../cache/trim.js';
 
 /** Prepared statements kept per connection; the least recently used one goes first. */
 export const STATEMENT_CACHE_SIZE = 200;
@@ -105,11 +106,7 @@ export function nodeSqliteDatabase(
     const prepared = { stmt, reader: stmt.columns().length > 0 };
     if (cacheSize > 0) {
       cache.set(sql, prepared);
-      while (cache.size > cacheSize) {
-        const oldest = cache.keys().next().value;
-        if (oldest === undefined) break;
-        cache.delete(oldest);
-      }
+      trimOldest(cache, cacheSize);
     }
     return prepared;
   };
