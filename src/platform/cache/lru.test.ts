@@ -66,6 +66,16 @@ describe(LruCache.name, () => {
     expect(sut.get('a')).toBe('new');
   });
 
+  it('keeps a value that fits a large weight bound, evicting what came before it to make room', () => {
+    const sut = new LruCache<number>({ maxEntries: 100, ttlMs: 1_000, maxWeight: 10_000, weigh: (v) => v });
+    sut.set('small', 200);
+    sut.set('big', 9_900);
+    expect([sut.get('small'), sut.get('big'), sut.size]).toEqual([undefined, 9_900, 1]);
+    // Past the bound: the oldest go (a 64th below it), not the one just set.
+    sut.set('a', 150);
+    expect([sut.get('big'), sut.get('a'), sut.size]).toEqual([undefined, 150, 1]);
+  });
+
   it('keeps the total weight within its bound, evicting the least recently used first', () => {
     const sut = new LruCache<number[]>({
       maxEntries: 100,

@@ -76,9 +76,10 @@ export class LruCache<V> {
     trimOldest(this.entries, maxEntries, (key) => this.delete(key));
     if (this.weight > maxWeight) {
       const keep = maxWeight < 1_024 ? maxWeight : maxWeight - maxWeight / 64;
-      for (const key of this.entries.keys()) {
-        if (this.weight <= keep) break;
-        this.delete(key);
+      // Never past the entry just set: alone it fits the bound (checked above), if not `keep`.
+      for (const oldest of this.entries.keys()) {
+        if (this.weight <= keep || oldest === key) break;
+        this.delete(oldest);
       }
     }
   }

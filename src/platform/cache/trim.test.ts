@@ -7,6 +7,8 @@ describe(trimOldest.name, () => {
     trimOldest(map, 10);
     expect([...map.keys()]).toEqual([2, 3, 4, 5, 6, 7, 8, 9, 10, 11]);
     const set = new Set([1, 2, 3]);
+    trimOldest(set, Number.NaN);
+    expect(set.size).toBe(3);
     trimOldest(set, 0);
     expect(set.size).toBe(0);
   });

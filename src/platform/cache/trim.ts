@@ -18,7 +18,8 @@ export function trimOldest<K>(
   limit: number,
   remove: (key: K) => void = (key) => void ordered.delete(key),
 ): void {
-  if (ordered.size <= limit) return;
+  // Also for a limit that is not a number: nothing is evicted, as the loops this replaced did.
+  if (!(ordered.size > limit)) return;
   const keep = limit < 1_024 ? Math.max(0, limit) : limit - Math.floor(limit / 64);
   for (const key of ordered.keys()) {
     if (ordered.size <= keep) break;
