@@ -71,8 +71,41 @@ describe('CounterRestorer', () => {
     const { state, kv, restorer } = setup();
     kv.values.set(REPLAY_LEASE, 'someone else');
     expect(await restorer.runOnce()).toBe('busy');
+    expect(await restorer.runOnce()).toBe('busy');
     expect(state.logReads).toBe(0);
-    expect(state.told).toEqual([]);
+    // Said once, naming the claim that may only be lapsing.
+    expect(state.told).toEqual([
+      expect.stringMatching(/^warn .*another replay holds the deployment's claim/),
+    ]);
+  });
+
+  it('says so when its worker stops a restore it had begun', async () => {
+    const { state, restorer } = setup();
+    const stop = new AbortController();
+    const parts = (restorer as unknown as { parts: RestoreParts }).parts;
+    state.logHolds = true;
+    // Enough of a store and a log for the replay to begin reading, then the worker stops.
+    Object.assign(parts.store, {
+      sampleEntities: async () => [],
+      staleUnpublished: async () => [],
+      unseal: async () => [],
+      seal: async () => undefined,
+    });
+    Object.assign(parts.events, {
+      endOffsets: async () => new Map([[0, 1n]]),
+      readRange: async (_topic: string, _until: unknown, handler: (batch: unknown) => Promise<void>) => {
+        await handler({ topic: 'counter-events', records: [] });
+        stop.abort();
+        await handler({ topic: 'counter-events', records: [] });
+      },
+    });
+    expect(await restorer.runOnce(stop.signal)).toBe('stopped');
+    expect(state.told).toEqual([
+      expect.stringMatching(
+        /^warn the counter store refuses likes and favourites until its facts are whole again: replaying/,
+      ),
+      expect.stringMatching(/^warn the counter store restore stopped with this process/),
+    ]);
   });
 
   it('reads the seals again once it holds the lease, and leaves a store restored meanwhile alone', async () => {

@@ -100,6 +100,7 @@ export class CounterRestorer {
   private failures = 0;
   private nextAttemptAt = Number.NEGATIVE_INFINITY;
   private announced = false;
+  private toldBusy = false;
 
   constructor(
     private readonly parts: RestoreParts,
@@ -160,13 +161,32 @@ export class CounterRestorer {
         { onlyIfUnsealed: true, ...(signal ? { signal } : {}) },
       );
     } catch (err) {
-      if (signal?.aborted) return 'stopped';
+      if (signal?.aborted) {
+        // Begun (said so above) and cut short by the worker's stop: the store stays refused.
+        if (this.announced)
+          this.log.warn(
+            {},
+            'the counter store restore stopped with this process: likes and favourites stay refused until another worker (or the next start) restores the store',
+          );
+        return 'stopped';
+      }
       this.failures++;
       this.nextAttemptAt =
         this.now() + Math.min(MAX_BACKOFF_MS, FIRST_BACKOFF_MS * 2 ** Math.min(this.failures - 1, 20));
       throw err;
     }
-    if (outcome.outcome === 'busy') return 'busy';
+    if (outcome.outcome === 'busy') {
+      // Said once until the store is whole: the replay under way may be one that ended without
+      // letting its claim go, which lapses within 20 s.
+      if (!this.toldBusy) {
+        this.toldBusy = true;
+        this.log.warn(
+          { unsealedGroups: unsealed },
+          "the counter store refuses likes and favourites until its facts are whole again; another replay holds the deployment's claim (one under way, or one that ended without letting it go, whose claim lapses within 20 s): waiting for it",
+        );
+      }
+      return 'busy';
+    }
     this.settled();
     if (outcome.outcome === 'sealed') return 'sealed';
     this.log.warn(
@@ -180,6 +200,7 @@ export class CounterRestorer {
     this.failures = 0;
     this.nextAttemptAt = Number.NEGATIVE_INFINITY;
     this.announced = false;
+    this.toldBusy = false;
   }
 
   private tell(err: unknown): void {
