@@ -1,3 +1,4 @@
+import { setImmediate as nextTurn } from 'node:timers/promises';
 import { recheckUnsettled } from '../platform/workers/recheck.js';
 import type { Batch, EventLog } from '../platform/eventlog/eventlog.js';
 import { randomUUID } from 'node:crypto';
@@ -23,12 +24,6 @@ const REPLAY_CHUNK = 5_000;
 const REPLAY_CONCURRENCY = 4;
 /** Rebuilds issued together (each a single store call, so a chunk goes out as one write). */
 const REBUILD_CHUNK = 250;
-/**
- * A turn of the event loop. The embedded store answers synchronously: a replay that never yields
- * would hold off its lease's renewals (and lose its claim after 20 s), the signals that stop it and,
- * in a server, every request.
- */
-const nextTurn = (): Promise<void> => new Promise((resolve) => setImmediate(resolve));
 
 /** True when the entity is quiet (everything toggled has been applied) and its snapshot disagrees with its facts. */
 export function hasDrift(state: Inspection): boolean {
@@ -430,6 +425,8 @@ async function replayFolded(
     replayed += chunk.facts.length;
     await rebuild(chunk.complete);
     progress(`replayed ${replayed} of ${facts} facts, rebuilt ${rebuilt} entities`);
+    // The embedded store answers synchronously: without turns a replay would hold off its lease's
+    // renewals (losing its claim after 20 s), the signals that stop it and, in a server, requests.
     await nextTurn();
   });
   await rebuild(spanning);

@@ -1,3 +1,4 @@
+import { setImmediate as nextTurn } from 'node:timers/promises';
 import { chmodSync, existsSync, mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { hostname } from 'node:os';
@@ -379,7 +380,7 @@ export function watchRedisConnection(redis: Redis, log: Logger, name: string, pr
       .catch(async (err: unknown) => {
         if (!(err instanceof Error) || !/timed out/i.test(err.message)) return;
         // Bytes the loop has not read yet (it was busy past the timeout) are read first.
-        await new Promise((resolve) => setImmediate(resolve));
+        await nextTurn();
         // Not the connection it was sent on any more, or one still answering (only slowly, or
         // other commands first): neither is a Redis that stopped answering.
         if (redis.status !== 'ready' || redis.stream !== stream || stream.bytesRead !== read) return;

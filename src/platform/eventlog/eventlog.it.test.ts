@@ -9,7 +9,7 @@ import { migrate, openSqlite } from '../db/database.js';
 import { services, uniqueName } from '../../../test/rig/resources.js';
 import { defineEventLogContract } from './eventlog.contract.js';
 import { PublishTimeoutError, type SubscribeOptions, type Subscription } from './eventlog.js';
-import { KafkaEventLog } from './kafka-eventlog.js';
+import { KafkaEventLog, type KafkaEventLogOptions } from './kafka-eventlog.js';
 import { SqliteEventLog } from './sqlite-eventlog.js';
 
 defineEventLogContract('sqlite', async () => {
@@ -500,14 +500,13 @@ function memberProcess(prefix: string, memberName: string) {
 }
 
 describe('KafkaEventLog member names', () => {
+  /** A log on the shared broker with a server's session settings (a dead member lasts 10 s). */
+  const serverLikeLog = (prefix: string, options: Omit<KafkaEventLogOptions, 'brokers' | 'prefix'>) =>
+    new KafkaEventLog({ brokers: services.kafkaBrokers(), prefix, partitions: 3, ...options });
+
   it('has a process started again under its name take its partitions over at once', async () => {
     const prefix = `${uniqueName('t')}.`;
-    const log = new KafkaEventLog({
-      brokers: services.kafkaBrokers(),
-      prefix,
-      partitions: 3,
-      clientId: 'zg-named',
-    });
+    const log = serverLikeLog(prefix, { clientId: 'zg-named' });
     const members: ReturnType<typeof memberProcess>[] = [];
     try {
       await log.ensureTopics(['t']);
@@ -542,19 +541,8 @@ describe('KafkaEventLog member names', () => {
 
   it('keeps the name through rebalances, however many', async () => {
     const prefix = `${uniqueName('t')}.`;
-    const named = new KafkaEventLog({
-      brokers: services.kafkaBrokers(),
-      prefix,
-      partitions: 3,
-      clientId: 'zg-named',
-      memberName: 'host-n7-worker',
-    });
-    const other = new KafkaEventLog({
-      brokers: services.kafkaBrokers(),
-      prefix,
-      partitions: 3,
-      clientId: 'zg-other',
-    });
+    const named = serverLikeLog(prefix, { clientId: 'zg-named', memberName: 'host-n7-worker' });
+    const other = serverLikeLog(prefix, { clientId: 'zg-other' });
     const handled: string[] = [];
     const errors: string[] = [];
     let sub: Subscription | undefined;
@@ -582,17 +570,15 @@ describe('KafkaEventLog member names', () => {
 
   it('gives the name up when another running process takes the member in turn', async () => {
     const prefix = `${uniqueName('t')}.`;
-    const options = { brokers: services.kafkaBrokers(), prefix, partitions: 3, memberName: 'host-n7-worker' };
     // Two processes of one name, played by two logs of one process.
     // A name given up is told to the log's reporter, not to the subscription's onError.
     const givenUp: string[][] = [[], []];
-    const logs = [0, 1].map(
-      (i) =>
-        new KafkaEventLog({
-          ...options,
-          clientId: 'zg-twin',
-          onNameGivenUp: (err) => givenUp[i]!.push(String(err)),
-        }),
+    const logs = [0, 1].map((i) =>
+      serverLikeLog(prefix, {
+        clientId: 'zg-twin',
+        memberName: 'host-n7-worker',
+        onNameGivenUp: (err) => givenUp[i]!.push(String(err)),
+      }),
     );
     const handled: string[] = [];
     const errors: string[][] = [[], []];

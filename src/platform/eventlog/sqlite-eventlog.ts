@@ -1,3 +1,4 @@
+import { setImmediate as nextTurn } from 'node:timers/promises';
 import { sql } from 'kysely';
 import { backoffMs } from '../workers/backoff.js';
 import type { Db } from '../db/database.js';
@@ -251,7 +252,7 @@ export class SqliteEventLog implements EventLog {
       if (rows.length < maxBatch) return;
       // The reads and the handler's writes are synchronous here: without a turn of the event loop
       // between chunks, a long read would hold off timers (a lease's renewal), signals and requests.
-      await new Promise((resolve) => setImmediate(resolve));
+      await nextTurn();
     }
   }
 
@@ -317,9 +318,9 @@ export class SqliteEventLog implements EventLog {
           deleted += Number(result.numDeletedRows);
         }
         if (old !== -1 || rows.length < this.pruneChunk) break;
-        await new Promise((resolve) => setImmediate(resolve));
+        await nextTurn();
       }
-      await new Promise((resolve) => setImmediate(resolve));
+      await nextTurn();
     }
     return deleted;
   }
@@ -452,7 +453,7 @@ class SqliteSubscription implements Subscription {
           if (!full) await this.sleep(this.idlePollMs);
           // A backlog is worked off in full batches, read and handled synchronously: a turn of the
           // event loop between them keeps the server answering requests meanwhile.
-          else await new Promise((resolve) => setImmediate(resolve));
+          else await nextTurn();
         } catch (err) {
           this.report(err instanceof HandlerFailed ? err.cause : err);
           // The committed positions are the truth again after a failure.

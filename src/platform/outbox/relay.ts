@@ -1,3 +1,4 @@
+import { setImmediate as nextTurn } from 'node:timers/promises';
 import type { EventLog } from '../eventlog/eventlog.js';
 import { backoffMs } from '../workers/backoff.js';
 import type { OutboxRow, OutboxStore } from './outbox.js';
@@ -105,7 +106,7 @@ export class OutboxRelay {
       if (!result.full) await this.sleep(this.pollIntervalMs, true);
       // More rows wait: claimed at once, after a turn of the event loop (the embedded store and log
       // answer synchronously, and a backlog worked off without turns would hold requests off).
-      else await new Promise((resolve) => setImmediate(resolve));
+      else await nextTurn();
     }
   }
 
